@@ -1,0 +1,172 @@
+// Package algorithms holds the limiting math of Sluice: pure functions of
+// (state, now, cost, policy). Nothing here reads a clock, locks or does I/O;
+// stores call these functions under their own locks with their own time, so
+// the memory and Redis backends share one definition of every algorithm.
+//
+// Times and durations are int64 nanoseconds. A zero state is always a fresh
+// key, so a store may drop any state whose IdleAt has passed.
+package algorithms
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// MaxSpan bounds every duration an algorithm may store or add to a time
+// (window, burst × interval), about 73 years. Keeping spans below 2^61 ns lets
+// now + span + span stay far from int64 overflow for Unix times before 2116.
+const MaxSpan int64 = 1 << 61
+
+// Never is the RetryAfter of a request that cannot pass however long the
+// client waits: its cost is larger than the zone can ever hold.
+const Never int64 = -1
+
+// Policy is the rate every algorithm is parameterized by: Limit units per
+// Window, with Burst as the capacity of the bucket algorithms.
+type Policy struct {
+	// Limit is the sustained number of units per Window (max_events).
+	Limit int64
+	// Window is the length of the window in nanoseconds.
+	Window int64
+	// Burst is the bucket capacity (token bucket, GCRA, leaky bucket).
+	// Zero means Limit.
+	Burst int64
+}
+
+// Validate reports what is wrong with p, naming the field as users write it.
+func (p Policy) Validate() error {
+	switch {
+	case p.Limit <= 0:
+		return fmt.Errorf("max_events must be at least 1, got %d", p.Limit)
+	case p.Window <= 0:
+		return fmt.Errorf("window must be positive, got %dns", p.Window)
+	case p.Window > MaxSpan:
+		return fmt.Errorf("window must be at most %v, got %dns", spanText, p.Window)
+	case p.Burst < 0:
+		return fmt.Errorf("burst must be at least 1, got %d", p.Burst)
+	}
+	// The bucket algorithms store burst × interval as a time span.
+	if hi, lo := mul64(uint64(p.burst()), uint64(p.Interval())); hi != 0 || lo > uint64(MaxSpan) {
+		return fmt.Errorf("burst %d × interval %dns exceeds %v: lower burst or raise max_events", p.burst(), p.Interval(), spanText)
+	}
+	return nil
+}
+
+const spanText = "73 years"
+
+func (p Policy) burst() int64 {
+	if p.Burst > 0 {
+		return p.Burst
+	}
+	return p.Limit
+}
+
+// Interval is the emission interval Window/Limit in nanoseconds, rounded up
+// so that rounding can only ever admit less, never more, than the policy.
+func (p Policy) Interval() int64 {
+	if p.Limit <= 0 {
+		return 0
+	}
+	return (p.Window + p.Limit - 1) / p.Limit
+}
+
+// Result is the answer to one request against one key.
+type Result struct {
+	// Allowed reports whether the request may proceed (after Delay).
+	Allowed bool
+	// Limit is the quota a client is told about: the burst for the bucket
+	// algorithms, max_events for the window algorithms.
+	Limit int64
+	// Remaining is how many units are left once this decision is applied.
+	Remaining int64
+	// RetryAfter is how long a denied request must wait before the same
+	// request can pass: 0 when allowed, Never when it can never pass.
+	RetryAfter int64
+	// ResetAfter is how long until the key is back to its full quota.
+	ResetAfter int64
+	// Delay is how long an allowed request waits before it proceeds (the
+	// leaky bucket's queue mode); 0 for every other algorithm.
+	Delay int64
+}
+
+// Algorithm is one limiting algorithm bound to one policy, over state S.
+// A store looks a key's S up, calls Decide, and only when it decides to
+// admit the request (every zone allowed it) calls Take and stores the S it
+// returns. The zero S is a fresh key. States are passed by value so that a
+// store calling through this interface does not move them to the heap.
+type Algorithm[S any] interface {
+	// Decide answers whether cost units can be taken from s at now. It
+	// consumes nothing; a pointer state (the sliding log) may drop expired
+	// events, which never changes an answer.
+	Decide(s S, now, cost int64) Result
+	// Take returns s with cost units consumed at now. Call it only after
+	// Decide allowed the same (s, now, cost).
+	Take(s S, now, cost int64) S
+	// IdleAt is the time from which s is equivalent to the zero S and may be
+	// forgotten.
+	IdleAt(s S) int64
+	// Policy is the policy the algorithm was built with.
+	Policy() Policy
+}
+
+// Names of the algorithms, as written in the `algorithm` zone field.
+const (
+	SlidingWindow        = "sliding_window"
+	SlidingWindowCounter = "sliding_window_counter"
+	FixedWindow          = "fixed_window"
+	TokenBucketName      = "token_bucket"
+	GCRAName             = "gcra"
+	LeakyBucketName      = "leaky_bucket"
+)
+
+// ErrUnknown is returned for an algorithm name Sluice does not know.
+var ErrUnknown = errors.New("unknown algorithm")
+
+// Names lists the algorithms that zones can choose, default first.
+func Names() []string {
+	return []string{SlidingWindow, TokenBucketName, GCRAName}
+}
+
+// UsesBurst reports whether the named algorithm reads Policy.Burst.
+func UsesBurst(name string) bool {
+	switch name {
+	case TokenBucketName, GCRAName, LeakyBucketName:
+		return true
+	}
+	return false
+}
+
+// Check validates p for the named algorithm and returns the canonical name
+// ("" means the default sliding window).
+func Check(name string, p Policy) (string, error) {
+	if name == "" {
+		name = SlidingWindow
+	}
+	known := false
+	for _, n := range Names() {
+		known = known || n == name
+	}
+	if !known {
+		return "", fmt.Errorf("%w %q (choose one of %v)", ErrUnknown, name, Names())
+	}
+	if err := p.Validate(); err != nil {
+		return "", err
+	}
+	if p.Burst > 0 && !UsesBurst(name) {
+		return "", fmt.Errorf("burst does not apply to algorithm %s (only to token_bucket, gcra and leaky_bucket)", name)
+	}
+	if name == SlidingWindow && p.Limit > math.MaxUint32 {
+		return "", fmt.Errorf("max_events must be at most %d for sliding_window, got %d", uint32(math.MaxUint32), p.Limit)
+	}
+	return name, nil
+}
+
+// MaxCost is the largest cost one request can ever be granted under the
+// named algorithm and policy; a constant cost above it is a config error.
+func MaxCost(name string, p Policy) int64 {
+	if UsesBurst(name) {
+		return p.burst()
+	}
+	return p.Limit
+}

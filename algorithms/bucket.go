@@ -1,0 +1,127 @@
+package algorithms
+
+// Bucket is the state of the token bucket and GCRA: one theoretical arrival
+// time, 8 bytes. TAT is when the bucket is full again; before it the bucket
+// holds burst − (TAT−now)/T tokens. The debt TAT−now is kept in units of the
+// store's encoding interval (see Encoded), so configs with different rates
+// (the old and new config of a reload) read one state each in their own
+// terms, and a raised limit applies at once.
+type Bucket struct {
+	TAT int64
+}
+
+// bucket is the shared math of the token bucket and GCRA. Lazy refill in
+// tokens and GCRA's TAT comparison are the same inequality:
+//
+//	tokens(now) ≥ cost  ⇔  max(TAT, now) + cost·T − now ≤ burst·T
+//
+// so both are kept as a TAT in integer nanoseconds, which makes the seed's
+// worked examples exact (no float drift in 0.4 × 5 = 2).
+type bucket struct {
+	p        Policy
+	interval int64 // T
+	burst    int64
+	capacity int64 // burst · T: the largest debt the bucket can hold
+	encoding int64 // interval the stored debt is written in; T by default
+}
+
+func newBucket(p Policy) bucket {
+	t := p.Interval()
+	b := p.burst()
+	return bucket{p: p, interval: t, burst: b, capacity: b * t, encoding: t}
+}
+
+// Encoded returns the token bucket reading and writing states whose debt is
+// in units of interval enc (the interval of whichever config first created
+// the store's state). Conversions round the debt up, so a change of rate
+// never mints a token.
+func (b TokenBucket) Encoded(enc int64) TokenBucket {
+	b.encoding = max(enc, 1)
+	return b
+}
+
+// Encoded is TokenBucket.Encoded for GCRA.
+func (g GCRA) Encoded(enc int64) GCRA {
+	g.encoding = max(enc, 1)
+	return g
+}
+
+// TokenBucket is the token bucket of seed part 3.4: capacity Burst (default
+// Limit), refilled continuously at Limit per Window, cost tokens per request.
+type TokenBucket struct{ bucket }
+
+// NewTokenBucket returns the token bucket for p. p must be valid.
+func NewTokenBucket(p Policy) TokenBucket { return TokenBucket{newBucket(p)} }
+
+// GCRA is the generic cell rate algorithm of seed part 3.6: emission interval
+// T = Window/Limit, tolerance τ = (Burst−1)·T, allow when now ≥ TAT − τ.
+// It admits exactly what a token bucket of capacity Burst admits.
+type GCRA struct{ bucket }
+
+// NewGCRA returns GCRA for p. p must be valid.
+func NewGCRA(p Policy) GCRA { return GCRA{newBucket(p)} }
+
+func (b bucket) Policy() Policy { return b.p }
+
+// debt is TAT − now in the current interval: how long until the bucket is
+// full. A clock that went backwards only makes the debt larger, so it can
+// never mint tokens.
+func (b bucket) debt(s Bucket, now int64) int64 {
+	if s.TAT <= now {
+		return 0
+	}
+	d := s.TAT - now
+	if b.encoding != b.interval {
+		d = mulDivCeil(d, b.interval, b.encoding)
+	}
+	return d
+}
+
+func (b bucket) tokensFloor(debt int64) int64 {
+	if debt >= b.capacity {
+		return 0
+	}
+	return (b.capacity - debt) / b.interval
+}
+
+func (b bucket) Decide(s Bucket, now, cost int64) Result {
+	cost = max(cost, 0)
+	d := b.debt(s, now)
+	r := Result{Limit: b.burst}
+	if cost > b.burst {
+		r.RetryAfter = Never
+		r.Remaining = b.tokensFloor(d)
+		r.ResetAfter = d
+		return r
+	}
+	nd := d + cost*b.interval
+	if nd <= b.capacity {
+		r.Allowed = true
+		r.Remaining = b.tokensFloor(nd)
+		r.ResetAfter = nd
+		return r
+	}
+	r.RetryAfter = nd - b.capacity
+	r.Remaining = b.tokensFloor(d)
+	r.ResetAfter = d
+	return r
+}
+
+func (b bucket) Take(s Bucket, now, cost int64) Bucket {
+	d := b.debt(s, now) + max(cost, 0)*b.interval
+	if b.encoding != b.interval {
+		d = mulDivCeil(d, b.encoding, b.interval)
+	}
+	return Bucket{TAT: now + d}
+}
+
+// IdleAt is the TAT itself: from then on the bucket is full, whatever the
+// interval it is read with.
+func (b bucket) IdleAt(s Bucket) int64 { return s.TAT }
+
+// Tokens returns the exact (fractional) number of tokens in s at now, for
+// inspection and tests.
+func (b bucket) Tokens(s Bucket, now int64) float64 {
+	d := b.debt(s, now)
+	return float64(b.capacity-d) / float64(b.interval)
+}

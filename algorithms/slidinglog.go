@@ -1,0 +1,168 @@
+package algorithms
+
+// Log is the state of the exact sliding window: the times of the admitted
+// events still inside the window, oldest first, in a ring that grows as it is
+// used. An event costs 8 bytes (16 once any request of the key had a cost
+// other than 1), not the 24 of a time.Time, and nothing is allocated before
+// the first event.
+type Log struct {
+	at    []int64  // event times; len is a power of two
+	units []uint32 // units per event, parallel to at; nil while all are 1
+	head  int      // index of the oldest event
+	n     int      // events held
+	sum   int64    // units held
+}
+
+func (l *Log) index(i int) int { return (l.head + i) & (len(l.at) - 1) }
+
+func (l *Log) unitsAt(j int) int64 {
+	if l.units == nil {
+		return 1
+	}
+	return int64(l.units[j])
+}
+
+// prune drops the events that have left the window (at + window ≤ now).
+func (l *Log) prune(now, window int64) {
+	for l.n > 0 && l.at[l.head]+window <= now {
+		l.sum -= l.unitsAt(l.head)
+		l.head = (l.head + 1) & (len(l.at) - 1)
+		l.n--
+	}
+	if l.n == 0 {
+		l.head = 0
+	}
+	// Give memory back after a burst, but keep room for the usual load.
+	if len(l.at) > 64 && l.n < len(l.at)/4 {
+		l.resize(len(l.at) / 2)
+	}
+}
+
+func (l *Log) resize(size int) {
+	at := make([]int64, size)
+	var units []uint32
+	if l.units != nil {
+		units = make([]uint32, size)
+	}
+	for i := 0; i < l.n; i++ {
+		j := l.index(i)
+		at[i] = l.at[j]
+		if units != nil {
+			units[i] = l.units[j]
+		}
+	}
+	l.at, l.units, l.head = at, units, 0
+}
+
+func (l *Log) newest() int64 { return l.at[l.index(l.n-1)] }
+
+func (l *Log) push(t, units int64) {
+	if l.n == len(l.at) {
+		l.resize(max(2*len(l.at), 2))
+	}
+	if units != 1 && l.units == nil {
+		l.units = make([]uint32, len(l.at))
+		for i := range l.units {
+			l.units[i] = 1
+		}
+	}
+	j := l.index(l.n)
+	l.at[j] = t
+	if l.units != nil {
+		l.units[j] = uint32(units)
+	}
+	l.n++
+	l.sum += units
+}
+
+// Len returns the number of events held and their total units.
+func (l *Log) Len() (events int, units int64) {
+	if l == nil {
+		return 0, 0
+	}
+	return l.n, l.sum
+}
+
+// SlidingLog is the exact sliding window of seed part 3.2 and
+// mholt/caddy-ratelimit: at most Limit units in any window of length Window.
+// An event at time e counts while now < e + Window. Denied requests are never
+// logged, so hammering a full window does not extend it.
+type SlidingLog struct {
+	p Policy
+}
+
+// NewSlidingLog returns the sliding window log for p. p must be valid.
+func NewSlidingLog(p Policy) SlidingLog { return SlidingLog{p: p} }
+
+func (a SlidingLog) Policy() Policy { return a.p }
+
+func (a SlidingLog) Decide(l *Log, now, cost int64) Result {
+	cost = max(cost, 0)
+	var count int64
+	if l != nil {
+		l.prune(now, a.p.Window)
+		count = l.sum
+	}
+	r := Result{Limit: a.p.Limit}
+	if cost > a.p.Limit {
+		r.RetryAfter = Never
+		r.Remaining = max(a.p.Limit-count, 0)
+		r.ResetAfter = a.resetAfter(l, now)
+		return r
+	}
+	if count+cost <= a.p.Limit {
+		r.Allowed = true
+		r.Remaining = a.p.Limit - count - cost
+		r.ResetAfter = a.resetAfter(l, now)
+		if cost > 0 {
+			r.ResetAfter = max(r.ResetAfter, a.p.Window)
+		}
+		return r
+	}
+	// Wait until enough of the oldest units leave the window.
+	need := count + cost - a.p.Limit
+	r.Remaining = max(a.p.Limit-count, 0)
+	r.ResetAfter = a.resetAfter(l, now)
+	var freed int64
+	for i := 0; i < l.n; i++ {
+		j := l.index(i)
+		freed += l.unitsAt(j)
+		if freed >= need {
+			r.RetryAfter = l.at[j] + a.p.Window - now
+			break
+		}
+	}
+	return r
+}
+
+func (a SlidingLog) resetAfter(l *Log, now int64) int64 {
+	if l == nil || l.n == 0 {
+		return 0
+	}
+	return max(l.newest()+a.p.Window-now, 0)
+}
+
+func (a SlidingLog) Take(l *Log, now, cost int64) *Log {
+	if cost <= 0 {
+		return l
+	}
+	if l == nil {
+		l = new(Log)
+	}
+	l.prune(now, a.p.Window)
+	// Keep the log in time order even if the clock stepped back: such an
+	// event is recorded at the newest time, so it leaves the window later,
+	// never earlier.
+	if l.n > 0 {
+		now = max(now, l.newest())
+	}
+	l.push(now, cost)
+	return l
+}
+
+func (a SlidingLog) IdleAt(l *Log) int64 {
+	if l == nil || l.n == 0 {
+		return 0
+	}
+	return l.newest() + a.p.Window
+}

@@ -1,0 +1,54 @@
+// Package backend defines the Store: where the state of every rate-limit key
+// lives and where a request is decided, once and atomically, across all the
+// zones it matched.
+package backend
+
+import (
+	"context"
+
+	"github.com/sluicehq/sluice/algorithms"
+)
+
+// ZoneConfig is what a store needs to hold the state of one zone.
+type ZoneConfig struct {
+	// Name is the zone name. Zones of the same name (and the same kind of
+	// state) share their state, across handlers and across config reloads.
+	Name string
+	// Algorithm is the canonical algorithm name (see algorithms.Check).
+	Algorithm string
+	// Policy is the zone's rate.
+	Policy algorithms.Policy
+	// MaxKeys caps the number of keys the zone tracks; 0 picks a default
+	// sized for about 100 MB.
+	MaxKeys int
+}
+
+// Zone is a store's handle on one zone's state, made at provision time.
+type Zone interface {
+	// Name is the zone name.
+	Name() string
+}
+
+// Request asks for Cost units of Key in Zone.
+type Request struct {
+	Zone Zone
+	Key  string
+	Cost int64
+	// Shadow requests are decided and counted but never make the request
+	// deny: they are taken only when they allow.
+	Shadow bool
+}
+
+// Store decides requests against stored state.
+type Store interface {
+	// Zone registers a zone and returns its handle. It fails when the
+	// config cannot be served (for example an unknown algorithm).
+	Zone(cfg ZoneConfig) (Zone, error)
+	// Decide answers every request in reqs into out (len(out) ≥ len(reqs)),
+	// all or nothing: when a non-shadow request is denied, no request is
+	// taken; otherwise every allowed request is taken. It reports whether the
+	// request as a whole may proceed.
+	Decide(ctx context.Context, reqs []Request, out []algorithms.Result) (bool, error)
+	// Close releases the zones this store registered.
+	Close() error
+}

@@ -1,0 +1,360 @@
+// Package memory is the in-process Store: sharded maps of compact per-key
+// state, kept across config reloads in a caddy.UsagePool, with idle keys
+// swept and a cap on keys per zone.
+package memory
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+// tables keeps each zone's state alive across config reloads: a reload
+// provisions the new config (which loads the same table) before the old one
+// is cleaned up, so nobody's usage is reset and nothing leaks.
+var tables = caddy.NewUsagePool()
+
+// Kinds of state. Zones whose algorithms share a kind of state share it
+// across reloads even if the algorithm name changes (token_bucket ⇄ gcra).
+const (
+	kindBucket = "bucket"
+	kindLog    = "log"
+)
+
+// Measured heap per tracked key (BENCHMARKS.md, rounded up), used to size
+// the default cap.
+const (
+	bytesPerBucketKey = 32
+	bytesPerLogKey    = 96
+)
+
+// DefaultSweepInterval is how often idle keys are dropped when the handler
+// does not say (mholt/caddy-ratelimit's default too).
+const DefaultSweepInterval = time.Minute
+
+// Options configures a Store.
+type Options struct {
+	// Now returns the current Unix time in nanoseconds; nil means the
+	// system clock. Tests inject a fake clock here.
+	Now func() int64
+	// SweepInterval is how often idle keys are dropped; 0 means one minute.
+	SweepInterval time.Duration
+}
+
+// Store is the memory backend of one handler instance. Its zones' state
+// lives in the package pool, shared with every other instance that names
+// the same zone.
+type Store struct {
+	now   func() int64
+	sweep time.Duration
+
+	mu   sync.Mutex
+	keys []poolKey
+}
+
+type poolKey struct{ name, kind string }
+
+// New returns a memory store.
+func New(opts Options) *Store {
+	s := &Store{now: opts.Now, sweep: opts.SweepInterval}
+	if s.now == nil {
+		s.now = SystemNow
+	}
+	if s.sweep <= 0 {
+		s.sweep = DefaultSweepInterval
+	}
+	return s
+}
+
+var (
+	clockBase = time.Now()
+	clockWall = clockBase.UnixNano()
+)
+
+// SystemNow returns the Unix time in nanoseconds from the monotonic clock:
+// cheaper than time.Now (one clock read, not two) and immune to wall-clock
+// steps while the process runs.
+func SystemNow() int64 { return clockWall + int64(time.Since(clockBase)) }
+
+// zoneOps is what Decide needs from a zone, whatever its kind of state.
+type zoneOps interface {
+	backend.Zone
+	hash(key string) hkey
+	lock(h hkey) *shardBase
+	// decide and take run with the key's shard locked.
+	decide(h hkey, now, cost int64) algorithms.Result
+	take(h hkey, now, cost int64)
+	// decideOne locks, decides and takes when allowed (or shadow-allowed).
+	decideOne(h hkey, now, cost int64) algorithms.Result
+}
+
+// Zone registers cfg and returns its handle.
+func (s *Store) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
+	name, err := algorithms.Check(cfg.Algorithm, cfg.Policy)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxKeys < 0 {
+		return nil, fmt.Errorf("max_keys must be at least 1, got %d", cfg.MaxKeys)
+	}
+	p := cfg.Policy
+	switch name {
+	case algorithms.TokenBucketName:
+		return register(s, cfg, kindBucket, func(enc int64) algorithms.Algorithm[algorithms.Bucket] {
+			return algorithms.NewTokenBucket(p).Encoded(enc)
+		})
+	case algorithms.GCRAName:
+		return register(s, cfg, kindBucket, func(enc int64) algorithms.Algorithm[algorithms.Bucket] {
+			return algorithms.NewGCRA(p).Encoded(enc)
+		})
+	case algorithms.SlidingWindow:
+		return register(s, cfg, kindLog, func(int64) algorithms.Algorithm[*algorithms.Log] {
+			return algorithms.NewSlidingLog(p)
+		})
+	}
+	return nil, fmt.Errorf("algorithm %s is not available in the memory backend", name)
+}
+
+// register binds cfg to its table, creating the table on first use; newAlg
+// builds the algorithm for the table's state encoding.
+func register[S any](s *Store, cfg backend.ZoneConfig, kind string, newAlg func(enc int64) algorithms.Algorithm[S]) (backend.Zone, error) {
+	maxKeys := cfg.MaxKeys
+	if maxKeys == 0 {
+		maxKeys = defaultMaxKeys(kind, cfg.Policy)
+	}
+	key := poolKey{cfg.Name, kind}
+	v, loaded, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
+		return newTable[S](maxKeys, cfg.Policy.Interval(), s.now), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	t, ok := v.(*table[S])
+	if !ok {
+		// Cannot happen: the kind in the pool key fixes S.
+		_, _ = tables.Delete(key)
+		return nil, fmt.Errorf("zone %q: state of an unexpected type %T", cfg.Name, v)
+	}
+	alg := newAlg(t.enc)
+	t.configure(alg, maxKeys, s.sweep)
+	if !loaded {
+		go t.run()
+	}
+	s.mu.Lock()
+	s.keys = append(s.keys, key)
+	s.mu.Unlock()
+	return &zone[S]{name: cfg.Name, alg: alg, t: t}, nil
+}
+
+// Close releases this store's hold on its zones' tables; a table is dropped
+// when no running config uses it any more.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	keys := s.keys
+	s.keys = nil
+	s.mu.Unlock()
+	for _, k := range keys {
+		if _, err := tables.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Stats describes one zone's table.
+type Stats struct {
+	Keys      int64
+	Evictions uint64
+}
+
+// ZoneStats returns the live numbers of the zone behind z.
+func ZoneStats(z backend.Zone) (Stats, bool) {
+	type stats interface {
+		Keys() int64
+		Evictions() uint64
+	}
+	zs, ok := z.(interface{ table() stats })
+	if !ok {
+		return Stats{}, false
+	}
+	t := zs.table()
+	return Stats{Keys: t.Keys(), Evictions: t.Evictions()}, true
+}
+
+type zone[S any] struct {
+	name string
+	alg  algorithms.Algorithm[S]
+	t    *table[S]
+}
+
+func (z *zone[S]) Name() string { return z.name }
+
+func (z *zone[S]) table() interface {
+	Keys() int64
+	Evictions() uint64
+} {
+	return z.t
+}
+
+func (z *zone[S]) hash(key string) hkey { return z.t.hash(key) }
+
+func (z *zone[S]) lock(h hkey) *shardBase { return &z.t.shard(h).shardBase }
+
+func (z *zone[S]) decide(h hkey, now, cost int64) algorithms.Result {
+	return z.alg.Decide(z.t.shard(h).m[h], now, cost)
+}
+
+func (z *zone[S]) take(h hkey, now, cost int64) {
+	sh := z.t.shard(h)
+	s, ok := sh.m[h]
+	z.t.store(sh, h, z.alg.Take(s, now, cost), ok, now)
+}
+
+func (z *zone[S]) decideOne(h hkey, now, cost int64) algorithms.Result {
+	sh := z.t.shard(h)
+	sh.mu.Lock()
+	s, ok := sh.m[h]
+	r := z.alg.Decide(s, now, cost)
+	if r.Allowed && cost > 0 {
+		z.t.store(sh, h, z.alg.Take(s, now, cost), ok, now)
+	}
+	sh.mu.Unlock()
+	return r
+}
+
+// located is one request resolved to its zone, key hash and shard.
+type located struct {
+	z     zoneOps
+	h     hkey
+	sh    *shardBase
+	cost  int64 // total cost of this (zone, key) in the request
+	alias int   // index of the first request with the same zone and key
+}
+
+// Decide answers reqs all or nothing. The shards of every key involved are
+// locked together, in one global order so that concurrent requests over
+// overlapping zones cannot deadlock, and nothing is taken unless every
+// non-shadow request is allowed.
+func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
+	now := s.now()
+	if len(reqs) == 1 {
+		z, ok := reqs[0].Zone.(zoneOps)
+		if !ok {
+			return false, fmt.Errorf("zone %q was not registered with the memory backend", reqs[0].Zone.Name())
+		}
+		out[0] = z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0))
+		return out[0].Allowed || reqs[0].Shadow, nil
+	}
+
+	var buf [8]located
+	loc := buf[:0]
+	if len(reqs) > len(buf) {
+		loc = make([]located, 0, len(reqs))
+	}
+	for i, r := range reqs {
+		z, ok := r.Zone.(zoneOps)
+		if !ok {
+			return false, fmt.Errorf("zone %q was not registered with the memory backend", r.Zone.Name())
+		}
+		h := z.hash(r.Key)
+		l := located{z: z, h: h, sh: z.lock(h), cost: max(r.Cost, 0), alias: i}
+		// The same key of the same zone twice in one request is decided
+		// once, for the sum of the costs.
+		for j := range loc {
+			if loc[j].alias == j && loc[j].z == z && loc[j].h == h {
+				l.alias = j
+				loc[j].cost += l.cost
+				break
+			}
+		}
+		loc = append(loc, l)
+	}
+
+	var lockBuf [8]*shardBase
+	locks := lockBuf[:0]
+	for _, l := range loc {
+		locks = insertLock(locks, l.sh)
+	}
+	for _, m := range locks {
+		m.mu.Lock()
+	}
+	defer func() {
+		for _, m := range locks {
+			m.mu.Unlock()
+		}
+	}()
+
+	allowed := true
+	for i := range loc {
+		l := &loc[i]
+		if l.alias != i {
+			continue
+		}
+		out[i] = l.z.decide(l.h, now, l.cost)
+		if !out[i].Allowed && !reqs[i].Shadow {
+			allowed = false
+		}
+	}
+	for i := range loc {
+		if a := loc[i].alias; a != i {
+			out[i] = out[a]
+		}
+	}
+	if !allowed {
+		return false, nil
+	}
+	for i := range loc {
+		l := &loc[i]
+		if l.alias == i && out[i].Allowed && l.cost > 0 {
+			l.z.take(l.h, now, l.cost)
+		}
+	}
+	return true, nil
+}
+
+// insertLock adds m to the sorted, duplicate-free list of shards to lock.
+func insertLock(locks []*shardBase, m *shardBase) []*shardBase {
+	i := 0
+	for i < len(locks) && locks[i].id < m.id {
+		i++
+	}
+	if i < len(locks) && locks[i] == m {
+		return locks
+	}
+	locks = append(locks, nil)
+	copy(locks[i+1:], locks[i:])
+	locks[i] = m
+	return locks
+}
+
+// Interface guard.
+var _ backend.Store = (*Store)(nil)
+
+// AllStats returns the numbers of every zone table alive in this process,
+// summed by zone name (a zone whose algorithm changed kind of state has
+// two tables while a reload is under way).
+func AllStats() map[string]Stats {
+	all := make(map[string]Stats)
+	tables.Range(func(k, v any) bool {
+		st, ok := v.(interface {
+			Keys() int64
+			Evictions() uint64
+		})
+		if !ok {
+			return true
+		}
+		name := k.(poolKey).name
+		s := all[name]
+		s.Keys += st.Keys()
+		s.Evictions += st.Evictions()
+		all[name] = s
+		return true
+	})
+	return all
+}

@@ -1,0 +1,341 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+const sec = int64(time.Second)
+
+// fakeClock is a settable clock; tests move it, never sleep.
+type fakeClock struct{ t atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := new(fakeClock)
+	c.t.Store(1_767_225_600 * sec)
+	return c
+}
+func (c *fakeClock) now() int64              { return c.t.Load() }
+func (c *fakeClock) advance(d time.Duration) { c.t.Add(int64(d)) }
+
+// testZone registers a zone with a name unique to the test, so tests never
+// share pool entries.
+func testZone(t *testing.T, s *Store, alg string, p algorithms.Policy, maxKeys int) backend.Zone {
+	t.Helper()
+	z, err := s.Zone(backend.ZoneConfig{Name: t.Name() + "/" + alg + fmt.Sprint(p), Algorithm: alg, Policy: p, MaxKeys: maxKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return z
+}
+
+func newStore(t *testing.T, c *fakeClock) *Store {
+	s := New(Options{Now: c.now})
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func decide(t *testing.T, s *Store, reqs ...backend.Request) (bool, []algorithms.Result) {
+	t.Helper()
+	out := make([]algorithms.Result, len(reqs))
+	ok, err := s.Decide(context.Background(), reqs, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok, out
+}
+
+func TestDecideSingle(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	for _, alg := range []string{algorithms.SlidingWindow, algorithms.TokenBucketName, algorithms.GCRAName} {
+		t.Run(alg, func(t *testing.T) {
+			z := testZone(t, s, alg, algorithms.Policy{Limit: 3, Window: 60 * sec}, 0)
+			for i := 0; i < 3; i++ {
+				if ok, _ := decide(t, s, backend.Request{Zone: z, Key: "k", Cost: 1}); !ok {
+					t.Fatalf("request %d denied", i+1)
+				}
+			}
+			ok, out := decide(t, s, backend.Request{Zone: z, Key: "k", Cost: 1})
+			if ok || out[0].RetryAfter <= 0 {
+				t.Fatalf("4th request: allowed=%v %+v, want denied with a retry time", ok, out[0])
+			}
+			if ok, _ := decide(t, s, backend.Request{Zone: z, Key: "other", Cost: 1}); !ok {
+				t.Fatal("a different key was denied")
+			}
+		})
+	}
+}
+
+// Two zones share a key; the second denies, so the first must not be
+// charged (mholt/caddy-ratelimit charges it).
+func TestDecideAllOrNothing(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	loose := testZone(t, s, algorithms.SlidingWindow, algorithms.Policy{Limit: 5, Window: 60 * sec}, 0)
+	tight := testZone(t, s, algorithms.TokenBucketName, algorithms.Policy{Limit: 1, Window: 60 * sec}, 0)
+
+	both := []backend.Request{{Zone: loose, Key: "ip", Cost: 1}, {Zone: tight, Key: "ip", Cost: 1}}
+	if ok, _ := decide(t, s, both...); !ok {
+		t.Fatal("first request denied")
+	}
+	for i := 0; i < 10; i++ {
+		ok, out := decide(t, s, both...)
+		if ok || out[1].Allowed || !out[0].Allowed {
+			t.Fatalf("try %d: ok=%v %+v; want the tight zone to deny", i, ok, out)
+		}
+	}
+	// Had the loose zone been charged by the denied tries it would be full.
+	ok, out := decide(t, s, backend.Request{Zone: loose, Key: "ip", Cost: 1})
+	if !ok || out[0].Remaining != 3 {
+		t.Fatalf("loose zone: %+v, want allowed with 3 remaining (charged once)", out[0])
+	}
+}
+
+func TestDecideShadow(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	enforce := testZone(t, s, algorithms.SlidingWindow, algorithms.Policy{Limit: 10, Window: 60 * sec}, 0)
+	shadow := testZone(t, s, algorithms.SlidingWindow, algorithms.Policy{Limit: 1, Window: 60 * sec}, 0)
+	reqs := []backend.Request{{Zone: enforce, Key: "k", Cost: 1}, {Zone: shadow, Key: "k", Cost: 1, Shadow: true}}
+	for i := 0; i < 5; i++ {
+		ok, out := decide(t, s, reqs...)
+		if !ok {
+			t.Fatalf("request %d denied by a shadow zone", i+1)
+		}
+		if out[1].Allowed != (i == 0) {
+			t.Fatalf("request %d: shadow result %+v", i+1, out[1])
+		}
+	}
+	_, out := decide(t, s, backend.Request{Zone: enforce, Key: "k", Cost: 1})
+	if out[0].Remaining != 4 {
+		t.Fatalf("enforcing zone remaining %d, want 4", out[0].Remaining)
+	}
+}
+
+func TestDecideSameKeyTwiceSumsCost(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	z := testZone(t, s, algorithms.SlidingWindow, algorithms.Policy{Limit: 3, Window: 60 * sec}, 0)
+	ok, _ := decide(t, s, backend.Request{Zone: z, Key: "k", Cost: 2}, backend.Request{Zone: z, Key: "k", Cost: 2})
+	if ok {
+		t.Fatal("2+2 units allowed into a zone of 3")
+	}
+	ok, out := decide(t, s, backend.Request{Zone: z, Key: "k", Cost: 1}, backend.Request{Zone: z, Key: "k", Cost: 2})
+	if !ok || out[0].Remaining != 0 {
+		t.Fatalf("1+2 units: ok=%v %+v, want allowed with 0 remaining", ok, out)
+	}
+}
+
+func TestMaxKeysEvictsIdleFirst(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	p := algorithms.Policy{Limit: 1, Window: 10 * sec}
+	z := testZone(t, s, algorithms.SlidingWindow, p, 100)
+	tbl := z.(*zone[*algorithms.Log]).t
+
+	use := func(prefix string, n int) {
+		for i := 0; i < n; i++ {
+			decide(t, s, backend.Request{Zone: z, Key: fmt.Sprintf("%s%d", prefix, i), Cost: 1})
+		}
+	}
+	use("idle", 60) // idle from +10 s
+	c.advance(20 * time.Second)
+	use("active", 40) // busy until +30 s
+	if got := tbl.Keys(); got != 100 {
+		t.Fatalf("%d keys, want 100", got)
+	}
+	c.advance(time.Second)
+	use("new", 50)
+	if got := tbl.Keys(); got != 90 {
+		t.Fatalf("%d keys after the idle ones were swept, want 90", got)
+	}
+	// Every active key kept its state: its second request is still denied.
+	for i := 0; i < 40; i++ {
+		if ok, _ := decide(t, s, backend.Request{Zone: z, Key: fmt.Sprintf("active%d", i), Cost: 1}); ok {
+			t.Fatalf("active%d lost its state to eviction", i)
+		}
+	}
+	if tbl.Evictions() != 0 {
+		t.Fatalf("%d active keys evicted while idle ones were available", tbl.Evictions())
+	}
+
+	// With nothing idle, a flood of new keys stays under the cap by
+	// evicting active keys, and counts them.
+	use("flood", 1000)
+	if got := tbl.Keys(); got > 100 {
+		t.Fatalf("%d keys, over the cap of 100", got)
+	}
+	if tbl.Evictions() == 0 {
+		t.Fatal("evictions not counted")
+	}
+}
+
+func TestSweepDropsIdleKeys(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	bucketZone := testZone(t, s, algorithms.TokenBucketName, algorithms.Policy{Limit: 10, Window: 10 * sec}, 0)
+	logZone := testZone(t, s, algorithms.SlidingWindow, algorithms.Policy{Limit: 10, Window: 10 * sec}, 0)
+	for i := 0; i < 100; i++ {
+		decide(t, s, backend.Request{Zone: bucketZone, Key: fmt.Sprint(i), Cost: 5},
+			backend.Request{Zone: logZone, Key: fmt.Sprint(i), Cost: 5})
+	}
+	bt := bucketZone.(*zone[algorithms.Bucket]).t
+	lt := logZone.(*zone[*algorithms.Log]).t
+
+	// 5 tokens at 1/s refill in 5 s; the log empties after the 10 s window.
+	c.advance(5*time.Second - 1)
+	bt.sweep()
+	lt.sweep()
+	if bt.Keys() != 100 || lt.Keys() != 100 {
+		t.Fatalf("swept before idle: %d bucket keys, %d log keys", bt.Keys(), lt.Keys())
+	}
+	c.advance(1)
+	bt.sweep()
+	if bt.Keys() != 0 {
+		t.Fatalf("%d bucket keys left once full again", bt.Keys())
+	}
+	c.advance(5 * time.Second)
+	lt.sweep()
+	if lt.Keys() != 0 {
+		t.Fatalf("%d log keys left after the window", lt.Keys())
+	}
+}
+
+func TestShrinksAfterFlood(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	z := testZone(t, s, algorithms.TokenBucketName, algorithms.Policy{Limit: 10, Window: sec}, 0)
+	tbl := z.(*zone[algorithms.Bucket]).t
+	for i := 0; i < 200_000; i++ {
+		decide(t, s, backend.Request{Zone: z, Key: fmt.Sprint(i), Cost: 1})
+	}
+	c.advance(time.Second)
+	tbl.sweep()
+	for i := range tbl.shards {
+		if p := tbl.shards[i].peak; p != 0 {
+			t.Fatalf("shard %d keeps a peak of %d after every key went idle", i, p)
+		}
+	}
+}
+
+// Config reloads: the new config's store registers the zone before the old
+// one is closed; state carries over and survives the old one's Close.
+func TestStateOutlivesReload(t *testing.T) {
+	c := newFakeClock()
+	p := algorithms.Policy{Limit: 3, Window: 60 * sec}
+	name := t.Name()
+	old := New(Options{Now: c.now})
+	oz, err := old.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.SlidingWindow, Policy: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		decide(t, old, backend.Request{Zone: oz, Key: "k", Cost: 1})
+	}
+
+	// Reloaded with a raised limit: usage is kept and the raise applies.
+	raised := algorithms.Policy{Limit: 5, Window: 60 * sec}
+	cur := New(Options{Now: c.now})
+	nz, err := cur.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.SlidingWindow, Policy: raised})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if ok, _ := decide(t, cur, backend.Request{Zone: nz, Key: "k", Cost: 1}); !ok {
+			t.Fatalf("request %d after the raise denied", i+1)
+		}
+	}
+	if ok, _ := decide(t, cur, backend.Request{Zone: nz, Key: "k", Cost: 1}); ok {
+		t.Fatal("usage was reset by the reload")
+	}
+	tbl := nz.(*zone[*algorithms.Log]).t
+	if err := cur.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-tbl.stop:
+	default:
+		t.Fatal("the table's sweeper still runs after every config let go of it")
+	}
+}
+
+func TestZoneErrors(t *testing.T) {
+	s := newStore(t, newFakeClock())
+	tests := []struct {
+		cfg  backend.ZoneConfig
+		want string
+	}{
+		{backend.ZoneConfig{Name: "a", Algorithm: "leaky", Policy: algorithms.Policy{Limit: 1, Window: sec}}, `unknown algorithm "leaky"`},
+		{backend.ZoneConfig{Name: "b", Policy: algorithms.Policy{Limit: 0, Window: sec}}, "max_events must be at least 1"},
+		{backend.ZoneConfig{Name: "c", Policy: algorithms.Policy{Limit: 1, Window: sec}, MaxKeys: -1}, "max_keys must be at least 1"},
+		{backend.ZoneConfig{Name: "d", Policy: algorithms.Policy{Limit: 1, Window: sec, Burst: 2}}, "burst does not apply to algorithm sliding_window"},
+	}
+	for _, tt := range tests {
+		_, err := s.Zone(tt.cfg)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("zone %s: error %v, want %q", tt.cfg.Name, err, tt.want)
+		}
+	}
+}
+
+// Many goroutines over one hot key and many cold ones, with requests that
+// span two zones: run under -race. The hot key admits exactly its limit.
+func TestConcurrentUse(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	hot := testZone(t, s, algorithms.TokenBucketName, algorithms.Policy{Limit: 500, Window: 3600 * sec}, 0)
+	perKey := testZone(t, s, algorithms.SlidingWindow, algorithms.Policy{Limit: 3, Window: 3600 * sec}, 1000)
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out := make([]algorithms.Result, 2)
+			for i := 0; i < 2000; i++ {
+				reqs := []backend.Request{
+					{Zone: hot, Key: "all", Cost: 1},
+					{Zone: perKey, Key: fmt.Sprint(g, "-", i%300), Cost: 1},
+				}
+				ok, err := s.Decide(context.Background(), reqs, out)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if ok {
+					admitted.Add(1)
+				}
+				if i%100 == 0 {
+					c.advance(time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// A sweeper racing the requests.
+		tbl := perKey.(*zone[*algorithms.Log]).t
+		for i := 0; i < 20; i++ {
+			tbl.sweep()
+		}
+	}()
+	wg.Wait()
+	// 16,000 requests, the hot key holds 500 (+ at most 1 token refilled
+	// per 7.2 s; the fake clock moves 160 ms).
+	if got := admitted.Load(); got != 500 {
+		t.Fatalf("admitted %d, want exactly 500", got)
+	}
+}

@@ -1,0 +1,229 @@
+package memory
+
+import (
+	"hash/maphash"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/algorithms"
+)
+
+// hkey is a key as the table stores it: a 64-bit hash with a random seed
+// per table. Storing the hash instead of the string keeps each slot at 16
+// bytes with no pointer: no allocation per key, nothing for the garbage
+// collector to scan, and a million keys fit in a CPU's last-level cache.
+// Without the seed an attacker cannot aim for a collision; by chance, two of
+// a million keys share a hash with probability 3·10⁻⁸ (they would then share
+// one quota).
+type hkey = uint64
+
+// maxShards bounds lock striping; small tables use fewer shards so that the
+// key cap stays exact.
+const maxShards = 64
+
+// Pauses between full sweeps of one shard triggered by inserts into a full
+// table, so a flood of new keys costs a sampled eviction, not a scan, each.
+const fullSweepGap = int64(time.Second)
+
+// sampleSize is how many entries an eviction compares when no key is idle.
+const sampleSize = 8
+
+type shardBase struct {
+	mu sync.Mutex
+	id uint64 // global lock order for requests that touch several shards
+}
+
+type shard[S any] struct {
+	shardBase
+	m         map[hkey]S
+	peak      int   // largest len(m) since the map was last rebuilt
+	lastSweep int64 // time of the last full sweep, clock of the store
+	_         [24]byte
+}
+
+var shardIDs atomic.Uint64
+
+// table holds the state of one zone: sharded maps from key hash to S.
+// It outlives config reloads in the package UsagePool.
+type table[S any] struct {
+	seed   maphash.Seed
+	shards []shard[S]
+	mask   uint64
+	// enc is the interval bucket states are written in: the interval of
+	// the config that created the table (see algorithms.TokenBucket.Encoded).
+	enc int64
+
+	alg      atomic.Pointer[algorithms.Algorithm[S]] // newest config's, for sweeps
+	maxKeys  atomic.Int64
+	interval atomic.Int64 // sweep interval, ns
+
+	count     atomic.Int64
+	evictions atomic.Uint64
+	now       func() int64
+
+	stop chan struct{}
+	once sync.Once
+}
+
+func newTable[S any](maxKeys int, enc int64, now func() int64) *table[S] {
+	n := 1
+	for n < maxShards && n*4096 < maxKeys {
+		n *= 2
+	}
+	t := &table[S]{
+		seed:   maphash.MakeSeed(),
+		enc:    enc,
+		shards: make([]shard[S], n),
+		mask:   uint64(n - 1),
+		now:    now,
+		stop:   make(chan struct{}),
+	}
+	for i := range t.shards {
+		t.shards[i].m = make(map[hkey]S)
+		t.shards[i].id = shardIDs.Add(1)
+	}
+	return t
+}
+
+func (t *table[S]) hash(key string) hkey {
+	return maphash.String(t.seed, key)
+}
+
+func (t *table[S]) shard(h hkey) *shard[S] {
+	return &t.shards[(h>>58)&t.mask]
+}
+
+// configure installs the newest config's algorithm and limits. Older configs
+// still running during a reload keep deciding with their own algorithm value.
+func (t *table[S]) configure(alg algorithms.Algorithm[S], maxKeys int, sweep time.Duration) {
+	t.alg.Store(&alg)
+	t.maxKeys.Store(int64(maxKeys))
+	t.interval.Store(int64(sweep))
+}
+
+// store writes s for h in sh, making room first if the table is full.
+// The caller holds sh.mu.
+func (t *table[S]) store(sh *shard[S], h hkey, s S, existed bool, now int64) {
+	if !existed {
+		if t.count.Load() >= t.maxKeys.Load() {
+			t.makeRoom(sh, now)
+		}
+		t.count.Add(1)
+	}
+	sh.m[h] = s
+	if len(sh.m) > sh.peak {
+		sh.peak = len(sh.m)
+	}
+}
+
+// makeRoom evicts from sh until the table is under its cap: idle keys first
+// (a full sweep of the shard, at most once per fullSweepGap), then the key
+// nearest to idle among a random sample. The caller holds sh.mu.
+func (t *table[S]) makeRoom(sh *shard[S], now int64) {
+	alg := *t.alg.Load()
+	if sh.lastSweep == 0 || now-sh.lastSweep >= fullSweepGap {
+		sh.lastSweep = now
+		t.sweepShard(sh, alg, now)
+	}
+	for t.count.Load() >= t.maxKeys.Load() && len(sh.m) > 0 {
+		var victim hkey
+		best := int64(1<<63 - 1)
+		n := 0
+		for k, v := range sh.m {
+			if at := alg.IdleAt(v); at < best {
+				best, victim = at, k
+			}
+			if n++; n == sampleSize {
+				break
+			}
+		}
+		delete(sh.m, victim)
+		t.count.Add(-1)
+		if best > now {
+			t.evictions.Add(1)
+		}
+	}
+}
+
+// sweepShard drops the idle keys of sh and gives memory back once the map
+// has shrunk to a quarter of its peak. The caller holds sh.mu.
+func (t *table[S]) sweepShard(sh *shard[S], alg algorithms.Algorithm[S], now int64) {
+	removed := 0
+	for k, v := range sh.m {
+		if alg.IdleAt(v) <= now {
+			delete(sh.m, k)
+			removed++
+		}
+	}
+	t.count.Add(int64(-removed))
+	// Go maps never shrink; rebuild one that a flood of keys left large.
+	if sh.peak >= 1024 && len(sh.m) < sh.peak/4 {
+		m := make(map[hkey]S, len(sh.m))
+		for k, v := range sh.m {
+			m[k] = v
+		}
+		sh.m, sh.peak = m, len(m)
+	}
+}
+
+// sweep drops the idle keys of every shard, one shard lock at a time.
+func (t *table[S]) sweep() {
+	alg := *t.alg.Load()
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		now := t.now()
+		sh.lastSweep = now
+		t.sweepShard(sh, alg, now)
+		sh.mu.Unlock()
+	}
+}
+
+// run sweeps at the configured interval until Destruct.
+func (t *table[S]) run() {
+	for {
+		timer := time.NewTimer(time.Duration(t.interval.Load()))
+		select {
+		case <-timer.C:
+			t.sweep()
+		case <-t.stop:
+			timer.Stop()
+			return
+		}
+	}
+}
+
+// Destruct stops the sweeper when the last config using the table is gone.
+func (t *table[S]) Destruct() error {
+	t.once.Do(func() { close(t.stop) })
+	return nil
+}
+
+// Keys returns the number of keys the table tracks.
+func (t *table[S]) Keys() int64 { return t.count.Load() }
+
+// Evictions returns how many keys that were not idle were dropped to keep
+// the table under its cap.
+func (t *table[S]) Evictions() uint64 { return t.evictions.Load() }
+
+// defaultMaxKeys sizes a zone for about targetBytes of heap, from the
+// measured cost of a key (BENCHMARKS.md) and, for the sliding log, the
+// events a full window holds.
+func defaultMaxKeys(kind string, p algorithms.Policy) int {
+	const targetBytes = 100 << 20
+	per := int64(bytesPerBucketKey)
+	if kind == kindLog {
+		// Map slot, the Log header and a ring rounded up to a power of two.
+		per = bytesPerLogKey + 8*int64(nextPow2(p.Limit))
+	}
+	return int(max(targetBytes/per, 1024))
+}
+
+func nextPow2(n int64) int64 {
+	if n <= 1 {
+		return 1
+	}
+	return 1 << (64 - bits.LeadingZeros64(uint64(n-1)))
+}

@@ -1,0 +1,140 @@
+package sluice
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/caddytest"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+)
+
+var update = flag.Bool("update", false, "rewrite the expected JSON of testdata/adapt from the current adapter")
+
+const adaptSeparator = "\n----------\n"
+
+// Each testdata/adapt file is a Caddyfile, a line of dashes, and the JSON
+// `caddy adapt` must produce for it. The mholt_* files are configs written
+// for mholt/caddy-ratelimit (its README and its tests), which must adapt
+// unchanged.
+func TestCaddyfileAdapt(t *testing.T) {
+	files, err := filepath.Glob("testdata/adapt/*.caddyfiletest")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no fixtures: %v", err)
+	}
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			data, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			caddyfile, expected, _ := strings.Cut(string(data), adaptSeparator)
+			if *update {
+				out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var buf bytes.Buffer
+				if err := json.Indent(&buf, out, "", "\t"); err != nil {
+					t.Fatal(err)
+				}
+				expected = buf.String()
+				if err := os.WriteFile(file, []byte(caddyfile+adaptSeparator+expected+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !caddytest.CompareAdapt(t, file, caddyfile, "caddyfile", strings.TrimSuffix(expected, "\n")) {
+				t.Errorf("adapted JSON differs from %s (diff above; -update rewrites it)", file)
+			}
+		})
+	}
+}
+
+func TestCaddyfileErrors(t *testing.T) {
+	// line is the Caddyfile line the error must name; the block starts on
+	// line 2, under the site address.
+	tests := []struct {
+		name, block, want string
+		line              int
+	}{
+		{"argument on directive", "rate_limit foo bar {\n}", "wrong argument count", 2},
+		{"unknown option", "rate_limit {\n\tburst 5\n}", `unrecognized subdirective "burst"`, 3},
+		{"unknown zone option", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tlimit 5\n\t}\n}", `zone "a": unrecognized subdirective "limit"`, 5},
+		{"duplicate zone", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t}\n\tzone a {\n\t\trate 2/s\n\t}\n}", `zone "a" already defined`, 6},
+		{"zone without name", "rate_limit {\n\tzone {\n\t}\n}", "wrong argument count", 3},
+		{"zone without rate", "rate_limit {\n\tzone a {\n\t\tkey x\n\t}\n}", "requires both a window and maximum events", 5},
+		{"events without window", "rate_limit {\n\tzone a {\n\t\tevents 5\n\t}\n}", "requires both a window and maximum events", 5},
+		{"rate and events", "rate_limit {\n\tzone a {\n\t\trate 5/m\n\t\tevents 5\n\t}\n}", "use either rate or events and window", 6},
+		{"repeated key", "rate_limit {\n\tzone a {\n\t\tkey x\n\t\tkey y\n\t\trate 1/s\n\t}\n}", `zone "a": key already specified`, 5},
+		{"repeated window", "rate_limit {\n\tzone a {\n\t\twindow 1m\n\t\twindow 2m\n\t\tevents 1\n\t}\n}", "window already specified", 5},
+		{"repeated events", "rate_limit {\n\tzone a {\n\t\tevents 1\n\t\tevents 1\n\t\twindow 1m\n\t}\n}", "events already specified", 5},
+		{"repeated jitter", "rate_limit {\n\tjitter 0.1\n\tjitter 0.2\n}", "jitter already specified", 4},
+		{"repeated log_key", "rate_limit {\n\tlog_key\n\tlog_key\n}", "log_key already specified", 4},
+		{"bad events", "rate_limit {\n\tzone a {\n\t\tevents ten\n\t\twindow 1m\n\t}\n}", `events must be a whole number ≥ 1, got "ten"`, 4},
+		{"zero events", "rate_limit {\n\tzone a {\n\t\tevents 0\n\t\twindow 1m\n\t}\n}", `events must be a whole number ≥ 1, got "0"`, 4},
+		{"bad window", "rate_limit {\n\tzone a {\n\t\tevents 1\n\t\twindow soon\n\t}\n}", `invalid window "soon"`, 5},
+		{"negative window", "rate_limit {\n\tzone a {\n\t\tevents 1\n\t\twindow -1m\n\t}\n}", "window must be positive", 5},
+		{"bad rate", "rate_limit {\n\tzone a {\n\t\trate 100\n\t}\n}", `invalid rate "100"`, 4},
+		{"bad rate unit", "rate_limit {\n\tzone a {\n\t\trate 100/fortnight\n\t}\n}", "the duration after / must be positive", 4},
+		{"zero burst", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tburst 0\n\t}\n}", `burst must be a whole number ≥ 1, got "0"`, 5},
+		{"bad cost", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tcost lots\n\t}\n}", `cost must be a whole number or a placeholder, got "lots"`, 5},
+		{"negative cost", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tcost -1\n\t}\n}", "must be at least 0", 5},
+		{"prefix out of range", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tipv4_prefix 33\n\t}\n}", "ipv4_prefix must be a whole number from 0 to 32", 5},
+		{"v6 prefix out of range", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tipv6_prefix 129\n\t}\n}", "ipv6_prefix must be a whole number from 0 to 128", 5},
+		{"two keys on a line", "rate_limit {\n\tzone a {\n\t\tkey x y\n\t\trate 1/s\n\t}\n}", `key takes one value, got another: "y"`, 4},
+		{"bad jitter", "rate_limit {\n\tjitter lots\n}", `invalid jitter "lots"`, 3},
+		{"negative jitter", "rate_limit {\n\tjitter -0.5\n}", `invalid jitter "-0.5"`, 3},
+		{"log_key with value", "rate_limit {\n\tlog_key yes\n}", "wrong argument count", 3},
+		{"bad distributed option", "rate_limit {\n\tdistributed {\n\t\tevery 5s\n\t}\n}", `distributed: unrecognized subdirective "every"`, 4},
+		{"shadow with value", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tshadow yes\n\t}\n}", "wrong argument count", 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := ":8080\n" + tt.block + "\n"
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
+			if err == nil {
+				t.Fatalf("adapted without error:\n%s", cfg)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %q, want it to contain %q", err, tt.want)
+			}
+			if line := "Caddyfile:" + strconv.Itoa(tt.line); !strings.Contains(err.Error(), line) {
+				t.Fatalf("error %q does not name %s", err, line)
+			}
+		})
+	}
+}
+
+func TestParseRate(t *testing.T) {
+	tests := []struct {
+		in     string
+		events int64
+		window string
+	}{
+		{"100/1m", 100, "1m0s"},
+		{"10/s", 10, "1s"},
+		{"1000/h", 1000, "1h0m0s"},
+		{"5/1h30m", 5, "1h30m0s"},
+		{"2/1d", 2, "24h0m0s"},
+		{"3/d", 3, "24h0m0s"},
+		{"7/.5s", 7, "500ms"},
+	}
+	for _, tt := range tests {
+		n, w, err := ParseRate(tt.in)
+		if err != nil || n != tt.events || w.String() != tt.window {
+			t.Errorf("ParseRate(%q) = %d, %v, %v; want %d, %s", tt.in, n, w, err, tt.events, tt.window)
+		}
+	}
+	for _, bad := range []string{"", "100", "/1m", "0/1m", "-1/1m", "x/1m", "10/", "10/0s", "10/-1m", "10/fortnight"} {
+		if _, _, err := ParseRate(bad); err == nil {
+			t.Errorf("ParseRate(%q) accepted", bad)
+		}
+	}
+}

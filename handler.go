@@ -1,0 +1,206 @@
+package sluice
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/keys"
+)
+
+// ErrRateLimited is the error behind every 429 answer; {http.error.message}
+// shows its text.
+var ErrRateLimited = errors.New("rate limit exceeded")
+
+// Placeholders set on every decided request; the exceeded.* ones only on a
+// denied request.
+const (
+	phZone       = "http.rate_limit.zone"
+	phLimit      = "http.rate_limit.limit"
+	phRemaining  = "http.rate_limit.remaining"
+	phReset      = "http.rate_limit.reset"
+	phName       = "http.rate_limit.exceeded.name"
+	phKey        = "http.rate_limit.exceeded.key"
+	phRetryAfter = "http.rate_limit.exceeded.retry_after"
+)
+
+// maxInline is how many matching zones a request can have before the
+// handler allocates for them.
+const maxInline = 8
+
+// ServeHTTP decides the request against every zone it matches, once and all
+// or nothing, then answers 429 or passes it on.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+
+	var (
+		reqBuf  [maxInline]backend.Request
+		zoneBuf [maxInline]*Zone
+		outBuf  [maxInline]algorithms.Result
+	)
+	reqs, zones := reqBuf[:0], zoneBuf[:0]
+	for _, z := range h.zones {
+		if len(z.matchers) > 0 {
+			ok, err := z.matchers.AnyMatchWithError(r)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				continue
+			}
+		}
+		cost, err := z.Cost.eval(repl)
+		if err != nil {
+			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("rate_limit zone %q: %w", z.name, err))
+		}
+		key := keys.ApplyPrefix(repl.ReplaceAll(z.Key, ""), z.IPv4Prefix, z.IPv6Prefix)
+		reqs = append(reqs, backend.Request{Zone: z.handle, Key: key, Cost: cost, Shadow: z.Shadow})
+		zones = append(zones, z)
+	}
+	if len(reqs) == 0 {
+		return next.ServeHTTP(w, r)
+	}
+	out := outBuf[:]
+	if len(reqs) > len(out) {
+		out = make([]algorithms.Result, len(reqs))
+	}
+
+	var start int64
+	if !h.DisableMetrics {
+		start = h.now()
+	}
+	allowed, err := h.store.Decide(r.Context(), reqs, out)
+	if err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate_limit: %w", err))
+	}
+	if !h.DisableMetrics {
+		elapsed := float64(h.now()-start) / 1e9
+		for _, z := range zones {
+			z.metrics.observe(elapsed)
+		}
+	}
+
+	for i, z := range zones {
+		if z.Shadow && !out[i].Allowed {
+			z.metrics.shadowDeny()
+			h.denyLog.Info("rate limit would be exceeded (shadow zone)", h.logFields(r, z, reqs[i].Key, out[i].RetryAfter)...)
+		}
+	}
+
+	if !allowed {
+		return h.deny(w, r, repl, zones, reqs, out[:len(reqs)])
+	}
+	if i := tightest(zones, out[:len(reqs)]); i >= 0 {
+		setPlaceholders(repl, zones[i].name, out[i])
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// tightest is the index of the enforcing zone with the least room left,
+// whose numbers a client should go by; -1 when every zone is in shadow.
+func tightest(zones []*Zone, out []algorithms.Result) int {
+	best := -1
+	for i, z := range zones {
+		if z.Shadow {
+			continue
+		}
+		if best < 0 || out[i].Remaining*out[best].Limit < out[best].Remaining*out[i].Limit {
+			best = i
+		}
+	}
+	return best
+}
+
+// deny answers a request that an enforcing zone denied. The zone reported
+// is the one that makes the client wait longest, since the request can pass
+// only once every zone allows it.
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, zones []*Zone, reqs []backend.Request, out []algorithms.Result) error {
+	worst := -1
+	for i, z := range zones {
+		if z.Shadow || out[i].Allowed {
+			continue
+		}
+		if worst < 0 || later(out[i].RetryAfter, out[worst].RetryAfter) {
+			worst = i
+		}
+	}
+	z, res := zones[worst], out[worst]
+	wait := time.Duration(res.RetryAfter)
+	if res.RetryAfter != algorithms.Never {
+		if h.Jitter > 0 {
+			wait += time.Duration(rand.Float64() * h.Jitter * float64(wait))
+		}
+		secs := retryAfterSeconds(wait)
+		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+		repl.Set(phRetryAfter, secs)
+	}
+	setPlaceholders(repl, z.name, res)
+	repl.Set(phName, z.name)
+	repl.Set(phKey, reqs[worst].Key)
+	z.metrics.declined()
+
+	h.denyLog.Info("rate limit exceeded", h.logFields(r, z, reqs[worst].Key, int64(wait))...)
+	if h.events.ShouldEmit("rate_limit_exceeded") {
+		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
+			"zone":      z.name,
+			"wait":      wait,
+			"remote_ip": remoteIP(r),
+		})
+	}
+	return caddyhttp.Error(http.StatusTooManyRequests, ErrRateLimited)
+}
+
+// later orders retry times, Never (cannot ever pass) being the latest.
+func later(a, b int64) bool {
+	if a == algorithms.Never {
+		return b != algorithms.Never
+	}
+	return b != algorithms.Never && a > b
+}
+
+// retryAfterSeconds is the Retry-After value for wait: whole seconds,
+// rounded up, at least 1.
+func retryAfterSeconds(wait time.Duration) int64 {
+	secs := int64((wait + time.Second - 1) / time.Second)
+	return max(secs, 1)
+}
+
+func setPlaceholders(repl *caddy.Replacer, zone string, res algorithms.Result) {
+	repl.Set(phZone, zone)
+	repl.Set(phLimit, res.Limit)
+	repl.Set(phRemaining, res.Remaining)
+	repl.Set(phReset, (res.ResetAfter+int64(time.Second)-1)/int64(time.Second))
+}
+
+func (h *Handler) logFields(r *http.Request, z *Zone, key string, wait int64) []zap.Field {
+	fields := []zap.Field{
+		zap.String("zone", z.name),
+		zap.Duration("wait", time.Duration(wait)),
+		zap.String("remote_ip", remoteIP(r)),
+	}
+	if ip, ok := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); ok {
+		fields = append(fields, zap.String("client_ip", ip))
+	}
+	if h.LogKey {
+		fields = append(fields, zap.String("key", key))
+	}
+	return fields
+}
+
+func remoteIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}

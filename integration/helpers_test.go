@@ -1,0 +1,121 @@
+// Package integration drives Sluice through a real Caddy: in-process with
+// caddytest, and as the binary that `go build ./cmd/caddy` produces.
+package integration
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	_ "github.com/sluicehq/sluice"
+)
+
+const (
+	adminAddr = "localhost:2999"
+	httpBase  = "http://localhost:9080"
+)
+
+// jsonServer wraps handlers in a config that serves them on :9080 with the
+// admin API where caddytest expects it. errors, when not empty, are the
+// server's error routes.
+func jsonServer(handlers string, errorRoutes string) string {
+	cfg := `{
+	"admin": {"listen": "` + adminAddr + `"},
+	"logging": {"logs": {"default": {"level": "ERROR"}}},
+	"apps": {"http": {"http_port": 9080, "servers": {"srv": {
+		"listen": [":9080"],
+		"metrics": {},
+		"routes": [{"handle": [` + handlers + `]}]`
+	if errorRoutes != "" {
+		cfg += `,
+		"errors": {"routes": ` + errorRoutes + `}`
+	}
+	return cfg + `
+	}}}}
+}`
+}
+
+// okHandler answers 200 "ok" behind the rate limiter.
+const okHandler = `{"handler": "static_response", "status_code": 200, "body": "ok"}`
+
+func newTester(t *testing.T, cfg, kind string) *caddytest.Tester {
+	t.Helper()
+	tester := caddytest.NewTester(t)
+	tester.InitServer(cfg, kind)
+	return tester
+}
+
+// do sends a request and returns status, Retry-After and body.
+func do(t *testing.T, tester *caddytest.Tester, method, path string, header ...string) (int, string, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, httpBase+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := tester.Client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("Retry-After"), string(body)
+}
+
+// expectN sends n requests that must all get status want.
+func expectN(t *testing.T, tester *caddytest.Tester, n, want int, method, path string, header ...string) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		if got, _, body := do(t, tester, method, path, header...); got != want {
+			t.Fatalf("%s %s #%d: status %d (%q), want %d", method, path, i+1, got, body, want)
+		}
+	}
+}
+
+// expect429 sends one request that must be denied with a Retry-After in
+// [lo, hi] seconds.
+func expect429(t *testing.T, tester *caddytest.Tester, lo, hi int, method, path string, header ...string) string {
+	t.Helper()
+	code, ra, body := do(t, tester, method, path, header...)
+	if code != http.StatusTooManyRequests {
+		t.Fatalf("%s %s: status %d (%q), want 429", method, path, code, body)
+	}
+	secs, err := strconv.Atoi(ra)
+	if err != nil || secs < lo || secs > hi {
+		t.Fatalf("%s %s: Retry-After %q, want whole seconds in [%d, %d]", method, path, ra, lo, hi)
+	}
+	return body
+}
+
+// adminRequest calls the admin API and fails the test on an error status.
+func adminRequest(t *testing.T, method, path, contentType, body string) string {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+adminAddr+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, out)
+	}
+	return string(out)
+}
+
+func zoneJSON(name, body string) string {
+	return fmt.Sprintf("%q: {%s}", name, body)
+}

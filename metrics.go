@@ -1,0 +1,124 @@
+package sluice
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/backend/memory"
+)
+
+// The collectors are made once and registered into the registry of every
+// config that loads the handler: Caddy serves /metrics from the registry of
+// the newest config, and counters must carry on across reloads (the bug of
+// mholt/caddy-ratelimit #100 was collectors bound to the first registry).
+//
+// Metric names are mholt/caddy-ratelimit's, so dashboards keep working, but
+// the key label is always empty: per-key series would let any client create
+// series without bound.
+var metrics = newMetricSet()
+
+type metricSet struct {
+	requests *prometheus.CounterVec
+	declined *prometheus.CounterVec
+	shadow   *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	state    prometheus.Collector
+}
+
+func newMetricSet() *metricSet {
+	const ns, sub = "caddy", "rate_limit"
+	return &metricSet{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "requests_total",
+			Help: "Requests decided by a rate limit zone.",
+		}, []string{"zone", "key"}),
+		declined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "declined_requests_total",
+			Help: "Requests denied with 429, by the zone that denied them.",
+		}, []string{"zone", "key"}),
+		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "shadow_declined_requests_total",
+			Help: "Requests a shadow zone would have denied.",
+		}, []string{"zone"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "process_time_seconds",
+			Help:    "Time taken to decide a request, for each zone it matched.",
+			Buckets: []float64{.00001, .00005, .0001, .0005, .001, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"zone", "key"}),
+		state: stateCollector{
+			keys: prometheus.NewDesc("caddy_rate_limit_keys_total",
+				"Keys tracked in memory by a zone.", []string{"zone"}, nil),
+			evictions: prometheus.NewDesc("caddy_rate_limit_evictions_total",
+				"Keys dropped before they were idle to keep a zone under max_keys.", []string{"zone"}, nil),
+		},
+	}
+}
+
+func registerMetrics(reg *prometheus.Registry) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.duration, metrics.state} {
+		if err := reg.Register(c); err != nil {
+			if _, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); !ok {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// zoneMetrics are one zone's series, looked up once at provision so the
+// request path does no label hashing. The zero value records nothing.
+type zoneMetrics struct {
+	requests  prometheus.Counter
+	declinedC prometheus.Counter
+	shadowC   prometheus.Counter
+	duration  prometheus.Observer
+}
+
+func newZoneMetrics(zone string) zoneMetrics {
+	return zoneMetrics{
+		requests:  metrics.requests.WithLabelValues(zone, ""),
+		declinedC: metrics.declined.WithLabelValues(zone, ""),
+		shadowC:   metrics.shadow.WithLabelValues(zone),
+		duration:  metrics.duration.WithLabelValues(zone, ""),
+	}
+}
+
+func (m zoneMetrics) observe(seconds float64) {
+	if m.requests != nil {
+		m.requests.Inc()
+		m.duration.Observe(seconds)
+	}
+}
+
+func (m zoneMetrics) declined() {
+	if m.declinedC != nil {
+		m.declinedC.Inc()
+	}
+}
+
+func (m zoneMetrics) shadowDeny() {
+	if m.shadowC != nil {
+		m.shadowC.Inc()
+	}
+}
+
+// stateCollector reports the memory tables live, at scrape time.
+type stateCollector struct {
+	keys, evictions *prometheus.Desc
+}
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.keys
+	ch <- c.evictions
+}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	for zone, st := range memory.AllStats() {
+		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Keys), zone)
+		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(st.Evictions), zone)
+	}
+}

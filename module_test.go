@@ -1,0 +1,101 @@
+package sluice
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// validate provisions a config holding one rate_limit handler, as
+// `caddy validate` does, and returns the error.
+func validate(t *testing.T, handler string) error {
+	t.Helper()
+	raw := `{"apps": {"http": {"servers": {"srv": {"listen": [":0"], "routes": [{"handle": [` + handler + `]}]}}}}}`
+	var cfg caddy.Config
+	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+		t.Fatalf("bad test config: %v", err)
+	}
+	return caddy.Validate(&cfg)
+}
+
+func TestProvisionErrors(t *testing.T) {
+	tests := []struct {
+		name, zone, want string
+	}{
+		{"zero max_events", `"window": "1m", "max_events": 0`, `zone "z": max_events must be at least 1, got 0`},
+		{"negative max_events", `"window": "1m", "max_events": -5`, `zone "z": max_events must be at least 1, got -5`},
+		{"missing window", `"max_events": 5`, `zone "z": window must be positive, got 0ns`},
+		{"negative window", `"window": "-1m", "max_events": 5`, `zone "z": window must be positive`},
+		{"negative burst", `"window": "1m", "max_events": 5, "burst": -1, "algorithm": "token_bucket"`, `zone "z": burst must be at least 1, got -1`},
+		{"burst on sliding window", `"window": "1m", "max_events": 5, "burst": 10`, `zone "z": burst does not apply to algorithm sliding_window`},
+		{"unknown algorithm", `"window": "1m", "max_events": 5, "algorithm": "leaky"`, `zone "z": unknown algorithm "leaky"`},
+		{"v4 prefix too long", `"window": "1m", "max_events": 5, "ipv4_prefix": 33`, `zone "z": ipv4_prefix must be between 0 and 32, got 33`},
+		{"v4 prefix negative", `"window": "1m", "max_events": 5, "ipv4_prefix": -1`, `zone "z": ipv4_prefix must be between 0 and 32, got -1`},
+		{"v6 prefix too long", `"window": "1m", "max_events": 5, "ipv6_prefix": 129`, `zone "z": ipv6_prefix must be between 0 and 128, got 129`},
+		{"cost above burst", `"window": "1m", "max_events": 5, "cost": 6`, `zone "z": cost 6 can never pass: the zone holds at most 5 units (raise max_events)`},
+		{"cost above bucket", `"window": "1m", "max_events": 50, "burst": 5, "algorithm": "gcra", "cost": 6`, `zone "z": cost 6 can never pass: the zone holds at most 5 units (raise burst)`},
+		{"negative cost", `"window": "1m", "max_events": 5, "cost": -1`, `zone "z": cost: must be at least 0, got -1`},
+		{"cost text", `"window": "1m", "max_events": 5, "cost": "lots"`, `cost must be a whole number or a placeholder, got "lots"`},
+		{"negative max_keys", `"window": "1m", "max_events": 5, "max_keys": -1`, `zone "z": max_keys must be at least 1, got -1`},
+		{"huge burst", `"window": "24h", "max_events": 1, "burst": 1099511627776, "algorithm": "token_bucket"`, `zone "z": burst 1099511627776 × interval`},
+		{"bad matcher", `"window": "1m", "max_events": 5, "match": [{"no_such_matcher": {}}]`, `zone "z": loading matchers`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := validate(t, `{"handler": "rate_limit", "rate_limits": {"z": {`+tt.zone+`}}}`)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+	for _, handler := range []struct{ opt, want string }{
+		{`"jitter": -0.1`, "jitter must be a number ≥ 0, got -0.1"},
+		{`"sweep_interval": "-1s"`, "sweep_interval must be positive"},
+	} {
+		err := validate(t, `{"handler": "rate_limit", `+handler.opt+`, "rate_limits": {"z": {"window": "1m", "max_events": 1}}}`)
+		if err == nil || !strings.Contains(err.Error(), handler.want) {
+			t.Errorf("%s: error %v, want %q", handler.opt, err, handler.want)
+		}
+	}
+}
+
+func TestProvisionAcceptsMholtConfigs(t *testing.T) {
+	for _, handler := range []string{
+		`{"handler": "rate_limit", "rate_limits": {"static_example": {"match": [{"method": ["GET"]}], "key": "static", "window": "1m", "max_events": 100}, "dynamic_example": {"key": "{http.request.remote.host}", "window": "5s", "max_events": 2}}, "distributed": {}}`,
+		`{"handler": "rate_limit", "rate_limits": {"p": {"key": "{http.vars.client_ip}", "window": 60000000000, "max_events": 10, "ipv4_prefix": 24, "ipv6_prefix": 56}}, "jitter": 0.2, "sweep_interval": "30s", "log_key": true, "disable_metrics": true}`,
+	} {
+		if err := validate(t, handler); err != nil {
+			t.Errorf("config for mholt/caddy-ratelimit rejected: %v\n%s", err, handler)
+		}
+	}
+}
+
+func TestCostJSON(t *testing.T) {
+	for _, tt := range []struct{ in, out string }{
+		{`5`, `5`},
+		{`0`, `0`},
+		{`"7"`, `7`},
+		{`"{http.request.header.X-Cost}"`, `"{http.request.header.X-Cost}"`},
+	} {
+		var c Cost
+		if err := json.Unmarshal([]byte(tt.in), &c); err != nil {
+			t.Fatalf("%s: %v", tt.in, err)
+		}
+		out, _ := json.Marshal(c)
+		if string(out) != tt.out {
+			t.Errorf("%s → %s, want %s", tt.in, out, tt.out)
+		}
+	}
+	for _, bad := range []string{`"x"`, `true`, `1.5`, `-1`} {
+		var c Cost
+		err := json.Unmarshal([]byte(bad), &c)
+		if err == nil {
+			err = c.validate()
+		}
+		if err == nil {
+			t.Errorf("cost %s accepted", bad)
+		}
+	}
+}

@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
+
+	"golang.org/x/time/rate"
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
@@ -163,4 +167,58 @@ func BenchmarkTimeNow(b *testing.B) {
 	for b.Loop() {
 		_ = time.Now().UnixNano()
 	}
+}
+
+// The usual in-process design, for ratios in the same run: one
+// golang.org/x/time/rate token bucket per key in a map behind a mutex.
+type baseline struct {
+	mu sync.Mutex
+	m  map[string]*rate.Limiter
+}
+
+func (bl *baseline) get(k string) *rate.Limiter {
+	bl.mu.Lock()
+	l, ok := bl.m[k]
+	if !ok {
+		// A rate that never denies, but not rate.Inf, which skips the math.
+		l = rate.NewLimiter(rate.Limit(1e9), 1<<30)
+		bl.m[strings.Clone(k)] = l
+	}
+	bl.mu.Unlock()
+	return l
+}
+
+func BenchmarkBaselineXTimeRate(b *testing.B) {
+	for _, n := range []int{1, 1_000_000} {
+		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
+			bl := &baseline{m: make(map[string]*rate.Limiter)}
+			var g keyGen
+			for i := 0; i < n; i++ {
+				bl.get(g.key(i))
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if !bl.get(g.key(i % n)).Allow() {
+					b.Fatal("denied")
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkBaselineXTimeRateBytesPerKey(b *testing.B) {
+	const n = 1_000_000
+	var perKey float64
+	for b.Loop() {
+		bl := &baseline{m: make(map[string]*rate.Limiter)}
+		var g keyGen
+		before := heapInUse()
+		for i := 0; i < n; i++ {
+			bl.get(g.key(i)).Allow()
+		}
+		perKey = float64(heapInUse()-before) / n
+		runtime.KeepAlive(bl)
+	}
+	b.ReportMetric(perKey, "bytes/key")
 }

@@ -31,7 +31,7 @@ const (
 // the default cap.
 const (
 	bytesPerBucketKey = 32
-	bytesPerLogKey    = 96
+	bytesPerLogKey    = 104
 )
 
 // DefaultSweepInterval is how often idle keys are dropped when the handler
@@ -207,22 +207,40 @@ func (z *zone[S]) hash(key string) hkey { return z.t.hash(key) }
 func (z *zone[S]) lock(h hkey) *shardBase { return &z.t.shard(h).shardBase }
 
 func (z *zone[S]) decide(h hkey, now, cost int64) algorithms.Result {
-	return z.alg.Decide(z.t.shard(h).m[h], now, cost)
+	return z.alg.Decide(z.t.shard(h).get(h), now, cost)
 }
 
 func (z *zone[S]) take(h hkey, now, cost int64) {
 	sh := z.t.shard(h)
-	s, ok := sh.m[h]
-	z.t.store(sh, h, z.alg.Take(s, now, cost), ok, now)
+	if sh.n > 0 {
+		if i, ok := sh.find(h); ok {
+			sh.e[i].s = z.alg.Take(sh.e[i].s, now, cost)
+			return
+		}
+	}
+	var zero S
+	z.t.insert(sh, h, z.alg.Take(zero, now, cost), now)
 }
 
+// decideOne is the path of a request that matched one zone: one probe
+// finds the key, and the new state is written in place.
 func (z *zone[S]) decideOne(h hkey, now, cost int64) algorithms.Result {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
-	s, ok := sh.m[h]
+	i, found := -1, false
+	var s S
+	if sh.n > 0 {
+		if i, found = sh.find(h); found {
+			s = sh.e[i].s
+		}
+	}
 	r := z.alg.Decide(s, now, cost)
 	if r.Allowed && cost > 0 {
-		z.t.store(sh, h, z.alg.Take(s, now, cost), ok, now)
+		if found {
+			sh.e[i].s = z.alg.Take(s, now, cost)
+		} else {
+			z.t.insert(sh, h, z.alg.Take(s, now, cost), now)
+		}
 	}
 	sh.mu.Unlock()
 	return r

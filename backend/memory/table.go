@@ -37,10 +37,10 @@ type shardBase struct {
 
 type shard[S any] struct {
 	shardBase
-	m         map[hkey]S
-	peak      int   // largest len(m) since the map was last rebuilt
-	lastSweep int64 // time of the last full sweep, clock of the store
-	_         [24]byte
+	slots[S]
+	lastSweep int64  // time of the last full sweep, clock of the store
+	rng       uint64 // picks where eviction samples start
+	_         [16]byte
 }
 
 var shardIDs atomic.Uint64
@@ -81,18 +81,22 @@ func newTable[S any](maxKeys int, enc int64, now func() int64) *table[S] {
 		stop:   make(chan struct{}),
 	}
 	for i := range t.shards {
-		t.shards[i].m = make(map[hkey]S)
 		t.shards[i].id = shardIDs.Add(1)
+		t.shards[i].rng = t.shards[i].id * 0x9E3779B97F4A7C15
 	}
 	return t
 }
 
+// hash returns the key's hash; never 0, which marks an empty slot.
 func (t *table[S]) hash(key string) hkey {
-	return maphash.String(t.seed, key)
+	if h := maphash.String(t.seed, key); h != 0 {
+		return h
+	}
+	return 1
 }
 
 func (t *table[S]) shard(h hkey) *shard[S] {
-	return &t.shards[(h>>58)&t.mask]
+	return &t.shards[h&t.mask]
 }
 
 // configure installs the newest config's algorithm and limits. Older configs
@@ -103,43 +107,42 @@ func (t *table[S]) configure(alg algorithms.Algorithm[S], maxKeys int, sweep tim
 	t.interval.Store(int64(sweep))
 }
 
-// store writes s for h in sh, making room first if the table is full.
-// The caller holds sh.mu.
-func (t *table[S]) store(sh *shard[S], h hkey, s S, existed bool, now int64) {
-	if !existed {
-		if t.count.Load() >= t.maxKeys.Load() {
-			t.makeRoom(sh, now)
-		}
-		t.count.Add(1)
+// insert adds a new key h with state s to sh, making room first if the
+// table is at its cap. The caller holds sh.mu.
+func (t *table[S]) insert(sh *shard[S], h hkey, s S, now int64) {
+	if t.count.Load() >= t.maxKeys.Load() {
+		t.makeRoom(sh, now)
 	}
-	sh.m[h] = s
-	if len(sh.m) > sh.peak {
-		sh.peak = len(sh.m)
-	}
+	sh.slots.insert(h, s)
+	t.count.Add(1)
 }
 
 // makeRoom evicts from sh until the table is under its cap: idle keys first
 // (a full sweep of the shard, at most once per fullSweepGap), then the key
-// nearest to idle among a random sample. The caller holds sh.mu.
+// nearest to idle among a sample of sampleSize keys from a random place.
+// The caller holds sh.mu.
 func (t *table[S]) makeRoom(sh *shard[S], now int64) {
 	alg := *t.alg.Load()
 	if sh.lastSweep == 0 || now-sh.lastSweep >= fullSweepGap {
 		sh.lastSweep = now
 		t.sweepShard(sh, alg, now)
 	}
-	for t.count.Load() >= t.maxKeys.Load() && len(sh.m) > 0 {
-		var victim hkey
-		best := int64(1<<63 - 1)
-		n := 0
-		for k, v := range sh.m {
-			if at := alg.IdleAt(v); at < best {
-				best, victim = at, k
+	for t.count.Load() >= t.maxKeys.Load() && sh.n > 0 {
+		sh.rng ^= sh.rng << 13
+		sh.rng ^= sh.rng >> 7
+		sh.rng ^= sh.rng << 17
+		i := int(sh.rng % uint64(len(sh.e)))
+		victim, best := -1, int64(1<<63-1)
+		for seen := 0; seen < sampleSize && seen < sh.n; i = (i + 1) % len(sh.e) {
+			if sh.e[i].h == 0 {
+				continue
 			}
-			if n++; n == sampleSize {
-				break
+			if at := alg.IdleAt(sh.e[i].s); at < best {
+				victim, best = i, at
 			}
+			seen++
 		}
-		delete(sh.m, victim)
+		sh.remove(victim)
 		t.count.Add(-1)
 		if best > now {
 			t.evictions.Add(1)
@@ -147,25 +150,21 @@ func (t *table[S]) makeRoom(sh *shard[S], now int64) {
 	}
 }
 
-// sweepShard drops the idle keys of sh and gives memory back once the map
-// has shrunk to a quarter of its peak. The caller holds sh.mu.
+// sweepShard drops the idle keys of sh and gives memory back once the
+// table is mostly empty. The caller holds sh.mu.
 func (t *table[S]) sweepShard(sh *shard[S], alg algorithms.Algorithm[S], now int64) {
 	removed := 0
-	for k, v := range sh.m {
-		if alg.IdleAt(v) <= now {
-			delete(sh.m, k)
+	for i := 0; i < len(sh.e); {
+		// remove shifts a later entry into i, so i is looked at again.
+		if sh.e[i].h != 0 && alg.IdleAt(sh.e[i].s) <= now {
+			sh.remove(i)
 			removed++
+			continue
 		}
+		i++
 	}
 	t.count.Add(int64(-removed))
-	// Go maps never shrink; rebuild one that a flood of keys left large.
-	if sh.peak >= 1024 && len(sh.m) < sh.peak/4 {
-		m := make(map[hkey]S, len(sh.m))
-		for k, v := range sh.m {
-			m[k] = v
-		}
-		sh.m, sh.peak = m, len(m)
-	}
+	sh.shrink()
 }
 
 // sweep drops the idle keys of every shard, one shard lock at a time.
@@ -215,7 +214,7 @@ func defaultMaxKeys(kind string, p algorithms.Policy) int {
 	const targetBytes = 100 << 20
 	per := int64(bytesPerBucketKey)
 	if kind == kindLog {
-		// Map slot, the Log header and a ring rounded up to a power of two.
+		// Slot, Log header, and a ring rounded up to a power of two.
 		per = bytesPerLogKey + 8*int64(nextPow2(p.Limit))
 	}
 	return int(max(targetBytes/per, 1024))

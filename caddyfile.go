@@ -41,7 +41,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        events     <max_events>
 //	        window     <duration>
 //	        burst      <n>
-//	        algorithm  sliding_window|token_bucket|gcra
+//	        algorithm  sliding_window|sliding_window_counter|fixed_window|token_bucket|gcra|leaky_bucket
+//	        max_delay  <duration>
 //	        cost       <n>|<placeholder>
 //	        ipv4_prefix <bits>
 //	        ipv6_prefix <bits>
@@ -199,6 +200,10 @@ func unmarshalZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			z.Burst, err = positiveArg(d, name, opt)
 		case "algorithm":
 			z.Algorithm, err = oneArg(d)
+		case "max_delay":
+			var dur time.Duration
+			dur, err = durationArg(d, opt)
+			z.MaxDelay = caddy.Duration(dur)
 		case "cost":
 			var v string
 			if v, err = oneArg(d); err == nil {

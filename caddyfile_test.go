@@ -93,6 +93,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"negative jitter", "rate_limit {\n\tjitter -0.5\n}", `invalid jitter "-0.5"`, 3},
 		{"log_key with value", "rate_limit {\n\tlog_key yes\n}", "wrong argument count", 3},
 		{"bad distributed option", "rate_limit {\n\tdistributed {\n\t\tevery 5s\n\t}\n}", `distributed: unrecognized subdirective "every"`, 4},
+		{"bad max_delay", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tmax_delay soon\n\t}\n}", `invalid max_delay "soon"`, 5},
 		{"shadow with value", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tshadow yes\n\t}\n}", "wrong argument count", 5},
 	}
 	for _, tt := range tests {

@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -103,7 +104,46 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if i := tightest(zones, out[:len(reqs)]); i >= 0 {
 		setPlaceholders(repl, zones[i].name, out[i])
 	}
+	if err := h.wait(r, zones, reqs, out[:len(reqs)]); err != nil {
+		return err
+	}
 	return next.ServeHTTP(w, r)
+}
+
+// statusClientClosed is the status logged for a client that left while its
+// request waited in a queue (nginx's convention; nobody receives it).
+const statusClientClosed = 499
+
+// wait holds an admitted request until its slot in every leaky_bucket
+// queue it was given one in. A client that leaves first gives back what
+// the request took, so its slot goes to the next in line.
+func (h *Handler) wait(r *http.Request, zones []*Zone, reqs []backend.Request, out []algorithms.Result) error {
+	var delay int64
+	for i, z := range zones {
+		if !z.Shadow {
+			delay = max(delay, out[i].Delay)
+		}
+	}
+	if delay <= 0 {
+		return nil
+	}
+	timer := time.NewTimer(time.Duration(delay))
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-r.Context().Done():
+	}
+	var taken []backend.Request
+	for i := range reqs {
+		if out[i].Allowed && reqs[i].Cost > 0 {
+			taken = append(taken, reqs[i])
+		}
+	}
+	if err := h.store.Refund(context.WithoutCancel(r.Context()), taken); err != nil {
+		h.logger.Error("giving back the slot of a request whose client left", zap.Error(err))
+	}
+	return caddyhttp.Error(statusClientClosed, r.Context().Err())
 }
 
 // tightest is the index of the enforcing zone with the least room left,

@@ -106,8 +106,16 @@ type Zone struct {
 
 	// Algorithm is how the zone counts: "sliding_window" (exact log of
 	// events; the default, and mholt/caddy-ratelimit's behaviour),
-	// "token_bucket" or "gcra".
+	// "sliding_window_counter", "fixed_window", "token_bucket", "gcra" or
+	// "leaky_bucket". docs/algorithms.md compares them.
 	Algorithm string `json:"algorithm,omitempty"`
+
+	// MaxDelay makes a leaky_bucket zone a queue: a request that arrives
+	// before its slot waits for it, up to this long, instead of being
+	// denied, so requests leave at a steady max_events per window. Only a
+	// request whose slot is further away is denied. A client that gives up
+	// while waiting frees its slot. Default: 0 (a meter that denies).
+	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
 
 	// Cost is how many units one request consumes: a whole number (0 makes
 	// requests free), or a placeholder that expands to one, such as
@@ -223,7 +231,10 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store) er
 	if z.Burst < 0 {
 		return fmt.Errorf("burst must be at least 1, got %d", z.Burst)
 	}
-	policy := algorithms.Policy{Limit: z.MaxEvents, Window: int64(z.Window), Burst: z.Burst}
+	if z.MaxDelay < 0 {
+		return fmt.Errorf("max_delay must be positive, got %v", time.Duration(z.MaxDelay))
+	}
+	policy := algorithms.Policy{Limit: z.MaxEvents, Window: int64(z.Window), Burst: z.Burst, MaxDelay: int64(z.MaxDelay)}
 	alg, err := algorithms.Check(z.Algorithm, policy)
 	if err != nil {
 		return err
@@ -235,7 +246,7 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store) er
 			return fmt.Errorf("cost: %w", err)
 		}
 		if z.Cost.expr == "" && z.Cost.n > z.maxCost {
-			return fmt.Errorf("cost %d can never pass: the zone holds at most %d units (raise %s)", z.Cost.n, z.maxCost, burstOrMax(alg))
+			return fmt.Errorf("cost %d can never pass: the zone holds at most %d units (raise %s)", z.Cost.n, z.maxCost, burstOrMax(alg, z.MaxDelay))
 		}
 	}
 
@@ -258,8 +269,11 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store) er
 	return err
 }
 
-func burstOrMax(alg string) string {
-	if algorithms.UsesBurst(alg) {
+func burstOrMax(alg string, maxDelay caddy.Duration) string {
+	switch {
+	case maxDelay > 0:
+		return "max_delay"
+	case algorithms.UsesBurst(alg):
 		return "burst"
 	}
 	return "max_events"

@@ -40,6 +40,11 @@ func TestProvisionErrors(t *testing.T) {
 		{"cost text", `"window": "1m", "max_events": 5, "cost": "lots"`, `cost must be a whole number or a placeholder, got "lots"`},
 		{"negative max_keys", `"window": "1m", "max_events": 5, "max_keys": -1`, `zone "z": max_keys must be at least 1, got -1`},
 		{"huge burst", `"window": "24h", "max_events": 1, "burst": 1099511627776, "algorithm": "token_bucket"`, `zone "z": burst 1099511627776 × interval`},
+		{"max_delay on a token bucket", `"window": "1s", "max_events": 5, "algorithm": "token_bucket", "max_delay": "1s"`, `zone "z": max_delay applies only to algorithm leaky_bucket, not token_bucket`},
+		{"burst with a queue", `"window": "1s", "max_events": 5, "algorithm": "leaky_bucket", "max_delay": "1s", "burst": 3`, `zone "z": burst does not apply to a leaky_bucket queue`},
+		{"negative max_delay", `"window": "1s", "max_events": 5, "algorithm": "leaky_bucket", "max_delay": "-1s"`, `zone "z": max_delay must be positive`},
+		{"cost above the queue", `"window": "1s", "max_events": 10, "algorithm": "leaky_bucket", "max_delay": "500ms", "cost": 7`, `zone "z": cost 7 can never pass: the zone holds at most 6 units (raise max_delay)`},
+		{"burst on fixed window", `"window": "1m", "max_events": 5, "algorithm": "fixed_window", "burst": 10`, `zone "z": burst does not apply to algorithm fixed_window`},
 		{"bad matcher", `"window": "1m", "max_events": 5, "match": [{"no_such_matcher": {}}]`, `zone "z": loading matchers`},
 	}
 	for _, tt := range tests {

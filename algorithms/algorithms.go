@@ -32,6 +32,9 @@ type Policy struct {
 	// Burst is the bucket capacity (token bucket, GCRA, leaky bucket).
 	// Zero means Limit.
 	Burst int64
+	// MaxDelay makes the leaky bucket a queue: requests wait up to this
+	// long (ns) for their slot instead of being denied. Zero: a meter.
+	MaxDelay int64
 }
 
 // Validate reports what is wrong with p, naming the field as users write it.
@@ -45,6 +48,8 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("window must be at most %v, got %dns", spanText, p.Window)
 	case p.Burst < 0:
 		return fmt.Errorf("burst must be at least 1, got %d", p.Burst)
+	case p.MaxDelay < 0 || p.MaxDelay > MaxSpan:
+		return fmt.Errorf("max_delay must be between 0 and %v, got %dns", spanText, p.MaxDelay)
 	}
 	// The bucket algorithms store burst × interval as a time span.
 	if hi, lo := mul64(uint64(p.burst()), uint64(p.Interval())); hi != 0 || lo > uint64(MaxSpan) {
@@ -90,6 +95,23 @@ type Result struct {
 	Delay int64
 }
 
+// counted is the part the window algorithms share: cost units asked of a
+// limit of which used are taken. done reports a final answer (allowed, or a
+// cost that can never pass); otherwise the caller fills in RetryAfter.
+func counted(limit, used, cost, resetAfter int64) (r Result, done bool) {
+	r = Result{Limit: limit, Remaining: max(limit-used, 0), ResetAfter: resetAfter}
+	switch {
+	case cost > limit:
+		r.RetryAfter = Never
+		return r, true
+	case used+cost <= limit:
+		r.Allowed = true
+		r.Remaining = limit - used - cost
+		return r, true
+	}
+	return r, false
+}
+
 // Algorithm is one limiting algorithm bound to one policy, over state S.
 // A store looks a key's S up, calls Decide, and only when it decides to
 // admit the request (every zone allowed it) calls Take and stores the S it
@@ -106,18 +128,22 @@ type Algorithm[S any] interface {
 	// IdleAt is the time from which s is equivalent to the zero S and may be
 	// forgotten.
 	IdleAt(s S) int64
+	// Refund returns s with cost units given back, as if a request that
+	// took them had not happened (a queued request whose client left). It
+	// never gives back more than was taken.
+	Refund(s S, now, cost int64) S
 	// Policy is the policy the algorithm was built with.
 	Policy() Policy
 }
 
 // Names of the algorithms, as written in the `algorithm` zone field.
 const (
-	SlidingWindow        = "sliding_window"
-	SlidingWindowCounter = "sliding_window_counter"
-	FixedWindow          = "fixed_window"
-	TokenBucketName      = "token_bucket"
-	GCRAName             = "gcra"
-	LeakyBucketName      = "leaky_bucket"
+	NameSlidingWindow  = "sliding_window"
+	NameSlidingCounter = "sliding_window_counter"
+	NameFixedWindow    = "fixed_window"
+	NameTokenBucket    = "token_bucket"
+	NameGCRA           = "gcra"
+	NameLeakyBucket    = "leaky_bucket"
 )
 
 // ErrUnknown is returned for an algorithm name Sluice does not know.
@@ -125,13 +151,13 @@ var ErrUnknown = errors.New("unknown algorithm")
 
 // Names lists the algorithms that zones can choose, default first.
 func Names() []string {
-	return []string{SlidingWindow, TokenBucketName, GCRAName}
+	return []string{NameSlidingWindow, NameSlidingCounter, NameFixedWindow, NameTokenBucket, NameGCRA, NameLeakyBucket}
 }
 
 // UsesBurst reports whether the named algorithm reads Policy.Burst.
 func UsesBurst(name string) bool {
 	switch name {
-	case TokenBucketName, GCRAName, LeakyBucketName:
+	case NameTokenBucket, NameGCRA, NameLeakyBucket:
 		return true
 	}
 	return false
@@ -141,7 +167,7 @@ func UsesBurst(name string) bool {
 // ("" means the default sliding window).
 func Check(name string, p Policy) (string, error) {
 	if name == "" {
-		name = SlidingWindow
+		name = NameSlidingWindow
 	}
 	known := false
 	for _, n := range Names() {
@@ -156,7 +182,15 @@ func Check(name string, p Policy) (string, error) {
 	if p.Burst > 0 && !UsesBurst(name) {
 		return "", fmt.Errorf("burst does not apply to algorithm %s (only to token_bucket, gcra and leaky_bucket)", name)
 	}
-	if name == SlidingWindow && p.Limit > math.MaxUint32 {
+	if p.MaxDelay > 0 {
+		if name != NameLeakyBucket {
+			return "", fmt.Errorf("max_delay applies only to algorithm leaky_bucket, not %s", name)
+		}
+		if p.Burst > 0 {
+			return "", fmt.Errorf("burst does not apply to a leaky_bucket queue: max_delay sizes the queue")
+		}
+	}
+	if name == NameSlidingWindow && p.Limit > math.MaxUint32 {
 		return "", fmt.Errorf("max_events must be at most %d for sliding_window, got %d", uint32(math.MaxUint32), p.Limit)
 	}
 	return name, nil
@@ -165,7 +199,10 @@ func Check(name string, p Policy) (string, error) {
 // MaxCost is the largest cost one request can ever be granted under the
 // named algorithm and policy; a constant cost above it is a config error.
 func MaxCost(name string, p Policy) int64 {
-	if UsesBurst(name) {
+	switch {
+	case name == NameLeakyBucket && p.MaxDelay > 0:
+		return NewLeakyBucket(p).queueSize()
+	case UsesBurst(name):
 		return p.burst()
 	}
 	return p.Limit

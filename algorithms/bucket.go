@@ -19,7 +19,8 @@ type Bucket struct {
 // worked examples exact (no float drift in 0.4 × 5 = 2).
 type bucket struct {
 	p        Policy
-	interval int64 // T
+	interval int64   // T
+	inverse  float64 // 1/T, to count whole tokens without dividing
 	burst    int64
 	capacity int64 // burst · T: the largest debt the bucket can hold
 	encoding int64 // interval the stored debt is written in; T by default
@@ -28,22 +29,24 @@ type bucket struct {
 func newBucket(p Policy) bucket {
 	t := p.Interval()
 	b := p.burst()
-	return bucket{p: p, interval: t, burst: b, capacity: b * t, encoding: t}
+	return bucket{p: p, interval: t, inverse: 1 / float64(t), burst: b, capacity: b * t, encoding: t}
 }
 
 // Encoded returns the token bucket reading and writing states whose debt is
 // in units of interval enc (the interval of whichever config first created
 // the store's state). Conversions round the debt up, so a change of rate
 // never mints a token.
-func (b TokenBucket) Encoded(enc int64) TokenBucket {
-	b.encoding = max(enc, 1)
-	return b
+func (b *TokenBucket) Encoded(enc int64) *TokenBucket {
+	c := *b
+	c.encoding = max(enc, 1)
+	return &c
 }
 
 // Encoded is TokenBucket.Encoded for GCRA.
-func (g GCRA) Encoded(enc int64) GCRA {
-	g.encoding = max(enc, 1)
-	return g
+func (g *GCRA) Encoded(enc int64) *GCRA {
+	c := *g
+	c.encoding = max(enc, 1)
+	return &c
 }
 
 // TokenBucket is the token bucket of seed part 3.4: capacity Burst (default
@@ -51,7 +54,7 @@ func (g GCRA) Encoded(enc int64) GCRA {
 type TokenBucket struct{ bucket }
 
 // NewTokenBucket returns the token bucket for p. p must be valid.
-func NewTokenBucket(p Policy) TokenBucket { return TokenBucket{newBucket(p)} }
+func NewTokenBucket(p Policy) *TokenBucket { return &TokenBucket{newBucket(p)} }
 
 // GCRA is the generic cell rate algorithm of seed part 3.6: emission interval
 // T = Window/Limit, tolerance τ = (Burst−1)·T, allow when now ≥ TAT − τ.
@@ -59,14 +62,14 @@ func NewTokenBucket(p Policy) TokenBucket { return TokenBucket{newBucket(p)} }
 type GCRA struct{ bucket }
 
 // NewGCRA returns GCRA for p. p must be valid.
-func NewGCRA(p Policy) GCRA { return GCRA{newBucket(p)} }
+func NewGCRA(p Policy) *GCRA { return &GCRA{newBucket(p)} }
 
-func (b bucket) Policy() Policy { return b.p }
+func (b *bucket) Policy() Policy { return b.p }
 
 // debt is TAT − now in the current interval: how long until the bucket is
 // full. A clock that went backwards only makes the debt larger, so it can
 // never mint tokens.
-func (b bucket) debt(s Bucket, now int64) int64 {
+func (b *bucket) debt(s Bucket, now int64) int64 {
 	if s.TAT <= now {
 		return 0
 	}
@@ -77,14 +80,14 @@ func (b bucket) debt(s Bucket, now int64) int64 {
 	return d
 }
 
-func (b bucket) tokensFloor(debt int64) int64 {
+func (b *bucket) tokensFloor(debt int64) int64 {
 	if debt >= b.capacity {
 		return 0
 	}
-	return (b.capacity - debt) / b.interval
+	return floorDiv(b.capacity-debt, b.interval, b.inverse)
 }
 
-func (b bucket) Decide(s Bucket, now, cost int64) Result {
+func (b *bucket) Decide(s Bucket, now, cost int64) Result {
 	cost = max(cost, 0)
 	d := b.debt(s, now)
 	r := Result{Limit: b.burst}
@@ -107,8 +110,21 @@ func (b bucket) Decide(s Bucket, now, cost int64) Result {
 	return r
 }
 
-func (b bucket) Take(s Bucket, now, cost int64) Bucket {
+func (b *bucket) Take(s Bucket, now, cost int64) Bucket {
 	d := b.debt(s, now) + max(cost, 0)*b.interval
+	if b.encoding != b.interval {
+		d = mulDivCeil(d, b.encoding, b.interval)
+	}
+	return Bucket{TAT: now + d}
+}
+
+// Refund gives cost tokens back (a request that took them did not happen),
+// never filling the bucket above its capacity.
+func (b *bucket) Refund(s Bucket, now, cost int64) Bucket {
+	d := b.debt(s, now) - max(cost, 0)*b.interval
+	if d <= 0 {
+		return Bucket{}
+	}
 	if b.encoding != b.interval {
 		d = mulDivCeil(d, b.encoding, b.interval)
 	}
@@ -117,11 +133,11 @@ func (b bucket) Take(s Bucket, now, cost int64) Bucket {
 
 // IdleAt is the TAT itself: from then on the bucket is full, whatever the
 // interval it is read with.
-func (b bucket) IdleAt(s Bucket) int64 { return s.TAT }
+func (b *bucket) IdleAt(s Bucket) int64 { return s.TAT }
 
 // Tokens returns the exact (fractional) number of tokens in s at now, for
 // inspection and tests.
-func (b bucket) Tokens(s Bucket, now int64) float64 {
+func (b *bucket) Tokens(s Bucket, now int64) float64 {
 	d := b.debt(s, now)
 	return float64(b.capacity-d) / float64(b.interval)
 }

@@ -92,37 +92,26 @@ type SlidingLog struct {
 }
 
 // NewSlidingLog returns the sliding window log for p. p must be valid.
-func NewSlidingLog(p Policy) SlidingLog { return SlidingLog{p: p} }
+func NewSlidingLog(p Policy) *SlidingLog { return &SlidingLog{p: p} }
 
-func (a SlidingLog) Policy() Policy { return a.p }
+func (a *SlidingLog) Policy() Policy { return a.p }
 
-func (a SlidingLog) Decide(l *Log, now, cost int64) Result {
+func (a *SlidingLog) Decide(l *Log, now, cost int64) Result {
 	cost = max(cost, 0)
 	var count int64
 	if l != nil {
 		l.prune(now, a.p.Window)
 		count = l.sum
 	}
-	r := Result{Limit: a.p.Limit}
-	if cost > a.p.Limit {
-		r.RetryAfter = Never
-		r.Remaining = max(a.p.Limit-count, 0)
-		r.ResetAfter = a.resetAfter(l, now)
-		return r
-	}
-	if count+cost <= a.p.Limit {
-		r.Allowed = true
-		r.Remaining = a.p.Limit - count - cost
-		r.ResetAfter = a.resetAfter(l, now)
-		if cost > 0 {
+	r, done := counted(a.p.Limit, count, cost, a.resetAfter(l, now))
+	if done {
+		if r.Allowed && cost > 0 {
 			r.ResetAfter = max(r.ResetAfter, a.p.Window)
 		}
 		return r
 	}
 	// Wait until enough of the oldest units leave the window.
 	need := count + cost - a.p.Limit
-	r.Remaining = max(a.p.Limit-count, 0)
-	r.ResetAfter = a.resetAfter(l, now)
 	var freed int64
 	for i := 0; i < l.n; i++ {
 		j := l.index(i)
@@ -135,14 +124,14 @@ func (a SlidingLog) Decide(l *Log, now, cost int64) Result {
 	return r
 }
 
-func (a SlidingLog) resetAfter(l *Log, now int64) int64 {
+func (a *SlidingLog) resetAfter(l *Log, now int64) int64 {
 	if l == nil || l.n == 0 {
 		return 0
 	}
 	return max(l.newest()+a.p.Window-now, 0)
 }
 
-func (a SlidingLog) Take(l *Log, now, cost int64) *Log {
+func (a *SlidingLog) Take(l *Log, now, cost int64) *Log {
 	if cost <= 0 {
 		return l
 	}
@@ -160,7 +149,29 @@ func (a SlidingLog) Take(l *Log, now, cost int64) *Log {
 	return l
 }
 
-func (a SlidingLog) IdleAt(l *Log) int64 {
+// Refund removes cost units from the newest events: the ones a request that
+// is being given back just added.
+func (a *SlidingLog) Refund(l *Log, now, cost int64) *Log {
+	if l == nil {
+		return l
+	}
+	cost = max(cost, 0)
+	for cost > 0 && l.n > 0 {
+		j := l.index(l.n - 1)
+		u := l.unitsAt(j)
+		if u > cost {
+			l.units[j] = uint32(u - cost)
+			l.sum -= cost
+			break
+		}
+		l.n--
+		l.sum -= u
+		cost -= u
+	}
+	return l
+}
+
+func (a *SlidingLog) IdleAt(l *Log) int64 {
 	if l == nil || l.n == 0 {
 		return 0
 	}

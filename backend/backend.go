@@ -49,6 +49,10 @@ type Store interface {
 	// taken; otherwise every allowed request is taken. It reports whether the
 	// request as a whole may proceed.
 	Decide(ctx context.Context, reqs []Request, out []algorithms.Result) (bool, error)
+	// Refund gives back what an allowed Decide of the same requests took,
+	// for a request that did not happen after all (a queued request whose
+	// client left). It never gives back more than was taken.
+	Refund(ctx context.Context, reqs []Request) error
 	// Close releases the zones this store registered.
 	Close() error
 }

@@ -40,6 +40,19 @@ func jsonServer(handlers string, errorRoutes string) string {
 }`
 }
 
+// caddyfileServer is a Caddyfile serving site on :9080 with the admin API
+// where caddytest expects it.
+func caddyfileServer(site string) string {
+	return `{
+	skip_install_trust
+	admin localhost:2999
+	http_port 9080
+}
+:9080 {
+` + site + `
+}`
+}
+
 // okHandler answers 200 "ok" behind the rate limiter.
 const okHandler = `{"handler": "static_response", "status_code": 200, "body": "ok"}`
 

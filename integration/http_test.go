@@ -84,13 +84,7 @@ func TestDeniedRequestChargesNoZone(t *testing.T) {
 
 // handle_errors shapes the 429 and reads the zone's name and the wait.
 func TestHandleErrorsPage(t *testing.T) {
-	tester := newTester(t, `{
-	skip_install_trust
-	admin localhost:2999
-	http_port 9080
-}
-:9080 {
-	rate_limit {
+	tester := newTester(t, caddyfileServer(`	rate_limit {
 		zone errpage_login {
 			key {remote_host}
 			rate 2/1m
@@ -99,8 +93,7 @@ func TestHandleErrorsPage(t *testing.T) {
 	handle_errors 429 {
 		respond "zone={http.rate_limit.exceeded.name} retry={http.rate_limit.exceeded.retry_after} msg={err.message}" 429
 	}
-	respond "welcome"
-}`, "caddyfile")
+	respond "welcome"`), "caddyfile")
 	expectN(t, tester, 2, http.StatusOK, "GET", "/")
 	body := expect429(t, tester, 59, 60, "GET", "/")
 	if !strings.HasPrefix(body, "zone=errpage_login retry=") || !strings.HasSuffix(body, " msg=rate limit exceeded") {
@@ -110,13 +103,7 @@ func TestHandleErrorsPage(t *testing.T) {
 
 // A route matcher on the directive, and a zone matcher inside it.
 func TestMatchers(t *testing.T) {
-	tester := newTester(t, `{
-	skip_install_trust
-	admin localhost:2999
-	http_port 9080
-}
-:9080 {
-	rate_limit /api/* {
+	tester := newTester(t, caddyfileServer(`	rate_limit /api/* {
 		zone match_api {
 			match {
 				header X-Tenant *
@@ -125,8 +112,7 @@ func TestMatchers(t *testing.T) {
 			rate 3/1h
 		}
 	}
-	respond "ok"
-}`, "caddyfile")
+	respond "ok"`), "caddyfile")
 	expectN(t, tester, 3, http.StatusOK, "GET", "/api/x", "X-Tenant", "acme")
 	expect429(t, tester, 3599, 3600, "GET", "/api/x", "X-Tenant", "acme")
 	// Another tenant, no tenant, or outside /api: not limited by acme's use.

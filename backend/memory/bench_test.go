@@ -54,7 +54,7 @@ func benchZone(b *testing.B, s *Store, alg string) backend.Zone {
 
 // One decision on an existing key, the system clock read included.
 func BenchmarkDecide(b *testing.B) {
-	for _, alg := range []string{algorithms.TokenBucketName, algorithms.GCRAName} {
+	for _, alg := range []string{algorithms.NameTokenBucket, algorithms.NameGCRA} {
 		for _, n := range []int{1, 1_000_000} {
 			b.Run(fmt.Sprintf("%s/keys=%d", alg, n), func(b *testing.B) {
 				s := New(Options{})
@@ -86,7 +86,7 @@ func BenchmarkDecideParallel(b *testing.B) {
 		b.Run(fmt.Sprintf("token_bucket/keys=%d", n), func(b *testing.B) {
 			s := New(Options{})
 			defer s.Close()
-			z := benchZone(b, s, algorithms.TokenBucketName)
+			z := benchZone(b, s, algorithms.NameTokenBucket)
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				var g keyGen
@@ -107,8 +107,8 @@ func BenchmarkDecideParallel(b *testing.B) {
 func BenchmarkDecideTwoZones(b *testing.B) {
 	s := New(Options{})
 	defer s.Close()
-	z1 := benchZone(b, s, algorithms.TokenBucketName)
-	z2, _ := s.Zone(backend.ZoneConfig{Name: b.Name() + "2", Algorithm: algorithms.SlidingWindow,
+	z1 := benchZone(b, s, algorithms.NameTokenBucket)
+	z2, _ := s.Zone(backend.ZoneConfig{Name: b.Name() + "2", Algorithm: algorithms.NameSlidingWindow,
 		Policy: algorithms.Policy{Limit: 1 << 30, Window: int64(time.Millisecond)}})
 	reqs := []backend.Request{{Zone: z1, Key: "203.0.113.195", Cost: 1}, {Zone: z2, Key: "203.0.113.195", Cost: 1}}
 	out := make([]algorithms.Result, 2)
@@ -121,7 +121,7 @@ func BenchmarkDecideTwoZones(b *testing.B) {
 // Heap growth per tracked key over 1,000,000 15-byte keys, map index
 // included: reported as bytes/key.
 func BenchmarkBytesPerKey(b *testing.B) {
-	for _, alg := range []string{algorithms.TokenBucketName, algorithms.SlidingWindow} {
+	for _, alg := range []string{algorithms.NameTokenBucket, algorithms.NameSlidingWindow} {
 		b.Run(alg, func(b *testing.B) {
 			const n = 1_000_000
 			keys := keys15(n)

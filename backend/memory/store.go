@@ -23,15 +23,19 @@ var tables = caddy.NewUsagePool()
 // Kinds of state. Zones whose algorithms share a kind of state share it
 // across reloads even if the algorithm name changes (token_bucket ⇄ gcra).
 const (
-	kindBucket = "bucket"
-	kindLog    = "log"
+	kindBucket  = "bucket"
+	kindLog     = "log"
+	kindWindow  = "window"
+	kindCounter = "counter"
 )
 
 // Measured heap per tracked key (BENCHMARKS.md, rounded up), used to size
 // the default cap.
 const (
-	bytesPerBucketKey = 32
-	bytesPerLogKey    = 104
+	bytesPerBucketKey  = 32
+	bytesPerWindowKey  = 48
+	bytesPerCounterKey = 64
+	bytesPerLogKey     = 104
 )
 
 // DefaultSweepInterval is how often idle keys are dropped when the handler
@@ -92,6 +96,8 @@ type zoneOps interface {
 	take(h hkey, now, cost int64)
 	// decideOne locks, decides and takes when allowed (or shadow-allowed).
 	decideOne(h hkey, now, cost int64) algorithms.Result
+	// refund locks and gives cost back to the key.
+	refund(h hkey, now, cost int64)
 }
 
 // Zone registers cfg and returns its handle.
@@ -105,17 +111,29 @@ func (s *Store) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
 	}
 	p := cfg.Policy
 	switch name {
-	case algorithms.TokenBucketName:
+	case algorithms.NameTokenBucket:
 		return register(s, cfg, kindBucket, func(enc int64) algorithms.Algorithm[algorithms.Bucket] {
 			return algorithms.NewTokenBucket(p).Encoded(enc)
 		})
-	case algorithms.GCRAName:
+	case algorithms.NameGCRA:
 		return register(s, cfg, kindBucket, func(enc int64) algorithms.Algorithm[algorithms.Bucket] {
 			return algorithms.NewGCRA(p).Encoded(enc)
 		})
-	case algorithms.SlidingWindow:
+	case algorithms.NameLeakyBucket:
+		return register(s, cfg, kindBucket, func(enc int64) algorithms.Algorithm[algorithms.Bucket] {
+			return algorithms.NewLeakyBucket(p).Encoded(enc)
+		})
+	case algorithms.NameSlidingWindow:
 		return register(s, cfg, kindLog, func(int64) algorithms.Algorithm[*algorithms.Log] {
 			return algorithms.NewSlidingLog(p)
+		})
+	case algorithms.NameFixedWindow:
+		return register(s, cfg, kindWindow, func(int64) algorithms.Algorithm[algorithms.Window] {
+			return algorithms.NewFixedWindow(p)
+		})
+	case algorithms.NameSlidingCounter:
+		return register(s, cfg, kindCounter, func(int64) algorithms.Algorithm[algorithms.Counter] {
+			return algorithms.NewSlidingCounter(p)
 		})
 	}
 	return nil, fmt.Errorf("algorithm %s is not available in the memory backend", name)
@@ -220,6 +238,17 @@ func (z *zone[S]) take(h hkey, now, cost int64) {
 	}
 	var zero S
 	z.t.insert(sh, h, z.alg.Take(zero, now, cost), now)
+}
+
+func (z *zone[S]) refund(h hkey, now, cost int64) {
+	sh := z.t.shard(h)
+	sh.mu.Lock()
+	if sh.n > 0 {
+		if i, ok := sh.find(h); ok {
+			sh.e[i].s = z.alg.Refund(sh.e[i].s, now, cost)
+		}
+	}
+	sh.mu.Unlock()
 }
 
 // decideOne is the path of a request that matched one zone: one probe
@@ -334,6 +363,22 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		}
 	}
 	return true, nil
+}
+
+// Refund gives back the units reqs took. Each key is refunded under its own
+// shard lock; a refund only ever makes room, so it needs no all-or-nothing.
+func (s *Store) Refund(_ context.Context, reqs []backend.Request) error {
+	now := s.now()
+	for _, r := range reqs {
+		z, ok := r.Zone.(zoneOps)
+		if !ok {
+			return fmt.Errorf("zone %q was not registered with the memory backend", r.Zone.Name())
+		}
+		if r.Cost > 0 {
+			z.refund(z.hash(r.Key), now, r.Cost)
+		}
+	}
+	return nil
 }
 
 // insertLock adds m to the sorted, duplicate-free list of shards to lock.

@@ -56,7 +56,7 @@ func decide(t *testing.T, s *Store, reqs ...backend.Request) (bool, []algorithms
 func TestDecideSingle(t *testing.T) {
 	c := newFakeClock()
 	s := newStore(t, c)
-	for _, alg := range []string{algorithms.SlidingWindow, algorithms.TokenBucketName, algorithms.GCRAName} {
+	for _, alg := range algorithms.Names() {
 		t.Run(alg, func(t *testing.T) {
 			z := testZone(t, s, alg, algorithms.Policy{Limit: 3, Window: 60 * sec}, 0)
 			for i := 0; i < 3; i++ {
@@ -80,8 +80,8 @@ func TestDecideSingle(t *testing.T) {
 func TestDecideAllOrNothing(t *testing.T) {
 	c := newFakeClock()
 	s := newStore(t, c)
-	loose := testZone(t, s, algorithms.SlidingWindow, algorithms.Policy{Limit: 5, Window: 60 * sec}, 0)
-	tight := testZone(t, s, algorithms.TokenBucketName, algorithms.Policy{Limit: 1, Window: 60 * sec}, 0)
+	loose := testZone(t, s, algorithms.NameSlidingWindow, algorithms.Policy{Limit: 5, Window: 60 * sec}, 0)
+	tight := testZone(t, s, algorithms.NameTokenBucket, algorithms.Policy{Limit: 1, Window: 60 * sec}, 0)
 
 	both := []backend.Request{{Zone: loose, Key: "ip", Cost: 1}, {Zone: tight, Key: "ip", Cost: 1}}
 	if ok, _ := decide(t, s, both...); !ok {
@@ -103,8 +103,8 @@ func TestDecideAllOrNothing(t *testing.T) {
 func TestDecideShadow(t *testing.T) {
 	c := newFakeClock()
 	s := newStore(t, c)
-	enforce := testZone(t, s, algorithms.SlidingWindow, algorithms.Policy{Limit: 10, Window: 60 * sec}, 0)
-	shadow := testZone(t, s, algorithms.SlidingWindow, algorithms.Policy{Limit: 1, Window: 60 * sec}, 0)
+	enforce := testZone(t, s, algorithms.NameSlidingWindow, algorithms.Policy{Limit: 10, Window: 60 * sec}, 0)
+	shadow := testZone(t, s, algorithms.NameSlidingWindow, algorithms.Policy{Limit: 1, Window: 60 * sec}, 0)
 	reqs := []backend.Request{{Zone: enforce, Key: "k", Cost: 1}, {Zone: shadow, Key: "k", Cost: 1, Shadow: true}}
 	for i := 0; i < 5; i++ {
 		ok, out := decide(t, s, reqs...)
@@ -124,7 +124,7 @@ func TestDecideShadow(t *testing.T) {
 func TestDecideSameKeyTwiceSumsCost(t *testing.T) {
 	c := newFakeClock()
 	s := newStore(t, c)
-	z := testZone(t, s, algorithms.SlidingWindow, algorithms.Policy{Limit: 3, Window: 60 * sec}, 0)
+	z := testZone(t, s, algorithms.NameSlidingWindow, algorithms.Policy{Limit: 3, Window: 60 * sec}, 0)
 	ok, _ := decide(t, s, backend.Request{Zone: z, Key: "k", Cost: 2}, backend.Request{Zone: z, Key: "k", Cost: 2})
 	if ok {
 		t.Fatal("2+2 units allowed into a zone of 3")
@@ -139,7 +139,7 @@ func TestMaxKeysEvictsIdleFirst(t *testing.T) {
 	c := newFakeClock()
 	s := newStore(t, c)
 	p := algorithms.Policy{Limit: 1, Window: 10 * sec}
-	z := testZone(t, s, algorithms.SlidingWindow, p, 100)
+	z := testZone(t, s, algorithms.NameSlidingWindow, p, 100)
 	tbl := z.(*zone[*algorithms.Log]).t
 
 	use := func(prefix string, n int) {
@@ -182,8 +182,8 @@ func TestMaxKeysEvictsIdleFirst(t *testing.T) {
 func TestSweepDropsIdleKeys(t *testing.T) {
 	c := newFakeClock()
 	s := newStore(t, c)
-	bucketZone := testZone(t, s, algorithms.TokenBucketName, algorithms.Policy{Limit: 10, Window: 10 * sec}, 0)
-	logZone := testZone(t, s, algorithms.SlidingWindow, algorithms.Policy{Limit: 10, Window: 10 * sec}, 0)
+	bucketZone := testZone(t, s, algorithms.NameTokenBucket, algorithms.Policy{Limit: 10, Window: 10 * sec}, 0)
+	logZone := testZone(t, s, algorithms.NameSlidingWindow, algorithms.Policy{Limit: 10, Window: 10 * sec}, 0)
 	for i := 0; i < 100; i++ {
 		decide(t, s, backend.Request{Zone: bucketZone, Key: fmt.Sprint(i), Cost: 5},
 			backend.Request{Zone: logZone, Key: fmt.Sprint(i), Cost: 5})
@@ -213,7 +213,7 @@ func TestSweepDropsIdleKeys(t *testing.T) {
 func TestShrinksAfterFlood(t *testing.T) {
 	c := newFakeClock()
 	s := newStore(t, c)
-	z := testZone(t, s, algorithms.TokenBucketName, algorithms.Policy{Limit: 10, Window: sec}, 0)
+	z := testZone(t, s, algorithms.NameTokenBucket, algorithms.Policy{Limit: 10, Window: sec}, 0)
 	tbl := z.(*zone[algorithms.Bucket]).t
 	for i := 0; i < 200_000; i++ {
 		decide(t, s, backend.Request{Zone: z, Key: fmt.Sprint(i), Cost: 1})
@@ -234,7 +234,7 @@ func TestStateOutlivesReload(t *testing.T) {
 	p := algorithms.Policy{Limit: 3, Window: 60 * sec}
 	name := t.Name()
 	old := New(Options{Now: c.now})
-	oz, err := old.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.SlidingWindow, Policy: p})
+	oz, err := old.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.NameSlidingWindow, Policy: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestStateOutlivesReload(t *testing.T) {
 	// Reloaded with a raised limit: usage is kept and the raise applies.
 	raised := algorithms.Policy{Limit: 5, Window: 60 * sec}
 	cur := New(Options{Now: c.now})
-	nz, err := cur.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.SlidingWindow, Policy: raised})
+	nz, err := cur.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.NameSlidingWindow, Policy: raised})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,6 +268,30 @@ func TestStateOutlivesReload(t *testing.T) {
 	case <-tbl.stop:
 	default:
 		t.Fatal("the table's sweeper still runs after every config let go of it")
+	}
+}
+
+// A queued request whose client left gives its slot back.
+func TestRefund(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	for _, alg := range algorithms.Names() {
+		t.Run(alg, func(t *testing.T) {
+			z := testZone(t, s, alg, algorithms.Policy{Limit: 2, Window: 3600 * sec}, 0)
+			req := backend.Request{Zone: z, Key: "k", Cost: 2}
+			if ok, _ := decide(t, s, req); !ok {
+				t.Fatal("first request denied")
+			}
+			if ok, _ := decide(t, s, req); ok {
+				t.Fatal("full zone allowed a request")
+			}
+			if err := s.Refund(context.Background(), []backend.Request{req}); err != nil {
+				t.Fatal(err)
+			}
+			if ok, _ := decide(t, s, req); !ok {
+				t.Fatal("the refunded units were not given back")
+			}
+		})
 	}
 }
 
@@ -295,8 +319,8 @@ func TestZoneErrors(t *testing.T) {
 func TestConcurrentUse(t *testing.T) {
 	c := newFakeClock()
 	s := newStore(t, c)
-	hot := testZone(t, s, algorithms.TokenBucketName, algorithms.Policy{Limit: 500, Window: 3600 * sec}, 0)
-	perKey := testZone(t, s, algorithms.SlidingWindow, algorithms.Policy{Limit: 3, Window: 3600 * sec}, 1000)
+	hot := testZone(t, s, algorithms.NameTokenBucket, algorithms.Policy{Limit: 500, Window: 3600 * sec}, 0)
+	perKey := testZone(t, s, algorithms.NameSlidingWindow, algorithms.Policy{Limit: 3, Window: 3600 * sec}, 1000)
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
 	for g := 0; g < 8; g++ {

@@ -212,10 +212,17 @@ func (t *table[S]) Evictions() uint64 { return t.evictions.Load() }
 // events a full window holds.
 func defaultMaxKeys(kind string, p algorithms.Policy) int {
 	const targetBytes = 100 << 20
-	per := int64(bytesPerBucketKey)
-	if kind == kindLog {
+	var per int64
+	switch kind {
+	case kindLog:
 		// Slot, Log header, and a ring rounded up to a power of two.
-		per = bytesPerLogKey + 8*int64(nextPow2(p.Limit))
+		per = bytesPerLogKey + 8*nextPow2(p.Limit)
+	case kindWindow:
+		per = bytesPerWindowKey
+	case kindCounter:
+		per = bytesPerCounterKey
+	default:
+		per = bytesPerBucketKey
 	}
 	return int(max(targetBytes/per, 1024))
 }

@@ -1,0 +1,71 @@
+package algorithms
+
+// LeakyBucket is the leaky bucket of seed part 3.5, in its two forms.
+//
+// As a meter (MaxDelay 0) the bucket holds Burst units and leaks Limit per
+// Window; a request that would overflow it is denied. That is the token
+// bucket seen from the other side, and it admits exactly the same requests.
+//
+// As a queue (MaxDelay > 0) a request is never denied for arriving early: it
+// is given the next free slot of a steady Limit-per-Window schedule and
+// waits (Result.Delay) until its slot, so what passes is perfectly smooth,
+// without bursts: nginx's limit_req without nodelay, or a partner API that
+// allows 10 requests per second. Only a request whose slot is more than
+// MaxDelay away is denied. The queue holds ⌊MaxDelay/T⌋ + 1 requests.
+type LeakyBucket struct {
+	bucket
+	maxDelay int64
+}
+
+// NewLeakyBucket returns the leaky bucket for p: a queue when p.MaxDelay is
+// positive, else a meter. p must be valid.
+func NewLeakyBucket(p Policy) *LeakyBucket {
+	return &LeakyBucket{bucket: newBucket(p), maxDelay: p.MaxDelay}
+}
+
+// Encoded is TokenBucket.Encoded for the leaky bucket.
+func (l *LeakyBucket) Encoded(enc int64) *LeakyBucket {
+	c := *l
+	c.encoding = max(enc, 1)
+	return &c
+}
+
+// queueSize is how many unit requests the queue holds: the one whose slot
+// is now and those whose slots are at most maxDelay away.
+func (l *LeakyBucket) queueSize() int64 { return l.maxDelay/l.interval + 1 }
+
+func (l *LeakyBucket) Decide(s Bucket, now, cost int64) Result {
+	if l.maxDelay == 0 {
+		return l.bucket.Decide(s, now, cost)
+	}
+	cost = max(cost, 0)
+	d := l.debt(s, now) // how long until the next free slot
+	r := Result{Limit: l.queueSize(), ResetAfter: d}
+	if cost > r.Limit {
+		r.RetryAfter = Never
+		r.Remaining = l.queued(d)
+		return r
+	}
+	if d <= l.maxDelay {
+		r.Allowed = true
+		r.Delay = d
+		r.ResetAfter = d + cost*l.interval
+		r.Remaining = l.queued(r.ResetAfter)
+		return r
+	}
+	r.RetryAfter = d - l.maxDelay
+	return r
+}
+
+// queued is how many more unit requests fit in the queue when the next
+// free slot is d away.
+func (l *LeakyBucket) queued(d int64) int64 {
+	if d > l.maxDelay {
+		return 0
+	}
+	return floorDiv(l.maxDelay-d, l.interval, l.inverse) + 1
+}
+
+// Take, Refund and IdleAt are the bucket's: a queued request holds its slot
+// from now on, and giving it back frees the slot.
+func (l *LeakyBucket) Take(s Bucket, now, cost int64) Bucket { return l.bucket.Take(s, now, cost) }

@@ -13,6 +13,9 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+
+	"github.com/sluicehq/sluice/keys"
 )
 
 func init() {
@@ -37,6 +40,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	            <matchers>
 //	        }
 //	        key        <string>
+//	        by         ip|subnet|global|path|header <name>|cookie <name>|query <name>|json <path>|form <field>
+//	        normalize  trim|lower|path|email [aliases]|phone <region>
+//	        hash       <secret>
+//	        missing    shared|skip|deny
 //	        rate       <events>/<duration>
 //	        events     <max_events>
 //	        window     <duration>
@@ -47,12 +54,20 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        ipv4_prefix <bits>
 //	        ipv6_prefix <bits>
 //	        max_keys   <n>
+//	        scope <name> {
+//	            <the options above, from key to max_keys>
+//	        }
+//	        allow       <cidr...>
+//	        deny        <cidr...>
+//	        allow_match { <matchers> }
+//	        deny_match  { <matchers> }
 //	        shadow
 //	    }
 //	    jitter         <fraction>
 //	    sweep_interval <duration>
 //	    log_key
 //	    disable_metrics
+//	    body_limit     <size>
 //	    distributed {
 //	        read_interval  <duration>
 //	        write_interval <duration>
@@ -123,6 +138,17 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.LogKey = true
 
+		case "body_limit":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			size, err := humanize.ParseBytes(v)
+			if err != nil || size == 0 || size > 1<<30 {
+				return d.Errf("invalid body_limit %q: want a size such as 64KiB (at most 1GiB)", v)
+			}
+			h.BodyLimit = int64(size)
+
 		case "disable_metrics":
 			if d.NextArg() {
 				return d.ArgErr()
@@ -160,84 +186,259 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 func unmarshalZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 	z := new(Zone)
-	seen := map[string]bool{}
+	lp := newLimitParser(d, fmt.Sprintf("zone %q", name), &z.Limit)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if opt != "match" {
-			if seen[opt] {
-				return nil, d.Errf("zone %q: %s already specified", name, opt)
-			}
-			seen[opt] = true
-		}
 		var err error
 		switch opt {
-		case "match":
+		case "match", "allow_match", "deny_match":
 			var set caddy.ModuleMap
 			set, err = caddyhttp.ParseCaddyfileNestedMatcherSet(d)
 			if err != nil {
-				return nil, d.Errf("zone %q: failed to parse match: %v", name, err)
+				return nil, d.Errf("zone %q: failed to parse %s: %v", name, opt, err)
 			}
-			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
-		case "key":
-			z.Key, err = oneArg(d)
-		case "events":
-			z.MaxEvents, err = positiveArg(d, name, opt)
-		case "window":
-			var dur time.Duration
-			dur, err = durationArg(d, opt)
-			z.Window = caddy.Duration(dur)
-		case "rate":
-			var v string
-			if v, err = oneArg(d); err == nil {
-				var window time.Duration
-				z.MaxEvents, window, err = ParseRate(v)
-				if err != nil {
-					return nil, d.Errf("zone %q: %v", name, err)
-				}
-				z.Window = caddy.Duration(window)
+			switch opt {
+			case "match":
+				z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+			case "allow_match":
+				z.AllowMatchRaw = append(z.AllowMatchRaw, set)
+			default:
+				z.DenyMatchRaw = append(z.DenyMatchRaw, set)
 			}
-		case "burst":
-			z.Burst, err = positiveArg(d, name, opt)
-		case "algorithm":
-			z.Algorithm, err = oneArg(d)
-		case "max_delay":
-			var dur time.Duration
-			dur, err = durationArg(d, opt)
-			z.MaxDelay = caddy.Duration(dur)
-		case "cost":
-			var v string
-			if v, err = oneArg(d); err == nil {
-				if z.Cost, err = ParseCost(v); err != nil {
-					return nil, d.Errf("zone %q: %v", name, err)
-				}
+		case "allow", "deny":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return nil, d.ArgErr()
 			}
-		case "ipv4_prefix":
-			z.IPv4Prefix, err = intArg(d, name, opt, 0, 32)
-		case "ipv6_prefix":
-			z.IPv6Prefix, err = intArg(d, name, opt, 0, 128)
-		case "max_keys":
-			var n int64
-			n, err = positiveArg(d, name, opt)
-			z.MaxKeys = int(n)
+			if _, err := keys.ParseCIDRs(args); err != nil {
+				return nil, d.Errf("zone %q: %s: %v", name, opt, err)
+			}
+			if opt == "allow" {
+				z.Allow = append(z.Allow, args...)
+			} else {
+				z.Deny = append(z.Deny, args...)
+			}
 		case "shadow":
+			if err := lp.once(opt); err != nil {
+				return nil, err
+			}
 			if d.NextArg() {
 				return nil, d.ArgErr()
 			}
 			z.Shadow = true
+		case "scope":
+			if !d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			scope := d.Val()
+			if d.NextArg() {
+				return nil, d.Errf("scope takes one name, got another: %q", d.Val())
+			}
+			if _, dup := z.Scopes[scope]; dup {
+				return nil, d.Errf("zone %q: scope %q already defined", name, scope)
+			}
+			l := new(Limit)
+			sp := newLimitParser(d, fmt.Sprintf("zone %q scope %q", name, scope), l)
+			for nesting := d.Nesting(); d.NextBlock(nesting); {
+				if err := sp.option(d.Val()); err != nil {
+					return nil, err
+				}
+			}
+			if err := sp.finish(true); err != nil {
+				return nil, err
+			}
+			if z.Scopes == nil {
+				z.Scopes = make(map[string]*Limit)
+			}
+			z.Scopes[scope] = l
 		default:
-			return nil, d.Errf("zone %q: unrecognized subdirective %q", name, opt)
+			err = lp.option(opt)
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
-	switch {
-	case seen["rate"] && (seen["events"] || seen["window"]):
-		return nil, d.Errf("zone %q: use either rate or events and window, not both", name)
-	case z.MaxEvents == 0 || z.Window == 0:
-		return nil, d.Errf("zone %q: a rate limit zone requires both a window and maximum events (rate 100/1m, or events and window)", name)
+	// A zone made only of scopes needs no rate of its own.
+	if err := lp.finish(len(z.Scopes) == 0); err != nil {
+		return nil, err
 	}
 	return z, nil
+}
+
+// limitParser reads the options a zone and its scopes share into a Limit.
+type limitParser struct {
+	d     *caddyfile.Dispenser
+	where string
+	l     *Limit
+	seen  map[string]bool
+	by    string // the `by` shorthand, applied by finish
+}
+
+func newLimitParser(d *caddyfile.Dispenser, where string, l *Limit) *limitParser {
+	return &limitParser{d: d, where: where, l: l, seen: map[string]bool{}}
+}
+
+// once rejects a repeated option.
+func (p *limitParser) once(opt string) error {
+	if p.seen[opt] {
+		return p.d.Errf("%s: %s already specified", p.where, opt)
+	}
+	p.seen[opt] = true
+	return nil
+}
+
+func (p *limitParser) option(opt string) error {
+	d, l := p.d, p.l
+	if opt != "normalize" {
+		if err := p.once(opt); err != nil {
+			return err
+		}
+	}
+	var err error
+	switch opt {
+	case "key":
+		l.Key, err = oneArg(d)
+	case "by":
+		return p.parseBy()
+	case "events":
+		l.MaxEvents, err = positiveArg(d, p.where, opt)
+	case "window":
+		var dur time.Duration
+		dur, err = durationArg(d, opt)
+		l.Window = caddy.Duration(dur)
+	case "rate":
+		var v string
+		if v, err = oneArg(d); err == nil {
+			var window time.Duration
+			l.MaxEvents, window, err = ParseRate(v)
+			if err != nil {
+				return d.Errf("%s: %v", p.where, err)
+			}
+			l.Window = caddy.Duration(window)
+		}
+	case "burst":
+		l.Burst, err = positiveArg(d, p.where, opt)
+	case "algorithm":
+		l.Algorithm, err = oneArg(d)
+	case "max_delay":
+		var dur time.Duration
+		dur, err = durationArg(d, opt)
+		l.MaxDelay = caddy.Duration(dur)
+	case "cost":
+		var v string
+		if v, err = oneArg(d); err == nil {
+			if l.Cost, err = ParseCost(v); err != nil {
+				return d.Errf("%s: %v", p.where, err)
+			}
+		}
+	case "ipv4_prefix":
+		l.IPv4Prefix, err = intArg(d, p.where, opt, 0, 32)
+	case "ipv6_prefix":
+		l.IPv6Prefix, err = intArg(d, p.where, opt, 0, 128)
+	case "max_keys":
+		var n int64
+		n, err = positiveArg(d, p.where, opt)
+		l.MaxKeys = int(n)
+	case "normalize":
+		args := d.RemainingArgs()
+		if len(args) == 0 {
+			return d.ArgErr()
+		}
+		n := Normalize{Name: args[0]}
+		switch {
+		case len(args) == 2 && n.Name == keys.NormPhone:
+			n.Region = args[1]
+		case len(args) == 2 && n.Name == keys.NormEmail && args[1] == "aliases":
+			n.Aliases = true
+		case len(args) > 1:
+			return d.Errf("%s: normalize %s: unexpected %q (phone takes a region, email takes aliases)", p.where, n.Name, args[1])
+		}
+		if _, err := keys.NewNormalizer(n.Name, n.Region, n.Aliases); err != nil {
+			return d.Errf("%s: %v", p.where, err)
+		}
+		l.Normalize = append(l.Normalize, n)
+	case "hash":
+		l.Hash, err = oneArg(d)
+	case "missing":
+		if l.Missing, err = oneArg(d); err == nil {
+			switch l.Missing {
+			case MissingShared, MissingSkip, MissingDeny:
+			default:
+				return d.Errf("%s: missing must be shared, skip or deny, got %q", p.where, l.Missing)
+			}
+		}
+	default:
+		return d.Errf("%s: unrecognized subdirective %q", p.where, opt)
+	}
+	return err
+}
+
+// byKinds are the `by` shorthands: what a limit is keyed by, and the key
+// processing that goes with it.
+var byKinds = map[string]struct {
+	template string // %s is the argument
+	args     int
+	v4, v6   int
+	norm     string
+}{
+	"ip":     {template: "{http.vars.client_ip}", v6: 64},
+	"subnet": {template: "{http.vars.client_ip}", v4: 24, v6: 48},
+	"global": {template: "global"},
+	"header": {template: "{http.request.header.%s}", args: 1},
+	"cookie": {template: "{http.request.cookie.%s}", args: 1},
+	"query":  {template: "{http.request.uri.query.%s}", args: 1},
+	"path":   {template: "{http.request.uri.path}", norm: keys.NormPath},
+	"json":   {template: "{" + keys.BodyJSONPrefix + "%s}", args: 1},
+	"form":   {template: "{" + keys.BodyFormPrefix + "%s}", args: 1},
+}
+
+func (p *limitParser) parseBy() error {
+	d := p.d
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return d.ArgErr()
+	}
+	kind, ok := byKinds[args[0]]
+	if !ok {
+		return d.Errf("%s: by %q: want ip, subnet, global, header <name>, cookie <name>, query <name>, path, json <path> or form <field>", p.where, args[0])
+	}
+	if len(args)-1 != kind.args {
+		return d.Errf("%s: by %s takes %d argument(s), got %d", p.where, args[0], kind.args, len(args)-1)
+	}
+	p.by = args[0]
+	if kind.args == 1 {
+		p.l.Key = fmt.Sprintf(kind.template, args[1])
+	} else {
+		p.l.Key = kind.template
+	}
+	return nil
+}
+
+// finish checks the limit is complete and applies the `by` defaults the
+// block did not override.
+func (p *limitParser) finish(needRate bool) error {
+	d, l := p.d, p.l
+	if p.seen["by"] && p.seen["key"] {
+		return d.Errf("%s: use either key or by, not both", p.where)
+	}
+	if kind, ok := byKinds[p.by]; ok {
+		if !p.seen["ipv4_prefix"] {
+			l.IPv4Prefix = kind.v4
+		}
+		if !p.seen["ipv6_prefix"] {
+			l.IPv6Prefix = kind.v6
+		}
+		if kind.norm != "" {
+			l.Normalize = append([]Normalize{{Name: kind.norm}}, l.Normalize...)
+		}
+	}
+	switch {
+	case p.seen["rate"] && (p.seen["events"] || p.seen["window"]):
+		return d.Errf("%s: use either rate or events and window, not both", p.where)
+	case (l.MaxEvents == 0 || l.Window == 0) && (needRate || l.MaxEvents != 0 || l.Window != 0):
+		return d.Errf("%s: a rate limit zone requires both a window and maximum events (rate 100/1m, or events and window)", p.where)
+	}
+	return nil
 }
 
 func unmarshalDistributed(d *caddyfile.Dispenser) (json.RawMessage, error) {

@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -31,6 +32,8 @@ const (
 	phRemaining  = "http.rate_limit.remaining"
 	phReset      = "http.rate_limit.reset"
 	phName       = "http.rate_limit.exceeded.name"
+	phScope      = "http.rate_limit.exceeded.scope"
+	phDenylisted = "http.rate_limit.denylisted.name"
 	phKey        = "http.rate_limit.exceeded.key"
 	phRetryAfter = "http.rate_limit.exceeded.retry_after"
 )
@@ -45,11 +48,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 
 	var (
-		reqBuf  [maxInline]backend.Request
-		zoneBuf [maxInline]*Zone
-		outBuf  [maxInline]algorithms.Result
+		reqBuf   [maxInline]backend.Request
+		limitBuf [maxInline]*Limit
+		outBuf   [maxInline]algorithms.Result
+		body     *keys.Body
 	)
-	reqs, zones := reqBuf[:0], zoneBuf[:0]
+	reqs, limits := reqBuf[:0], limitBuf[:0]
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
@@ -60,13 +64,35 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
-		cost, err := z.Cost.eval(repl)
-		if err != nil {
-			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("rate_limit zone %q: %w", z.name, err))
+		switch listed, err := z.listed(r); {
+		case err != nil:
+			return err
+		case listed == listDeny:
+			return h.refuse(r, repl, z)
+		case listed == listAllow:
+			continue
 		}
-		key := keys.ApplyPrefix(repl.ReplaceAll(z.Key, ""), z.IPv4Prefix, z.IPv6Prefix)
-		reqs = append(reqs, backend.Request{Zone: z.handle, Key: key, Cost: cost, Shadow: z.Shadow})
-		zones = append(zones, z)
+		for _, l := range z.limits {
+			if body == nil && l.keyer.NeedsBody() {
+				body = keys.ReadBody(r, h.BodyLimit)
+			}
+			key, err := l.keyer.Key(repl, body)
+			if err != nil {
+				l.metrics.missing(l.Missing)
+				switch l.Missing {
+				case MissingSkip:
+					continue
+				case MissingDeny:
+					return h.badKey(w, l, err)
+				}
+			}
+			cost, err := l.Cost.eval(repl)
+			if err != nil {
+				return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("rate_limit zone %q: %w", z.name, err))
+			}
+			reqs = append(reqs, backend.Request{Zone: l.handle, Key: key, Cost: cost, Shadow: z.Shadow})
+			limits = append(limits, l)
+		}
 	}
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
@@ -75,6 +101,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(reqs) > len(out) {
 		out = make([]algorithms.Result, len(reqs))
 	}
+	out = out[:len(reqs)]
 
 	var start int64
 	if !h.DisableMetrics {
@@ -86,28 +113,59 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	if !h.DisableMetrics {
 		elapsed := float64(h.now()-start) / 1e9
-		for _, z := range zones {
-			z.metrics.observe(elapsed)
+		for _, l := range limits {
+			l.metrics.observe(elapsed)
 		}
 	}
 
-	for i, z := range zones {
-		if z.Shadow && !out[i].Allowed {
-			z.metrics.shadowDeny()
-			h.denyLog.Info("rate limit would be exceeded (shadow zone)", h.logFields(r, z, reqs[i].Key, out[i].RetryAfter)...)
+	for i, l := range limits {
+		if l.zone.Shadow && !out[i].Allowed {
+			l.metrics.shadowDeny()
+			h.denyLog.Info("rate limit would be exceeded (shadow zone)", h.logFields(r, l, reqs[i].Key, out[i].RetryAfter)...)
 		}
 	}
 
 	if !allowed {
-		return h.deny(w, r, repl, zones, reqs, out[:len(reqs)])
+		return h.deny(w, r, repl, limits, reqs, out)
 	}
-	if i := tightest(zones, out[:len(reqs)]); i >= 0 {
-		setPlaceholders(repl, zones[i].name, out[i])
+	if i := tightest(limits, out); i >= 0 {
+		setPlaceholders(repl, limits[i], out[i])
 	}
-	if err := h.wait(r, zones, reqs, out[:len(reqs)]); err != nil {
+	if err := h.wait(r, limits, reqs, out); err != nil {
 		return err
 	}
 	return next.ServeHTTP(w, r)
+}
+
+// badKey answers a request whose key a "missing deny" limit could not
+// build: a client error, with a body that says what was wrong.
+func (h *Handler) badKey(w http.ResponseWriter, l *Limit, err error) error {
+	detail := fmt.Sprintf("rate limit %s needs %s: %v", l.displayName(), l.keyer.Template(), errors.Unwrap(err))
+	body, _ := json.Marshal(map[string]any{
+		"type":   "about:blank",
+		"title":  http.StatusText(http.StatusBadRequest),
+		"status": http.StatusBadRequest,
+		"detail": detail,
+	})
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusBadRequest)
+	_, werr := w.Write(body)
+	return werr
+}
+
+// ErrDenylisted is the error behind a 403 answer to a request on a zone's
+// deny list.
+var ErrDenylisted = errors.New("refused by a rate_limit deny list")
+
+// refuse answers a request on a zone's deny list.
+func (h *Handler) refuse(r *http.Request, repl *caddy.Replacer, z *Zone) error {
+	repl.Set(phDenylisted, z.name)
+	if z.denyC != nil {
+		z.denyC.Inc()
+	}
+	h.denyLog.Info("request refused by deny list", zap.String("zone", z.name), zap.String("remote_ip", remoteIP(r)), zap.String("client_ip", clientIP(r)))
+	return caddyhttp.Error(http.StatusForbidden, ErrDenylisted)
 }
 
 // statusClientClosed is the status logged for a client that left while its
@@ -117,10 +175,10 @@ const statusClientClosed = 499
 // wait holds an admitted request until its slot in every leaky_bucket
 // queue it was given one in. A client that leaves first gives back what
 // the request took, so its slot goes to the next in line.
-func (h *Handler) wait(r *http.Request, zones []*Zone, reqs []backend.Request, out []algorithms.Result) error {
+func (h *Handler) wait(r *http.Request, limits []*Limit, reqs []backend.Request, out []algorithms.Result) error {
 	var delay int64
-	for i, z := range zones {
-		if !z.Shadow {
+	for i, l := range limits {
+		if !l.zone.Shadow {
 			delay = max(delay, out[i].Delay)
 		}
 	}
@@ -146,12 +204,12 @@ func (h *Handler) wait(r *http.Request, zones []*Zone, reqs []backend.Request, o
 	return caddyhttp.Error(statusClientClosed, r.Context().Err())
 }
 
-// tightest is the index of the enforcing zone with the least room left,
+// tightest is the index of the enforcing limit with the least room left,
 // whose numbers a client should go by; -1 when every zone is in shadow.
-func tightest(zones []*Zone, out []algorithms.Result) int {
+func tightest(limits []*Limit, out []algorithms.Result) int {
 	best := -1
-	for i, z := range zones {
-		if z.Shadow {
+	for i, l := range limits {
+		if l.zone.Shadow {
 			continue
 		}
 		if best < 0 || out[i].Remaining*out[best].Limit < out[best].Remaining*out[i].Limit {
@@ -164,17 +222,17 @@ func tightest(zones []*Zone, out []algorithms.Result) int {
 // deny answers a request that an enforcing zone denied. The zone reported
 // is the one that makes the client wait longest, since the request can pass
 // only once every zone allows it.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, zones []*Zone, reqs []backend.Request, out []algorithms.Result) error {
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, limits []*Limit, reqs []backend.Request, out []algorithms.Result) error {
 	worst := -1
-	for i, z := range zones {
-		if z.Shadow || out[i].Allowed {
+	for i, l := range limits {
+		if l.zone.Shadow || out[i].Allowed {
 			continue
 		}
 		if worst < 0 || later(out[i].RetryAfter, out[worst].RetryAfter) {
 			worst = i
 		}
 	}
-	z, res := zones[worst], out[worst]
+	l, res := limits[worst], out[worst]
 	wait := time.Duration(res.RetryAfter)
 	if res.RetryAfter != algorithms.Never {
 		if h.Jitter > 0 {
@@ -184,15 +242,17 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 		repl.Set(phRetryAfter, secs)
 	}
-	setPlaceholders(repl, z.name, res)
-	repl.Set(phName, z.name)
+	setPlaceholders(repl, l, res)
+	repl.Set(phName, l.zone.name)
+	repl.Set(phScope, l.scope)
 	repl.Set(phKey, reqs[worst].Key)
-	z.metrics.declined()
+	l.metrics.declined()
 
-	h.denyLog.Info("rate limit exceeded", h.logFields(r, z, reqs[worst].Key, int64(wait))...)
+	h.denyLog.Info("rate limit exceeded", h.logFields(r, l, reqs[worst].Key, int64(wait))...)
 	if h.events.ShouldEmit("rate_limit_exceeded") {
 		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
-			"zone":      z.name,
+			"zone":      l.zone.name,
+			"scope":     l.scope,
 			"wait":      wait,
 			"remote_ip": remoteIP(r),
 		})
@@ -215,26 +275,33 @@ func retryAfterSeconds(wait time.Duration) int64 {
 	return max(secs, 1)
 }
 
-func setPlaceholders(repl *caddy.Replacer, zone string, res algorithms.Result) {
-	repl.Set(phZone, zone)
+func setPlaceholders(repl *caddy.Replacer, l *Limit, res algorithms.Result) {
+	repl.Set(phZone, l.zone.name)
 	repl.Set(phLimit, res.Limit)
 	repl.Set(phRemaining, res.Remaining)
 	repl.Set(phReset, (res.ResetAfter+int64(time.Second)-1)/int64(time.Second))
 }
 
-func (h *Handler) logFields(r *http.Request, z *Zone, key string, wait int64) []zap.Field {
+func (h *Handler) logFields(r *http.Request, l *Limit, key string, wait int64) []zap.Field {
 	fields := []zap.Field{
-		zap.String("zone", z.name),
+		zap.String("zone", l.zone.name),
 		zap.Duration("wait", time.Duration(wait)),
 		zap.String("remote_ip", remoteIP(r)),
+		zap.String("client_ip", clientIP(r)),
 	}
-	if ip, ok := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); ok {
-		fields = append(fields, zap.String("client_ip", ip))
+	if l.scope != "" {
+		fields = append(fields, zap.String("scope", l.scope))
 	}
 	if h.LogKey {
 		fields = append(fields, zap.String("key", key))
 	}
 	return fields
+}
+
+// clientIP is Caddy's client address for r, which honours trusted_proxies.
+func clientIP(r *http.Request) string {
+	ip, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
+	return ip
 }
 
 func remoteIP(r *http.Request) string {

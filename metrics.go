@@ -22,6 +22,8 @@ type metricSet struct {
 	requests *prometheus.CounterVec
 	declined *prometheus.CounterVec
 	shadow   *prometheus.CounterVec
+	listed   *prometheus.CounterVec
+	missing  *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	state    prometheus.Collector
 }
@@ -32,25 +34,33 @@ func newMetricSet() *metricSet {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "requests_total",
 			Help: "Requests decided by a rate limit zone.",
-		}, []string{"zone", "key"}),
+		}, []string{"zone", "scope", "key"}),
 		declined: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "declined_requests_total",
-			Help: "Requests denied with 429, by the zone that denied them.",
-		}, []string{"zone", "key"}),
+			Help: "Requests denied with 429, by the zone and scope that denied them.",
+		}, []string{"zone", "scope", "key"}),
 		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "shadow_declined_requests_total",
 			Help: "Requests a shadow zone would have denied.",
-		}, []string{"zone"}),
+		}, []string{"zone", "scope"}),
+		listed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "listed_requests_total",
+			Help: "Requests a zone's allow list exempted (list=allow) or its deny list refused (list=deny).",
+		}, []string{"zone", "list"}),
+		missing: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "missing_key_requests_total",
+			Help: "Requests whose key could not be built, by the policy applied.",
+		}, []string{"zone", "scope", "policy"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "process_time_seconds",
 			Help:    "Time taken to decide a request, for each zone it matched.",
 			Buckets: []float64{.00001, .00005, .0001, .0005, .001, .005, .01, .025, .05, .1, .25, .5, 1},
-		}, []string{"zone", "key"}),
+		}, []string{"zone", "scope", "key"}),
 		state: stateCollector{
 			keys: prometheus.NewDesc("caddy_rate_limit_keys_total",
-				"Keys tracked in memory by a zone.", []string{"zone"}, nil),
+				"Keys tracked in memory by a zone's limit.", []string{"zone", "scope"}, nil),
 			evictions: prometheus.NewDesc("caddy_rate_limit_evictions_total",
-				"Keys dropped before they were idle to keep a zone under max_keys.", []string{"zone"}, nil),
+				"Keys dropped before they were idle to keep a limit under max_keys.", []string{"zone", "scope"}, nil),
 		},
 	}
 }
@@ -59,7 +69,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.duration, metrics.state} {
+	for _, c := range []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.duration, metrics.state} {
 		if err := reg.Register(c); err != nil {
 			if _, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); !ok {
 				return err
@@ -69,21 +79,33 @@ func registerMetrics(reg *prometheus.Registry) error {
 	return nil
 }
 
-// zoneMetrics are one zone's series, looked up once at provision so the
+// zoneMetrics are one limit's series, looked up once at provision so the
 // request path does no label hashing. The zero value records nothing.
 type zoneMetrics struct {
 	requests  prometheus.Counter
 	declinedC prometheus.Counter
 	shadowC   prometheus.Counter
 	duration  prometheus.Observer
+	missingC  map[string]prometheus.Counter
 }
 
-func newZoneMetrics(zone string) zoneMetrics {
+func newZoneMetrics(zone, scope string) zoneMetrics {
 	return zoneMetrics{
-		requests:  metrics.requests.WithLabelValues(zone, ""),
-		declinedC: metrics.declined.WithLabelValues(zone, ""),
-		shadowC:   metrics.shadow.WithLabelValues(zone),
-		duration:  metrics.duration.WithLabelValues(zone, ""),
+		requests:  metrics.requests.WithLabelValues(zone, scope, ""),
+		declinedC: metrics.declined.WithLabelValues(zone, scope, ""),
+		shadowC:   metrics.shadow.WithLabelValues(zone, scope),
+		duration:  metrics.duration.WithLabelValues(zone, scope, ""),
+		missingC: map[string]prometheus.Counter{
+			"shared": metrics.missing.WithLabelValues(zone, scope, "shared"),
+			"skip":   metrics.missing.WithLabelValues(zone, scope, "skip"),
+			"deny":   metrics.missing.WithLabelValues(zone, scope, "deny"),
+		},
+	}
+}
+
+func (m zoneMetrics) missing(policy string) {
+	if c := m.missingC[policy]; c != nil {
+		c.Inc()
 	}
 }
 
@@ -117,8 +139,8 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
-	for zone, st := range memory.AllStats() {
-		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Keys), zone)
-		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(st.Evictions), zone)
+	for id, st := range memory.AllStats() {
+		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Keys), id.Zone, id.Scope)
+		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(st.Evictions), id.Zone, id.Scope)
 	}
 }

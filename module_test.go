@@ -34,8 +34,8 @@ func TestProvisionErrors(t *testing.T) {
 		{"v4 prefix too long", `"window": "1m", "max_events": 5, "ipv4_prefix": 33`, `zone "z": ipv4_prefix must be between 0 and 32, got 33`},
 		{"v4 prefix negative", `"window": "1m", "max_events": 5, "ipv4_prefix": -1`, `zone "z": ipv4_prefix must be between 0 and 32, got -1`},
 		{"v6 prefix too long", `"window": "1m", "max_events": 5, "ipv6_prefix": 129`, `zone "z": ipv6_prefix must be between 0 and 128, got 129`},
-		{"cost above burst", `"window": "1m", "max_events": 5, "cost": 6`, `zone "z": cost 6 can never pass: the zone holds at most 5 units (raise max_events)`},
-		{"cost above bucket", `"window": "1m", "max_events": 50, "burst": 5, "algorithm": "gcra", "cost": 6`, `zone "z": cost 6 can never pass: the zone holds at most 5 units (raise burst)`},
+		{"cost above burst", `"window": "1m", "max_events": 5, "cost": 6`, `zone "z": cost 6 can never pass: the limit holds at most 5 units (raise max_events)`},
+		{"cost above bucket", `"window": "1m", "max_events": 50, "burst": 5, "algorithm": "gcra", "cost": 6`, `zone "z": cost 6 can never pass: the limit holds at most 5 units (raise burst)`},
 		{"negative cost", `"window": "1m", "max_events": 5, "cost": -1`, `zone "z": cost: must be at least 0, got -1`},
 		{"cost text", `"window": "1m", "max_events": 5, "cost": "lots"`, `cost must be a whole number or a placeholder, got "lots"`},
 		{"negative max_keys", `"window": "1m", "max_events": 5, "max_keys": -1`, `zone "z": max_keys must be at least 1, got -1`},
@@ -43,8 +43,19 @@ func TestProvisionErrors(t *testing.T) {
 		{"max_delay on a token bucket", `"window": "1s", "max_events": 5, "algorithm": "token_bucket", "max_delay": "1s"`, `zone "z": max_delay applies only to algorithm leaky_bucket, not token_bucket`},
 		{"burst with a queue", `"window": "1s", "max_events": 5, "algorithm": "leaky_bucket", "max_delay": "1s", "burst": 3`, `zone "z": burst does not apply to a leaky_bucket queue`},
 		{"negative max_delay", `"window": "1s", "max_events": 5, "algorithm": "leaky_bucket", "max_delay": "-1s"`, `zone "z": max_delay must be positive`},
-		{"cost above the queue", `"window": "1s", "max_events": 10, "algorithm": "leaky_bucket", "max_delay": "500ms", "cost": 7`, `zone "z": cost 7 can never pass: the zone holds at most 6 units (raise max_delay)`},
+		{"cost above the queue", `"window": "1s", "max_events": 10, "algorithm": "leaky_bucket", "max_delay": "500ms", "cost": 7`, `zone "z": cost 7 can never pass: the limit holds at most 6 units (raise max_delay)`},
 		{"burst on fixed window", `"window": "1m", "max_events": 5, "algorithm": "fixed_window", "burst": 10`, `zone "z": burst does not apply to algorithm fixed_window`},
+		{"bad missing", `"window": "1m", "max_events": 5, "missing": "ignore"`, `zone "z": missing must be shared, skip or deny, got "ignore"`},
+		{"unknown normalizer", `"window": "1m", "max_events": 5, "normalize": [{"name": "soundex"}]`, `zone "z": normalize[0]: unknown normalizer "soundex"`},
+		{"phone without region", `"window": "1m", "max_events": 5, "normalize": [{"name": "phone"}]`, `zone "z": normalize[0]: normalizer phone needs a default region`},
+		{"hash secret unset", `"window": "1m", "max_events": 5, "hash": "{env.SLUICE_TEST_NO_SUCH_VAR}"`, `zone "z": hash: the secret "{env.SLUICE_TEST_NO_SUCH_VAR}" is empty`},
+		{"hash secret short", `"window": "1m", "max_events": 5, "hash": "short"`, `zone "z": hash: the secret must be at least 16 bytes, got 5`},
+		{"bad allow", `"window": "1m", "max_events": 5, "allow": ["10.0.0.0/40"]`, `zone "z": allow:`},
+		{"bad deny", `"window": "1m", "max_events": 5, "deny": ["nowhere"]`, `zone "z": deny:`},
+		{"bad scope name", `"window": "1m", "max_events": 5, "scopes": {"a/b": {"window": "1m", "max_events": 1}}`, `zone "z": scope "a/b": a scope name must be non-empty`},
+		{"scope without rate", `"window": "1m", "max_events": 5, "scopes": {"ip": {"key": "{http.vars.client_ip}"}}`, `zone "z": scope "ip": max_events must be at least 1, got 0`},
+		{"key without rate", `"key": "{http.vars.client_ip}", "scopes": {"ip": {"window": "1m", "max_events": 1}}`, `zone "z": the zone's key, burst, algorithm, cost, normalize or hash need a rate`},
+		{"empty body field", `"window": "1m", "max_events": 5, "key": "{http.request.body.json.}"`, `zone "z": key: placeholder {http.request.body.json.} names no field`},
 		{"bad matcher", `"window": "1m", "max_events": 5, "match": [{"no_such_matcher": {}}]`, `zone "z": loading matchers`},
 	}
 	for _, tt := range tests {
@@ -58,6 +69,7 @@ func TestProvisionErrors(t *testing.T) {
 	for _, handler := range []struct{ opt, want string }{
 		{`"jitter": -0.1`, "jitter must be a number ≥ 0, got -0.1"},
 		{`"sweep_interval": "-1s"`, "sweep_interval must be positive"},
+		{`"body_limit": -1`, "body_limit must be positive, got -1"},
 	} {
 		err := validate(t, `{"handler": "rate_limit", `+handler.opt+`, "rate_limits": {"z": {"window": "1m", "max_events": 1}}}`)
 		if err == nil || !strings.Contains(err.Error(), handler.want) {

@@ -11,9 +11,12 @@ import (
 
 // ZoneConfig is what a store needs to hold the state of one zone.
 type ZoneConfig struct {
-	// Name is the zone name. Zones of the same name (and the same kind of
-	// state) share their state, across handlers and across config reloads.
+	// Name is the zone name. Zones of the same name and scope (and the
+	// same kind of state) share their state, across handlers and across
+	// config reloads.
 	Name string
+	// Scope names one of the zone's limits; "" is the zone's own.
+	Scope string
 	// Algorithm is the canonical algorithm name (see algorithms.Check).
 	Algorithm string
 	// Policy is the zone's rate.

@@ -42,11 +42,15 @@ func jsonServer(handlers string, errorRoutes string) string {
 
 // caddyfileServer is a Caddyfile serving site on :9080 with the admin API
 // where caddytest expects it.
-func caddyfileServer(site string) string {
+func caddyfileServer(site string) string { return caddyfileServerWith("", site) }
+
+// caddyfileServerWith adds global options (such as a servers block).
+func caddyfileServerWith(globals, site string) string {
 	return `{
 	skip_install_trust
 	admin localhost:2999
 	http_port 9080
+` + globals + `
 }
 :9080 {
 ` + site + `

@@ -153,7 +153,7 @@ func TestShadowZoneNeverDenies(t *testing.T) {
 	}, `+okHandler, ""), "json")
 	expectN(t, tester, 5, http.StatusOK, "GET", "/")
 	metrics := adminRequest(t, "GET", "/metrics", "", "")
-	if !strings.Contains(metrics, `caddy_rate_limit_shadow_declined_requests_total{zone="shadow_zone"} 4`) {
+	if !strings.Contains(metrics, `caddy_rate_limit_shadow_declined_requests_total{scope="",zone="shadow_zone"} 4`) {
 		t.Fatalf("shadow denials not counted:\n%s", grep(metrics, "shadow"))
 	}
 }

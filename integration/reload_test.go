@@ -48,9 +48,9 @@ func TestMetricsAfterReload(t *testing.T) {
 
 	metrics := adminRequest(t, "GET", "/metrics", "", "")
 	for _, want := range []string{
-		`caddy_rate_limit_declined_requests_total{key="",zone="metrics_zone"} 2`,
-		`caddy_rate_limit_requests_total{key="",zone="metrics_zone"} 4`,
-		`caddy_rate_limit_keys_total{zone="metrics_zone"} 1`,
+		`caddy_rate_limit_declined_requests_total{key="",scope="",zone="metrics_zone"} 2`,
+		`caddy_rate_limit_requests_total{key="",scope="",zone="metrics_zone"} 4`,
+		`caddy_rate_limit_keys_total{scope="",zone="metrics_zone"} 1`,
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %s; it has:\n%s", want, grep(metrics, "metrics_zone"))

@@ -1,42 +1,111 @@
 package keys
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+func keyOf(t *testing.T, template string, opts Options, vars map[string]any) (string, error) {
+	t.Helper()
+	k, err := NewKeyer(template, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repl := caddy.NewEmptyReplacer()
+	for name, v := range vars {
+		repl.Set(name, v)
+	}
+	return k.Key(repl, nil)
+}
 
 // The cases of mholt/caddy-ratelimit's network-prefix behaviour, which
-// Sluice keeps for configs written for it.
-func TestApplyPrefix(t *testing.T) {
+// Sluice keeps for configs written for it, plus what it adds: the
+// canonical form of every address, and prefixes inside composite keys.
+func TestIPPrefixes(t *testing.T) {
 	tests := []struct {
-		name   string
-		key    string
-		v4, v6 int
-		want   string
+		name     string
+		template string
+		ip       string
+		v4, v6   int
+		want     string
 	}{
-		{"v6 /64", "2001:db8:1234:5678:9abc:def0:1234:5678", 0, 64, "2001:db8:1234:5678::/64"},
-		{"v6 /64 all ones", "2001:db8:1234:5678:ffff:ffff:ffff:ffff", 0, 64, "2001:db8:1234:5678::/64"},
-		{"v6 /64 short form", "2001:db8:1234:5678::1", 0, 64, "2001:db8:1234:5678::/64"},
-		{"v6 /48", "2001:db8:1234:5678::1", 0, 48, "2001:db8:1234::/48"},
-		{"v6 /128", "2001:db8:1234:5678::1", 0, 128, "2001:db8:1234:5678::1/128"},
-		{"v4 /24", "192.168.1.100", 24, 0, "192.168.1.0/24"},
-		{"v4 /8", "10.0.0.50", 8, 0, "10.0.0.0/8"},
-		{"v4 /32", "172.16.5.4", 32, 0, "172.16.5.4/32"},
-		{"v6 key uses v6 prefix", "2001:db8::1", 24, 64, "2001:db8::/64"},
-		{"v4 key uses v4 prefix", "192.168.1.100", 24, 64, "192.168.1.0/24"},
-		{"v4 prefix off", "192.168.1.100", 0, 64, "192.168.1.100"},
-		{"v6 prefix off", "2001:db8::1", 24, 0, "2001:db8::1"},
-		{"both off", "2001:db8::1", 0, 0, "2001:db8::1"},
-		{"mapped v4 counts as v4", "::ffff:192.168.1.100", 24, 64, "192.168.1.0/24"},
-		{"not an ip", "static", 0, 64, "static"},
-		{"placeholder left over", "{http.request.uri}", 0, 64, "{http.request.uri}"},
-		{"empty", "", 24, 64, ""},
-		{"ip with port", "192.168.1.100:80", 24, 64, "192.168.1.100:80"},
-		{"zoned v6", "fe80::1%eth0", 24, 64, "fe80::1%eth0"},
-		{"composite key untouched", "login:192.168.1.100", 24, 64, "login:192.168.1.100"},
+		{"v6 /64", "{ip}", "2001:db8:1234:5678:9abc:def0:1234:5678", 0, 64, "2001:db8:1234:5678::/64"},
+		{"v6 /64 all ones", "{ip}", "2001:db8:1234:5678:ffff:ffff:ffff:ffff", 0, 64, "2001:db8:1234:5678::/64"},
+		{"v6 /64 short form", "{ip}", "2001:db8:1234:5678::1", 0, 64, "2001:db8:1234:5678::/64"},
+		{"v6 /48", "{ip}", "2001:db8:1234:5678::1", 0, 48, "2001:db8:1234::/48"},
+		{"v6 /128", "{ip}", "2001:db8:1234:5678::1", 0, 128, "2001:db8:1234:5678::1/128"},
+		{"v4 /24", "{ip}", "192.168.1.100", 24, 0, "192.168.1.0/24"},
+		{"v4 /8", "{ip}", "10.0.0.50", 8, 0, "10.0.0.0/8"},
+		{"v4 /32", "{ip}", "172.16.5.4", 32, 0, "172.16.5.4/32"},
+		{"v6 key uses v6 prefix", "{ip}", "2001:db8::1", 24, 64, "2001:db8::/64"},
+		{"v4 key uses v4 prefix", "{ip}", "192.168.1.100", 24, 64, "192.168.1.0/24"},
+		{"v4 prefix off", "{ip}", "192.168.1.100", 0, 64, "192.168.1.100"},
+		{"v6 prefix off", "{ip}", "2001:db8::1", 24, 0, "2001:db8::1"},
+		{"both off", "{ip}", "2001:db8::1", 0, 0, "2001:db8::1"},
+		{"mapped v4 counts as v4", "{ip}", "::ffff:192.168.1.100", 24, 64, "192.168.1.0/24"},
+		{"mapped v4 without prefix", "{ip}", "::ffff:192.168.1.100", 0, 0, "192.168.1.100"},
+		{"upper-case v6 canonical", "{ip}", "2001:DB8:0:0::1", 0, 0, "2001:db8::1"},
+		{"not an ip", "{ip}", "static", 0, 64, "static"},
+		{"ip with port is not an ip", "{ip}", "192.168.1.100:80", 24, 64, "192.168.1.100:80"},
+		{"zoned v6 left alone", "{ip}", "fe80::1%eth0", 24, 64, "fe80::1%eth0"},
+		{"composite key", "login:{ip}", "192.168.1.100", 24, 64, "login:192.168.1.0/24"},
+		{"composite v6", "{ip}|api", "2001:db8:1:2:3:4:5:6", 24, 64, "2001:db8:1:2::/64|api"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := ApplyPrefix(tt.key, tt.v4, tt.v6); got != tt.want {
-				t.Errorf("ApplyPrefix(%q, %d, %d) = %q, want %q", tt.key, tt.v4, tt.v6, got, tt.want)
+			got, err := keyOf(t, tt.template, Options{IPv4Prefix: tt.v4, IPv6Prefix: tt.v6}, map[string]any{"ip": tt.ip})
+			if err != nil || got != tt.want {
+				t.Errorf("key %q = %q (%v), want %q", tt.ip, got, err, tt.want)
 			}
 		})
+	}
+}
+
+func TestTemplate(t *testing.T) {
+	tests := []struct {
+		template string
+		vars     map[string]any
+		want     string
+		missing  bool
+	}{
+		{"static", nil, "static", false},
+		{"", nil, "", false},
+		{"{a}:{b}", map[string]any{"a": "x", "b": "y"}, "x:y", false},
+		{"{a}:{b}", map[string]any{"a": "x"}, "x:", true},
+		{`\{a\}`, map[string]any{"a": "x"}, "{a}", false},
+		{"{unclosed", nil, "{unclosed", false},
+		{"{env.SLUICE_TEST_UNSET_VAR}", nil, "", true},
+	}
+	for _, tt := range tests {
+		got, err := keyOf(t, tt.template, Options{}, tt.vars)
+		if got != tt.want || (err != nil) != tt.missing {
+			t.Errorf("%q → %q, %v; want %q, missing=%v", tt.template, got, err, tt.want, tt.missing)
+		}
+	}
+	if _, err := ParseTemplate("a{}b"); err == nil {
+		t.Error("empty placeholder accepted")
+	}
+}
+
+func TestHashing(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	a, _ := keyOf(t, "{p}", Options{Secret: secret}, map[string]any{"p": "+8801712345678"})
+	b, _ := keyOf(t, "{p}", Options{Secret: secret}, map[string]any{"p": "+8801712345678"})
+	c, _ := keyOf(t, "{p}", Options{Secret: []byte("another secret, another key....")}, map[string]any{"p": "+8801712345678"})
+	if a != b || a == c || len(a) != len("hmac:")+43 || a[:5] != "hmac:" {
+		t.Fatalf("hmac keys %q %q %q", a, b, c)
+	}
+	long := make([]byte, MaxKeyLen+1)
+	for i := range long {
+		long[i] = 'x'
+	}
+	k, _ := keyOf(t, "{v}", Options{}, map[string]any{"v": string(long)})
+	if len(k) != len("sha256:")+43 {
+		t.Fatalf("a %d-byte key was kept as %q", len(long), k)
+	}
+	k, _ = keyOf(t, "{v}", Options{}, map[string]any{"v": string(long[:MaxKeyLen])})
+	if len(k) != MaxKeyLen {
+		t.Fatalf("a key of exactly %d bytes was changed", MaxKeyLen)
 	}
 }

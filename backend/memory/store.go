@@ -62,7 +62,7 @@ type Store struct {
 	keys []poolKey
 }
 
-type poolKey struct{ name, kind string }
+type poolKey struct{ name, scope, kind string }
 
 // New returns a memory store.
 func New(opts Options) *Store {
@@ -146,7 +146,7 @@ func register[S any](s *Store, cfg backend.ZoneConfig, kind string, newAlg func(
 	if maxKeys == 0 {
 		maxKeys = defaultMaxKeys(kind, cfg.Policy)
 	}
-	key := poolKey{cfg.Name, kind}
+	key := poolKey{cfg.Name, cfg.Scope, kind}
 	v, loaded, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
 		return newTable[S](maxKeys, cfg.Policy.Interval(), s.now), nil
 	})
@@ -399,11 +399,14 @@ func insertLock(locks []*shardBase, m *shardBase) []*shardBase {
 // Interface guard.
 var _ backend.Store = (*Store)(nil)
 
-// AllStats returns the numbers of every zone table alive in this process,
-// summed by zone name (a zone whose algorithm changed kind of state has
-// two tables while a reload is under way).
-func AllStats() map[string]Stats {
-	all := make(map[string]Stats)
+// ZoneScope names one limit's state.
+type ZoneScope struct{ Zone, Scope string }
+
+// AllStats returns the numbers of every table alive in this process, summed
+// by zone and scope (a limit whose algorithm changed kind of state has two
+// tables while a reload is under way).
+func AllStats() map[ZoneScope]Stats {
+	all := make(map[ZoneScope]Stats)
 	tables.Range(func(k, v any) bool {
 		st, ok := v.(interface {
 			Keys() int64
@@ -412,11 +415,12 @@ func AllStats() map[string]Stats {
 		if !ok {
 			return true
 		}
-		name := k.(poolKey).name
-		s := all[name]
+		pk := k.(poolKey)
+		id := ZoneScope{pk.name, pk.scope}
+		s := all[id]
 		s.Keys += st.Keys()
 		s.Evictions += st.Evictions()
-		all[name] = s
+		all[id] = s
 		return true
 	})
 	return all

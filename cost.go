@@ -1,0 +1,93 @@
+package sluice
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// Cost is the units one request consumes: a whole number, or a placeholder
+// that expands to one. In JSON it is a number or a string.
+type Cost struct {
+	n    int64
+	expr string
+}
+
+// ConstantCost returns a Cost of n units.
+func ConstantCost(n int64) *Cost { return &Cost{n: n} }
+
+// ParseCost reads a cost as written in a Caddyfile: a whole number, or text
+// holding placeholders.
+func ParseCost(s string) (*Cost, error) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		c := &Cost{n: n}
+		return c, c.validate()
+	}
+	if !strings.Contains(s, "{") {
+		return nil, fmt.Errorf("cost must be a whole number or a placeholder, got %q", s)
+	}
+	return &Cost{expr: s}, nil
+}
+
+func (c *Cost) validate() error {
+	if c.expr == "" && c.n < 0 {
+		return fmt.Errorf("must be at least 0, got %d", c.n)
+	}
+	return nil
+}
+
+// MarshalJSON writes a constant cost as a number and a placeholder as a
+// string.
+func (c Cost) MarshalJSON() ([]byte, error) {
+	if c.expr != "" {
+		return json.Marshal(c.expr)
+	}
+	return json.Marshal(c.n)
+}
+
+// UnmarshalJSON reads a number or a string.
+func (c *Cost) UnmarshalJSON(b []byte) error {
+	var n int64
+	if err := json.Unmarshal(b, &n); err == nil {
+		*c = Cost{n: n}
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return errors.New("cost must be a whole number or a string with placeholders")
+	}
+	p, err := ParseCost(s)
+	if err != nil {
+		return err
+	}
+	*c = *p
+	return nil
+}
+
+// eval returns the cost of the request behind repl.
+func (c *Cost) eval(repl *caddy.Replacer) (int64, error) {
+	if c == nil {
+		return 1, nil
+	}
+	if c.expr == "" {
+		return c.n, nil
+	}
+	s := strings.TrimSpace(repl.ReplaceAll(c.expr, ""))
+	if s == "" {
+		return 1, nil
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("cost %q is not a whole number ≥ 0", s)
+	}
+	return n, nil
+}
+
+var (
+	_ json.Marshaler   = Cost{}
+	_ json.Unmarshaler = (*Cost)(nil)
+)

@@ -1,0 +1,126 @@
+package keys
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// MaxKeyLen is the longest key kept as it is; a longer one is replaced by
+// its SHA-256, so a client cannot make keys (in logs, placeholders or a
+// shared store) as large as it likes.
+const MaxKeyLen = 256
+
+// Keyer builds one scope's key from a request.
+type Keyer struct {
+	tmpl   Template
+	v4, v6 int
+	norms  []Normalizer
+	secret []byte
+	body   bool
+}
+
+// Options are what a Keyer does to the key template's values.
+type Options struct {
+	// IPv4Prefix and IPv6Prefix mask placeholder values that are IP
+	// addresses to their network (0: the address itself).
+	IPv4Prefix, IPv6Prefix int
+	// Normalizers run, in order, on every placeholder value.
+	Normalizers []Normalizer
+	// Secret, when set, replaces the key by its HMAC-SHA256 under it.
+	Secret []byte
+}
+
+// NewKeyer prepares template with opts.
+func NewKeyer(template string, opts Options) (*Keyer, error) {
+	t, err := ParseTemplate(template)
+	if err != nil {
+		return nil, err
+	}
+	k := &Keyer{tmpl: t, v4: opts.IPv4Prefix, v6: opts.IPv6Prefix, norms: opts.Normalizers, secret: opts.Secret}
+	for _, name := range t.Placeholders() {
+		if strings.HasPrefix(name, BodyJSONPrefix) || strings.HasPrefix(name, BodyFormPrefix) {
+			if strings.TrimPrefix(strings.TrimPrefix(name, BodyJSONPrefix), BodyFormPrefix) == "" {
+				return nil, fmt.Errorf("placeholder {%s} names no field", name)
+			}
+			k.body = true
+		}
+	}
+	return k, nil
+}
+
+// NeedsBody reports whether the key reads fields of the request body.
+func (k *Keyer) NeedsBody() bool { return k.body }
+
+// Template returns the key template.
+func (k *Keyer) Template() Template { return k.tmpl }
+
+// ErrMissing wraps the reason a key could not be built: a placeholder had
+// no value, a body field was absent, or a normalizer refused the value.
+var ErrMissing = errors.New("key is missing")
+
+// Key builds the key. Each placeholder's value is looked up (body fields
+// in body, which may be nil when NeedsBody is false), canonicalized if it is
+// an IP address (and masked to the configured prefix), and normalized. When
+// a value is empty or invalid, Key returns the key with that value empty
+// (what mholt/caddy-ratelimit would use) and an error wrapping ErrMissing,
+// and the zone's missing-key policy decides.
+func (k *Keyer) Key(repl *caddy.Replacer, body *Body) (string, error) {
+	var sb strings.Builder
+	var missing error
+	for _, p := range k.tmpl.parts {
+		if !p.placeholder {
+			sb.WriteString(p.text)
+			continue
+		}
+		v, err := k.value(repl, body, p.text)
+		if err != nil && missing == nil {
+			missing = fmt.Errorf("%w: {%s}: %v", ErrMissing, p.text, err)
+		}
+		sb.WriteString(v)
+	}
+	key := sb.String()
+	switch {
+	case k.secret != nil:
+		mac := hmac.New(sha256.New, k.secret)
+		mac.Write([]byte(key))
+		key = "hmac:" + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+	case len(key) > MaxKeyLen:
+		sum := sha256.Sum256([]byte(key))
+		key = "sha256:" + base64.RawURLEncoding.EncodeToString(sum[:])
+	}
+	return key, missing
+}
+
+func (k *Keyer) value(repl *caddy.Replacer, body *Body, name string) (string, error) {
+	var v string
+	if body != nil && (strings.HasPrefix(name, BodyJSONPrefix) || strings.HasPrefix(name, BodyFormPrefix)) {
+		var err error
+		if v, err = body.Field(name); err != nil {
+			return "", err
+		}
+	} else {
+		v, _ = repl.GetString(name)
+	}
+	if v == "" {
+		return "", errors.New("empty")
+	}
+	if ip, ok := canonicalIP(v, k.v4, k.v6); ok {
+		v = ip
+	}
+	for _, n := range k.norms {
+		var err error
+		if v, err = n(v); err != nil {
+			return "", err
+		}
+	}
+	if v == "" {
+		return "", errors.New("empty after normalizing")
+	}
+	return v, nil
+}

@@ -1,0 +1,84 @@
+package keys
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Template is a key as configured: literal text and placeholders, split
+// once at provision so that each placeholder's value can be processed on
+// its own (an IP masked to its network, an identifier normalized) before
+// the key is assembled.
+type Template struct {
+	raw   string
+	parts []part
+}
+
+type part struct {
+	text        string // literal text, or the placeholder's name
+	placeholder bool
+}
+
+// ParseTemplate splits s as Caddy's replacer reads it: {name} is a
+// placeholder, \{ and \} are literal braces, and a { without a closing }
+// is literal text.
+func ParseTemplate(s string) (Template, error) {
+	t := Template{raw: s}
+	var lit strings.Builder
+	flush := func() {
+		if lit.Len() > 0 {
+			t.parts = append(t.parts, part{text: lit.String()})
+			lit.Reset()
+		}
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '\\' && i+1 < len(s) && (s[i+1] == '{' || s[i+1] == '}'):
+			lit.WriteByte(s[i+1])
+			i++
+		case c == '{':
+			end := strings.IndexByte(s[i+1:], '}')
+			if end < 0 {
+				lit.WriteString(s[i:])
+				i = len(s)
+				continue
+			}
+			name := s[i+1 : i+1+end]
+			if name == "" {
+				return Template{}, fmt.Errorf("empty placeholder {} in key %q", s)
+			}
+			flush()
+			t.parts = append(t.parts, part{text: name, placeholder: true})
+			i += end + 1
+		default:
+			lit.WriteByte(c)
+		}
+	}
+	flush()
+	return t, nil
+}
+
+// String returns the template as written.
+func (t Template) String() string { return t.raw }
+
+// Static reports whether the template has no placeholders.
+func (t Template) Static() bool {
+	for _, p := range t.parts {
+		if p.placeholder {
+			return false
+		}
+	}
+	return true
+}
+
+// Placeholders returns the names of the template's placeholders.
+func (t Template) Placeholders() []string {
+	var names []string
+	for _, p := range t.parts {
+		if p.placeholder {
+			names = append(names, p.text)
+		}
+	}
+	return names
+}

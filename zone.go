@@ -1,0 +1,406 @@
+package sluice
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/keys"
+)
+
+// Zone is one group of requests (match) limited by one rate, per key, and
+// optionally by more rates on other keys (scopes), all decided together.
+//
+// The zone's own fields (key, max_events, window, …) are its first limit,
+// the one mholt/caddy-ratelimit configs use. Scopes add limits over other
+// keys for the same requests: seed part 2.1's defense in depth, where one
+// endpoint is limited per identifier, per IP, per subnet and globally.
+type Zone struct {
+	// MatcherSetsRaw selects the requests this zone applies to; all of them
+	// when empty.
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	Limit
+
+	// Scopes are more limits on the same requests, each with its own rate
+	// and algorithm, keyed by a scope name. A request passes only if the
+	// zone's own limit and every scope allow it; when one denies, none is
+	// charged. Each scope keeps its own state. A scope without a key counts
+	// the zone's key, with the zone's normalize, hash, prefixes and missing
+	// unless it sets its own.
+	Scopes map[string]*Limit `json:"scopes,omitempty"`
+
+	// Allow lists client addresses and networks ("192.0.2.0/24") that the
+	// zone does not apply to: they are neither counted nor limited, as for
+	// a payment provider's webhook addresses. The client address is Caddy's
+	// client_ip, which honours trusted_proxies.
+	Allow []string `json:"allow,omitempty"`
+
+	// AllowMatchRaw exempts requests that match these matcher sets, for
+	// conditions other than an address (a header, an expression over
+	// placeholders).
+	AllowMatchRaw caddyhttp.RawMatcherSets `json:"allow_match,omitempty" caddy:"namespace=http.matchers"`
+
+	// Deny lists client addresses and networks that the zone always
+	// refuses, with 403 Forbidden.
+	Deny []string `json:"deny,omitempty"`
+
+	// DenyMatchRaw refuses requests that match these matcher sets, with
+	// 403 Forbidden.
+	DenyMatchRaw caddyhttp.RawMatcherSets `json:"deny_match,omitempty" caddy:"namespace=http.matchers"`
+
+	// Shadow makes the zone decide and count, and log the requests it would
+	// deny, but never deny one: for trying a limit on live traffic first.
+	Shadow bool `json:"shadow,omitempty"`
+
+	name       string
+	matchers   caddyhttp.MatcherSets
+	allowNets  []netip.Prefix
+	denyNets   []netip.Prefix
+	allowMatch caddyhttp.MatcherSets
+	denyMatch  caddyhttp.MatcherSets
+	limits     []*Limit // the zone's own (if it has a rate) and its scopes
+	allowC     prometheus.Counter
+	denyC      prometheus.Counter
+}
+
+type listing int
+
+const (
+	listNone listing = iota
+	listAllow
+	listDeny
+)
+
+// listed tells whether r is on the zone's deny list (which wins) or allow
+// list.
+func (z *Zone) listed(r *http.Request) (listing, error) {
+	if len(z.denyNets) > 0 && keys.Contains(z.denyNets, clientIP(r)) {
+		return listDeny, nil
+	}
+	if len(z.denyMatch) > 0 {
+		if ok, err := z.denyMatch.AnyMatchWithError(r); err != nil || ok {
+			return listDeny, err
+		}
+	}
+	allow := len(z.allowNets) > 0 && keys.Contains(z.allowNets, clientIP(r))
+	if !allow && len(z.allowMatch) > 0 {
+		ok, err := z.allowMatch.AnyMatchWithError(r)
+		if err != nil {
+			return listNone, err
+		}
+		allow = ok
+	}
+	if allow {
+		if z.allowC != nil {
+			z.allowC.Inc()
+		}
+		return listAllow, nil
+	}
+	return listNone, nil
+}
+
+// Limit is one rate over one key: the zone's own, or a scope's.
+type Limit struct {
+	// Key tells clients apart: each distinct value after placeholders are
+	// replaced has its own quota. A static key ("global") makes one quota
+	// for everyone; "{http.vars.client_ip}" one per client address (it
+	// honours trusted_proxies; never key on X-Forwarded-For yourself).
+	// Values that are IP addresses are written in canonical form (an
+	// IPv4-mapped IPv6 address is its IPv4 address). Body fields are
+	// placeholders too: {http.request.body.json.<path>} and
+	// {http.request.body.form.<field>}.
+	Key string `json:"key,omitempty"`
+
+	// MaxEvents is how many events (units of cost) are allowed per Window.
+	// Required.
+	MaxEvents int64 `json:"max_events,omitempty"`
+
+	// Window is the length of the window MaxEvents are counted over.
+	// Required.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// Burst is the bucket capacity of token_bucket, gcra and the
+	// leaky_bucket meter: how many events may pass at once after a quiet
+	// period. Default: MaxEvents. The other algorithms reject it.
+	Burst int64 `json:"burst,omitempty"`
+
+	// Algorithm is how the limit counts: "sliding_window" (exact log of
+	// events; the default, and mholt/caddy-ratelimit's behaviour),
+	// "sliding_window_counter", "fixed_window", "token_bucket", "gcra" or
+	// "leaky_bucket". docs/algorithms.md compares them.
+	Algorithm string `json:"algorithm,omitempty"`
+
+	// MaxDelay makes a leaky_bucket limit a queue: a request that arrives
+	// before its slot waits for it, up to this long, instead of being
+	// denied, so requests leave at a steady max_events per window. Only a
+	// request whose slot is further away is denied. A client that gives up
+	// while waiting frees its slot. Default: 0 (a meter that denies).
+	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
+
+	// Cost is how many units one request consumes: a whole number (0 makes
+	// requests free), or a placeholder that expands to one, such as
+	// "{http.request.header.X-Cost}". Default: 1. A placeholder that
+	// expands to nothing costs 1; one that is not a whole number ≥ 0 is
+	// answered with 400.
+	Cost *Cost `json:"cost,omitempty"`
+
+	// IPv4Prefix masks key values that are IPv4 addresses (IPv4-mapped
+	// IPv6 included) to their network of this many bits: 24 puts
+	// 192.0.2.0/24 in one bucket. In a composite key only the address part
+	// is masked. Default: 0, the address itself.
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// IPv6Prefix masks key values that are IPv6 addresses to their network
+	// of this many bits; 64 is one customer's network (seed part 10.2).
+	// Default: 0, the address itself.
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+
+	// Normalize turns the spellings of an identifier into one key before
+	// it is used, applied in order to every placeholder value of the key:
+	// "trim", "lower", "email" (with aliases: Gmail dots and +tags),
+	// "phone" (E.164, with a default region) and "path". A value a
+	// normalizer refuses counts as missing.
+	Normalize []Normalize `json:"normalize,omitempty"`
+
+	// Hash replaces each key by its HMAC-SHA256 under this secret, so phone
+	// numbers, emails or card numbers never appear in memory dumps, logs or
+	// a shared store in clear. Write the secret as {env.NAME}: it is read
+	// from the environment when the config loads, and must be at least 16
+	// bytes. Keys longer than 256 bytes are replaced by their SHA-256 even
+	// without a secret.
+	Hash string `json:"hash,omitempty"`
+
+	// Missing is what happens when the key cannot be built: a placeholder
+	// is empty, a body field is absent or not valid JSON or form data, or a
+	// normalizer refuses the value. "shared" (the default, and
+	// mholt/caddy-ratelimit's behaviour): all such requests share one
+	// quota. "skip": such requests are not limited by this limit. "deny":
+	// they are answered 400 Bad Request.
+	Missing string `json:"missing,omitempty"`
+
+	// MaxKeys caps how many keys this limit tracks in memory. When a new
+	// key arrives at the cap, keys that are back to idle go first, then the
+	// key closest to idle among a random sample. Default: sized for about
+	// 100 MB (3,276,800 keys for the bucket algorithms; fewer for the
+	// others, depending on max_events for sliding_window).
+	MaxKeys int `json:"max_keys,omitempty"`
+
+	zone      *Zone
+	scope     string // "" for the zone's own limit
+	keyer     *keys.Keyer
+	handle    backend.Zone
+	algorithm string
+	maxCost   int64
+	metrics   zoneMetrics
+}
+
+// Normalize is one normalizer of a key: its name and its options.
+type Normalize struct {
+	// Name is trim, lower, email, phone or path.
+	Name string `json:"name"`
+	// Region is the default region of phone numbers written without a
+	// country code, as an ISO 3166 code ("BD", "US"). Required for phone.
+	Region string `json:"region,omitempty"`
+	// Aliases, for email, applies provider rules: a +tag is dropped, and
+	// for Gmail the dots of the local part too.
+	Aliases bool `json:"aliases,omitempty"`
+}
+
+// Missing-key policies.
+const (
+	MissingShared = "shared"
+	MissingSkip   = "skip"
+	MissingDeny   = "deny"
+)
+
+// spoofable are request headers a client can set to anything; a key built
+// from them directly lets one client pose as many.
+var spoofable = []string{"x-forwarded-for", "x-real-ip", "forwarded", "true-client-ip", "cf-connecting-ip", "x-client-ip"}
+
+func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, logger *zap.Logger) error {
+	z.name = name
+	var err error
+	if z.allowNets, err = keys.ParseCIDRs(z.Allow); err != nil {
+		return fmt.Errorf("allow: %v", err)
+	}
+	if z.denyNets, err = keys.ParseCIDRs(z.Deny); err != nil {
+		return fmt.Errorf("deny: %v", err)
+	}
+	for field, sets := range map[string]*caddyhttp.MatcherSets{"MatcherSetsRaw": &z.matchers, "AllowMatchRaw": &z.allowMatch, "DenyMatchRaw": &z.denyMatch} {
+		if err := loadMatchers(ctx, z, field, sets); err != nil {
+			return err
+		}
+	}
+
+	// A scope without a key of its own counts the zone's key, processed the
+	// same way: a cooldown or a daily cap on the same identifier.
+	for _, l := range z.Scopes {
+		if l != nil && l.Key == "" {
+			l.Key = z.Key
+			l.IPv4Prefix = cmp.Or(l.IPv4Prefix, z.IPv4Prefix)
+			l.IPv6Prefix = cmp.Or(l.IPv6Prefix, z.IPv6Prefix)
+			l.Hash = cmp.Or(l.Hash, z.Hash)
+			l.Missing = cmp.Or(l.Missing, z.Missing)
+			if l.Normalize == nil {
+				l.Normalize = z.Normalize
+			}
+		}
+	}
+
+	// The zone's own limit exists when it has a rate (or is the only one:
+	// then its errors name the missing fields).
+	own := z.Limit
+	if own.MaxEvents != 0 || own.Window != 0 || len(z.Scopes) == 0 {
+		if err := z.addLimit(&z.Limit, "", store, logger); err != nil {
+			return err
+		}
+	} else if own.Key != "" || own.Burst != 0 || own.Algorithm != "" || own.Cost != nil || len(own.Normalize) > 0 || own.Hash != "" {
+		return fmt.Errorf("the zone's key, burst, algorithm, cost, normalize or hash need a rate: set max_events and window, or move them into a scope")
+	}
+	for _, scope := range slices.Sorted(maps.Keys(z.Scopes)) {
+		l := z.Scopes[scope]
+		switch {
+		case scope == "" || strings.ContainsAny(scope, "/{}"):
+			return fmt.Errorf("scope %q: a scope name must be non-empty, without / or braces", scope)
+		case l == nil:
+			return fmt.Errorf("scope %q: empty definition", scope)
+		}
+		if err := z.addLimit(l, scope, store, logger); err != nil {
+			return fmt.Errorf("scope %q: %w", scope, err)
+		}
+	}
+	return nil
+}
+
+func loadMatchers(ctx caddy.Context, z *Zone, field string, sets *caddyhttp.MatcherSets) error {
+	raw := map[string]caddyhttp.RawMatcherSets{"MatcherSetsRaw": z.MatcherSetsRaw, "AllowMatchRaw": z.AllowMatchRaw, "DenyMatchRaw": z.DenyMatchRaw}[field]
+	if len(raw) == 0 {
+		return nil
+	}
+	mods, err := ctx.LoadModule(z, field)
+	if err != nil {
+		return fmt.Errorf("loading matchers: %v", err)
+	}
+	if err := sets.FromInterface(mods); err != nil {
+		return fmt.Errorf("loading matchers: %v", err)
+	}
+	return nil
+}
+
+// displayName names a limit in messages: the zone, or "<zone>/<scope>".
+func (l *Limit) displayName() string {
+	if l.scope == "" {
+		return l.zone.name
+	}
+	return l.zone.name + "/" + l.scope
+}
+
+func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap.Logger) error {
+	l.zone, l.scope = z, scope
+	if err := l.provision(logger); err != nil {
+		return err
+	}
+	policy := l.policy()
+	var err error
+	l.handle, err = store.Zone(backend.ZoneConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys})
+	if err != nil {
+		return err
+	}
+	z.limits = append(z.limits, l)
+	return nil
+}
+
+func (l *Limit) policy() algorithms.Policy {
+	return algorithms.Policy{Limit: l.MaxEvents, Window: int64(l.Window), Burst: l.Burst, MaxDelay: int64(l.MaxDelay)}
+}
+
+func (l *Limit) provision(logger *zap.Logger) error {
+	switch {
+	case l.IPv4Prefix < 0 || l.IPv4Prefix > 32:
+		return fmt.Errorf("ipv4_prefix must be between 0 and 32, got %d", l.IPv4Prefix)
+	case l.IPv6Prefix < 0 || l.IPv6Prefix > 128:
+		return fmt.Errorf("ipv6_prefix must be between 0 and 128, got %d", l.IPv6Prefix)
+	case l.MaxKeys < 0:
+		return fmt.Errorf("max_keys must be at least 1, got %d", l.MaxKeys)
+	case l.Burst < 0:
+		return fmt.Errorf("burst must be at least 1, got %d", l.Burst)
+	case l.MaxDelay < 0:
+		return fmt.Errorf("max_delay must be positive, got %v", time.Duration(l.MaxDelay))
+	}
+	switch l.Missing {
+	case "":
+		l.Missing = MissingShared
+	case MissingShared, MissingSkip, MissingDeny:
+	default:
+		return fmt.Errorf("missing must be shared, skip or deny, got %q", l.Missing)
+	}
+	alg, err := algorithms.Check(l.Algorithm, l.policy())
+	if err != nil {
+		return err
+	}
+	l.algorithm = alg
+	l.maxCost = algorithms.MaxCost(alg, l.policy())
+	if l.Cost != nil {
+		if err := l.Cost.validate(); err != nil {
+			return fmt.Errorf("cost: %w", err)
+		}
+		if l.Cost.expr == "" && l.Cost.n > l.maxCost {
+			return fmt.Errorf("cost %d can never pass: the limit holds at most %d units (raise %s)", l.Cost.n, l.maxCost, burstOrMax(alg, l.MaxDelay))
+		}
+	}
+
+	opts := keys.Options{IPv4Prefix: l.IPv4Prefix, IPv6Prefix: l.IPv6Prefix}
+	for i, n := range l.Normalize {
+		f, err := keys.NewNormalizer(n.Name, n.Region, n.Aliases)
+		if err != nil {
+			return fmt.Errorf("normalize[%d]: %v", i, err)
+		}
+		opts.Normalizers = append(opts.Normalizers, f)
+	}
+	if l.Hash != "" {
+		secret := caddy.NewReplacer().ReplaceAll(l.Hash, "")
+		switch {
+		case secret == "":
+			return fmt.Errorf("hash: the secret %q is empty (is the environment variable set?)", l.Hash)
+		case len(secret) < 16:
+			return fmt.Errorf("hash: the secret must be at least 16 bytes, got %d", len(secret))
+		}
+		opts.Secret = []byte(secret)
+	}
+	if l.keyer, err = keys.NewKeyer(l.Key, opts); err != nil {
+		return fmt.Errorf("key: %v", err)
+	}
+	for _, ph := range l.keyer.Template().Placeholders() {
+		lower := strings.ToLower(ph)
+		for _, h := range spoofable {
+			if lower == "http.request.header."+h {
+				logger.Warn("a rate limit key reads a header any client can set: each client can pose as many. Use {client_ip} ({http.vars.client_ip}) and configure trusted_proxies instead",
+					zap.String("zone", l.zone.name), zap.String("scope", l.scope), zap.String("key", l.Key))
+			}
+		}
+	}
+	return nil
+}
+
+func burstOrMax(alg string, maxDelay caddy.Duration) string {
+	switch {
+	case maxDelay > 0:
+		return "max_delay"
+	case algorithms.UsesBurst(alg):
+		return "burst"
+	}
+	return "max_events"
+}

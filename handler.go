@@ -64,9 +64,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
+		// A shadow zone only reports what it would do: its deny list, its
+		// missing-key denials and its bad costs are logged, never applied.
 		switch listed, err := z.listed(r); {
 		case err != nil:
 			return err
+		case listed == listDeny && z.Shadow:
+			h.denyLog.Info("request would be refused by deny list (shadow zone)", zap.String("zone", z.name), zap.String("client_ip", clientIP(r)))
+			continue
 		case listed == listDeny:
 			return h.refuse(r, repl, z)
 		case listed == listAllow:
@@ -79,15 +84,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			key, err := l.keyer.Key(repl, body)
 			if err != nil {
 				l.metrics.missing(l.Missing)
-				switch l.Missing {
-				case MissingSkip:
+				switch {
+				case l.Missing == MissingSkip:
 					continue
-				case MissingDeny:
+				case l.Missing == MissingDeny && z.Shadow:
+					h.denyLog.Info("request would be refused for a missing key (shadow zone)", zap.String("zone", z.name), zap.String("scope", l.scope), zap.Error(err))
+				case l.Missing == MissingDeny:
 					return h.badKey(w, l, err)
 				}
 			}
 			cost, err := l.Cost.eval(repl)
 			if err != nil {
+				if z.Shadow {
+					continue
+				}
 				return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("rate_limit zone %q: %w", z.name, err))
 			}
 			reqs = append(reqs, backend.Request{Zone: l.handle, Key: key, Cost: cost, Shadow: z.Shadow})

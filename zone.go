@@ -62,7 +62,8 @@ type Zone struct {
 	DenyMatchRaw caddyhttp.RawMatcherSets `json:"deny_match,omitempty" caddy:"namespace=http.matchers"`
 
 	// Shadow makes the zone decide and count, and log the requests it would
-	// deny, but never deny one: for trying a limit on live traffic first.
+	// deny, but never deny one (nor refuse one for its deny list, a missing
+	// key or a bad cost): for trying a limit on live traffic first.
 	Shadow bool `json:"shadow,omitempty"`
 
 	name       string

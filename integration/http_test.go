@@ -158,6 +158,20 @@ func TestShadowZoneNeverDenies(t *testing.T) {
 	}
 }
 
+// A shadow zone refuses nothing: not over its rate, not for a missing
+// key, not for its deny list.
+func TestShadowZoneRefusesNothing(t *testing.T) {
+	tester := newTester(t, jsonServer(`{
+		"handler": "rate_limit",
+		"rate_limits": {
+			"shadow_listed": {"key": "static", "deny": ["127.0.0.0/8", "::1"], "window": "1h", "max_events": 100, "shadow": true},
+			"shadow_strict": {"key": "{http.request.header.X-User}", "missing": "deny", "cost": "{http.request.header.X-Cost}", "window": "1h", "max_events": 1, "shadow": true}
+		}
+	}, `+okHandler, ""), "json")
+	expectN(t, tester, 3, http.StatusOK, "GET", "/")
+	expectN(t, tester, 3, http.StatusOK, "GET", "/", "X-User", "u", "X-Cost", "lots")
+}
+
 func TestJitterStretchesRetryAfter(t *testing.T) {
 	tester := newTester(t, jsonServer(`{
 		"handler": "rate_limit",

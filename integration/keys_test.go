@@ -278,3 +278,39 @@ func TestBinaryWarnsOnForwardedForKey(t *testing.T) {
 		t.Fatalf("the warning does not name the zone:\n%s", out)
 	}
 }
+
+// Seed part 10.5: URL and method variants must not split a limit. One zone
+// is bound to the route (its matcher covers every spelling, its key is not
+// the path); the other keys on the normalized path.
+func TestPathAndMethodVariantsShareALimit(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone route_login {
+			match {
+				method POST PUT
+				path /login /login/
+			}
+			by ip
+			rate 4/1h
+		}
+		zone by_path {
+			match {
+				path /api/*
+			}
+			by path
+			rate 3/1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+	expectN(t, tester, 1, http.StatusOK, "POST", "/login")
+	expectN(t, tester, 1, http.StatusOK, "POST", "/login/")
+	expectN(t, tester, 1, http.StatusOK, "PUT", "/login")
+	expectN(t, tester, 1, http.StatusOK, "PUT", "/LOGIN/")
+	expect429(t, tester, 3599, 3600, "POST", "/login")
+
+	expectN(t, tester, 1, http.StatusOK, "GET", "/api/v1/x")
+	expectN(t, tester, 1, http.StatusOK, "GET", "/api/v1/x/")
+	expectN(t, tester, 1, http.StatusOK, "GET", "/api//v1/%78")
+	expect429(t, tester, 3599, 3600, "GET", "/API/v1/./x")
+	expectN(t, tester, 3, http.StatusOK, "GET", "/api/v1/y")
+}

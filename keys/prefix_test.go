@@ -49,6 +49,13 @@ func TestIPPrefixes(t *testing.T) {
 		{"not an ip", "{ip}", "static", 0, 64, "static"},
 		{"ip with port is not an ip", "{ip}", "192.168.1.100:80", 24, 64, "192.168.1.100:80"},
 		{"zoned v6 left alone", "{ip}", "fe80::1%eth0", 24, 64, "fe80::1%eth0"},
+		{"malformed: three parts", "{ip}", "1.2.3", 24, 64, "1.2.3"},
+		{"malformed: five parts", "{ip}", "1.2.3.4.5", 24, 64, "1.2.3.4.5"},
+		{"malformed: octet too big", "{ip}", "1.2.3.256", 24, 64, "1.2.3.256"},
+		{"malformed: leading zeros", "{ip}", "010.1.2.3", 24, 64, "010.1.2.3"},
+		{"malformed: bad hex", "{ip}", "2001:db8::g", 24, 64, "2001:db8::g"},
+		{"malformed: brackets", "{ip}", "[2001:db8::1]", 24, 64, "[2001:db8::1]"},
+		{"malformed: two ::", "{ip}", "2001::db8::1", 24, 64, "2001::db8::1"},
 		{"composite key", "login:{ip}", "192.168.1.100", 24, 64, "login:192.168.1.0/24"},
 		{"composite v6", "{ip}|api", "2001:db8:1:2:3:4:5:6", 24, 64, "2001:db8:1:2::/64|api"},
 	}

@@ -222,7 +222,9 @@ func tightest(limits []*Limit, out []algorithms.Result) int {
 		if l.zone.Shadow {
 			continue
 		}
-		if best < 0 || out[i].Remaining*out[best].Limit < out[best].Remaining*out[i].Limit {
+		// Compare the fractions left, in floats: the products of two
+		// int64 counts could overflow.
+		if best < 0 || float64(out[i].Remaining)*float64(out[best].Limit) < float64(out[best].Remaining)*float64(out[i].Limit) {
 			best = i
 		}
 	}

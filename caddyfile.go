@@ -126,9 +126,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Jitter = j
 
 		case "sweep_interval":
-			dur, err := durationArg(d, opt)
+			dur, err := durationArg(d, "", opt)
 			if err != nil {
 				return err
+			}
+			if dur < minSweepInterval {
+				return d.Errf("sweep_interval must be at least %v, got %v", minSweepInterval, dur)
 			}
 			h.SweepInterval = caddy.Duration(dur)
 
@@ -195,7 +198,8 @@ func unmarshalZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			var set caddy.ModuleMap
 			set, err = caddyhttp.ParseCaddyfileNestedMatcherSet(d)
 			if err != nil {
-				return nil, d.Errf("zone %q: failed to parse %s: %v", name, opt, err)
+				// The matcher's error already names the line.
+				return nil, fmt.Errorf("zone %q: failed to parse %s: %w", name, opt, err)
 			}
 			switch opt {
 			case "match":
@@ -233,6 +237,9 @@ func unmarshalZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			scope := d.Val()
 			if d.NextArg() {
 				return nil, d.Errf("scope takes one name, got another: %q", d.Val())
+			}
+			if !validScopeName(scope) {
+				return nil, d.Errf("zone %q: scope %q: a scope name must be non-empty, without / or braces", name, scope)
 			}
 			if _, dup := z.Scopes[scope]; dup {
 				return nil, d.Errf("zone %q: scope %q already defined", name, scope)
@@ -272,10 +279,17 @@ type limitParser struct {
 	l     *Limit
 	seen  map[string]bool
 	by    string // the `by` shorthand, applied by finish
+	line  int    // where the zone or scope block starts
+	lines map[string]int
 }
 
 func newLimitParser(d *caddyfile.Dispenser, where string, l *Limit) *limitParser {
-	return &limitParser{d: d, where: where, l: l, seen: map[string]bool{}}
+	return &limitParser{d: d, where: where, l: l, seen: map[string]bool{}, line: d.Line(), lines: map[string]int{}}
+}
+
+// errAt is an error about the limit, at a line of the block.
+func (p *limitParser) errAt(line int, format string, args ...any) error {
+	return fmt.Errorf("%s: %s, at %s:%d", p.where, fmt.Sprintf(format, args...), p.d.File(), line)
 }
 
 // once rejects a repeated option.
@@ -294,6 +308,7 @@ func (p *limitParser) option(opt string) error {
 			return err
 		}
 	}
+	p.lines[opt] = d.Line()
 	var err error
 	switch opt {
 	case "key":
@@ -304,7 +319,7 @@ func (p *limitParser) option(opt string) error {
 		l.MaxEvents, err = positiveArg(d, p.where, opt)
 	case "window":
 		var dur time.Duration
-		dur, err = durationArg(d, opt)
+		dur, err = durationArg(d, p.where, opt)
 		l.Window = caddy.Duration(dur)
 	case "rate":
 		var v string
@@ -322,7 +337,7 @@ func (p *limitParser) option(opt string) error {
 		l.Algorithm, err = oneArg(d)
 	case "max_delay":
 		var dur time.Duration
-		dur, err = durationArg(d, opt)
+		dur, err = durationArg(d, p.where, opt)
 		l.MaxDelay = caddy.Duration(dur)
 	case "cost":
 		var v string
@@ -417,9 +432,9 @@ func (p *limitParser) parseBy() error {
 // finish checks the limit is complete and applies the `by` defaults the
 // block did not override.
 func (p *limitParser) finish(needRate bool) error {
-	d, l := p.d, p.l
+	l := p.l
 	if p.seen["by"] && p.seen["key"] {
-		return d.Errf("%s: use either key or by, not both", p.where)
+		return p.errAt(max(p.lines["by"], p.lines["key"]), "use either key or by, not both")
 	}
 	if kind, ok := byKinds[p.by]; ok {
 		if !p.seen["ipv4_prefix"] {
@@ -434,9 +449,15 @@ func (p *limitParser) finish(needRate bool) error {
 	}
 	switch {
 	case p.seen["rate"] && (p.seen["events"] || p.seen["window"]):
-		return d.Errf("%s: use either rate or events and window, not both", p.where)
+		return p.errAt(max(p.lines["rate"], p.lines["events"], p.lines["window"]), "use either rate or events and window, not both")
 	case (l.MaxEvents == 0 || l.Window == 0) && (needRate || l.MaxEvents != 0 || l.Window != 0):
-		return d.Errf("%s: a rate limit zone requires both a window and maximum events (rate 100/1m, or events and window)", p.where)
+		return p.errAt(p.line, "a rate limit zone requires both a window and maximum events (rate 100/1m, or events and window)")
+	case l.MaxEvents == 0:
+		return nil // a zone made only of scopes
+	}
+	// What provisioning would refuse, refused here with a line to go by.
+	if _, err := l.check(); err != nil {
+		return p.errAt(p.line, "%v", err)
 	}
 	return nil
 }
@@ -456,7 +477,7 @@ func unmarshalDistributed(d *caddyfile.Dispenser) (json.RawMessage, error) {
 		if _, dup := fields[opt]; dup {
 			return nil, d.Errf("distributed: %s already specified", opt)
 		}
-		dur, err := durationArg(d, opt)
+		dur, err := durationArg(d, "distributed", opt)
 		if err != nil {
 			return nil, err
 		}
@@ -498,41 +519,49 @@ func oneArg(d *caddyfile.Dispenser) (string, error) {
 	return v, nil
 }
 
-func durationArg(d *caddyfile.Dispenser, opt string) (time.Duration, error) {
+func durationArg(d *caddyfile.Dispenser, w, opt string) (time.Duration, error) {
 	v, err := oneArg(d)
 	if err != nil {
 		return 0, err
 	}
 	dur, err := caddy.ParseDuration(v)
 	if err != nil {
-		return 0, d.Errf("invalid %s %q: %v", opt, v, err)
+		return 0, d.Errf("%sinvalid %s %q: %v", where(w), opt, v, err)
 	}
 	if dur <= 0 {
-		return 0, d.Errf("%s must be positive, got %q", opt, v)
+		return 0, d.Errf("%s%s must be positive, got %q", where(w), opt, v)
 	}
 	return dur, nil
 }
 
-func positiveArg(d *caddyfile.Dispenser, zone, opt string) (int64, error) {
+// where prefixes an error with the zone (and scope) it is about.
+func where(w string) string {
+	if w == "" {
+		return ""
+	}
+	return w + ": "
+}
+
+func positiveArg(d *caddyfile.Dispenser, w, opt string) (int64, error) {
 	v, err := oneArg(d)
 	if err != nil {
 		return 0, err
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n < 1 {
-		return 0, d.Errf("zone %q: %s must be a whole number ≥ 1, got %q", zone, opt, v)
+		return 0, d.Errf("%s%s must be a whole number ≥ 1, got %q", where(w), opt, v)
 	}
 	return n, nil
 }
 
-func intArg(d *caddyfile.Dispenser, zone, opt string, lo, hi int) (int, error) {
+func intArg(d *caddyfile.Dispenser, w, opt string, lo, hi int) (int, error) {
 	v, err := oneArg(d)
 	if err != nil {
 		return 0, err
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < lo || n > hi {
-		return 0, d.Errf("zone %q: %s must be a whole number from %d to %d, got %q", zone, opt, lo, hi, v)
+		return 0, d.Errf("%s%s must be a whole number from %d to %d, got %q", where(w), opt, lo, hi, v)
 	}
 	return n, nil
 }

@@ -35,7 +35,7 @@ func ParseCost(s string) (*Cost, error) {
 
 func (c *Cost) validate() error {
 	if c.expr == "" && c.n < 0 {
-		return fmt.Errorf("must be at least 0, got %d", c.n)
+		return fmt.Errorf("cost must be at least 0, got %d", c.n)
 	}
 	return nil
 }

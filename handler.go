@@ -70,8 +70,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		case err != nil:
 			return err
 		case listed == listDeny && z.Shadow:
+			// Counted and logged, and limited like any other request.
+			if z.denyC != nil {
+				z.denyC.Inc()
+			}
 			h.denyLog.Info("request would be refused by deny list (shadow zone)", zap.String("zone", z.name), zap.String("client_ip", clientIP(r)))
-			continue
 		case listed == listDeny:
 			return h.refuse(r, repl, z)
 		case listed == listAllow:
@@ -150,7 +153,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // badKey answers a request whose key a "missing deny" limit could not
 // build: a client error, with a body that says what was wrong.
 func (h *Handler) badKey(w http.ResponseWriter, l *Limit, err error) error {
-	detail := fmt.Sprintf("rate limit %s needs %s: %v", l.displayName(), l.keyer.Template(), errors.Unwrap(err))
+	detail := fmt.Sprintf("rate limit %s needs %s: %v", l.displayName(), l.keyer.Template(), err)
 	body, _ := json.Marshal(map[string]any{
 		"type":   "about:blank",
 		"title":  http.StatusText(http.StatusBadRequest),

@@ -46,7 +46,7 @@ type Handler struct {
 	Jitter float64 `json:"jitter,omitempty"`
 
 	// SweepInterval is how often keys that are back to idle are dropped from
-	// memory. Default: 1m.
+	// memory. Default: 1m; at least 1s.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
 	// LogKey adds the key to the log line of a denied request. Off by
@@ -82,6 +82,10 @@ type Handler struct {
 	jitterFn func() float64
 }
 
+// minSweepInterval keeps the sweeper from spinning: each sweep walks every
+// key.
+const minSweepInterval = time.Second
+
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
@@ -112,8 +116,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.BodyLimit == 0 {
 		h.BodyLimit = keys.DefaultBodyLimit
 	}
-	if h.SweepInterval < 0 {
-		return fmt.Errorf("sweep_interval must be positive, got %v", time.Duration(h.SweepInterval))
+	if h.SweepInterval != 0 && time.Duration(h.SweepInterval) < minSweepInterval {
+		return fmt.Errorf("sweep_interval must be at least %v, got %v", minSweepInterval, time.Duration(h.SweepInterval))
 	}
 	if len(h.Distributed) > 0 && string(h.Distributed) != "null" {
 		h.logger.Warn("the distributed option of mholt/caddy-ratelimit is accepted but not implemented: each instance enforces its zones on its own",

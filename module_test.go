@@ -36,7 +36,7 @@ func TestProvisionErrors(t *testing.T) {
 		{"v6 prefix too long", `"window": "1m", "max_events": 5, "ipv6_prefix": 129`, `zone "z": ipv6_prefix must be between 0 and 128, got 129`},
 		{"cost above burst", `"window": "1m", "max_events": 5, "cost": 6`, `zone "z": cost 6 can never pass: the limit holds at most 5 units (raise max_events)`},
 		{"cost above bucket", `"window": "1m", "max_events": 50, "burst": 5, "algorithm": "gcra", "cost": 6`, `zone "z": cost 6 can never pass: the limit holds at most 5 units (raise burst)`},
-		{"negative cost", `"window": "1m", "max_events": 5, "cost": -1`, `zone "z": cost: must be at least 0, got -1`},
+		{"negative cost", `"window": "1m", "max_events": 5, "cost": -1`, `zone "z": cost must be at least 0, got -1`},
 		{"cost text", `"window": "1m", "max_events": 5, "cost": "lots"`, `cost must be a whole number or a placeholder, got "lots"`},
 		{"negative max_keys", `"window": "1m", "max_events": 5, "max_keys": -1`, `zone "z": max_keys must be at least 1, got -1`},
 		{"huge burst", `"window": "24h", "max_events": 1, "burst": 1099511627776, "algorithm": "token_bucket"`, `zone "z": burst 1099511627776 × interval`},
@@ -68,7 +68,8 @@ func TestProvisionErrors(t *testing.T) {
 	}
 	for _, handler := range []struct{ opt, want string }{
 		{`"jitter": -0.1`, "jitter must be a number ≥ 0, got -0.1"},
-		{`"sweep_interval": "-1s"`, "sweep_interval must be positive"},
+		{`"sweep_interval": "-1s"`, "sweep_interval must be at least 1s"},
+		{`"sweep_interval": 1`, "sweep_interval must be at least 1s"},
 		{`"body_limit": -1`, "body_limit must be positive, got -1"},
 	} {
 		err := validate(t, `{"handler": "rate_limit", `+handler.opt+`, "rate_limits": {"z": {"window": "1m", "max_events": 1}}}`)

@@ -274,7 +274,7 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 	for _, scope := range slices.Sorted(maps.Keys(z.Scopes)) {
 		l := z.Scopes[scope]
 		switch {
-		case scope == "" || strings.ContainsAny(scope, "/{}"):
+		case !validScopeName(scope):
 			return fmt.Errorf("scope %q: a scope name must be non-empty, without / or braces", scope)
 		case l == nil:
 			return fmt.Errorf("scope %q: empty definition", scope)
@@ -328,40 +328,63 @@ func (l *Limit) policy() algorithms.Policy {
 	return algorithms.Policy{Limit: l.MaxEvents, Window: int64(l.Window), Burst: l.Burst, MaxDelay: int64(l.MaxDelay)}
 }
 
-func (l *Limit) provision(logger *zap.Logger) error {
+// check validates what can be validated without a running config, so the
+// Caddyfile adapter can name the line: it returns the canonical algorithm.
+func (l *Limit) check() (string, error) {
 	switch {
 	case l.IPv4Prefix < 0 || l.IPv4Prefix > 32:
-		return fmt.Errorf("ipv4_prefix must be between 0 and 32, got %d", l.IPv4Prefix)
+		return "", fmt.Errorf("ipv4_prefix must be between 0 and 32, got %d", l.IPv4Prefix)
 	case l.IPv6Prefix < 0 || l.IPv6Prefix > 128:
-		return fmt.Errorf("ipv6_prefix must be between 0 and 128, got %d", l.IPv6Prefix)
+		return "", fmt.Errorf("ipv6_prefix must be between 0 and 128, got %d", l.IPv6Prefix)
 	case l.MaxKeys < 0:
-		return fmt.Errorf("max_keys must be at least 1, got %d", l.MaxKeys)
+		return "", fmt.Errorf("max_keys must be at least 1, got %d", l.MaxKeys)
 	case l.Burst < 0:
-		return fmt.Errorf("burst must be at least 1, got %d", l.Burst)
+		return "", fmt.Errorf("burst must be at least 1, got %d", l.Burst)
 	case l.MaxDelay < 0:
-		return fmt.Errorf("max_delay must be positive, got %v", time.Duration(l.MaxDelay))
+		return "", fmt.Errorf("max_delay must be positive, got %v", time.Duration(l.MaxDelay))
 	}
 	switch l.Missing {
-	case "":
-		l.Missing = MissingShared
-	case MissingShared, MissingSkip, MissingDeny:
+	case "", MissingShared, MissingSkip, MissingDeny:
 	default:
-		return fmt.Errorf("missing must be shared, skip or deny, got %q", l.Missing)
+		return "", fmt.Errorf("missing must be shared, skip or deny, got %q", l.Missing)
 	}
 	alg, err := algorithms.Check(l.Algorithm, l.policy())
 	if err != nil {
-		return err
+		return "", err
 	}
-	l.algorithm = alg
-	l.maxCost = algorithms.MaxCost(alg, l.policy())
 	if l.Cost != nil {
 		if err := l.Cost.validate(); err != nil {
-			return fmt.Errorf("cost: %w", err)
+			return "", err
 		}
-		if l.Cost.expr == "" && l.Cost.n > l.maxCost {
-			return fmt.Errorf("cost %d can never pass: the limit holds at most %d units (raise %s)", l.Cost.n, l.maxCost, burstOrMax(alg, l.MaxDelay))
+		if most := algorithms.MaxCost(alg, l.policy()); l.Cost.expr == "" && l.Cost.n > most {
+			return "", fmt.Errorf("cost %d can never pass: the limit holds at most %d units (raise %s)", l.Cost.n, most, burstOrMax(alg, l.MaxDelay))
 		}
 	}
+	for i, n := range l.Normalize {
+		if _, err := keys.NewNormalizer(n.Name, n.Region, n.Aliases); err != nil {
+			return "", fmt.Errorf("normalize[%d]: %v", i, err)
+		}
+	}
+	if l.Hash != "" && !strings.Contains(l.Hash, "{") && len(l.Hash) < minSecret {
+		return "", fmt.Errorf("hash: the secret must be at least %d bytes, got %d", minSecret, len(l.Hash))
+	}
+	if _, err := keys.ParseTemplate(l.Key); err != nil {
+		return "", fmt.Errorf("key: %v", err)
+	}
+	return alg, nil
+}
+
+// minSecret is the shortest HMAC secret accepted, in bytes.
+const minSecret = 16
+
+func (l *Limit) provision(logger *zap.Logger) error {
+	alg, err := l.check()
+	if err != nil {
+		return err
+	}
+	l.Missing = cmp.Or(l.Missing, MissingShared)
+	l.algorithm = alg
+	l.maxCost = algorithms.MaxCost(alg, l.policy())
 
 	opts := keys.Options{IPv4Prefix: l.IPv4Prefix, IPv6Prefix: l.IPv6Prefix}
 	for i, n := range l.Normalize {
@@ -376,8 +399,8 @@ func (l *Limit) provision(logger *zap.Logger) error {
 		switch {
 		case secret == "":
 			return fmt.Errorf("hash: the secret %q is empty (is the environment variable set?)", l.Hash)
-		case len(secret) < 16:
-			return fmt.Errorf("hash: the secret must be at least 16 bytes, got %d", len(secret))
+		case len(secret) < minSecret:
+			return fmt.Errorf("hash: the secret must be at least %d bytes, got %d", minSecret, len(secret))
 		}
 		opts.Secret = []byte(secret)
 	}
@@ -405,3 +428,5 @@ func burstOrMax(alg string, maxDelay caddy.Duration) string {
 	}
 	return "max_events"
 }
+
+func validScopeName(s string) bool { return s != "" && !strings.ContainsAny(s, "/{}") }

@@ -132,6 +132,12 @@ type Algorithm[S any] interface {
 	// took them had not happened (a queued request whose client left). It
 	// never gives back more than was taken.
 	Refund(s S, now, cost int64) S
+	// Rebase returns s, written under policy old, rewritten for this
+	// algorithm's policy as of the moment at when the policy changed (a
+	// config reload). Each period then drains at the rate that was in force
+	// during it. States that record events rather than a rate come back
+	// as they are.
+	Rebase(s S, at int64, old Policy) S
 	// Policy is the policy the algorithm was built with.
 	Policy() Policy
 }

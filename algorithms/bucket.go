@@ -2,10 +2,8 @@ package algorithms
 
 // Bucket is the state of the token bucket and GCRA: one theoretical arrival
 // time, 8 bytes. TAT is when the bucket is full again; before it the bucket
-// holds burst − (TAT−now)/T tokens. The debt TAT−now is kept in units of the
-// store's encoding interval (see Encoded), so configs with different rates
-// (the old and new config of a reload) read one state each in their own
-// terms, and a raised limit applies at once.
+// holds burst − (TAT−now)/T tokens. When a reload changes T, the store
+// rebases each TAT to the new T as of the reload (Rebase).
 type Bucket struct {
 	TAT int64
 }
@@ -23,30 +21,12 @@ type bucket struct {
 	inverse  float64 // 1/T, to count whole tokens without dividing
 	burst    int64
 	capacity int64 // burst · T: the largest debt the bucket can hold
-	encoding int64 // interval the stored debt is written in; T by default
 }
 
 func newBucket(p Policy) bucket {
 	t := p.Interval()
 	b := p.burst()
-	return bucket{p: p, interval: t, inverse: 1 / float64(t), burst: b, capacity: b * t, encoding: t}
-}
-
-// Encoded returns the token bucket reading and writing states whose debt is
-// in units of interval enc (the interval of whichever config first created
-// the store's state). Conversions round the debt up, so a change of rate
-// never mints a token.
-func (b *TokenBucket) Encoded(enc int64) *TokenBucket {
-	c := *b
-	c.encoding = max(enc, 1)
-	return &c
-}
-
-// Encoded is TokenBucket.Encoded for GCRA.
-func (g *GCRA) Encoded(enc int64) *GCRA {
-	c := *g
-	c.encoding = max(enc, 1)
-	return &c
+	return bucket{p: p, interval: t, inverse: 1 / float64(t), burst: b, capacity: b * t}
 }
 
 // TokenBucket is the token bucket of seed part 3.4: capacity Burst (default
@@ -73,11 +53,18 @@ func (b *bucket) debt(s Bucket, now int64) int64 {
 	if s.TAT <= now {
 		return 0
 	}
-	d := s.TAT - now
-	if b.encoding != b.interval {
-		d = mulDivCeil(d, b.interval, b.encoding)
+	return s.TAT - now
+}
+
+// Rebase converts the debt left at the moment of the change from the old
+// interval to this one: the tokens in use stay in use (rounded up, so a
+// change of rate never mints a token) and refill at the new rate from then.
+func (b *bucket) Rebase(s Bucket, at int64, old Policy) Bucket {
+	t := old.Interval()
+	if s.TAT <= at || t == b.interval || t <= 0 {
+		return s
 	}
-	return d
+	return Bucket{TAT: at + mulDivCeil(s.TAT-at, b.interval, t)}
 }
 
 func (b *bucket) tokensFloor(debt int64) int64 {
@@ -111,11 +98,7 @@ func (b *bucket) Decide(s Bucket, now, cost int64) Result {
 }
 
 func (b *bucket) Take(s Bucket, now, cost int64) Bucket {
-	d := b.debt(s, now) + max(cost, 0)*b.interval
-	if b.encoding != b.interval {
-		d = mulDivCeil(d, b.encoding, b.interval)
-	}
-	return Bucket{TAT: now + d}
+	return Bucket{TAT: now + b.debt(s, now) + max(cost, 0)*b.interval}
 }
 
 // Refund gives cost tokens back (a request that took them did not happen),
@@ -125,14 +108,10 @@ func (b *bucket) Refund(s Bucket, now, cost int64) Bucket {
 	if d <= 0 {
 		return Bucket{}
 	}
-	if b.encoding != b.interval {
-		d = mulDivCeil(d, b.encoding, b.interval)
-	}
 	return Bucket{TAT: now + d}
 }
 
-// IdleAt is the TAT itself: from then on the bucket is full, whatever the
-// interval it is read with.
+// IdleAt is the TAT itself: from then on the bucket is full.
 func (b *bucket) IdleAt(s Bucket) int64 { return s.TAT }
 
 // Tokens returns the exact (fractional) number of tokens in s at now, for

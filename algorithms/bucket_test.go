@@ -263,13 +263,45 @@ func TestBucketEdges(t *testing.T) {
 	t.Run("raised rate applies at once", func(t *testing.T) {
 		// 10 per minute, all used; reloaded as 20 per minute with burst 20:
 		// the 60 s of debt become 30 s, so 10 tokens are left.
-		old := NewTokenBucket(Policy{Limit: 10, Window: 60 * s})
-		var st Bucket
-		st = old.Take(st, base, 10)
-		raised := NewTokenBucket(Policy{Limit: 20, Window: 60 * s}).Encoded(old.interval)
+		oldP := Policy{Limit: 10, Window: 60 * s}
+		st := NewTokenBucket(oldP).Take(Bucket{}, base, 10)
+		raised := NewTokenBucket(Policy{Limit: 20, Window: 60 * s})
+		st = raised.Rebase(st, base, oldP)
 		r := raised.Decide(st, base, 1)
 		if !r.Allowed || r.Remaining != 9 {
 			t.Fatalf("after raise: %+v, want allowed with 9 remaining", r)
+		}
+	})
+	t.Run("a changed rate is the refill rate from the change on", func(t *testing.T) {
+		// 10 per minute used up at t=0; at t=6 s (one token back) the rate
+		// becomes 10 per second: the 9 tokens in use refill in 0.9 s.
+		oldP := Policy{Limit: 10, Window: 60 * s}
+		st := NewTokenBucket(oldP).Take(Bucket{}, base, 10)
+		fast := NewTokenBucket(Policy{Limit: 10, Window: s})
+		st = fast.Rebase(st, base+6*s, oldP)
+		if got := fast.Tokens(st, base+6*s); got != 1 {
+			t.Fatalf("%v tokens at the change, want 1", got)
+		}
+		if got := fast.Tokens(st, base+6*s+900*ms); got != 10 {
+			t.Fatalf("%v tokens 0.9 s after the change, want 10", got)
+		}
+		// Lowered the other way: 10 per 6 s used up, then 1 per minute: the
+		// 10 tokens in use take 10 minutes to come back, one per minute.
+		oldP = Policy{Limit: 10, Window: 6 * s}
+		st = NewTokenBucket(oldP).Take(Bucket{}, base, 10)
+		slow := NewTokenBucket(Policy{Limit: 1, Window: 60 * s, Burst: 10})
+		st = slow.Rebase(st, base, oldP)
+		if r := slow.Decide(st, base+59*s, 1); r.Allowed || r.RetryAfter != s {
+			t.Fatalf("59 s after lowering: %+v, want denied for 1 s more", r)
+		}
+		if got := slow.Tokens(st, base+5*60*s); got != 5 {
+			t.Fatalf("%v tokens 5 minutes after lowering, want 5", got)
+		}
+	})
+	t.Run("rebase of an idle bucket", func(t *testing.T) {
+		st := Bucket{TAT: base}
+		if got := NewGCRA(Policy{Limit: 1, Window: s}).Rebase(st, base+s, Policy{Limit: 5, Window: s}); got != st {
+			t.Fatalf("idle bucket changed: %+v", got)
 		}
 	})
 	t.Run("interval rounds up", func(t *testing.T) {

@@ -23,13 +23,6 @@ func NewLeakyBucket(p Policy) *LeakyBucket {
 	return &LeakyBucket{bucket: newBucket(p), maxDelay: p.MaxDelay}
 }
 
-// Encoded is TokenBucket.Encoded for the leaky bucket.
-func (l *LeakyBucket) Encoded(enc int64) *LeakyBucket {
-	c := *l
-	c.encoding = max(enc, 1)
-	return &c
-}
-
 // queueSize is how many unit requests the queue holds: the one whose slot
 // is now and those whose slots are at most maxDelay away.
 func (l *LeakyBucket) queueSize() int64 { return l.maxDelay/l.interval + 1 }

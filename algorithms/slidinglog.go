@@ -177,3 +177,7 @@ func (a *SlidingLog) IdleAt(l *Log) int64 {
 	}
 	return l.newest() + a.p.Window
 }
+
+// Rebase keeps the state: it records events, not a rate, so a new policy
+// reads it as it is.
+func (a *SlidingLog) Rebase(s *Log, _ int64, _ Policy) *Log { return s }

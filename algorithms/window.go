@@ -65,3 +65,7 @@ func (a *FixedWindow) IdleAt(s Window) int64 {
 	}
 	return s.Start + a.p.Window
 }
+
+// Rebase keeps the state: it records events, not a rate, so a new policy
+// reads it as it is.
+func (a *FixedWindow) Rebase(s Window, _ int64, _ Policy) Window { return s }

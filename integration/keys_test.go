@@ -126,14 +126,20 @@ func TestOTPZone(t *testing.T) {
 		t.Fatalf("another number: %d", code)
 	}
 	// No number, a number that is not one, or not JSON: 400 with a reason.
-	for _, bad := range []string{`{"mobile": "01712345678"}`, `{"phone": "hello"}`, `phone=01712345678`, `{"phone": "017", "phone": "018"}`} {
+	for bad, reason := range map[string]string{
+		`{"mobile": "01712345678"}`:        "JSON field phone missing",
+		`{"phone": "hello"}`:               "not a valid",
+		`phone=01712345678`:                "not valid JSON",
+		`{"phone": "017", "phone": "018"}`: `key "phone" repeated`,
+	} {
 		code, body := post(t, tester, "/otp/send", "application/json", bad)
 		var problem struct {
 			Status int    `json:"status"`
 			Detail string `json:"detail"`
 		}
-		if code != http.StatusBadRequest || json.Unmarshal([]byte(body), &problem) != nil || problem.Status != 400 || !strings.Contains(problem.Detail, "{http.request.body.json.phone}") {
-			t.Fatalf("body %s: %d %q; want 400 with a problem document", bad, code, body)
+		if code != http.StatusBadRequest || json.Unmarshal([]byte(body), &problem) != nil || problem.Status != 400 ||
+			!strings.Contains(problem.Detail, "{http.request.body.json.phone}") || !strings.Contains(problem.Detail, reason) {
+			t.Fatalf("body %s: %d %q; want 400 with a problem document saying %q", bad, code, body, reason)
 		}
 	}
 }

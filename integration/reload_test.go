@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A reload through /load keeps everyone's usage; a PATCH that raises one
@@ -29,6 +30,23 @@ func TestReloadKeepsUsage(t *testing.T) {
 	adminRequest(t, "PATCH", "/config/apps/http/servers/srv/routes/0/handle/0/rate_limits/reload_zone/max_events", "application/json", "5")
 	expectN(t, tester, 2, http.StatusOK, "GET", "/")
 	expect429(t, tester, 3599, 3600, "GET", "/")
+}
+
+// A reload that raises a token bucket's rate: the new rate refills from the
+// reload on (the review found the first config's rate kept refilling).
+func TestReloadChangesBucketRate(t *testing.T) {
+	cfg := func(rate string) string {
+		return jsonServer(`{
+			"handler": "rate_limit",
+			"rate_limits": {"reload_bucket": {"key": "static", "algorithm": "token_bucket", "burst": 10, `+rate+`}}
+		}, `+okHandler, "")
+	}
+	tester := newTester(t, cfg(`"window": "1m", "max_events": 10`), "json")
+	expectN(t, tester, 10, http.StatusOK, "GET", "/")
+	expect429(t, tester, 6, 6, "GET", "/")
+	tester.InitServer(cfg(`"window": "1s", "max_events": 10`), "json")
+	time.Sleep(1100 * time.Millisecond) // real time: 10 tokens at 10/s
+	expectN(t, tester, 10, http.StatusOK, "GET", "/")
 }
 
 // After a reload, /metrics must still move (mholt/caddy-ratelimit #100:

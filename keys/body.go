@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
+	"mime/multipart"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -26,6 +28,7 @@ const DefaultBodyLimit = 64 << 10
 // keys need.
 type Body struct {
 	data     []byte
+	ctype    string
 	tooLarge bool
 	readErr  error
 	form     url.Values
@@ -37,7 +40,7 @@ type Body struct {
 // yields exactly the original bytes, so the next handler sees it unchanged.
 // A body larger than limit is not parsed: its fields count as missing.
 func ReadBody(r *http.Request, limit int64) *Body {
-	b := new(Body)
+	b := &Body{ctype: r.Header.Get("Content-Type")}
 	if r.Body == nil || r.Body == http.NoBody {
 		return b
 	}
@@ -79,7 +82,7 @@ func (b *Body) Field(name string) (string, error) {
 		return JSONField(b.data, strings.TrimPrefix(name, BodyJSONPrefix))
 	case strings.HasPrefix(name, BodyFormPrefix):
 		if !b.formDone {
-			b.form, b.formErr = url.ParseQuery(string(b.data))
+			b.form, b.formErr = parseForm(b.data, b.ctype)
 			b.formDone = true
 		}
 		if b.formErr != nil {
@@ -211,4 +214,34 @@ func (w *walker) array(path []string) (string, bool, error) {
 		return "", false, err
 	}
 	return val, found, nil
+}
+
+// parseForm reads URL-encoded form data, or the text fields of a
+// multipart/form-data body (file parts are skipped).
+func parseForm(data []byte, ctype string) (url.Values, error) {
+	media, params, _ := mime.ParseMediaType(ctype)
+	if media != "multipart/form-data" {
+		return url.ParseQuery(string(data))
+	}
+	if params["boundary"] == "" {
+		return nil, errors.New("multipart body without a boundary")
+	}
+	form := url.Values{}
+	mr := multipart.NewReader(bytes.NewReader(data), params["boundary"])
+	for {
+		part, err := mr.NextPart()
+		if err == io.EOF {
+			return form, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if name := part.FormName(); name != "" && part.FileName() == "" {
+			v, err := io.ReadAll(part)
+			if err != nil {
+				return nil, err
+			}
+			form.Add(name, string(v))
+		}
+	}
 }

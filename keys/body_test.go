@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"strings"
 	"testing"
@@ -80,6 +81,26 @@ func TestReadBodyPassesThrough(t *testing.T) {
 	}
 	if _, err := b.Field(BodyFormPrefix + "nope"); err == nil {
 		t.Fatal("a missing form field was found")
+	}
+
+	// multipart/form-data, as browsers send a form with a file input.
+	var mp bytes.Buffer
+	w := multipart.NewWriter(&mp)
+	_ = w.WriteField("username", "Rakib")
+	fw, _ := w.CreateFormFile("avatar", "a.png")
+	_, _ = fw.Write([]byte("username=ignored"))
+	_ = w.Close()
+	r, _ = http.NewRequest("POST", "/", bytes.NewReader(mp.Bytes()))
+	r.Header.Set("Content-Type", w.FormDataContentType())
+	b = ReadBody(r, DefaultBodyLimit)
+	if v, err := b.Field(BodyFormPrefix + "username"); err != nil || v != "Rakib" {
+		t.Fatalf("multipart field: %q, %v", v, err)
+	}
+	if _, err := b.Field(BodyFormPrefix + "avatar"); err == nil {
+		t.Fatal("a file part was read as a field")
+	}
+	if got, _ := io.ReadAll(r.Body); !bytes.Equal(got, mp.Bytes()) {
+		t.Fatal("multipart body changed on its way through")
 	}
 }
 

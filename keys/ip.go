@@ -3,7 +3,10 @@
 // normalized, body fields read, and sensitive keys hashed.
 package keys
 
-import "net/netip"
+import (
+	"fmt"
+	"net/netip"
+)
 
 // canonicalIP returns the canonical form of v when it is an IP address:
 // IPv4-mapped IPv6 as IPv4, IPv6 in lower-case shortest form, and masked to
@@ -38,8 +41,8 @@ func ParseCIDRs(list []string) ([]netip.Prefix, error) {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
 			addr, aerr := netip.ParseAddr(s)
-			if aerr != nil {
-				return nil, err
+			if aerr != nil || addr.Zone() != "" {
+				return nil, fmt.Errorf("%q is not an address or a network such as 192.0.2.0/24", s)
 			}
 			p = netip.PrefixFrom(addr, addr.BitLen())
 		}

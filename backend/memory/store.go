@@ -59,7 +59,13 @@ type Store struct {
 	sweep time.Duration
 
 	mu   sync.Mutex
-	keys []poolKey
+	held []held
+}
+
+// held is a table this store registered with, and how to let go of it.
+type held struct {
+	key     poolKey
+	release func(now int64)
 }
 
 type poolKey struct{ name, scope, kind string }
@@ -112,43 +118,30 @@ func (s *Store) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
 	p := cfg.Policy
 	switch name {
 	case algorithms.NameTokenBucket:
-		return register(s, cfg, kindBucket, func(enc int64) algorithms.Algorithm[algorithms.Bucket] {
-			return algorithms.NewTokenBucket(p).Encoded(enc)
-		})
+		return register[algorithms.Bucket](s, cfg, kindBucket, algorithms.NewTokenBucket(p))
 	case algorithms.NameGCRA:
-		return register(s, cfg, kindBucket, func(enc int64) algorithms.Algorithm[algorithms.Bucket] {
-			return algorithms.NewGCRA(p).Encoded(enc)
-		})
+		return register[algorithms.Bucket](s, cfg, kindBucket, algorithms.NewGCRA(p))
 	case algorithms.NameLeakyBucket:
-		return register(s, cfg, kindBucket, func(enc int64) algorithms.Algorithm[algorithms.Bucket] {
-			return algorithms.NewLeakyBucket(p).Encoded(enc)
-		})
+		return register[algorithms.Bucket](s, cfg, kindBucket, algorithms.NewLeakyBucket(p))
 	case algorithms.NameSlidingWindow:
-		return register(s, cfg, kindLog, func(int64) algorithms.Algorithm[*algorithms.Log] {
-			return algorithms.NewSlidingLog(p)
-		})
+		return register[*algorithms.Log](s, cfg, kindLog, algorithms.NewSlidingLog(p))
 	case algorithms.NameFixedWindow:
-		return register(s, cfg, kindWindow, func(int64) algorithms.Algorithm[algorithms.Window] {
-			return algorithms.NewFixedWindow(p)
-		})
+		return register[algorithms.Window](s, cfg, kindWindow, algorithms.NewFixedWindow(p))
 	case algorithms.NameSlidingCounter:
-		return register(s, cfg, kindCounter, func(int64) algorithms.Algorithm[algorithms.Counter] {
-			return algorithms.NewSlidingCounter(p)
-		})
+		return register[algorithms.Counter](s, cfg, kindCounter, algorithms.NewSlidingCounter(p))
 	}
 	return nil, fmt.Errorf("algorithm %s is not available in the memory backend", name)
 }
 
-// register binds cfg to its table, creating the table on first use; newAlg
-// builds the algorithm for the table's state encoding.
-func register[S any](s *Store, cfg backend.ZoneConfig, kind string, newAlg func(enc int64) algorithms.Algorithm[S]) (backend.Zone, error) {
+// register binds cfg to its table, creating the table on first use.
+func register[S any](s *Store, cfg backend.ZoneConfig, kind string, alg algorithms.Algorithm[S]) (backend.Zone, error) {
 	maxKeys := cfg.MaxKeys
 	if maxKeys == 0 {
 		maxKeys = defaultMaxKeys(kind, cfg.Policy)
 	}
 	key := poolKey{cfg.Name, cfg.Scope, kind}
 	v, loaded, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newTable[S](maxKeys, cfg.Policy.Interval(), s.now), nil
+		return newTable[S](maxKeys, s.now), nil
 	})
 	if err != nil {
 		return nil, err
@@ -159,26 +152,28 @@ func register[S any](s *Store, cfg backend.ZoneConfig, kind string, newAlg func(
 		_, _ = tables.Delete(key)
 		return nil, fmt.Errorf("zone %q: state of an unexpected type %T", cfg.Name, v)
 	}
-	alg := newAlg(t.enc)
-	t.configure(alg, maxKeys, s.sweep)
+	reg := &registration[S]{alg: alg, maxKeys: maxKeys, sweep: s.sweep}
+	t.register(reg, s.now())
 	if !loaded {
 		go t.run()
 	}
 	s.mu.Lock()
-	s.keys = append(s.keys, key)
+	s.held = append(s.held, held{key: key, release: func(now int64) { t.unregister(reg, now) }})
 	s.mu.Unlock()
-	return &zone[S]{name: cfg.Name, alg: alg, t: t}, nil
+	return &zone[S]{name: cfg.Name, t: t}, nil
 }
 
 // Close releases this store's hold on its zones' tables; a table is dropped
 // when no running config uses it any more.
 func (s *Store) Close() error {
 	s.mu.Lock()
-	keys := s.keys
-	s.keys = nil
+	held := s.held
+	s.held = nil
 	s.mu.Unlock()
-	for _, k := range keys {
-		if _, err := tables.Delete(k); err != nil {
+	now := s.now()
+	for _, h := range held {
+		h.release(now)
+		if _, err := tables.Delete(h.key); err != nil {
 			return err
 		}
 	}
@@ -207,7 +202,6 @@ func ZoneStats(z backend.Zone) (Stats, bool) {
 
 type zone[S any] struct {
 	name string
-	alg  algorithms.Algorithm[S]
 	t    *table[S]
 }
 
@@ -225,27 +219,30 @@ func (z *zone[S]) hash(key string) hkey { return z.t.hash(key) }
 func (z *zone[S]) lock(h hkey) *shardBase { return &z.t.shard(h).shardBase }
 
 func (z *zone[S]) decide(h hkey, now, cost int64) algorithms.Result {
-	return z.alg.Decide(z.t.shard(h).get(h), now, cost)
+	sh := z.t.shard(h)
+	return z.t.current(sh).alg.Decide(sh.get(h), now, cost)
 }
 
 func (z *zone[S]) take(h hkey, now, cost int64) {
 	sh := z.t.shard(h)
+	alg := z.t.current(sh).alg
 	if sh.n > 0 {
 		if i, ok := sh.find(h); ok {
-			sh.e[i].s = z.alg.Take(sh.e[i].s, now, cost)
+			sh.e[i].s = alg.Take(sh.e[i].s, now, cost)
 			return
 		}
 	}
 	var zero S
-	z.t.insert(sh, h, z.alg.Take(zero, now, cost), now)
+	z.t.insert(sh, h, alg.Take(zero, now, cost), now)
 }
 
 func (z *zone[S]) refund(h hkey, now, cost int64) {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
+	alg := z.t.current(sh).alg
 	if sh.n > 0 {
 		if i, ok := sh.find(h); ok {
-			sh.e[i].s = z.alg.Refund(sh.e[i].s, now, cost)
+			sh.e[i].s = alg.Refund(sh.e[i].s, now, cost)
 		}
 	}
 	sh.mu.Unlock()
@@ -256,6 +253,7 @@ func (z *zone[S]) refund(h hkey, now, cost int64) {
 func (z *zone[S]) decideOne(h hkey, now, cost int64) algorithms.Result {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
+	alg := z.t.current(sh).alg
 	i, found := -1, false
 	var s S
 	if sh.n > 0 {
@@ -263,12 +261,12 @@ func (z *zone[S]) decideOne(h hkey, now, cost int64) algorithms.Result {
 			s = sh.e[i].s
 		}
 	}
-	r := z.alg.Decide(s, now, cost)
+	r := alg.Decide(s, now, cost)
 	if r.Allowed && cost > 0 {
 		if found {
-			sh.e[i].s = z.alg.Take(s, now, cost)
+			sh.e[i].s = alg.Take(s, now, cost)
 		} else {
-			z.t.insert(sh, h, z.alg.Take(s, now, cost), now)
+			z.t.insert(sh, h, alg.Take(s, now, cost), now)
 		}
 	}
 	sh.mu.Unlock()

@@ -363,3 +363,92 @@ func TestConcurrentUse(t *testing.T) {
 		t.Fatalf("admitted %d, want exactly 500", got)
 	}
 }
+
+// A reload that changes a bucket's rate: the new rate is the refill rate
+// from the reload on, for the old config's state too (the review bug: the
+// rate of the config that first created the state kept refilling it).
+func TestReloadChangesRateFromThenOn(t *testing.T) {
+	c := newFakeClock()
+	name := t.Name()
+	reload := func(old *Store, p algorithms.Policy) (*Store, backend.Zone) {
+		s := New(Options{Now: c.now})
+		z, err := s.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.NameTokenBucket, Policy: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if old != nil {
+			if err := old.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return s, z
+	}
+	allowed := func(s *Store, z backend.Zone, n int) int {
+		ok := 0
+		for i := 0; i < n; i++ {
+			if pass, _ := decide(t, s, backend.Request{Zone: z, Key: "k", Cost: 1}); pass {
+				ok++
+			}
+		}
+		return ok
+	}
+
+	s, z := reload(nil, algorithms.Policy{Limit: 10, Window: 60 * sec})
+	if got := allowed(s, z, 11); got != 10 {
+		t.Fatalf("%d allowed of 11 at 10/min", got)
+	}
+	c.advance(6 * time.Second) // one token back at the old rate
+	s, z = reload(s, algorithms.Policy{Limit: 10, Window: sec})
+	c.advance(time.Second) // at 10/s the other 9 are back
+	if got := allowed(s, z, 12); got != 10 {
+		t.Fatalf("1 s after raising to 10/s: %d allowed, want 10", got)
+	}
+	c.advance(time.Second)
+	if got := allowed(s, z, 12); got != 10 {
+		t.Fatalf("2 s after raising: %d allowed, want 10 (refilling at the new rate)", got)
+	}
+
+	// Lowered to 1/min with room for 10: the 10 in use come back one a
+	// minute, not at the old rate.
+	s, z = reload(s, algorithms.Policy{Limit: 1, Window: 60 * sec, Burst: 10})
+	c.advance(30 * time.Second)
+	if got := allowed(s, z, 5); got != 0 {
+		t.Fatalf("30 s after lowering to 1/min: %d allowed", got)
+	}
+	c.advance(31 * time.Second)
+	if got := allowed(s, z, 5); got != 1 {
+		t.Fatalf("61 s after lowering to 1/min: %d allowed, want 1", got)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A reload whose new config fails after registering gives the table back
+// to the running config's rate.
+func TestFailedReloadKeepsRunningRate(t *testing.T) {
+	c := newFakeClock()
+	name := t.Name()
+	cfg := func(p algorithms.Policy) backend.ZoneConfig {
+		return backend.ZoneConfig{Name: name, Algorithm: algorithms.NameGCRA, Policy: p}
+	}
+	running := New(Options{Now: c.now})
+	z, err := running.Zone(cfg(algorithms.Policy{Limit: 2, Window: 60 * sec}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Close()
+	failed := New(Options{Now: c.now})
+	if _, err := failed.Zone(cfg(algorithms.Policy{Limit: 1000, Window: 60 * sec})); err != nil {
+		t.Fatal(err)
+	}
+	_ = failed.Close() // the rest of that config did not provision
+	for i := 0; i < 2; i++ {
+		if ok, _ := decide(t, running, backend.Request{Zone: z, Key: "k", Cost: 1}); !ok {
+			t.Fatalf("request %d denied", i+1)
+		}
+	}
+	if ok, _ := decide(t, running, backend.Request{Zone: z, Key: "k", Cost: 1}); ok {
+		t.Fatal("the failed config's rate of 1000/min is still in force")
+	}
+}

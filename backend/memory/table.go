@@ -3,6 +3,7 @@ package memory
 import (
 	"hash/maphash"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,24 +41,34 @@ type shard[S any] struct {
 	slots[S]
 	lastSweep int64  // time of the last full sweep, clock of the store
 	rng       uint64 // picks where eviction samples start
-	_         [16]byte
+	gen       int    // the policy generation the entries are written in
+	_         [8]byte
 }
 
 var shardIDs atomic.Uint64
 
-// table holds the state of one zone: sharded maps from key hash to S.
-// It outlives config reloads in the package UsagePool.
+// table holds the state of one limit: sharded maps from key hash to S. It
+// outlives config reloads in the package UsagePool.
+//
+// Every config that uses the table registers its algorithm; the newest
+// live registration's decides, for every config, so that two configs never
+// write one state under two rates. When that changes the policy (a reload
+// with a new rate, or a failed reload undone), the switch is recorded with
+// its time, and each shard rebases its entries through the switches it has
+// not seen the next time it is locked: each period drains at the rate that
+// was in force during it.
 type table[S any] struct {
 	seed   maphash.Seed
 	shards []shard[S]
 	mask   uint64
-	// enc is the interval bucket states are written in: the interval of
-	// the config that created the table (see algorithms.TokenBucket.Encoded).
-	enc int64
 
-	alg      atomic.Pointer[algorithms.Algorithm[S]] // newest config's, for sweeps
+	conf     atomic.Pointer[tableConf[S]]
 	maxKeys  atomic.Int64
 	interval atomic.Int64 // sweep interval, ns
+
+	mu      sync.Mutex // guards regs and history
+	regs    []*registration[S]
+	history []policySwitch[S] // history[g] takes generation g to g+1
 
 	count     atomic.Int64
 	evictions atomic.Uint64
@@ -67,14 +78,33 @@ type table[S any] struct {
 	once sync.Once
 }
 
-func newTable[S any](maxKeys int, enc int64, now func() int64) *table[S] {
+// tableConf is what the table decides with: the algorithm of the newest
+// live registration, and the policy generation it belongs to.
+type tableConf[S any] struct {
+	alg algorithms.Algorithm[S]
+	gen int
+}
+
+type policySwitch[S any] struct {
+	at   int64
+	from algorithms.Policy
+	to   algorithms.Algorithm[S]
+}
+
+// registration is one config's use of the table.
+type registration[S any] struct {
+	alg     algorithms.Algorithm[S]
+	maxKeys int
+	sweep   time.Duration
+}
+
+func newTable[S any](maxKeys int, now func() int64) *table[S] {
 	n := 1
 	for n < maxShards && n*4096 < maxKeys {
 		n *= 2
 	}
 	t := &table[S]{
 		seed:   maphash.MakeSeed(),
-		enc:    enc,
 		shards: make([]shard[S], n),
 		mask:   uint64(n - 1),
 		now:    now,
@@ -99,12 +129,65 @@ func (t *table[S]) shard(h hkey) *shard[S] {
 	return &t.shards[h&t.mask]
 }
 
-// configure installs the newest config's algorithm and limits. Older configs
-// still running during a reload keep deciding with their own algorithm value.
-func (t *table[S]) configure(alg algorithms.Algorithm[S], maxKeys int, sweep time.Duration) {
-	t.alg.Store(&alg)
-	t.maxKeys.Store(int64(maxKeys))
-	t.interval.Store(int64(sweep))
+// register adds a config's use of the table and makes it the one that
+// decides.
+func (t *table[S]) register(r *registration[S], now int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.regs = append(t.regs, r)
+	t.apply(r, now)
+}
+
+// unregister removes a config's use; if it was deciding, the newest
+// remaining registration decides again (a failed reload is undone).
+func (t *table[S]) unregister(r *registration[S], now int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	i := slices.Index(t.regs, r)
+	if i < 0 {
+		return
+	}
+	t.regs = slices.Delete(t.regs, i, i+1)
+	if i == len(t.regs) && len(t.regs) > 0 {
+		t.apply(t.regs[len(t.regs)-1], now)
+	}
+}
+
+// apply makes r decide. The caller holds t.mu.
+func (t *table[S]) apply(r *registration[S], now int64) {
+	t.maxKeys.Store(int64(r.maxKeys))
+	t.interval.Store(int64(r.sweep))
+	cur := t.conf.Load()
+	next := &tableConf[S]{alg: r.alg}
+	if cur != nil {
+		next.gen = cur.gen
+		if from := cur.alg.Policy(); from != r.alg.Policy() {
+			t.history = append(t.history, policySwitch[S]{at: now, from: from, to: r.alg})
+			next.gen = len(t.history)
+		}
+	}
+	t.conf.Store(next)
+}
+
+// current returns what to decide with in sh, first rebasing sh's entries
+// through the policy switches it has not seen. The caller holds sh.mu.
+func (t *table[S]) current(sh *shard[S]) *tableConf[S] {
+	c := t.conf.Load()
+	if sh.gen == c.gen {
+		return c
+	}
+	t.mu.Lock()
+	pending := t.history[sh.gen:c.gen]
+	t.mu.Unlock()
+	for _, sw := range pending {
+		for i := range sh.e {
+			if sh.e[i].h != 0 {
+				sh.e[i].s = sw.to.Rebase(sh.e[i].s, sw.at, sw.from)
+			}
+		}
+	}
+	sh.gen = c.gen
+	return c
 }
 
 // insert adds a new key h with state s to sh, making room first if the
@@ -122,7 +205,7 @@ func (t *table[S]) insert(sh *shard[S], h hkey, s S, now int64) {
 // nearest to idle among a sample of sampleSize keys from a random place.
 // The caller holds sh.mu.
 func (t *table[S]) makeRoom(sh *shard[S], now int64) {
-	alg := *t.alg.Load()
+	alg := t.current(sh).alg
 	if sh.lastSweep == 0 || now-sh.lastSweep >= fullSweepGap {
 		sh.lastSweep = now
 		t.sweepShard(sh, alg, now)
@@ -169,13 +252,12 @@ func (t *table[S]) sweepShard(sh *shard[S], alg algorithms.Algorithm[S], now int
 
 // sweep drops the idle keys of every shard, one shard lock at a time.
 func (t *table[S]) sweep() {
-	alg := *t.alg.Load()
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
 		now := t.now()
 		sh.lastSweep = now
-		t.sweepShard(sh, alg, now)
+		t.sweepShard(sh, t.current(sh).alg, now)
 		sh.mu.Unlock()
 	}
 }

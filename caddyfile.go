@@ -120,8 +120,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			j, err := strconv.ParseFloat(v, 64)
-			if err != nil || math.IsNaN(j) || math.IsInf(j, 0) || j < 0 {
-				return d.Errf("invalid jitter %q: want a fraction ≥ 0 such as 0.2", v)
+			if err != nil || math.IsNaN(j) || j < 0 || j > maxJitter {
+				return d.Errf("invalid jitter %q: want a fraction from 0 to %v, such as 0.2", v, maxJitter)
 			}
 			h.Jitter = j
 

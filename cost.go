@@ -4,10 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sluicehq/sluice/keys"
 )
 
 // Cost is the units one request consumes: a whole number, or a placeholder
@@ -15,6 +18,7 @@ import (
 type Cost struct {
 	n    int64
 	expr string
+	tmpl keys.Template
 }
 
 // ConstantCost returns a Cost of n units.
@@ -30,7 +34,11 @@ func ParseCost(s string) (*Cost, error) {
 	if !strings.Contains(s, "{") {
 		return nil, fmt.Errorf("cost must be a whole number or a placeholder, got %q", s)
 	}
-	return &Cost{expr: s}, nil
+	t, err := keys.ParseTemplate(s)
+	if err != nil {
+		return nil, fmt.Errorf("cost: %v", err)
+	}
+	return &Cost{expr: s, tmpl: t}, nil
 }
 
 func (c *Cost) validate() error {
@@ -68,20 +76,28 @@ func (c *Cost) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// eval returns the cost of the request behind repl.
-func (c *Cost) eval(repl *caddy.Replacer) (int64, error) {
+// needsBody reports whether the cost reads a field of the request body.
+func (c *Cost) needsBody() bool { return c != nil && c.tmpl.NeedsBody() }
+
+// eval returns the cost of the request behind repl (and body, for body
+// fields). A placeholder that expands to nothing costs 1. A number too
+// large for 64 bits is the largest cost, which no limit holds.
+func (c *Cost) eval(repl *caddy.Replacer, body *keys.Body) (int64, error) {
 	if c == nil {
 		return 1, nil
 	}
 	if c.expr == "" {
 		return c.n, nil
 	}
-	s := strings.TrimSpace(repl.ReplaceAll(c.expr, ""))
+	s := strings.TrimSpace(c.tmpl.Expand(repl, body))
 	if s == "" {
 		return 1, nil
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 {
+	switch {
+	case errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(s, "-"):
+		return math.MaxInt64, nil
+	case err != nil || n < 0:
 		return 0, fmt.Errorf("cost %q is not a whole number ≥ 0", s)
 	}
 	return n, nil

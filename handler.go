@@ -81,13 +81,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			continue
 		}
 		for _, l := range z.limits {
-			if body == nil && l.keyer.NeedsBody() {
+			if body == nil && (l.keyer.NeedsBody() || l.Cost.needsBody()) {
 				body = keys.ReadBody(r, h.BodyLimit)
 			}
-			key, err := l.keyer.Key(repl, body)
+			key, err := l.keyer.Key(r, repl, body)
 			if err != nil {
 				l.metrics.missing(l.Missing)
 				switch {
+				case l.Missing == MissingSkip && errors.Is(err, keys.ErrAmbiguous):
+					// A value given twice is not a missing value: skipping
+					// it would let a client step around the limit by
+					// repeating a header. It shares one quota instead.
 				case l.Missing == MissingSkip:
 					continue
 				case l.Missing == MissingDeny && z.Shadow:
@@ -96,7 +100,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 					return h.badKey(w, l, err)
 				}
 			}
-			cost, err := l.Cost.eval(repl)
+			cost, err := l.Cost.eval(repl, body)
 			if err != nil {
 				if z.Shadow {
 					continue
@@ -205,13 +209,7 @@ func (h *Handler) wait(r *http.Request, limits []*Limit, reqs []backend.Request,
 		return nil
 	case <-r.Context().Done():
 	}
-	var taken []backend.Request
-	for i := range reqs {
-		if out[i].Allowed && reqs[i].Cost > 0 {
-			taken = append(taken, reqs[i])
-		}
-	}
-	if err := h.store.Refund(context.WithoutCancel(r.Context()), taken); err != nil {
+	if err := h.store.Refund(context.WithoutCancel(r.Context()), reqs, out); err != nil {
 		h.logger.Error("giving back the slot of a request whose client left", zap.Error(err))
 	}
 	return caddyhttp.Error(statusClientClosed, r.Context().Err())
@@ -251,7 +249,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	wait := time.Duration(res.RetryAfter)
 	if res.RetryAfter != algorithms.Never {
 		if h.Jitter > 0 {
-			wait += time.Duration(rand.Float64() * h.Jitter * float64(wait))
+			wait += time.Duration(min(rand.Float64()*h.Jitter*float64(wait), float64(algorithms.MaxSpan)))
 		}
 		secs := retryAfterSeconds(wait)
 		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))

@@ -42,7 +42,7 @@ type Handler struct {
 
 	// Jitter adds a random extra wait of up to this fraction of the wait to
 	// Retry-After (0.2 adds up to 20%), so that denied clients do not all
-	// retry at the same instant. Default: 0.
+	// retry at the same instant. From 0 to 10. Default: 0.
 	Jitter float64 `json:"jitter,omitempty"`
 
 	// SweepInterval is how often keys that are back to idle are dropped from
@@ -82,6 +82,9 @@ type Handler struct {
 	jitterFn func() float64
 }
 
+// maxJitter bounds jitter: 10 adds up to ten times the wait.
+const maxJitter = 10
+
 // minSweepInterval keeps the sweeper from spinning: each sweep walks every
 // key.
 const minSweepInterval = time.Second
@@ -107,8 +110,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.now = memory.SystemNow
 	}
 
-	if math.IsNaN(h.Jitter) || math.IsInf(h.Jitter, 0) || h.Jitter < 0 {
-		return fmt.Errorf("jitter must be a number ≥ 0, got %v", h.Jitter)
+	if math.IsNaN(h.Jitter) || h.Jitter < 0 || h.Jitter > maxJitter {
+		return fmt.Errorf("jitter must be a fraction from 0 to %v, got %v", maxJitter, h.Jitter)
 	}
 	if h.BodyLimit < 0 {
 		return fmt.Errorf("body_limit must be positive, got %d", h.BodyLimit)

@@ -67,7 +67,8 @@ func TestProvisionErrors(t *testing.T) {
 		})
 	}
 	for _, handler := range []struct{ opt, want string }{
-		{`"jitter": -0.1`, "jitter must be a number ≥ 0, got -0.1"},
+		{`"jitter": -0.1`, "jitter must be a fraction from 0 to 10, got -0.1"},
+		{`"jitter": 10000000`, "jitter must be a fraction from 0 to 10, got 1e+07"},
 		{`"sweep_interval": "-1s"`, "sweep_interval must be at least 1s"},
 		{`"sweep_interval": 1`, "sweep_interval must be at least 1s"},
 		{`"body_limit": -1`, "body_limit must be positive, got -1"},

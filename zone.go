@@ -146,16 +146,17 @@ type Limit struct {
 
 	// MaxDelay makes a leaky_bucket limit a queue: a request that arrives
 	// before its slot waits for it, up to this long, instead of being
-	// denied, so requests leave at a steady max_events per window. Only a
-	// request whose slot is further away is denied. A client that gives up
-	// while waiting frees its slot. Default: 0 (a meter that denies).
+	// denied, so requests leave at a steady max_events per window, never
+	// two at once. Only a request whose slot is further away is denied. A
+	// client that gives up while last in line frees its slot.
+	// Default: 0 (a meter that denies).
 	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
 
 	// Cost is how many units one request consumes: a whole number (0 makes
 	// requests free), or a placeholder that expands to one, such as
-	// "{http.request.header.X-Cost}". Default: 1. A placeholder that
-	// expands to nothing costs 1; one that is not a whole number ≥ 0 is
-	// answered with 400.
+	// "{http.request.header.X-Cost}" or "{http.request.body.json.tokens}".
+	// Default: 1. A placeholder that expands to nothing costs 1; one that is
+	// not a whole number ≥ 0 is answered with 400.
 	Cost *Cost `json:"cost,omitempty"`
 
 	// IPv4Prefix masks key values that are IPv4 addresses (IPv4-mapped
@@ -185,8 +186,10 @@ type Limit struct {
 	Hash string `json:"hash,omitempty"`
 
 	// Missing is what happens when the key cannot be built: a placeholder
-	// is empty, a body field is absent or not valid JSON or form data, or a
-	// normalizer refuses the value. "shared" (the default, and
+	// is empty, a body field is absent or not valid JSON or form data, a
+	// normalizer refuses the value, or the request gives the value twice
+	// (a repeated header, query parameter, cookie, form field or JSON key;
+	// such a request is never skipped, it shares one quota). "shared" (the default, and
 	// mholt/caddy-ratelimit's behaviour): all such requests share one
 	// quota. "skip": such requests are not limited by this limit. "deny":
 	// they are answered 400 Bad Request.
@@ -265,7 +268,7 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 	// then its errors name the missing fields).
 	own := z.Limit
 	if own.MaxEvents != 0 || own.Window != 0 || len(z.Scopes) == 0 {
-		if err := z.addLimit(&z.Limit, "", store, logger); err != nil {
+		if err := z.addLimit(&z.Limit, "", store, logger, configID(ctx)); err != nil {
 			return err
 		}
 	} else if own.Key != "" || own.Burst != 0 || own.Algorithm != "" || own.Cost != nil || len(own.Normalize) > 0 || own.Hash != "" {
@@ -279,7 +282,7 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 		case l == nil:
 			return fmt.Errorf("scope %q: empty definition", scope)
 		}
-		if err := z.addLimit(l, scope, store, logger); err != nil {
+		if err := z.addLimit(l, scope, store, logger, configID(ctx)); err != nil {
 			return fmt.Errorf("scope %q: %w", scope, err)
 		}
 	}
@@ -309,14 +312,24 @@ func (l *Limit) displayName() string {
 	return l.zone.name + "/" + l.scope
 }
 
-func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap.Logger) error {
+// configID identifies the config being provisioned. The context's
+// context.Context differs per server (the http app derives one for each),
+// but the metrics registry is made once per config.
+func configID(ctx caddy.Context) any {
+	if reg := ctx.GetMetricsRegistry(); reg != nil {
+		return reg
+	}
+	return nil
+}
+
+func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
 	l.zone, l.scope = z, scope
 	if err := l.provision(logger); err != nil {
 		return err
 	}
 	policy := l.policy()
 	var err error
-	l.handle, err = store.Zone(backend.ZoneConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys})
+	l.handle, err = store.Zone(backend.ZoneConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Owner: owner})
 	if err != nil {
 		return err
 	}

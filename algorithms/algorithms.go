@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 )
 
 // MaxSpan bounds every duration an algorithm may store or add to a time
@@ -35,6 +36,18 @@ type Policy struct {
 	// MaxDelay makes the leaky bucket a queue: requests wait up to this
 	// long (ns) for their slot instead of being denied. Zero: a meter.
 	MaxDelay int64
+}
+
+// String writes p as a Caddyfile would: "10 per 1m0s, burst 20".
+func (p Policy) String() string {
+	s := fmt.Sprintf("%d per %v", p.Limit, time.Duration(p.Window))
+	if p.Burst > 0 {
+		s += fmt.Sprintf(", burst %d", p.Burst)
+	}
+	if p.MaxDelay > 0 {
+		s += fmt.Sprintf(", max_delay %v", time.Duration(p.MaxDelay))
+	}
+	return s
 }
 
 // Validate reports what is wrong with p, naming the field as users write it.
@@ -93,6 +106,9 @@ type Result struct {
 	// Delay is how long an allowed request waits before it proceeds (the
 	// leaky bucket's queue mode); 0 for every other algorithm.
 	Delay int64
+	// At is when the decision was taken; stores fill it in, and Refund
+	// reads it to undo exactly that request.
+	At int64
 }
 
 // counted is the part the window algorithms share: cost units asked of a
@@ -101,6 +117,9 @@ type Result struct {
 func counted(limit, used, cost, resetAfter int64) (r Result, done bool) {
 	r = Result{Limit: limit, Remaining: max(limit-used, 0), ResetAfter: resetAfter}
 	switch {
+	case cost == 0: // free: allowed even when over a lowered limit
+		r.Allowed = true
+		return r, true
 	case cost > limit:
 		r.RetryAfter = Never
 		return r, true
@@ -128,10 +147,12 @@ type Algorithm[S any] interface {
 	// IdleAt is the time from which s is equivalent to the zero S and may be
 	// forgotten.
 	IdleAt(s S) int64
-	// Refund returns s with cost units given back, as if a request that
-	// took them had not happened (a queued request whose client left). It
-	// never gives back more than was taken.
-	Refund(s S, now, cost int64) S
+	// Refund returns s, at now, with the cost units that the decision
+	// granted (allowed, taken at granted.At) took given back, as if the
+	// request had not happened (a queued request whose client left). It
+	// never gives back more than was taken, and gives back nothing it cannot
+	// tell apart from what other requests took.
+	Refund(s S, now int64, granted Result, cost int64) S
 	// Rebase returns s, written under policy old, rewritten for this
 	// algorithm's policy as of the moment at when the policy changed (a
 	// config reload). Each period then drains at the rate that was in force

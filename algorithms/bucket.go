@@ -85,7 +85,7 @@ func (b *bucket) Decide(s Bucket, now, cost int64) Result {
 		return r
 	}
 	nd := d + cost*b.interval
-	if nd <= b.capacity {
+	if nd <= b.capacity || cost == 0 {
 		r.Allowed = true
 		r.Remaining = b.tokensFloor(nd)
 		r.ResetAfter = nd
@@ -102,8 +102,9 @@ func (b *bucket) Take(s Bucket, now, cost int64) Bucket {
 }
 
 // Refund gives cost tokens back (a request that took them did not happen),
-// never filling the bucket above its capacity.
-func (b *bucket) Refund(s Bucket, now, cost int64) Bucket {
+// never filling the bucket above its capacity. Tokens are all alike, so
+// when they were taken does not matter.
+func (b *bucket) Refund(s Bucket, now int64, _ Result, cost int64) Bucket {
 	d := b.debt(s, now) - max(cost, 0)*b.interval
 	if d <= 0 {
 		return Bucket{}

@@ -110,14 +110,17 @@ func (a *SlidingCounter) Take(s Counter, now, cost int64) Counter {
 	return c
 }
 
-// Refund gives back cost units taken recently: from the current window
-// first, the rest from the previous one if the window has turned since.
-func (a *SlidingCounter) Refund(s Counter, now, cost int64) Counter {
+// Refund takes the units back out of the window they were counted in: the
+// current one, or the previous one if the window has turned since.
+func (a *SlidingCounter) Refund(s Counter, now int64, granted Result, cost int64) Counter {
 	c, _ := a.roll(s, now)
 	cost = max(cost, 0)
-	back := min(c.Curr, cost)
-	c.Curr -= back
-	c.Prev = max(c.Prev-(cost-back), 0)
+	switch {
+	case granted.At >= c.Start:
+		c.Curr = max(c.Curr-cost, 0)
+	case granted.At >= c.Start-a.p.Window:
+		c.Prev = max(c.Prev-cost, 0)
+	}
 	return c
 }
 
@@ -131,6 +134,18 @@ func (a *SlidingCounter) IdleAt(s Counter) int64 {
 	return 0
 }
 
-// Rebase keeps the state: it records events, not a rate, so a new policy
-// reads it as it is.
-func (a *SlidingCounter) Rebase(s Counter, _ int64, _ Policy) Counter { return s }
+// Rebase moves the count onto the new window's grid when the window
+// length changed: the old estimate at the change becomes the count of the
+// new window that contains it (rounded up, as the estimate is), so the
+// change frees no quota.
+func (a *SlidingCounter) Rebase(s Counter, at int64, old Policy) Counter {
+	if old.Window == a.p.Window {
+		return s
+	}
+	oc := SlidingCounter{p: old}
+	est := oc.Estimate(s, at)
+	if est == 0 {
+		return Counter{}
+	}
+	return Counter{Start: at - at%a.p.Window, Curr: est}
+}

@@ -95,8 +95,13 @@ func TestSlidingCounterRolls(t *testing.T) {
 	if r := a.Decide(Counter{}, minute, 11); r.RetryAfter != Never {
 		t.Fatalf("cost above max_events: %+v", r)
 	}
-	st = a.Refund(Counter{Start: minute, Prev: 4, Curr: 2}, minute+s, 5)
-	if st.Curr != 0 || st.Prev != 1 {
-		t.Fatalf("refund 5 of curr 2, prev 4: %+v", st)
+	// Refunds come out of the window the request was counted in.
+	st = a.Refund(Counter{Start: minute, Prev: 4, Curr: 2}, minute+s, Result{At: minute}, 2)
+	if st.Curr != 0 || st.Prev != 4 {
+		t.Fatalf("refund 2 counted now: %+v", st)
+	}
+	st = a.Refund(Counter{Start: minute, Prev: 4, Curr: 2}, minute+s, Result{At: minute - s}, 3)
+	if st.Curr != 2 || st.Prev != 1 {
+		t.Fatalf("refund 3 counted in the previous window: %+v", st)
 	}
 }

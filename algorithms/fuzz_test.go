@@ -58,6 +58,7 @@ func drive[S any](t *testing.T, a Algorithm[S], name string, p Policy, ops []byt
 	now := base
 	lo, hi := now, now
 	var units, lastCost int64
+	var lastGranted Result
 	maxCost := MaxCost(name, p)
 	for i := 0; i+2 < len(ops); i += 3 {
 		step := int64(int8(ops[i])) * (p.Window / 16)
@@ -68,7 +69,7 @@ func drive[S any](t *testing.T, a Algorithm[S], name string, p Policy, ops []byt
 			cost = math.MaxInt64
 		}
 		if ops[i+2]&1 == 1 && lastCost > 0 {
-			st = a.Refund(st, now, lastCost)
+			st = a.Refund(st, now, lastGranted, lastCost)
 			units -= lastCost
 			lastCost = 0
 		}
@@ -94,6 +95,8 @@ func drive[S any](t *testing.T, a Algorithm[S], name string, p Policy, ops []byt
 			st = a.Take(st, now, cost)
 			units += cost
 			lastCost = cost
+			r.At = now
+			lastGranted = r
 			// The most any algorithm admits over a span: two windows'
 			// worth per window covered (the fixed window's boundary burst,
 			// the counter's worst case), plus a full bucket or queue.

@@ -34,6 +34,11 @@ func (l *LeakyBucket) Decide(s Bucket, now, cost int64) Result {
 	cost = max(cost, 0)
 	d := l.debt(s, now) // how long until the next free slot
 	r := Result{Limit: l.queueSize(), ResetAfter: d}
+	if cost == 0 { // free: needs no slot, so neither waits nor is refused
+		r.Allowed = true
+		r.Remaining = l.queued(d)
+		return r
+	}
 	if cost > r.Limit {
 		r.RetryAfter = Never
 		r.Remaining = l.queued(d)
@@ -59,6 +64,21 @@ func (l *LeakyBucket) queued(d int64) int64 {
 	return floorDiv(l.maxDelay-d, l.interval, l.inverse) + 1
 }
 
-// Take, Refund and IdleAt are the bucket's: a queued request holds its slot
-// from now on, and giving it back frees the slot.
+// Take and IdleAt are the bucket's: a queued request holds its slot from
+// now on.
 func (l *LeakyBucket) Take(s Bucket, now, cost int64) Bucket { return l.bucket.Take(s, now, cost) }
+
+// Refund frees the slot of a queued request whose client left, when it
+// is the last slot given out. A slot in the middle of the queue stays
+// empty: the requests queued behind it keep theirs, and handing it to a
+// newcomer would release two requests at once, which a queue must never do.
+func (l *LeakyBucket) Refund(s Bucket, now int64, granted Result, cost int64) Bucket {
+	if l.maxDelay == 0 {
+		return l.bucket.Refund(s, now, granted, cost)
+	}
+	slot := granted.At + granted.Delay
+	if cost <= 0 || s.TAT != slot+cost*l.interval || slot < now {
+		return s
+	}
+	return Bucket{TAT: slot}
+}

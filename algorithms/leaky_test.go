@@ -34,8 +34,11 @@ func TestLeakyMeterIsTokenBucket(t *testing.T) {
 func TestLeakyQueue(t *testing.T) {
 	q := NewLeakyBucket(Policy{Limit: 10, Window: s, MaxDelay: s})
 	var st Bucket
+	var granted []Result
 	for i := int64(0); i < 11; i++ {
 		r := q.Decide(st, base, 1)
+		r.At = base
+		granted = append(granted, r)
 		if !r.Allowed || r.Delay != i*100*ms {
 			t.Fatalf("request %d: %+v, want allowed with delay %v", i+1, r, time.Duration(i*100*ms))
 		}
@@ -48,10 +51,20 @@ func TestLeakyQueue(t *testing.T) {
 	if r.Allowed || r.RetryAfter != 100*ms {
 		t.Fatalf("12th: %+v, want denied for 100ms", r)
 	}
-	// A queued client leaves: its slot goes to the next one.
-	st = q.Refund(st, base+50*ms, 1)
+	// The client of a slot in the middle leaves: its slot stays empty,
+	// since those behind it keep theirs (giving it away would release two
+	// at once).
+	if got := q.Refund(st, base+50*ms, granted[4], 1); got != st {
+		t.Fatalf("refunding a middle slot changed the schedule: %+v", got)
+	}
+	// The last in line leaves: its slot goes to the next one.
+	st = q.Refund(st, base+50*ms, granted[10], 1)
 	if r := q.Decide(st, base+50*ms, 1); !r.Allowed || r.Delay != 950*ms {
-		t.Fatalf("after a refund: %+v, want allowed with delay 950ms", r)
+		t.Fatalf("after the last one left: %+v, want allowed with delay 950ms", r)
+	}
+	// A free request neither waits nor is refused on a full queue.
+	if r := q.Decide(q.Take(st, base, 1), base, 0); !r.Allowed || r.Delay != 0 {
+		t.Fatalf("cost 0 on a full queue: %+v", r)
 	}
 	// Cost counts slots; a cost beyond the queue can never pass.
 	if r := q.Decide(Bucket{}, base, 12); r.RetryAfter != Never {
@@ -82,20 +95,31 @@ func TestLeakyQueueNginxBurst(t *testing.T) {
 func TestRefundNeverOverfills(t *testing.T) {
 	tb := NewTokenBucket(Policy{Limit: 10, Window: 10 * s})
 	st := tb.Take(Bucket{}, base, 2)
-	st = tb.Refund(st, base+time.Hour.Nanoseconds(), 5)
+	st = tb.Refund(st, base+time.Hour.Nanoseconds(), Result{At: base}, 5)
 	if got := tb.Tokens(st, base+time.Hour.Nanoseconds()); got != 10 {
 		t.Fatalf("%v tokens after refunding into a full bucket, want 10", got)
 	}
-	a := NewSlidingLog(Policy{Limit: 10, Window: 10 * s})
+	// The log gives back the refunded request's own event, not the newest
+	// (the review's case: B refunded after C was logged).
+	a := NewSlidingLog(Policy{Limit: 3, Window: 5 * s})
 	var l *Log
-	l = a.Take(l, base, 3)
-	l = a.Take(l, base+s, 1)
-	l = a.Refund(l, base+s, 2)
-	if n, u := l.Len(); n != 1 || u != 2 {
-		t.Fatalf("log after refunding 2 of [3, 1]: %d events, %d units; want 1, 2", n, u)
+	l = a.Take(l, base, 1)        // A
+	l = a.Take(l, base+100*ms, 1) // B
+	l = a.Take(l, base+200*ms, 1) // C
+	l = a.Refund(l, base+500*ms, Result{At: base + 100*ms}, 1)
+	l = a.Take(l, base+2050*ms, 1) // D
+	if r := a.Decide(l, base+5100*ms, 1); !r.Allowed {
+		t.Fatalf("E at 5.1 s: %+v; A has left, C and D are in the window", r)
 	}
-	l = a.Refund(l, base+s, 9)
-	if n, u := l.Len(); n != 0 || u != 0 {
-		t.Fatalf("log after refunding more than held: %d, %d", n, u)
+	l = a.Take(l, base+5100*ms, 1) // E
+	if r := a.Decide(l, base+5120*ms, 1); r.Allowed {
+		t.Fatal("F at 5.12 s allowed: C, D, E are three in the last 5 s")
+	}
+	// Nothing to give back: a cost the log never took, or a time it did not.
+	before, _ := l.Len()
+	l = a.Refund(l, base+6*s, Result{At: base + 3*s}, 1)
+	l = a.Refund(l, base+6*s, Result{At: base + 200*ms}, 2)
+	if after, _ := l.Len(); after != before {
+		t.Fatalf("a refund of something never logged removed an event")
 	}
 }

@@ -149,26 +149,38 @@ func (a *SlidingLog) Take(l *Log, now, cost int64) *Log {
 	return l
 }
 
-// Refund removes cost units from the newest events: the ones a request that
-// is being given back just added.
-func (a *SlidingLog) Refund(l *Log, now, cost int64) *Log {
-	if l == nil {
+// Refund removes the event the granted request logged: cost units at
+// granted.At, searched from the newest. Events of other requests are never
+// taken out, so the log stays exact; an event that cannot be found (the
+// clock stepped back and it was logged at a later time) stays.
+func (a *SlidingLog) Refund(l *Log, _ int64, granted Result, cost int64) *Log {
+	if l == nil || cost <= 0 {
 		return l
 	}
-	cost = max(cost, 0)
-	for cost > 0 && l.n > 0 {
-		j := l.index(l.n - 1)
-		u := l.unitsAt(j)
-		if u > cost {
-			l.units[j] = uint32(u - cost)
-			l.sum -= cost
+	for i := l.n - 1; i >= 0; i-- {
+		j := l.index(i)
+		if l.at[j] < granted.At {
 			break
 		}
-		l.n--
-		l.sum -= u
-		cost -= u
+		if l.at[j] == granted.At && l.unitsAt(j) == cost {
+			l.removeAt(i)
+			break
+		}
 	}
 	return l
+}
+
+// removeAt deletes the i-th oldest event, keeping the others in order.
+func (l *Log) removeAt(i int) {
+	l.sum -= l.unitsAt(l.index(i))
+	for k := i; k < l.n-1; k++ {
+		j, next := l.index(k), l.index(k+1)
+		l.at[j] = l.at[next]
+		if l.units != nil {
+			l.units[j] = l.units[next]
+		}
+	}
+	l.n--
 }
 
 func (a *SlidingLog) IdleAt(l *Log) int64 {

@@ -51,10 +51,12 @@ func (a *FixedWindow) Take(s Window, now, cost int64) Window {
 	return Window{Start: start, Count: count + max(cost, 0)}
 }
 
-func (a *FixedWindow) Refund(s Window, now, cost int64) Window {
+// Refund takes the units back out of the window they were counted in, if
+// that window is still the current one.
+func (a *FixedWindow) Refund(s Window, now int64, granted Result, cost int64) Window {
 	start, count := a.current(s, now)
-	if start != s.Start {
-		return s // the units were counted in a window that is over
+	if start != s.Start || granted.At < start {
+		return s
 	}
 	return Window{Start: start, Count: max(count-max(cost, 0), 0)}
 }
@@ -66,6 +68,16 @@ func (a *FixedWindow) IdleAt(s Window) int64 {
 	return s.Start + a.p.Window
 }
 
-// Rebase keeps the state: it records events, not a rate, so a new policy
-// reads it as it is.
-func (a *FixedWindow) Rebase(s Window, _ int64, _ Policy) Window { return s }
+// Rebase moves the count onto the new window's grid when the window
+// length changed: the units counted in the window that was current at the
+// change are counted in the new window that contains the change, so the
+// change neither frees nor locks quota beyond one window.
+func (a *FixedWindow) Rebase(s Window, at int64, old Policy) Window {
+	if old.Window == a.p.Window || s.Count == 0 {
+		return s
+	}
+	if s.Start+old.Window <= at {
+		return Window{} // that window was over before the change
+	}
+	return Window{Start: at - at%a.p.Window, Count: s.Count}
+}

@@ -57,12 +57,42 @@ func TestFixedWindowEdges(t *testing.T) {
 	if got := a.IdleAt(st); got != minute+60*s {
 		t.Fatalf("IdleAt = %v", time.Duration(got-minute))
 	}
-	st = a.Refund(st, minute+30*s, 5)
+	st = a.Refund(st, minute+30*s, Result{At: minute + 10*s}, 5)
 	if r := a.Decide(st, minute+30*s, 8); !r.Allowed {
 		t.Fatalf("after refunding 5 of 7, 8 must fit: %+v", r)
 	}
 	// A refund after the window turned gives nothing to the new window.
-	if got := a.Refund(st, minute+61*s, 5); got != st {
+	if got := a.Refund(st, minute+61*s, Result{At: minute + 10*s}, 5); got != st {
 		t.Fatalf("refund into a later window changed the state: %+v", got)
+	}
+}
+
+// A reload that changes the window moves the count onto the new grid, so
+// Retry-After is the real end of the new window (the review's case: 1/2s
+// changed to 1/30s answered 30 s but passed at the next 30 s boundary).
+func TestWindowRebase(t *testing.T) {
+	oldP := Policy{Limit: 1, Window: 2 * s}
+	st := NewFixedWindow(oldP).Take(Window{}, minute+61*s, 1) // window [60 s, 62 s)
+	a := NewFixedWindow(Policy{Limit: 1, Window: 30 * s})
+	st = a.Rebase(st, minute+61500*ms, oldP) // window [60 s, 90 s)
+	r := a.Decide(st, minute+62*s, 1)
+	if r.Allowed || r.RetryAfter != 28*s {
+		t.Fatalf("after the change: %+v, want denied for 28 s", r)
+	}
+	if !a.Decide(st, minute+90*s, 1).Allowed || a.Decide(st, minute+90*s-1, 1).Allowed {
+		t.Fatal("the request does not pass exactly when Retry-After says")
+	}
+	// A window that was over before the change carries nothing.
+	if got := a.Rebase(NewFixedWindow(oldP).Take(Window{}, minute, 1), minute+10*s, oldP); got != (Window{}) {
+		t.Fatalf("an expired window carried over: %+v", got)
+	}
+
+	// The counter carries its estimate at the change into the new grid.
+	oc := NewSlidingCounter(Policy{Limit: 100, Window: 60 * s})
+	cs := Counter{Start: minute, Prev: 90, Curr: 20}
+	nc := NewSlidingCounter(Policy{Limit: 100, Window: 10 * s})
+	rebased := nc.Rebase(cs, minute+15*s, oc.Policy())
+	if got := nc.Estimate(rebased, minute+15*s); got != 87 {
+		t.Fatalf("estimate after the change %d, want 87 as before it", got)
 	}
 }

@@ -24,6 +24,10 @@ type ZoneConfig struct {
 	// MaxKeys caps the number of keys the zone tracks; 0 picks a default
 	// sized for about 100 MB.
 	MaxKeys int
+	// Owner identifies the config that registers the zone. One config may
+	// register a name twice only with the same policy: two rates for one
+	// state would make whichever registered last apply to both.
+	Owner any
 }
 
 // Zone is a store's handle on one zone's state, made at provision time.
@@ -54,8 +58,9 @@ type Store interface {
 	Decide(ctx context.Context, reqs []Request, out []algorithms.Result) (bool, error)
 	// Refund gives back what an allowed Decide of the same requests took,
 	// for a request that did not happen after all (a queued request whose
-	// client left). It never gives back more than was taken.
-	Refund(ctx context.Context, reqs []Request) error
+	// client left); granted holds that Decide's results. It never gives
+	// back more than was taken.
+	Refund(ctx context.Context, reqs []Request, granted []algorithms.Result) error
 	// Close releases the zones this store registered.
 	Close() error
 }

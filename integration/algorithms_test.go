@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"sort"
 	"sync"
@@ -140,5 +141,67 @@ func TestLeakyQueueCancelFreesSlot(t *testing.T) {
 	expectN(t, tester, 1, http.StatusOK, "GET", "/")
 	if took := time.Since(began); took > 600*time.Millisecond {
 		t.Fatalf("next request waited %v: the abandoned slot was not freed", took)
+	}
+}
+
+// Clients that give up in the middle of the queue do not make it release
+// two requests at once (review: five cancellations released five requests
+// in one millisecond). Release times are stamped by the server.
+func TestLeakyQueueCancellationsNeverBurst(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone queue_cancel_burst {
+			key static
+			rate 5/1s
+			algorithm leaky_bucket
+			max_delay 3s
+		}
+	}
+	respond "{time.now.unix_ms}"`), "caddyfile")
+
+	var mu sync.Mutex
+	var released []int64
+	var wg sync.WaitGroup
+	send := func(timeout time.Duration) {
+		defer wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", httpBase+"/", nil)
+		resp, err := tester.Client.Do(req)
+		if err != nil {
+			return // gave up while queued
+		}
+		defer resp.Body.Close()
+		var at int64
+		if b, _ := io.ReadAll(resp.Body); resp.StatusCode == http.StatusOK && len(b) > 0 {
+			fmt.Sscan(string(b), &at)
+			mu.Lock()
+			released = append(released, at)
+			mu.Unlock()
+		}
+	}
+	// Three rounds: queue six, of which the middle four give up early;
+	// then newcomers take what is left.
+	for round := 0; round < 3; round++ {
+		for i := 0; i < 6; i++ {
+			wg.Add(1)
+			timeout := 10 * time.Second
+			if i > 0 && i < 5 {
+				timeout = 100 * time.Millisecond
+			}
+			go send(timeout)
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(150 * time.Millisecond)
+	}
+	wg.Wait()
+	sort.Slice(released, func(i, j int) bool { return released[i] < released[j] })
+	if len(released) < 4 {
+		t.Fatalf("only %d requests released", len(released))
+	}
+	for i := 1; i < len(released); i++ {
+		if gap := released[i] - released[i-1]; gap < 180 {
+			t.Fatalf("requests released %d ms apart (all: %v); the queue spaces them 200 ms", gap, released)
+		}
 	}
 }

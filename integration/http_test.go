@@ -136,10 +136,13 @@ func TestTokenBucketAndCost(t *testing.T) {
 	// No X-Cost header: cost 1; cost 0 is free.
 	expectN(t, tester, 10, http.StatusOK, "GET", "/", "X-User", "u2")
 	expectN(t, tester, 5, http.StatusOK, "GET", "/", "X-User", "u2", "X-Cost", "0")
-	// A cost that can never pass: 429 without a misleading Retry-After.
-	code, ra, _ := do(t, tester, "GET", "/", "X-User", "u3", "X-Cost", "11")
-	if code != http.StatusTooManyRequests || ra != "" {
-		t.Fatalf("cost above burst: status %d, Retry-After %q; want 429 without Retry-After", code, ra)
+	// A cost that can never pass: 429 without a misleading Retry-After,
+	// however large the number.
+	for _, huge := range []string{"11", "9223372036854775807", "99999999999999999999"} {
+		code, ra, _ := do(t, tester, "GET", "/", "X-User", "u3", "X-Cost", huge)
+		if code != http.StatusTooManyRequests || ra != "" {
+			t.Fatalf("cost %s: status %d, Retry-After %q; want 429 without Retry-After", huge, code, ra)
+		}
 	}
 	// A cost that is not a number is the client's error.
 	expectN(t, tester, 1, http.StatusBadRequest, "GET", "/", "X-User", "u4", "X-Cost", "lots")

@@ -320,3 +320,111 @@ func TestPathAndMethodVariantsShareALimit(t *testing.T) {
 	expect429(t, tester, 3599, 3600, "GET", "/API/v1/./x")
 	expectN(t, tester, 3, http.StatusOK, "GET", "/api/v1/y")
 }
+
+// A header or JSON key given twice cannot step around a limit: the
+// application may read the other copy (review: "X-Api-Key: victim" plus
+// "X-Api-Key: junkN" passed every time).
+func TestRepeatedIdentifiersDoNotBypass(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone repeat_header {
+			match {
+				path /api
+			}
+			by header X-Api-Key
+			missing skip
+			rate 2/1h
+		}
+		zone repeat_json {
+			match {
+				path /otp
+			}
+			by json phone
+			normalize phone BD
+			missing deny
+			rate 1/1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+	passed := 0
+	for i := 0; i < 6; i++ {
+		req, _ := http.NewRequest("GET", httpBase+"/api", nil)
+		req.Header.Add("X-Api-Key", "victim")
+		req.Header.Add("X-Api-Key", fmt.Sprintf("junk%d", i))
+		resp, err := tester.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			passed++
+		}
+	}
+	if passed > 2 {
+		t.Fatalf("%d of 6 requests with a repeated key header passed; they must share one quota of 2", passed)
+	}
+	if code, _ := post(t, tester, "/otp", "application/json", `{"phone": "01712345678"}`); code != http.StatusOK {
+		t.Fatalf("first OTP: %d", code)
+	}
+	for i := 0; i < 3; i++ {
+		body := fmt.Sprintf(`{"phone": "0171234567%d", "PHONE": "01712345678"}`, i)
+		if code, _ := post(t, tester, "/otp", "application/json", body); code != http.StatusBadRequest {
+			t.Fatalf("two spellings of the phone key: %d, want 400", code)
+		}
+	}
+}
+
+// A cost read from the body: the units the request says it uses.
+func TestCostFromBody(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone body_cost {
+			key static
+			rate 10/1h
+			algorithm token_bucket
+			cost {http.request.body.json.n}
+		}
+	}
+	respond "ok"`), "caddyfile")
+	if code, _ := post(t, tester, "/", "application/json", `{"n": 5}`); code != http.StatusOK {
+		t.Fatalf("cost 5: %d", code)
+	}
+	if code, _ := post(t, tester, "/", "application/json", `{"n": 6}`); code != http.StatusTooManyRequests {
+		t.Fatalf("cost 6 with 5 left: %d, want 429", code)
+	}
+	if code, _ := post(t, tester, "/", "application/json", `{"n": "abc"}`); code != http.StatusBadRequest {
+		t.Fatalf("cost abc: %d, want 400", code)
+	}
+	if code, _ := post(t, tester, "/", "application/json", `{"n": 5}`); code != http.StatusOK {
+		t.Fatalf("cost 5 with 5 left: %d", code)
+	}
+}
+
+// Two zones of one name in one config with different rates are refused
+// at load (review: which rate applied to both changed from run to run).
+func TestSameZoneNameTwoRatesRefused(t *testing.T) {
+	caddytest.AssertLoadError(t, `{
+	skip_install_trust
+	admin localhost:2999
+	http_port 9080
+	https_port 9443
+}
+:9080 {
+	rate_limit {
+		zone twice {
+			key {remote_host}
+			rate 2/1h
+		}
+	}
+	respond "a"
+}
+:9081 {
+	rate_limit {
+		zone twice {
+			key {remote_host}
+			rate 100/1h
+		}
+	}
+	respond "b"
+}`, "caddyfile", "defined twice in this config")
+}

@@ -21,6 +21,11 @@ const (
 	BodyFormPrefix = "http.request.body.form."
 )
 
+// ErrAmbiguous is the error of a value the request gives more than once
+// (a repeated header, query parameter, cookie, form field, or JSON key):
+// the application behind may read another copy than the limiter would.
+var ErrAmbiguous = errors.New("ambiguous: given more than once")
+
 // DefaultBodyLimit is how much of a body Sluice reads to find a key field.
 const DefaultBodyLimit = 64 << 10
 
@@ -93,7 +98,7 @@ func (b *Body) Field(name string) (string, error) {
 			return "", errors.New("form field missing")
 		}
 		if len(vals) > 1 {
-			return "", errors.New("form field repeated")
+			return "", fmt.Errorf("%w: form field repeated", ErrAmbiguous)
 		}
 		return vals[0], nil
 	}
@@ -102,10 +107,12 @@ func (b *Body) Field(name string) (string, error) {
 
 // JSONField returns the scalar at path (dot-separated object keys and
 // array indexes: "user.phone", "items.0.id") of the JSON document data.
-// The whole document must be valid, the value a string, number or boolean,
-// and no object on the path may repeat the key it is looked up by: parsers
-// disagree on which duplicate wins, and the limiter must read the same
-// value as the application behind it.
+// The whole document must be valid and the value a string, number or
+// boolean. Keys match exactly, or else in another case when that is the
+// only spelling present (Go's encoding/json reads "PHONE" into a field
+// named phone). No object on the path may hold the key twice, in any mix
+// of cases: parsers disagree on which one wins, and the limiter must read
+// the same value as the application behind it (ErrAmbiguous).
 func JSONField(data []byte, path string) (string, error) {
 	if path == "" {
 		return "", errors.New("empty JSON path")
@@ -114,6 +121,9 @@ func JSONField(data []byte, path string) (string, error) {
 	dec.UseNumber()
 	w := walker{dec: dec}
 	val, found, err := w.value(strings.Split(path, "."))
+	if errors.Is(err, ErrAmbiguous) {
+		return "", err
+	}
 	if err != nil {
 		return "", fmt.Errorf("body is not valid JSON: %w", err)
 	}
@@ -171,9 +181,9 @@ func (w *walker) object(path []string) (string, bool, error) {
 			return "", false, err
 		}
 		key, _ := tok.(string)
-		if len(path) > 0 && key == path[0] {
+		if len(path) > 0 && strings.EqualFold(key, path[0]) {
 			if seen {
-				return "", false, fmt.Errorf("key %q repeated", key)
+				return "", false, fmt.Errorf("%w: key %q repeated", ErrAmbiguous, path[0])
 			}
 			seen = true
 			val, found, err = w.value(path[1:])

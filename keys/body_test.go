@@ -3,6 +3,7 @@ package keys
 import (
 	"bytes"
 	"crypto/rand"
+	"errors"
 	"io"
 	"mime/multipart"
 	"net/http"
@@ -43,6 +44,20 @@ func TestJSONField(t *testing.T) {
 	} {
 		if got, err := JSONField([]byte(bad), "phone"); err == nil {
 			t.Errorf("%.60q gave %q", bad, got)
+		}
+	}
+	// Another case of the key is the key (Go's encoding/json reads it so),
+	// and two spellings of it are ambiguous.
+	if got, err := JSONField([]byte(`{"PHONE": "5"}`), "phone"); err != nil || got != "5" {
+		t.Errorf("only spelling in another case: %q, %v", got, err)
+	}
+	for _, bad := range []string{`{"phone": "1", "PHONE": "2"}`, `{"Phone": "1", "phone": "2"}`, `{"user": {"ID": 1, "id": 2}}`} {
+		path := "phone"
+		if strings.Contains(bad, "user") {
+			path = "user.id"
+		}
+		if _, err := JSONField([]byte(bad), path); !errors.Is(err, ErrAmbiguous) {
+			t.Errorf("%s: error %v, want ErrAmbiguous", bad, err)
 		}
 	}
 	// A repeated key off the path is the application's business.

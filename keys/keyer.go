@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -64,13 +65,14 @@ func (k *Keyer) Template() Template { return k.tmpl }
 // no value, a body field was absent, or a normalizer refused the value.
 var ErrMissing = errors.New("key is missing")
 
-// Key builds the key. Each placeholder's value is looked up (body fields
-// in body, which may be nil when NeedsBody is false), canonicalized if it is
-// an IP address (and masked to the configured prefix), and normalized. When
-// a value is empty or invalid, Key returns the key with that value empty
-// (what mholt/caddy-ratelimit would use) and an error wrapping ErrMissing,
+// Key builds the key for r. Each placeholder's value is looked up (body
+// fields in body, which may be nil when NeedsBody is false), canonicalized
+// if it is an IP address (and masked to the configured prefix), and
+// normalized. When a value is empty or invalid, Key returns the key with
+// that value empty (what mholt/caddy-ratelimit would use) and an error
+// wrapping ErrMissing (and ErrAmbiguous for a value given more than once),
 // and the zone's missing-key policy decides.
-func (k *Keyer) Key(repl *caddy.Replacer, body *Body) (string, error) {
+func (k *Keyer) Key(r *http.Request, repl *caddy.Replacer, body *Body) (string, error) {
 	var sb strings.Builder
 	var missing error
 	for _, p := range k.tmpl.parts {
@@ -78,9 +80,9 @@ func (k *Keyer) Key(repl *caddy.Replacer, body *Body) (string, error) {
 			sb.WriteString(p.text)
 			continue
 		}
-		v, err := k.value(repl, body, p.text)
+		v, err := k.value(r, repl, body, p.text)
 		if err != nil && missing == nil {
-			missing = fmt.Errorf("%w: {%s}: %v", ErrMissing, p.text, err)
+			missing = fmt.Errorf("%w: {%s}: %w", ErrMissing, p.text, err)
 		}
 		sb.WriteString(v)
 	}
@@ -97,7 +99,7 @@ func (k *Keyer) Key(repl *caddy.Replacer, body *Body) (string, error) {
 	return key, missing
 }
 
-func (k *Keyer) value(repl *caddy.Replacer, body *Body, name string) (string, error) {
+func (k *Keyer) value(r *http.Request, repl *caddy.Replacer, body *Body, name string) (string, error) {
 	var v string
 	if body != nil && (strings.HasPrefix(name, BodyJSONPrefix) || strings.HasPrefix(name, BodyFormPrefix)) {
 		var err error
@@ -105,6 +107,9 @@ func (k *Keyer) value(repl *caddy.Replacer, body *Body, name string) (string, er
 			return "", err
 		}
 	} else {
+		if r != nil && repeated(r, name) {
+			return "", ErrAmbiguous
+		}
 		v, _ = repl.GetString(name)
 	}
 	if v == "" {
@@ -123,4 +128,27 @@ func (k *Keyer) value(repl *caddy.Replacer, body *Body, name string) (string, er
 		return "", errors.New("empty after normalizing")
 	}
 	return v, nil
+}
+
+// Placeholders of request fields a client can repeat.
+const (
+	headerPrefix = "http.request.header."
+	queryPrefix  = "http.request.uri.query."
+	cookiePrefix = "http.request.cookie."
+)
+
+// repeated reports whether r gives the header, query parameter or cookie
+// behind placeholder name more than once. Caddy would join the headers
+// ("a,b") and pick one of the others, while the application might read
+// any one copy: a limit keyed on it could be stepped around.
+func repeated(r *http.Request, name string) bool {
+	switch {
+	case strings.HasPrefix(name, headerPrefix):
+		return len(r.Header.Values(strings.TrimPrefix(name, headerPrefix))) > 1
+	case strings.HasPrefix(name, queryPrefix):
+		return len(r.URL.Query()[strings.TrimPrefix(name, queryPrefix)]) > 1
+	case strings.HasPrefix(name, cookiePrefix):
+		return len(r.CookiesNamed(strings.TrimPrefix(name, cookiePrefix))) > 1
+	}
+	return false
 }

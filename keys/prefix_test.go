@@ -1,6 +1,9 @@
 package keys
 
 import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
@@ -16,7 +19,7 @@ func keyOf(t *testing.T, template string, opts Options, vars map[string]any) (st
 	for name, v := range vars {
 		repl.Set(name, v)
 	}
-	return k.Key(repl, nil)
+	return k.Key(nil, repl, nil)
 }
 
 // The cases of mholt/caddy-ratelimit's network-prefix behaviour, which
@@ -114,5 +117,37 @@ func TestHashing(t *testing.T) {
 	k, _ = keyOf(t, "{v}", Options{}, map[string]any{"v": string(long[:MaxKeyLen])})
 	if len(k) != MaxKeyLen {
 		t.Fatalf("a key of exactly %d bytes was changed", MaxKeyLen)
+	}
+}
+
+// A header, query parameter or cookie given twice is ambiguous: Caddy
+// would join or pick, the application might read the other copy.
+func TestRepeatedValuesAreAmbiguous(t *testing.T) {
+	r := httptest.NewRequest("GET", "/?k=a&k=b&one=x", nil)
+	r.Header.Add("X-Api-Key", "victim")
+	r.Header.Add("X-Api-Key", "junk")
+	r.Header.Set("X-Single", "ok")
+	r.AddCookie(&http.Cookie{Name: "s", Value: "1"})
+	r.AddCookie(&http.Cookie{Name: "s", Value: "2"})
+	repl := caddy.NewReplacer()
+	for name, v := range map[string]string{"http.request.header.X-Api-Key": "victim,junk", "http.request.header.X-Single": "ok", "http.request.uri.query.k": "a", "http.request.uri.query.one": "x", "http.request.cookie.s": "1"} {
+		repl.Set(name, v)
+	}
+	for _, tt := range []struct {
+		tmpl      string
+		ambiguous bool
+	}{
+		{"{http.request.header.X-Api-Key}", true},
+		{"{http.request.header.x-api-key}", true},
+		{"{http.request.header.X-Single}", false},
+		{"{http.request.uri.query.k}", true},
+		{"{http.request.uri.query.one}", false},
+		{"{http.request.cookie.s}", true},
+	} {
+		k, _ := NewKeyer(tt.tmpl, Options{})
+		_, err := k.Key(r, repl, nil)
+		if got := errors.Is(err, ErrAmbiguous); got != tt.ambiguous || (tt.ambiguous && !errors.Is(err, ErrMissing)) {
+			t.Errorf("%s: error %v, want ambiguous=%v", tt.tmpl, err, tt.ambiguous)
+		}
 	}
 }

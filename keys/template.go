@@ -3,6 +3,8 @@ package keys
 import (
 	"fmt"
 	"strings"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // Template is a key as configured: literal text and placeholders, split
@@ -81,4 +83,36 @@ func (t Template) Placeholders() []string {
 		}
 	}
 	return names
+}
+
+// NeedsBody reports whether the template reads fields of the request body.
+func (t Template) NeedsBody() bool {
+	for _, p := range t.parts {
+		if p.placeholder && (strings.HasPrefix(p.text, BodyJSONPrefix) || strings.HasPrefix(p.text, BodyFormPrefix)) {
+			return true
+		}
+	}
+	return false
+}
+
+// Expand returns the template with each placeholder replaced by its value
+// as it is (body fields read from body, which may be nil); values that are
+// missing, or body fields that cannot be read, are empty.
+func (t Template) Expand(repl *caddy.Replacer, body *Body) string {
+	var sb strings.Builder
+	for _, p := range t.parts {
+		switch {
+		case !p.placeholder:
+			sb.WriteString(p.text)
+		case strings.HasPrefix(p.text, BodyJSONPrefix) || strings.HasPrefix(p.text, BodyFormPrefix):
+			if body != nil {
+				v, _ := body.Field(p.text)
+				sb.WriteString(v)
+			}
+		default:
+			v, _ := repl.GetString(p.text)
+			sb.WriteString(v)
+		}
+	}
+	return sb.String()
 }

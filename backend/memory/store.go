@@ -102,8 +102,8 @@ type zoneOps interface {
 	take(h hkey, now, cost int64)
 	// decideOne locks, decides and takes when allowed (or shadow-allowed).
 	decideOne(h hkey, now, cost int64) algorithms.Result
-	// refund locks and gives cost back to the key.
-	refund(h hkey, now, cost int64)
+	// refund locks and gives back what granted took from the key.
+	refund(h hkey, now int64, granted algorithms.Result, cost int64)
 }
 
 // Zone registers cfg and returns its handle.
@@ -152,8 +152,11 @@ func register[S any](s *Store, cfg backend.ZoneConfig, kind string, alg algorith
 		_, _ = tables.Delete(key)
 		return nil, fmt.Errorf("zone %q: state of an unexpected type %T", cfg.Name, v)
 	}
-	reg := &registration[S]{alg: alg, maxKeys: maxKeys, sweep: s.sweep}
-	t.register(reg, s.now())
+	reg := &registration[S]{alg: alg, maxKeys: maxKeys, sweep: s.sweep, owner: cfg.Owner}
+	if err := t.register(reg, s.now()); err != nil {
+		_, _ = tables.Delete(key)
+		return nil, err
+	}
 	if !loaded {
 		go t.run()
 	}
@@ -236,13 +239,13 @@ func (z *zone[S]) take(h hkey, now, cost int64) {
 	z.t.insert(sh, h, alg.Take(zero, now, cost), now)
 }
 
-func (z *zone[S]) refund(h hkey, now, cost int64) {
+func (z *zone[S]) refund(h hkey, now int64, granted algorithms.Result, cost int64) {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
 	alg := z.t.current(sh).alg
 	if sh.n > 0 {
 		if i, ok := sh.find(h); ok {
-			sh.e[i].s = alg.Refund(sh.e[i].s, now, cost)
+			sh.e[i].s = alg.Refund(sh.e[i].s, now, granted, cost)
 		}
 	}
 	sh.mu.Unlock()
@@ -294,6 +297,7 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 			return false, fmt.Errorf("zone %q was not registered with the memory backend", reqs[0].Zone.Name())
 		}
 		out[0] = z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0))
+		out[0].At = now
 		return out[0].Allowed || reqs[0].Shadow, nil
 	}
 
@@ -342,6 +346,7 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 			continue
 		}
 		out[i] = l.z.decide(l.h, now, l.cost)
+		out[i].At = now
 		if !out[i].Allowed && !reqs[i].Shadow {
 			allowed = false
 		}
@@ -365,15 +370,15 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 
 // Refund gives back the units reqs took. Each key is refunded under its own
 // shard lock; a refund only ever makes room, so it needs no all-or-nothing.
-func (s *Store) Refund(_ context.Context, reqs []backend.Request) error {
+func (s *Store) Refund(_ context.Context, reqs []backend.Request, granted []algorithms.Result) error {
 	now := s.now()
-	for _, r := range reqs {
+	for i, r := range reqs {
 		z, ok := r.Zone.(zoneOps)
 		if !ok {
 			return fmt.Errorf("zone %q was not registered with the memory backend", r.Zone.Name())
 		}
-		if r.Cost > 0 {
-			z.refund(z.hash(r.Key), now, r.Cost)
+		if r.Cost > 0 && granted[i].Allowed {
+			z.refund(z.hash(r.Key), now, granted[i], r.Cost)
 		}
 	}
 	return nil

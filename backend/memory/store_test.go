@@ -279,13 +279,14 @@ func TestRefund(t *testing.T) {
 		t.Run(alg, func(t *testing.T) {
 			z := testZone(t, s, alg, algorithms.Policy{Limit: 2, Window: 3600 * sec}, 0)
 			req := backend.Request{Zone: z, Key: "k", Cost: 2}
-			if ok, _ := decide(t, s, req); !ok {
+			ok, granted := decide(t, s, req)
+			if !ok {
 				t.Fatal("first request denied")
 			}
 			if ok, _ := decide(t, s, req); ok {
 				t.Fatal("full zone allowed a request")
 			}
-			if err := s.Refund(context.Background(), []backend.Request{req}); err != nil {
+			if err := s.Refund(context.Background(), []backend.Request{req}, granted); err != nil {
 				t.Fatal(err)
 			}
 			if ok, _ := decide(t, s, req); !ok {
@@ -450,5 +451,53 @@ func TestFailedReloadKeepsRunningRate(t *testing.T) {
 	}
 	if ok, _ := decide(t, running, backend.Request{Zone: z, Key: "k", Cost: 1}); ok {
 		t.Fatal("the failed config's rate of 1000/min is still in force")
+	}
+}
+
+// A config may use one zone name twice only with one policy.
+func TestSameNameTwiceInOneConfig(t *testing.T) {
+	c := newFakeClock()
+	owner := new(int)
+	a, b := New(Options{Now: c.now}), New(Options{Now: c.now})
+	defer a.Close()
+	defer b.Close()
+	cfg := backend.ZoneConfig{Name: t.Name(), Algorithm: algorithms.NameSlidingWindow, Policy: algorithms.Policy{Limit: 2, Window: 3600 * sec}, Owner: owner}
+	if _, err := a.Zone(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Zone(cfg); err != nil {
+		t.Fatalf("the same policy twice: %v", err)
+	}
+	cfg.Policy.Limit = 100
+	if _, err := b.Zone(cfg); err == nil || !strings.Contains(err.Error(), "defined twice in this config") {
+		t.Fatalf("two rates for one name in one config: %v", err)
+	}
+	cfg.Owner = new(int) // another config (a reload) may change it
+	if _, err := b.Zone(cfg); err != nil {
+		t.Fatalf("a reload with a new rate: %v", err)
+	}
+}
+
+// Lowering max_keys in a reload brings the table down to the new cap, even
+// when the new cap is smaller than the number of shards.
+func TestLoweredMaxKeys(t *testing.T) {
+	c := newFakeClock()
+	name := t.Name()
+	p := algorithms.Policy{Limit: 10, Window: 3600 * sec}
+	old := New(Options{Now: c.now})
+	z, _ := old.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.NameTokenBucket, Policy: p, MaxKeys: 1_000_000})
+	for i := 0; i < 5000; i++ {
+		decide(t, old, backend.Request{Zone: z, Key: fmt.Sprint(i), Cost: 1})
+	}
+	cur := New(Options{Now: c.now})
+	defer cur.Close()
+	z, _ = cur.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.NameTokenBucket, Policy: p, MaxKeys: 10})
+	_ = old.Close()
+	tbl := z.(*zone[algorithms.Bucket]).t
+	for i := 0; i < 2000; i++ {
+		decide(t, cur, backend.Request{Zone: z, Key: fmt.Sprint("new", i), Cost: 1})
+	}
+	if got := tbl.Keys(); got > 10 {
+		t.Fatalf("%d keys after lowering max_keys to 10 and 2000 new keys", got)
 	}
 }

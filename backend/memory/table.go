@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"fmt"
 	"hash/maphash"
 	"math/bits"
 	"slices"
@@ -75,6 +76,7 @@ type table[S any] struct {
 	now       func() int64
 
 	stop chan struct{}
+	wake chan struct{} // the sweep interval changed
 	once sync.Once
 }
 
@@ -96,6 +98,7 @@ type registration[S any] struct {
 	alg     algorithms.Algorithm[S]
 	maxKeys int
 	sweep   time.Duration
+	owner   any
 }
 
 func newTable[S any](maxKeys int, now func() int64) *table[S] {
@@ -109,6 +112,7 @@ func newTable[S any](maxKeys int, now func() int64) *table[S] {
 		mask:   uint64(n - 1),
 		now:    now,
 		stop:   make(chan struct{}),
+		wake:   make(chan struct{}, 1),
 	}
 	for i := range t.shards {
 		t.shards[i].id = shardIDs.Add(1)
@@ -130,12 +134,21 @@ func (t *table[S]) shard(h hkey) *shard[S] {
 }
 
 // register adds a config's use of the table and makes it the one that
-// decides.
-func (t *table[S]) register(r *registration[S], now int64) {
+// decides. A config that already uses the table with another policy (two
+// zones of one name with different rates) is refused.
+func (t *table[S]) register(r *registration[S], now int64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if r.owner != nil {
+		for _, o := range t.regs {
+			if o.owner == r.owner && o.alg.Policy() != r.alg.Policy() {
+				return fmt.Errorf("defined twice in this config with different rates (%v and %v): zones of one name share one state, so give them different names or the same rate", o.alg.Policy(), r.alg.Policy())
+			}
+		}
+	}
 	t.regs = append(t.regs, r)
 	t.apply(r, now)
+	return nil
 }
 
 // unregister removes a config's use; if it was deciding, the newest
@@ -155,8 +168,15 @@ func (t *table[S]) unregister(r *registration[S], now int64) {
 
 // apply makes r decide. The caller holds t.mu.
 func (t *table[S]) apply(r *registration[S], now int64) {
-	t.maxKeys.Store(int64(r.maxKeys))
-	t.interval.Store(int64(r.sweep))
+	if old := t.maxKeys.Swap(int64(r.maxKeys)); old > int64(r.maxKeys) && t.count.Load() > int64(r.maxKeys) {
+		go t.trim() // a lowered cap: evict down to it now, not key by key
+	}
+	if old := t.interval.Swap(int64(r.sweep)); old != int64(r.sweep) {
+		select { // the sweeper re-arms with the new interval
+		case t.wake <- struct{}{}:
+		default:
+		}
+	}
 	cur := t.conf.Load()
 	next := &tableConf[S]{alg: r.alg}
 	if cur != nil {
@@ -210,26 +230,73 @@ func (t *table[S]) makeRoom(sh *shard[S], now int64) {
 		sh.lastSweep = now
 		t.sweepShard(sh, alg, now)
 	}
-	for t.count.Load() >= t.maxKeys.Load() && sh.n > 0 {
-		sh.rng ^= sh.rng << 13
-		sh.rng ^= sh.rng >> 7
-		sh.rng ^= sh.rng << 17
-		i := int(sh.rng % uint64(len(sh.e)))
-		victim, best := -1, int64(1<<63-1)
-		for seen := 0; seen < sampleSize && seen < sh.n; i = (i + 1) % len(sh.e) {
-			if sh.e[i].h == 0 {
+	t.evict(sh, alg, now)
+	if t.count.Load() >= t.maxKeys.Load() {
+		// This shard is empty or nearly: take from the others, without
+		// waiting on a lock another request holds (that could deadlock).
+		for i := range t.shards {
+			o := &t.shards[i]
+			if o == sh || !o.mu.TryLock() {
 				continue
 			}
-			if at := alg.IdleAt(sh.e[i].s); at < best {
-				victim, best = i, at
+			t.evict(o, t.current(o).alg, now)
+			o.mu.Unlock()
+			if t.count.Load() < t.maxKeys.Load() {
+				break
 			}
-			seen++
 		}
-		sh.remove(victim)
-		t.count.Add(-1)
-		if best > now {
-			t.evictions.Add(1)
+	}
+}
+
+// trim evicts until the table is within its cap, one shard at a time.
+func (t *table[S]) trim() {
+	for i := range t.shards {
+		if t.count.Load() <= t.maxKeys.Load() {
+			return
 		}
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		now := t.now()
+		alg := t.current(sh).alg
+		t.sweepShard(sh, alg, now)
+		// Leave each shard its share of the cap.
+		share := int(t.maxKeys.Load()) / len(t.shards)
+		for t.count.Load() > t.maxKeys.Load() && sh.n > share {
+			t.evictOne(sh, alg, now)
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// evict removes keys from sh, nearest to idle first, while the table is at
+// or over its cap. The caller holds sh.mu.
+func (t *table[S]) evict(sh *shard[S], alg algorithms.Algorithm[S], now int64) {
+	for t.count.Load() >= t.maxKeys.Load() && sh.n > 0 {
+		t.evictOne(sh, alg, now)
+	}
+}
+
+// evictOne removes the key nearest to idle among a sample of sh. The
+// caller holds sh.mu and sh is not empty.
+func (t *table[S]) evictOne(sh *shard[S], alg algorithms.Algorithm[S], now int64) {
+	sh.rng ^= sh.rng << 13
+	sh.rng ^= sh.rng >> 7
+	sh.rng ^= sh.rng << 17
+	i := int(sh.rng % uint64(len(sh.e)))
+	victim, best := -1, int64(1<<63-1)
+	for seen := 0; seen < sampleSize && seen < sh.n; i = (i + 1) % len(sh.e) {
+		if sh.e[i].h == 0 {
+			continue
+		}
+		if at := alg.IdleAt(sh.e[i].s); at < best {
+			victim, best = i, at
+		}
+		seen++
+	}
+	sh.remove(victim)
+	t.count.Add(-1)
+	if best > now {
+		t.evictions.Add(1)
 	}
 }
 
@@ -269,6 +336,8 @@ func (t *table[S]) run() {
 		select {
 		case <-timer.C:
 			t.sweep()
+		case <-t.wake:
+			timer.Stop()
 		case <-t.stop:
 			timer.Stop()
 			return

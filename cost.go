@@ -21,9 +21,6 @@ type Cost struct {
 	tmpl keys.Template
 }
 
-// ConstantCost returns a Cost of n units.
-func ConstantCost(n int64) *Cost { return &Cost{n: n} }
-
 // ParseCost reads a cost as written in a Caddyfile: a whole number, or text
 // holding placeholders.
 func ParseCost(s string) (*Cost, error) {

@@ -189,33 +189,12 @@ type Stats struct {
 	Evictions uint64
 }
 
-// ZoneStats returns the live numbers of the zone behind z.
-func ZoneStats(z backend.Zone) (Stats, bool) {
-	type stats interface {
-		Keys() int64
-		Evictions() uint64
-	}
-	zs, ok := z.(interface{ table() stats })
-	if !ok {
-		return Stats{}, false
-	}
-	t := zs.table()
-	return Stats{Keys: t.Keys(), Evictions: t.Evictions()}, true
-}
-
 type zone[S any] struct {
 	name string
 	t    *table[S]
 }
 
 func (z *zone[S]) Name() string { return z.name }
-
-func (z *zone[S]) table() interface {
-	Keys() int64
-	Evictions() uint64
-} {
-	return z.t
-}
 
 func (z *zone[S]) hash(key string) hkey { return z.t.hash(key) }
 

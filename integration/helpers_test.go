@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,10 +16,35 @@ import (
 	_ "github.com/sluicehq/sluice"
 )
 
-const (
-	adminAddr = "localhost:2999"
-	httpBase  = "http://localhost:9080"
+// The ports of the in-process Caddy. SLUICE_TEST_ADMIN_PORT and
+// SLUICE_TEST_HTTP_PORT move them, so that several checkouts can run their
+// integration tests on one machine at once; the HTTP port's successor is
+// used too, by tests that need a second site.
+var (
+	adminPort = envPort("SLUICE_TEST_ADMIN_PORT", 2999)
+	httpPort  = envPort("SLUICE_TEST_HTTP_PORT", 9080)
+	adminAddr = "localhost:" + strconv.Itoa(adminPort)
+	httpBase  = "http://localhost:" + strconv.Itoa(httpPort)
 )
+
+func envPort(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 && n < 65535 {
+		return n
+	}
+	return def
+}
+
+// withPorts rewrites a config written for the default ports (admin 2999,
+// HTTP 9080 and 9081) to the ports in use, binding loopback only.
+func withPorts(cfg string) string {
+	return strings.NewReplacer(
+		"localhost:2999", adminAddr,
+		"\"listen\": [\":9080\"]", "\"listen\": [\"127.0.0.1:"+strconv.Itoa(httpPort)+"\"]",
+		"localhost:9080", "localhost:"+strconv.Itoa(httpPort),
+		"9080", strconv.Itoa(httpPort),
+		"9081", strconv.Itoa(httpPort+1),
+	).Replace(cfg)
+}
 
 // jsonServer wraps handlers in a config that serves them on :9080 with the
 // admin API where caddytest expects it. errors, when not empty, are the
@@ -35,9 +61,9 @@ func jsonServer(handlers string, errorRoutes string) string {
 		cfg += `,
 		"errors": {"routes": ` + errorRoutes + `}`
 	}
-	return cfg + `
+	return withPorts(cfg + `
 	}}}}
-}`
+}`)
 }
 
 // caddyfileServer is a Caddyfile serving site on :9080 with the admin API
@@ -46,7 +72,7 @@ func caddyfileServer(site string) string { return caddyfileServerWith("", site) 
 
 // caddyfileServerWith adds global options (such as a servers block).
 func caddyfileServerWith(globals, site string) string {
-	return `{
+	return withPorts(`{
 	skip_install_trust
 	admin localhost:2999
 	http_port 9080
@@ -54,7 +80,7 @@ func caddyfileServerWith(globals, site string) string {
 }
 :9080 {
 ` + site + `
-}`
+}`)
 }
 
 // okHandler answers 200 "ok" behind the rate limiter.
@@ -62,8 +88,8 @@ const okHandler = `{"handler": "static_response", "status_code": 200, "body": "o
 
 func newTester(t *testing.T, cfg, kind string) *caddytest.Tester {
 	t.Helper()
-	tester := caddytest.NewTester(t)
-	tester.InitServer(cfg, kind)
+	tester := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
+	tester.InitServer(withPorts(cfg), kind)
 	return tester
 }
 
@@ -135,4 +161,33 @@ func adminRequest(t *testing.T, method, path, contentType, body string) string {
 
 func zoneJSON(name, body string) string {
 	return fmt.Sprintf("%q: {%s}", name, body)
+}
+
+// assertLoadError loads cfg (of kind "json" or "caddyfile") into the
+// in-process Caddy, on the ports in use, and requires it to be refused with
+// an error containing want.
+func assertLoadError(t *testing.T, cfg, kind, want string) {
+	t.Helper()
+	newTester(t, jsonServer(okHandler, ""), "json") // a running Caddy to load into
+	ctype := "application/json"
+	if kind == "caddyfile" {
+		ctype = "text/caddyfile"
+	}
+	req, err := http.NewRequest("POST", "http://"+adminAddr+"/load", strings.NewReader(withPorts(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", ctype)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode == http.StatusOK {
+		t.Fatalf("config loaded, want an error containing %q", want)
+	}
+	if !strings.Contains(string(out), want) {
+		t.Fatalf("load error %q does not contain %q", out, want)
+	}
 }

@@ -403,7 +403,7 @@ func TestCostFromBody(t *testing.T) {
 // Two zones of one name in one config with different rates are refused
 // at load (review: which rate applied to both changed from run to run).
 func TestSameZoneNameTwoRatesRefused(t *testing.T) {
-	caddytest.AssertLoadError(t, `{
+	assertLoadError(t, `{
 	skip_install_trust
 	admin localhost:2999
 	http_port 9080

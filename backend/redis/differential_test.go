@@ -205,6 +205,100 @@ func (tw *twin) load(specs []zoneSpec) *config {
 	return cfg
 }
 
+// newTwinWith is a twin over the given zones, for hand-written sequences.
+func newTwinWith(t testing.TB, client goredis.UniversalClient, split bool, clock int64, zones ...zoneSpec) *twin {
+	twinSeq++
+	tw := &twin{t: t, c: prng{rand.New(rand.NewPCG(1, 2))}, client: client, prefix: uniquePrefix(t), split: split, clock: clock}
+	for i := range zones {
+		zones[i].name = fmt.Sprintf("adv%d-%d-%s", twinSeq, i, zones[i].name)
+	}
+	tw.zones = zones
+	tw.cur = tw.load(zones)
+	if tw.cur == nil {
+		t.Fatalf("zones refused: %+v", zones)
+	}
+	t.Cleanup(func() {
+		tw.cur.mem.Close()
+		tw.cur.red.Close()
+	})
+	return tw
+}
+
+// ask is one request of a hand-written step: zone index, key, cost.
+type ask struct {
+	zone   int
+	key    string
+	cost   int64
+	shadow bool
+}
+
+// do decides asks in both stores and compares; it returns the memory
+// store's answer.
+func (tw *twin) do(asks ...ask) (bool, []algorithms.Result) {
+	tw.t.Helper()
+	var mr, rr []backend.Request
+	for _, a := range asks {
+		mr = append(mr, backend.Request{Zone: tw.cur.memZ[a.zone], Key: a.key, Cost: a.cost, Shadow: a.shadow})
+		rr = append(rr, backend.Request{Zone: tw.cur.redZ[a.zone], Key: a.key, Cost: a.cost, Shadow: a.shadow})
+	}
+	mo := make([]algorithms.Result, len(asks))
+	ro := make([]algorithms.Result, len(asks))
+	ma, merr := tw.cur.mem.Decide(context.Background(), mr, mo)
+	ra, rerr := tw.cur.red.Decide(context.Background(), rr, ro)
+	tw.log = append(tw.log, fmt.Sprintf("t=%d decide %s → %v %v", tw.clock, describe(mr), ma, mo))
+	if merr != nil || rerr != nil {
+		tw.fail("errors: memory %v, redis %v", merr, rerr)
+	}
+	if ma != ra {
+		tw.fail("allowed: memory %v, redis %v\nmemory %+v\nredis  %+v", ma, ra, mo, ro)
+	}
+	for i := range mo {
+		if mo[i] != ro[i] {
+			tw.fail("request %d: memory %+v\n            redis  %+v", i, mo[i], ro[i])
+		}
+	}
+	if ma {
+		tw.granted = append(tw.granted, grant{memReqs: mr, redReqs: rr, out: mo})
+	}
+	return ma, mo
+}
+
+// giveBackLast refunds the newest granted decision in both stores.
+func (tw *twin) giveBackLast() {
+	tw.t.Helper()
+	g := tw.granted[len(tw.granted)-1]
+	tw.granted = tw.granted[:len(tw.granted)-1]
+	if err := tw.cur.mem.Refund(context.Background(), g.memReqs, g.out); err != nil {
+		tw.fail("memory refund: %v", err)
+	}
+	if err := tw.cur.red.Refund(context.Background(), g.redReqs, g.out); err != nil {
+		tw.fail("redis refund: %v", err)
+	}
+}
+
+// reloadTo provisions specs as a new config and drops the old one; failed
+// drops the new one instead (a reload that failed and was undone).
+func (tw *twin) reloadTo(failed bool, specs ...zoneSpec) {
+	tw.t.Helper()
+	for i := range specs {
+		specs[i].name = tw.zones[i].name
+	}
+	next := tw.load(specs)
+	if next == nil {
+		tw.t.Fatalf("reload refused: %+v", specs)
+	}
+	if failed {
+		next.mem.Close()
+		next.red.Close()
+		return
+	}
+	tw.cur.mem.Close()
+	tw.cur.red.Close()
+	tw.cur = next
+	tw.zones = specs
+	tw.granted = nil
+}
+
 var keyNames = []string{"a", "b", "10.0.0.1", "user{7}", "}x{"}
 
 func (tw *twin) costOf() int64 {

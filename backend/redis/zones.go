@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -170,10 +171,14 @@ func debtLimit(alg string, p algorithms.Policy) int64 {
 // 2·MaxSpan.
 func rebased(d, from, to int64) int64 {
 	hi, lo := mulU(d, to)
-	if hi != 0 || lo/uint64(from) > uint64(2*MaxSpan) {
+	if hi >= uint64(from) {
 		return 2*MaxSpan + 1
 	}
-	return int64((lo + uint64(from) - 1) / uint64(from))
+	q, r := bits.Div64(hi, lo, uint64(from))
+	if r != 0 {
+		q++
+	}
+	return int64(min(q, uint64(2*MaxSpan+1)))
 }
 
 // register adds a config's use of the zone and makes it decide. It refuses

@@ -71,76 +71,95 @@ end
 -- 0 <= a, b <= 2^52 and 1 <= c <= 2^52, by binary long multiplication with
 -- the running quotient and remainder (r < c keeps 2r and r + b mod c below
 -- 2^53). A quotient above 2^52 saturates to P53 (remainder -1).
-local function muldiv(a, b, c)
-	local p = a * b
-	if p < P52 then
-		local q = floordiv(p, c)
-		return q, p - q * c
-	end
-	if a > b then a, b = b, a end
-	local bq = floordiv(b, c)
-	local br = b - bq * c
-	local bit = 1
-	while bit * 2 <= a do bit = bit * 2 end
-	local q, r = 0, 0
-	while bit >= 1 do
-		q = q * 2
-		r = r * 2
-		if r >= c then r = r - c; q = q + 1 end
-		if a >= bit then
-			a = a - bit
-			q = q + bq
-			r = r + br
+-- The functions of each algorithm are made only when a call needs them:
+-- a script's functions are closures made anew on every call, and making
+-- all of them costs more than a whole decision.
+
+local Mlib
+local function libM()
+	if Mlib then return Mlib end
+	local function muldiv(a, b, c)
+		local p = a * b
+		if p < P52 then
+			local q = floordiv(p, c)
+			return q, p - q * c
+		end
+		if a > b then a, b = b, a end
+		local bq = floordiv(b, c)
+		local br = b - bq * c
+		local bit = 1
+		while bit * 2 <= a do bit = bit * 2 end
+		local q, r = 0, 0
+		while bit >= 1 do
+			q = q * 2
+			r = r * 2
 			if r >= c then r = r - c; q = q + 1 end
+			if a >= bit then
+				a = a - bit
+				q = q + bq
+				r = r + br
+				if r >= c then r = r - c; q = q + 1 end
+			end
+			if q > P52 then return P53, -1 end
+			bit = bit / 2
 		end
-		if q > P52 then return P53, -1 end
-		bit = bit / 2
+		return q, r
 	end
-	return q, r
-end
 
-local function muldivceil(a, b, c)
-	local q, r = muldiv(a, b, c)
-	if r > 0 then q = q + 1 end
-	return q
-end
+	local function muldivceil(a, b, c)
+		local q, r = muldiv(a, b, c)
+		if r > 0 then q = q + 1 end
+		return q
+	end
 
--- mulmod is a*b mod c for 0 <= a < 2^53, 0 <= b, c <= 2^52, c >= 1.
-local function mulmod(a, b, c)
-	local p = a * b
-	if p < P52 then return p - floordiv(p, c) * c end
-	local br = b - floordiv(b, c) * c
-	local bit = 1
-	while bit * 2 <= a do bit = bit * 2 end
-	local r = 0
-	while bit >= 1 do
-		r = r * 2
-		if r >= c then r = r - c end
-		if a >= bit then
-			a = a - bit
-			r = r + br
+	-- mulmod is a*b mod c for 0 <= a < 2^53, 0 <= b, c <= 2^52, c >= 1.
+	local function mulmod(a, b, c)
+		local p = a * b
+		if p < P52 then return p - floordiv(p, c) * c end
+		local br = b - floordiv(b, c) * c
+		local bit = 1
+		while bit * 2 <= a do bit = bit * 2 end
+		local r = 0
+		while bit >= 1 do
+			r = r * 2
 			if r >= c then r = r - c end
+			if a >= bit then
+				a = a - bit
+				r = r + br
+				if r >= c then r = r - c end
+			end
+			bit = bit / 2
 		end
-		bit = bit / 2
+		return r
 	end
-	return r
+
+	-- absmod is (the absolute time of t) mod w: epoch-aligned windows.
+	local basemod = {}
+	local function absmod(t, w)
+		local b = basemod[w]
+		if not b then
+			-- Whole seconds and divisors of a second need no long
+			-- multiplication: (NS·10^9) mod (k·10^9) = (NS mod k)·10^9.
+			if w % E9 == 0 then
+				b = (NS % (w / E9)) * E9
+			elseif E9 % w == 0 then
+				b = 0
+			else
+				b = mulmod(NS, E9, w)
+			end
+			basemod[w] = b
+		end
+		local x = b + t
+		local m = x - floor(x / w) * w
+		if m < 0 then m = m + w elseif m >= w then m = m - w end
+		return m
+	end
+
+	-- rel reads an absolute time (decimal nanoseconds); nil when it is more
+	Mlib = {muldiv = muldiv, muldivceil = muldivceil, absmod = absmod}
+	return Mlib
 end
 
--- absmod is (the absolute time of t) mod w: epoch-aligned windows.
-local basemod = {}
-local function absmod(t, w)
-	local b = basemod[w]
-	if not b then
-		b = mulmod(NS, E9, w)
-		basemod[w] = b
-	end
-	local x = b + t
-	local m = x - floor(x / w) * w
-	if m < 0 then m = m + w elseif m >= w then m = m - w end
-	return m
-end
-
--- rel reads an absolute time (decimal nanoseconds); nil when it is more
 -- than FAR seconds from now.
 local function rel(s)
 	local n = #s
@@ -190,184 +209,208 @@ end
 ------------------------------------------------------------------------
 -- Bucket: {tat} (tat nil: a full bucket).
 
-local function debt(s, t)
-	if s.tat and s.tat > t then return s.tat - t end
-	return 0
-end
-
-local function tokens(cap, T, d)
-	if d >= cap then return 0 end
-	return floordiv(cap - d, T)
-end
-
-local function bucketDecide(s, T, burst, cost)
-	local cap = burst * T
-	local d = debt(s, now)
-	if cost > burst then return {0, burst, tokens(cap, T, d), -1, d, 0} end
-	local nd = d + cost * T
-	if nd <= cap or cost == 0 then return {1, burst, tokens(cap, T, nd), 0, nd, 0} end
-	return {0, burst, tokens(cap, T, d), nd - cap, d, 0}
-end
-
-local function queued(maxDelay, T, d)
-	if d > maxDelay then return 0 end
-	return floordiv(maxDelay - d, T) + 1
-end
-
-local function queueDecide(s, T, maxDelay, cost)
-	local size = floordiv(maxDelay, T) + 1
-	local d = debt(s, now)
-	if cost == 0 then return {1, size, queued(maxDelay, T, d), 0, d, 0} end
-	if cost > size then return {0, size, queued(maxDelay, T, d), -1, d, 0} end
-	if d <= maxDelay then
-		local reset = d + cost * T
-		return {1, size, queued(maxDelay, T, reset), 0, reset, d}
+local Blib
+local function libB()
+	if Blib then return Blib end
+	local function debt(s, t)
+		if s.tat and s.tat > t then return s.tat - t end
+		return 0
 	end
-	return {0, size, 0, d - maxDelay, d, 0}
-end
 
-local function bucketTake(s, T, cost)
-	return {tat = now + debt(s, now) + cost * T}
-end
+	local function tokens(cap, T, d)
+		if d >= cap then return 0 end
+		return floordiv(cap - d, T)
+	end
 
-local function bucketRefund(s, T, cost)
-	local d = debt(s, now) - cost * T
-	if d <= 0 then return {} end
-	return {tat = now + d}
-end
+	local function bucketDecide(s, T, burst, cost)
+		local cap = burst * T
+		local d = debt(s, now)
+		if cost > burst then return {0, burst, tokens(cap, T, d), -1, d, 0} end
+		local nd = d + cost * T
+		if nd <= cap or cost == 0 then return {1, burst, tokens(cap, T, nd), 0, nd, 0} end
+		return {0, burst, tokens(cap, T, d), nd - cap, d, 0}
+	end
 
-local function queueRefund(s, T, cost, at, delay)
-	local slot = at + delay
-	if cost <= 0 or s.tat ~= slot + cost * T or slot < now then return s end
-	return {tat = slot}
-end
+	local function queued(maxDelay, T, d)
+		if d > maxDelay then return 0 end
+		return floordiv(maxDelay - d, T) + 1
+	end
 
-local function bucketRebase(s, at, old, new)
-	if not s.tat or s.tat <= at or old == new then return s end
-	local d = muldivceil(s.tat - at, new, old)
-	if d > P52 then d = P52 end
-	return {tat = at + d}
+	local function queueDecide(s, T, maxDelay, cost)
+		local size = floordiv(maxDelay, T) + 1
+		local d = debt(s, now)
+		if cost == 0 then return {1, size, queued(maxDelay, T, d), 0, d, 0} end
+		if cost > size then return {0, size, queued(maxDelay, T, d), -1, d, 0} end
+		if d <= maxDelay then
+			local reset = d + cost * T
+			return {1, size, queued(maxDelay, T, reset), 0, reset, d}
+		end
+		return {0, size, 0, d - maxDelay, d, 0}
+	end
+
+	local function bucketTake(s, T, cost)
+		return {tat = now + debt(s, now) + cost * T}
+	end
+
+	local function bucketRefund(s, T, cost)
+		local d = debt(s, now) - cost * T
+		if d <= 0 then return {} end
+		return {tat = now + d}
+	end
+
+	local function queueRefund(s, T, cost, at, delay)
+		local slot = at + delay
+		if cost <= 0 or s.tat ~= slot + cost * T or slot < now then return s end
+		return {tat = slot}
+	end
+
+	local function bucketRebase(s, at, old, new)
+		if not s.tat or s.tat <= at or old == new then return s end
+		local d = libM().muldivceil(s.tat - at, new, old)
+		if d > P52 then d = P52 end
+		return {tat = at + d}
+	end
+
+	Blib = {decide = bucketDecide, qdecide = queueDecide, take = bucketTake, refund = bucketRefund, qrefund = queueRefund, rebase = bucketRebase}
+	return Blib
 end
 
 ------------------------------------------------------------------------
 -- Fixed window: {start, count} (start nil: a fresh key).
 
-local function windowCurrent(s, W, t)
-	local start = t - absmod(t, W)
-	if s.start and start <= s.start then return s.start, s.count end
-	return start, 0
-end
+local Wlib
+local function libW()
+	if Wlib then return Wlib end
+	local absmod = libM().absmod
+	local function windowCurrent(s, W, t)
+		local start = t - absmod(t, W)
+		if s.start and start <= s.start then return s.start, s.count end
+		return start, 0
+	end
 
-local function windowDecide(s, W, limit, cost)
-	local start, count = windowCurrent(s, W, now)
-	local stop = start + W - now
-	local reset = stop
-	if count == 0 and cost == 0 then reset = 0 end
-	local r, done = counted(limit, count, cost, reset)
-	if not done then r[4] = stop end
-	return r
-end
+	local function windowDecide(s, W, limit, cost)
+		local start, count = windowCurrent(s, W, now)
+		local stop = start + W - now
+		local reset = stop
+		if count == 0 and cost == 0 then reset = 0 end
+		local r, done = counted(limit, count, cost, reset)
+		if not done then r[4] = stop end
+		return r
+	end
 
-local function windowTake(s, W, cost)
-	local start, count = windowCurrent(s, W, now)
-	return {start = start, count = count + cost}
-end
+	local function windowTake(s, W, cost)
+		local start, count = windowCurrent(s, W, now)
+		return {start = start, count = count + cost}
+	end
 
-local function windowRefund(s, W, cost, at)
-	local start, count = windowCurrent(s, W, now)
-	if start ~= s.start or at < start then return s end
-	count = count - cost
-	if count < 0 then count = 0 end
-	return {start = start, count = count}
-end
+	local function windowRefund(s, W, cost, at)
+		local start, count = windowCurrent(s, W, now)
+		if start ~= s.start or at < start then return s end
+		count = count - cost
+		if count < 0 then count = 0 end
+		return {start = start, count = count}
+	end
 
-local function windowRebase(s, at, old, new)
-	if old == new or not s.start or s.count == 0 then return s end
-	if s.start + old <= at then return {} end
-	return {start = at - absmod(at, new), count = s.count}
+	local function windowRebase(s, at, old, new)
+		if old == new or not s.start or s.count == 0 then return s end
+		if s.start + old <= at then return {} end
+		return {start = at - absmod(at, new), count = s.count}
+	end
+
+	Wlib = {decide = windowDecide, take = windowTake, refund = windowRefund, rebase = windowRebase}
+	return Wlib
 end
 
 ------------------------------------------------------------------------
 -- Sliding window counter: {start, prev, curr} (start nil: a fresh key).
 
-local function roll(s, W, t)
-	local start = t - absmod(t, W)
-	if s.start and start <= s.start then
-		local e = t - s.start
-		if e < 0 then e = 0 end
-		return {start = s.start, prev = s.prev, curr = s.curr}, e
-	elseif s.start and start == s.start + W then
-		return {start = start, prev = s.curr, curr = 0}, t - start
+local Clib
+local function libC()
+	if Clib then return Clib end
+	local m = libM()
+	local muldiv, muldivceil, absmod = m.muldiv, m.muldivceil, m.absmod
+	local function roll(s, W, t)
+		local start = t - absmod(t, W)
+		if s.start and start <= s.start then
+			local e = t - s.start
+			if e < 0 then e = 0 end
+			return {start = s.start, prev = s.prev, curr = s.curr}, e
+		elseif s.start and start == s.start + W then
+			return {start = start, prev = s.curr, curr = 0}, t - start
+		end
+		return {start = start, prev = 0, curr = 0}, t - start
 	end
-	return {start = start, prev = 0, curr = 0}, t - start
-end
 
-local function weighted(W, prev, e)
-	if prev == 0 then return 0 end
-	return (muldiv(prev, W - e, W))
-end
+	local function weighted(W, prev, e)
+		if prev == 0 then return 0 end
+		return (muldiv(prev, W - e, W))
+	end
 
-local function counterReset(c, W)
-	if c.curr > 0 then return c.start + 2 * W - now end
-	if c.prev > 0 then return c.start + W - now end
-	return 0
-end
+	local function counterReset(c, W)
+		if c.curr > 0 then return c.start + 2 * W - now end
+		if c.prev > 0 then return c.start + W - now end
+		return 0
+	end
 
-local function firstFit(W, prev, k)
-	if prev == 0 then return 0 end
-	local m = muldivceil(k + 1, W, prev) - 1
-	if W - m > 0 then return W - m end
-	return 0
-end
+	local function firstFit(W, prev, k)
+		if prev == 0 then return 0 end
+		local m = muldivceil(k + 1, W, prev) - 1
+		if W - m > 0 then return W - m end
+		return 0
+	end
 
-local function counterDecide(s, W, limit, cost)
-	local c, e = roll(s, W, now)
-	local est = weighted(W, c.prev, e) + c.curr
-	local r, done = counted(limit, est, cost, counterReset(c, W))
-	if not done then
-		local retry
-		local k = limit - c.curr - cost
-		if k >= 0 then
-			local f = firstFit(W, c.prev, k)
-			if f < W then
-				retry = f - e
-				if retry < 1 then retry = 1 end
+	local function counterDecide(s, W, limit, cost)
+		local c, e = roll(s, W, now)
+		local est = weighted(W, c.prev, e) + c.curr
+		local r, done = counted(limit, est, cost, counterReset(c, W))
+		if not done then
+			local retry
+			local k = limit - c.curr - cost
+			if k >= 0 then
+				local f = firstFit(W, c.prev, k)
+				if f < W then
+					retry = f - e
+					if retry < 1 then retry = 1 end
+				end
 			end
+			if not retry then
+				retry = c.start + W + firstFit(W, c.curr, limit - cost) - now
+			end
+			r[4] = retry
+		elseif r[1] == 1 and cost > 0 then
+			r[5] = c.start + 2 * W - now
 		end
-		if not retry then
-			retry = c.start + W + firstFit(W, c.curr, limit - cost) - now
+		return r
+	end
+
+	local function counterTake(s, W, cost)
+		local c = roll(s, W, now)
+		c.curr = c.curr + cost
+		return c
+	end
+
+	local function counterRefund(s, W, cost, at)
+		local c = roll(s, W, now)
+		if at >= c.start then
+			c.curr = c.curr - cost
+			if c.curr < 0 then c.curr = 0 end
+		elseif at >= c.start - W then
+			c.prev = c.prev - cost
+			if c.prev < 0 then c.prev = 0 end
 		end
-		r[4] = retry
-	elseif r[1] == 1 and cost > 0 then
-		r[5] = c.start + 2 * W - now
+		return c
 	end
-	return r
-end
 
-local function counterTake(s, W, cost)
-	local c = roll(s, W, now)
-	c.curr = c.curr + cost
-	return c
-end
-
-local function counterRefund(s, W, cost, at)
-	local c = roll(s, W, now)
-	if at >= c.start then
-		c.curr = c.curr - cost
-		if c.curr < 0 then c.curr = 0 end
-	elseif at >= c.start - W then
-		c.prev = c.prev - cost
-		if c.prev < 0 then c.prev = 0 end
+	local function counterRebase(s, at, old, new)
+		if old == new or not s.start then return s end
+		local c, e = roll(s, old, at)
+		local est = weighted(old, c.prev, e) + c.curr
+		if est == 0 then return {} end
+		return {start = at - absmod(at, new), prev = 0, curr = est}
 	end
-	return c
-end
 
-local function counterRebase(s, at, old, new)
-	if old == new or not s.start then return s end
-	local c, e = roll(s, old, at)
-	local est = weighted(old, c.prev, e) + c.curr
-	if est == 0 then return {} end
-	return {start = at - absmod(at, new), prev = 0, curr = est}
+	Clib = {decide = counterDecide, take = counterTake, refund = counterRefund, rebase = counterRebase}
+	return Clib
 end
 
 ------------------------------------------------------------------------
@@ -377,157 +420,164 @@ end
 -- units, the units (uint32). Parsed: {base, sum, wide, raw, h, n} where
 -- events h+1 .. n are live (1-based), h those pruned.
 
-local HDR = 17
+local Llib
+local function libL()
+	if Llib then return Llib end
+	local HDR = 17
 
-local function logParse(raw)
-	local base, sum, wide = struct.unpack('<ddB', raw)
-	local d = base - NS
-	if d < -FAR or d > FAR then return nil end
-	local stride = 8
-	if wide == 1 then stride = 12 end
-	return {base = d * E9, sum = sum, wide = wide, stride = stride, raw = raw,
-		h = 0, n = (#raw - HDR) / stride}
-end
+	local function logParse(raw)
+		local base, sum, wide = struct.unpack('<ddB', raw)
+		local d = base - NS
+		if d < -FAR or d > FAR then return nil end
+		local stride = 8
+		if wide == 1 then stride = 12 end
+		return {base = d * E9, sum = sum, wide = wide, stride = stride, raw = raw,
+			h = 0, n = (#raw - HDR) / stride}
+	end
 
-local function logAt(l, i)
-	return l.base + (struct.unpack('<d', l.raw, HDR + (i - 1) * l.stride + 1))
-end
+	local function logAt(l, i)
+		return l.base + (struct.unpack('<d', l.raw, HDR + (i - 1) * l.stride + 1))
+	end
 
-local function logUnits(l, i)
-	if l.wide == 0 then return 1 end
-	return (struct.unpack('<I4', l.raw, HDR + (i - 1) * l.stride + 9))
-end
+	local function logUnits(l, i)
+		if l.wide == 0 then return 1 end
+		return (struct.unpack('<I4', l.raw, HDR + (i - 1) * l.stride + 9))
+	end
 
--- logPrune drops (logically) the events with at + W <= now.
-local function logPrune(l, W)
-	if l.wide == 0 then
-		-- Events are in time order: find the first live one by bisection.
-		local lo, hi = l.h, l.n
-		while lo < hi do
-			local mid = floor((lo + hi) / 2)
-			if logAt(l, mid + 1) + W <= now then lo = mid + 1 else hi = mid end
+	-- logPrune drops (logically) the events with at + W <= now.
+	local function logPrune(l, W)
+		if l.wide == 0 then
+			-- Events are in time order: find the first live one by bisection.
+			local lo, hi = l.h, l.n
+			while lo < hi do
+				local mid = floor((lo + hi) / 2)
+				if logAt(l, mid + 1) + W <= now then lo = mid + 1 else hi = mid end
+			end
+			l.sum = l.sum - (lo - l.h)
+			l.h = lo
+			return
 		end
-		l.sum = l.sum - (lo - l.h)
-		l.h = lo
-		return
-	end
-	while l.h < l.n and logAt(l, l.h + 1) + W <= now do
-		l.sum = l.sum - logUnits(l, l.h + 1)
-		l.h = l.h + 1
-	end
-end
-
-local function logDecide(l, W, limit, cost)
-	local count = 0
-	local reset = 0
-	if l.n then
-		logPrune(l, W)
-		count = l.sum
-		if l.n > l.h then
-			reset = logAt(l, l.n) + W - now
-			if reset < 0 then reset = 0 end
+		while l.h < l.n and logAt(l, l.h + 1) + W <= now do
+			l.sum = l.sum - logUnits(l, l.h + 1)
+			l.h = l.h + 1
 		end
 	end
-	local r, done = counted(limit, count, cost, reset)
-	if done then
-		if r[1] == 1 and cost > 0 and r[5] < W then r[5] = W end
+
+	local function logDecide(l, W, limit, cost)
+		local count = 0
+		local reset = 0
+		if l.n then
+			logPrune(l, W)
+			count = l.sum
+			if l.n > l.h then
+				reset = logAt(l, l.n) + W - now
+				if reset < 0 then reset = 0 end
+			end
+		end
+		local r, done = counted(limit, count, cost, reset)
+		if done then
+			if r[1] == 1 and cost > 0 and r[5] < W then r[5] = W end
+			return r
+		end
+		local need = count + cost - limit
+		if l.wide == 0 then
+			r[4] = logAt(l, l.h + need) + W - now
+			return r
+		end
+		local freed = 0
+		for i = l.h + 1, l.n do
+			freed = freed + logUnits(l, i)
+			if freed >= need then
+				r[4] = logAt(l, i) + W - now
+				break
+			end
+		end
 		return r
 	end
-	local need = count + cost - limit
-	if l.wide == 0 then
-		r[4] = logAt(l, l.h + need) + W - now
-		return r
-	end
-	local freed = 0
-	for i = l.h + 1, l.n do
-		freed = freed + logUnits(l, i)
-		if freed >= need then
-			r[4] = logAt(l, i) + W - now
-			break
-		end
-	end
-	return r
-end
 
--- logEncode writes events first..last of l (with units when wide), plus
--- one more event (t, u) when t is given, against a new base second.
-local function logEncode(l, first, last, wide, t, u)
-	local parts = {}
-	local base
-	if first <= last then base = logAt(l, first) else base = t end
-	local bsec = floor(base / E9)
-	if bsec * E9 > base then bsec = bsec - 1 end
-	local b = bsec * E9
-	local sum = 0
-	for i = first, last do
-		local units = logUnits(l, i)
-		sum = sum + units
-		if wide == 1 then
-			parts[#parts + 1] = struct.pack('<dI4', logAt(l, i) - b, units)
+	-- logEncode writes events first..last of l (with units when wide), plus
+	-- one more event (t, u) when t is given, against a new base second.
+	local function logEncode(l, first, last, wide, t, u)
+		local parts = {}
+		local base
+		if first <= last then base = logAt(l, first) else base = t end
+		local bsec = floor(base / E9)
+		if bsec * E9 > base then bsec = bsec - 1 end
+		local b = bsec * E9
+		local sum = 0
+		for i = first, last do
+			local units = logUnits(l, i)
+			sum = sum + units
+			if wide == 1 then
+				parts[#parts + 1] = struct.pack('<dI4', logAt(l, i) - b, units)
+			else
+				parts[#parts + 1] = struct.pack('<d', logAt(l, i) - b)
+			end
+		end
+		if t then
+			sum = sum + u
+			if wide == 1 then
+				parts[#parts + 1] = struct.pack('<dI4', t - b, u)
+			else
+				parts[#parts + 1] = struct.pack('<d', t - b)
+			end
+		end
+		return struct.pack('<ddB', NS + bsec, sum, wide) .. table.concat(parts)
+	end
+
+	local function logTake(l, W, cost)
+		local t = now
+		if not l.n then
+			l = {h = 0, n = 0, wide = 0, sum = 0}
 		else
-			parts[#parts + 1] = struct.pack('<d', logAt(l, i) - b)
+			logPrune(l, W)
+			if l.n > l.h then
+				local newest = logAt(l, l.n)
+				if newest > t then t = newest end
+			end
 		end
-	end
-	if t then
-		sum = sum + u
-		if wide == 1 then
-			parts[#parts + 1] = struct.pack('<dI4', t - b, u)
-		else
-			parts[#parts + 1] = struct.pack('<d', t - b)
+		local wide = l.wide
+		if cost ~= 1 then wide = 1 end
+		if wide == l.wide and l.n > l.h and t - l.base < P52 then
+			-- Keep the base: drop the pruned events and append.
+			local ev
+			if wide == 1 then ev = struct.pack('<dI4', t - l.base, cost) else ev = struct.pack('<d', t - l.base) end
+			local hdr = struct.pack('<ddB', NS + l.base / E9, l.sum + cost, wide)
+			return hdr .. sub(l.raw, HDR + l.h * l.stride + 1) .. ev, t
 		end
+		return logEncode(l, l.h + 1, l.n, wide, t, cost), t
 	end
-	return struct.pack('<ddB', NS + bsec, sum, wide) .. table.concat(parts)
-end
 
-local function logTake(l, W, cost)
-	local t = now
-	if not l.n then
-		l = {h = 0, n = 0, wide = 0, sum = 0}
-	else
-		logPrune(l, W)
-		if l.n > l.h then
-			local newest = logAt(l, l.n)
-			if newest > t then t = newest end
+	-- logKeepPruned writes back a log from which a decision dropped expired
+	-- events without taking: the memory store's log drops them on every
+	-- decision, and a later, longer window must not see them again.
+	local function logKeepPruned(l, key)
+		if not l.n or l.h == 0 then return end
+		if l.h == l.n then
+			redis.call('DEL', key)
+			return
 		end
+		local hdr = struct.pack('<ddB', NS + l.base / E9, l.sum, l.wide)
+		redis.call('SET', key, hdr .. sub(l.raw, HDR + l.h * l.stride + 1), 'KEEPTTL')
 	end
-	local wide = l.wide
-	if cost ~= 1 then wide = 1 end
-	if wide == l.wide and l.n > l.h and t - l.base < P52 then
-		-- Keep the base: drop the pruned events and append.
-		local ev
-		if wide == 1 then ev = struct.pack('<dI4', t - l.base, cost) else ev = struct.pack('<d', t - l.base) end
-		local hdr = struct.pack('<ddB', NS + l.base / E9, l.sum + cost, wide)
-		return hdr .. sub(l.raw, HDR + l.h * l.stride + 1) .. ev, t
-	end
-	return logEncode(l, l.h + 1, l.n, wide, t, cost), t
-end
 
--- logKeepPruned writes back a log from which a decision dropped expired
--- events without taking: the memory store's log drops them on every
--- decision, and a later, longer window must not see them again.
-local function logKeepPruned(l, key)
-	if not l.n or l.h == 0 then return end
-	if l.h == l.n then
-		redis.call('DEL', key)
-		return
-	end
-	local hdr = struct.pack('<ddB', NS + l.base / E9, l.sum, l.wide)
-	redis.call('SET', key, hdr .. sub(l.raw, HDR + l.h * l.stride + 1), 'KEEPTTL')
-end
-
-local function logRefund(l, cost, at)
-	if not l.n or cost <= 0 then return nil end
-	for i = l.n, 1, -1 do
-		local t = logAt(l, i)
-		if t < at then return nil end
-		if t == at and logUnits(l, i) == cost then
-			local pre = sub(l.raw, HDR + 1, HDR + (i - 1) * l.stride)
-			local post = sub(l.raw, HDR + i * l.stride + 1)
-			local hdr = struct.pack('<ddB', NS + l.base / E9, l.sum - cost, l.wide)
-			return hdr .. pre .. post, (#pre + #post) / l.stride
+	local function logRefund(l, cost, at)
+		if not l.n or cost <= 0 then return nil end
+		for i = l.n, 1, -1 do
+			local t = logAt(l, i)
+			if t < at then return nil end
+			if t == at and logUnits(l, i) == cost then
+				local pre = sub(l.raw, HDR + 1, HDR + (i - 1) * l.stride)
+				local post = sub(l.raw, HDR + i * l.stride + 1)
+				local hdr = struct.pack('<ddB', NS + l.base / E9, l.sum - cost, l.wide)
+				return hdr .. pre .. post, (#pre + #post) / l.stride
+			end
 		end
+		return nil
 	end
-	return nil
+
+	Llib = {parse = logParse, at = logAt, decide = logDecide, take = logTake, keep = logKeepPruned, refund = logRefund}
+	return Llib
 end
 
 ------------------------------------------------------------------------
@@ -571,9 +621,9 @@ local function history(h)
 end
 
 local function rebase(kind, s, at, old, new)
-	if kind == 'b' or kind == 'q' then return bucketRebase(s, at, old, new) end
-	if kind == 'w' then return windowRebase(s, at, old, new) end
-	return counterRebase(s, at, old, new)
+	if kind == 'b' or kind == 'q' then return libB().rebase(s, at, old, new) end
+	if kind == 'w' then return libW().rebase(s, at, old, new) end
+	return libC().rebase(s, at, old, new)
 end
 
 -- load returns the key's state, rebased through the policy changes it has
@@ -584,7 +634,7 @@ end
 local function load(kind, key, param, lin, gen, hist)
 	local raw = redis.call('GET', key)
 	if not raw then return {}, false end
-	if kind == 'l' then return logParse(raw) or {}, true end
+	if kind == 'l' then return libL().parse(raw) or {}, true end
 	local s, kp, kl, kg = parse(kind, raw)
 	if not s then return {}, true end
 	if kl == nil or kl == lin then
@@ -673,26 +723,27 @@ local function refundOne(i)
 	local at = rel(a.x1) or -P53
 	local k = a.kind
 	if k == 'l' then
-		local v, left = logRefund(s, a.cost, at)
+		local L = libL()
+		local v, left = L.refund(s, a.cost, at)
 		if v then
-			local l = logParse(v)
+			local l = L.parse(v)
 			-- The newest event sets the expiry; refunding it may shorten it.
-			if left == 0 or logAt(l, l.n) + a.p1 <= now then
+			if left == 0 or L.at(l, l.n) + a.p1 <= now then
 				redis.call('DEL', key)
 			else
-				redis.call('SET', key, v, 'PX', px(logAt(l, l.n) + a.p1))
+				redis.call('SET', key, v, 'PX', px(L.at(l, l.n) + a.p1))
 			end
 		end
 	elseif exists then
 		local r
 		if k == 'b' then
-			r = bucketRefund(s, a.p1, a.cost)
+			r = libB().refund(s, a.p1, a.cost)
 		elseif k == 'q' then
-			r = queueRefund(s, a.p1, a.cost, at, tonumber(a.x2))
+			r = libB().qrefund(s, a.p1, a.cost, at, tonumber(a.x2))
 		elseif k == 'w' then
-			r = windowRefund(s, a.p1, a.cost, at)
+			r = libW().refund(s, a.p1, a.cost, at)
 		else
-			r = counterRefund(s, a.p1, a.cost, at)
+			r = libC().refund(s, a.p1, a.cost, at)
 		end
 		-- Nothing to give back leaves the key as it is (a state idle now
 		-- is not idle for a clock that steps back).
@@ -752,15 +803,15 @@ for i = 1, n do
 	local k = a.kind
 	local r
 	if k == 'b' then
-		r = bucketDecide(s, a.p1, a.p2, a.cost)
+		r = libB().decide(s, a.p1, a.p2, a.cost)
 	elseif k == 'q' then
-		r = queueDecide(s, a.p1, a.p2, a.cost)
+		r = libB().qdecide(s, a.p1, a.p2, a.cost)
 	elseif k == 'w' then
-		r = windowDecide(s, a.p1, a.p2, a.cost)
+		r = libW().decide(s, a.p1, a.p2, a.cost)
 	elseif k == 'c' then
-		r = counterDecide(s, a.p1, a.p2, a.cost)
+		r = libC().decide(s, a.p1, a.p2, a.cost)
 	else
-		r = logDecide(s, a.p1, a.p2, a.cost)
+		r = libL().decide(s, a.p1, a.p2, a.cost)
 	end
 	results[i] = r
 	if r[1] == 0 and a.x1 ~= '1' then allowed = false end
@@ -773,22 +824,22 @@ if not allowed then out[3] = 0 end
 for i = 1, n do
 	local a, s, key = args[i], states[i], KEYS[i]
 	if not allowed or results[i][1] == 0 or a.cost == 0 then
-		if a.kind == 'l' then logKeepPruned(s, key) end
+		if a.kind == 'l' then libL().keep(s, key) end
 	elseif results[i][1] == 1 and a.cost > 0 then
 		local k = a.kind
 		if k == 'l' then
-			local v, t = logTake(s, a.p1, a.cost)
+			local v, t = libL().take(s, a.p1, a.cost)
 			redis.call('SET', key, v, 'PX', px(t + a.p1))
 			-- A clock that stepped back logs the event at the newest time;
 			-- the caller needs that time to give the event back.
 			out[3 + i * 7] = t - now
 		else
 			if k == 'b' or k == 'q' then
-				s = bucketTake(s, a.p1, a.cost)
+				s = libB().take(s, a.p1, a.cost)
 			elseif k == 'w' then
-				s = windowTake(s, a.p1, a.cost)
+				s = libW().take(s, a.p1, a.cost)
 			else
-				s = counterTake(s, a.p1, a.cost)
+				s = libC().take(s, a.p1, a.cost)
 			end
 			store(k, key, s, a.p1, a.lin, a.gen, a.p1)
 		end

@@ -179,7 +179,7 @@ func (tw *twin) load(specs []zoneSpec) *config {
 		mem:   memory.New(memory.Options{Now: func() int64 { return tw.clock }}),
 		specs: specs,
 	}
-	red, err := New(tw.client, Options{KeyPrefix: tw.prefix, now: func() int64 { return tw.clock }, ttlExtra: 3_600_000, split: tw.split})
+	red, err := New(tw.client, Options{KeyPrefix: tw.prefix, Timeout: 10 * time.Second, now: func() int64 { return tw.clock }, ttlExtra: 3_600_000, split: tw.split})
 	if err != nil {
 		tw.t.Fatal(err)
 	}

@@ -17,9 +17,11 @@ import (
 	"github.com/sluicehq/sluice/backend"
 )
 
+// newStore makes a store for tests that count answers: a generous
+// timeout, since a loaded test machine can stall a call past 100ms.
 func newStore(t testing.TB, client goredis.UniversalClient) *Store {
 	t.Helper()
-	s, err := New(client, Options{KeyPrefix: uniquePrefix(t)})
+	s, err := New(client, Options{KeyPrefix: uniquePrefix(t), Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

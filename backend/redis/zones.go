@@ -32,7 +32,7 @@ const maxCost int64 = 1 << 52
 // historyLen is how many policy changes of a zone the script is told
 // about: a key untouched across more reloads than this is rebased from the
 // oldest change it is told about onwards.
-const historyLen = 8
+const historyLen = 32
 
 // Script kinds of state. Token bucket, GCRA and the leaky bucket share the
 // bucket state (b; q is the leaky bucket's queue mode, same state).

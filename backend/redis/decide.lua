@@ -661,7 +661,8 @@ local function px(idle)
 	return ms
 end
 
--- store writes s with its expiry, or deletes the key when s is idle.
+-- store writes s with its expiry, or deletes the key when s is the zero
+-- state.
 local function store(kind, key, s, param, lin, gen, p1)
 	local v, idle
 	-- Numbers are written with %d: Lua's own conversion keeps only 14
@@ -669,7 +670,7 @@ local function store(kind, key, s, param, lin, gen, p1)
 	local meta = string.format(':%d', param)
 	if gen > 0 then meta = meta .. string.format(':%s:%d', lin, gen) end
 	if kind == 'b' or kind == 'q' then
-		if s.tat and s.tat > now then
+		if s.tat then
 			idle = s.tat
 			v = abs(s.tat) .. meta
 		end
@@ -689,7 +690,9 @@ local function store(kind, key, s, param, lin, gen, p1)
 		end
 		v = abs(s.start) .. string.format(':%d:%d', s.prev, s.curr) .. meta
 	end
-	if not idle or idle <= now then
+	-- A state that is idle just now is still kept for a millisecond: a
+	-- clock that steps back would see it in use again.
+	if not idle then
 		redis.call('DEL', key)
 		return
 	end
@@ -728,7 +731,7 @@ local function refundOne(i)
 		if v then
 			local l = L.parse(v)
 			-- The newest event sets the expiry; refunding it may shorten it.
-			if left == 0 or L.at(l, l.n) + a.p1 <= now then
+			if left == 0 then
 				redis.call('DEL', key)
 			else
 				redis.call('SET', key, v, 'PX', px(L.at(l, l.n) + a.p1))

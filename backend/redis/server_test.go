@@ -98,6 +98,7 @@ func startServer(args ...string) (string, error) {
 		cmd := exec.Command("redis-server", a...)
 		log, _ := os.Create(filepath.Join(dir, "log"))
 		cmd.Stdout, cmd.Stderr = log, log
+		dieWithParent(cmd)
 		if err := cmd.Start(); err != nil {
 			return "", err
 		}

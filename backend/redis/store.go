@@ -261,6 +261,28 @@ func (s *Store) header(mode string) []any {
 	return []any{mode, strconv.FormatInt(now/1e9, 10), strconv.FormatInt(now%1e9, 10), strconv.FormatInt(s.opts.ttlExtra, 10)}
 }
 
+// prepare makes each group's script call in mode: the header, then each
+// item's arguments, with the two that depend on the mode from xs; an undo
+// (mode x) adds what each item's decision wrote.
+func (s *Store) prepare(ctx context.Context, mode string, gs []group, items []item, xs func(i int) (string, string)) {
+	hdr := s.header(mode)
+	for g := range gs {
+		keys := make([]string, len(gs[g].items))
+		args := append(make([]any, 0, len(hdr)+12*len(keys)), hdr...)
+		for k, i := range gs[g].items {
+			keys[k] = items[i].key
+			x1, x2 := xs(i)
+			args = itemArgs(args, &items[i], x1, x2)
+		}
+		if mode == "x" {
+			for _, i := range gs[g].items {
+				args = append(args, items[i].before, strconv.FormatInt(items[i].ttl, 10), items[i].after)
+			}
+		}
+		gs[g].cmd = evalCmd(ctx, keys, args)
+	}
+}
+
 func itemArgs(args []any, it *item, x1, x2 string) []any {
 	c := it.conf
 	return append(args, c.kind, c.p1, c.p2, strconv.FormatInt(it.cost, 10), x1, x2, c.lin, c.gen, c.hist)
@@ -285,21 +307,12 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 	if len(gs) > 1 {
 		mode = "u"
 	}
-	hdr := s.header(mode)
-	for g := range gs {
-		keys := make([]string, len(gs[g].items))
-		args := append(make([]any, 0, len(hdr)+9*len(keys)), hdr...)
-		for k, i := range gs[g].items {
-			it := &items[i]
-			keys[k] = it.key
-			shadow := "0"
-			if it.shadow {
-				shadow = "1"
-			}
-			args = itemArgs(args, it, shadow, "")
+	s.prepare(ctx, mode, gs, items, func(i int) (string, string) {
+		if items[i].shadow {
+			return "1", ""
 		}
-		gs[g].cmd = evalCmd(ctx, keys, args)
-	}
+		return "0", ""
+	})
 	runErr := s.run(ctx, gs)
 
 	results := make([]algorithms.Result, len(items))
@@ -438,24 +451,10 @@ func (s *Store) refund(ctx context.Context, mode string, items []item, which []i
 		sub[k] = items[i]
 	}
 	gs := s.groups(sub)
-	hdr := s.header(mode)
-	for g := range gs {
-		keys := make([]string, len(gs[g].items))
-		args := append(make([]any, 0, len(hdr)+12*len(keys)), hdr...)
-		for k, i := range gs[g].items {
-			it := &sub[i]
-			r := granted[which[i]]
-			keys[k] = it.key
-			args = itemArgs(args, it, strconv.FormatInt(r.At, 10), strconv.FormatInt(r.Delay, 10))
-		}
-		if mode == "x" {
-			for _, i := range gs[g].items {
-				it := &sub[i]
-				args = append(args, it.before, strconv.FormatInt(it.ttl, 10), it.after)
-			}
-		}
-		gs[g].cmd = evalCmd(ctx, keys, args)
-	}
+	s.prepare(ctx, mode, gs, sub, func(i int) (string, string) {
+		r := granted[which[i]]
+		return strconv.FormatInt(r.At, 10), strconv.FormatInt(r.Delay, 10)
+	})
 	err := s.run(ctx, gs)
 	for g := range gs {
 		if e := gs[g].cmd.Err(); e != nil {

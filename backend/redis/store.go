@@ -83,6 +83,11 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redis backend: no client")
 	}
+	if _, ok := client.(*goredis.Ring); ok {
+		// A Ring spreads keys over servers that know nothing of each
+		// other: one script could not see all the keys of a request.
+		return nil, errors.New("redis backend: a Ring client cannot decide a request's keys together; use a Redis Cluster")
+	}
 	if !contextTimeouts(client) {
 		return nil, errors.New("redis backend: the client must be made with ContextTimeoutEnabled: true, or a slow Redis would hold requests past the timeout")
 	}
@@ -105,8 +110,6 @@ func contextTimeouts(c goredis.UniversalClient) bool {
 	case *goredis.Client:
 		return c.Options().ContextTimeoutEnabled
 	case *goredis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
-	case *goredis.Ring:
 		return c.Options().ContextTimeoutEnabled
 	}
 	return true
@@ -139,6 +142,9 @@ func (s *Store) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
 	}
 	if err := checkExact(alg, cfg.Policy); err != nil {
 		return nil, err
+	}
+	if cfg.MaxKeys < 0 {
+		return nil, fmt.Errorf("max_keys must be at least 1, got %d", cfg.MaxKeys)
 	}
 	kind := stateKind(alg)
 	key := poolKey{s.prefix, cfg.Name, cfg.Scope, kind}
@@ -295,8 +301,8 @@ func itemArgs(args []any, it *item, x1, x2 string) []any {
 // such a give-back may be refused.
 func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
 	items, of, err := s.resolve(reqs)
-	if err != nil {
-		return false, err
+	if err != nil || len(items) == 0 {
+		return err == nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()

@@ -181,7 +181,9 @@ func TestNoScriptRecovers(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s := newStore(t, client)
 			z := mustZone(t, s, "ns", algorithms.NameTokenBucket, policy(3, time.Minute))
-			out := make([]algorithms.Result, 1)
+			if slotOf(z.(*zone).prefix+"k}") == slotOf(z.(*zone).prefix+"other}") {
+				t.Fatal("the test needs keys in two slots")
+			}
 			for i := range 4 {
 				flush := func(ctx context.Context, c *goredis.Client) error { return c.ScriptFlush(ctx).Err() }
 				if cc, ok := client.(*goredis.ClusterClient); ok {
@@ -191,7 +193,11 @@ func TestNoScriptRecovers(t *testing.T) {
 				} else if err := flush(ctx, client.(*goredis.Client)); err != nil {
 					t.Fatal(err)
 				}
-				ok, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: "k", Cost: 1}}, out)
+				// Two keys in two slots: on the cluster, two calls in one
+				// pipeline, both refused with NOSCRIPT and sent again.
+				reqs := []backend.Request{{Zone: z, Key: "k", Cost: 1}, {Zone: z, Key: "other", Cost: 0}}
+				out := make([]algorithms.Result, 2)
+				ok, err := s.Decide(ctx, reqs, out)
 				if err != nil {
 					t.Fatalf("after SCRIPT FLUSH: %v", err)
 				}
@@ -438,5 +444,29 @@ func TestTimeout(t *testing.T) {
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("took %v with a 50ms timeout", d)
+	}
+}
+
+func TestNewRefusesRing(t *testing.T) {
+	r := goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}, ContextTimeoutEnabled: true})
+	defer r.Close()
+	if _, err := New(r, Options{}); err == nil || !strings.Contains(err.Error(), "Ring") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestEmptyRequestNeedsNoCall(t *testing.T) {
+	// No server behind this client: a call would fail.
+	c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
+	defer c.Close()
+	s, err := New(c, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Decide(context.Background(), nil, nil); !ok || err != nil {
+		t.Fatalf("empty request: %v %v", ok, err)
+	}
+	if err := s.Refund(context.Background(), nil, nil); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -192,3 +192,59 @@ func backendZone(name, alg string, p algorithms.Policy) backend.ZoneConfig {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// A long sliding log: thousands of events, most pruned, some given back
+// (marked in place), units that make the log carry them, the clock
+// stepping back, compactions of the string along the way.
+func TestAdversarialLongLog(t *testing.T) {
+	client := standaloneClient(t)
+	tw := newTwinWith(t, client, false, t0, zoneSpec{name: "log", alg: algorithms.NameSlidingWindow, policy: policy(300, time.Second)})
+	for i := range 3000 {
+		cost := int64(1)
+		switch {
+		case i > 1500 && i%7 == 0:
+			cost = 2
+		case i%97 == 0:
+			cost = 0
+		}
+		ok, _ := tw.do(ask{0, "k", cost, false})
+		if ok && i%3 == 0 && cost > 0 {
+			tw.giveBackLast()
+		}
+		switch {
+		case i%501 == 500:
+			tw.clock -= 3 * int64(time.Millisecond) // steps back
+		case i%250 == 0:
+			tw.clock += 2 * sec // everything leaves
+		default:
+			tw.clock += int64(time.Millisecond) + int64(i%5)
+		}
+	}
+	n, err := client.StrLen(t.Context(), tw.cur.redZ[0].(*zone).prefix+"k}").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// At most 300 live events of 12 bytes, as many pruned ones, a header.
+	if n > 26+2*300*12+256 {
+		t.Fatalf("the log string is %d bytes: pruned events are not compacted", n)
+	}
+}
+
+// An event given back at the head of the log: the next denial's retry
+// time is the oldest event still held, not the one given back.
+func TestAdversarialLogGivenBackAtHead(t *testing.T) {
+	client := standaloneClient(t)
+	tw := newTwinWith(t, client, false, t0, zoneSpec{name: "log", alg: algorithms.NameSlidingWindow, policy: policy(3, time.Second)})
+	tw.do(ask{0, "k", 1, false})
+	tw.clock++
+	tw.do(ask{0, "k", 1, false})
+	tw.giveBack(0) // the oldest event
+	for range 3 {
+		tw.clock++
+		tw.do(ask{0, "k", 1, false})
+	}
+	tw.clock += sec - 3
+	tw.do(ask{0, "k", 2, false})
+	tw.clock++
+	tw.do(ask{0, "k", 1, false})
+}

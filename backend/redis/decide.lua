@@ -54,6 +54,7 @@ local EXTRA = tonumber(ARGV[4])
 local now = NN
 
 local floor = math.floor
+local max = math.max
 local sub = string.sub
 
 -- floordiv is floor(x/d) for integers 0 <= x <= 2^52, 1 <= d <= 2^52.
@@ -65,6 +66,13 @@ local function floordiv(x, d)
 		q = q + 1
 	end
 	return q
+end
+
+-- px is the expiry, in ms, of a state idle at the time idle.
+local function px(idle)
+	local ms = floordiv(idle - now + E6 - 1, E6) + EXTRA
+	if ms < 1 then ms = 1 end
+	return ms
 end
 
 -- muldiv is floor(a*b/c) and the remainder, exactly, for integers
@@ -414,51 +422,74 @@ local function libC()
 end
 
 ------------------------------------------------------------------------
--- Sliding log: a packed string. Header: base second (double), units held
--- (double), 1 if events carry units; then events oldest first, each the
--- event's time in ns after the base second (double) and, in a log with
--- units, the units (uint32). Parsed: {base, sum, wide, raw, h, n} where
--- events h+1 .. n are live (1-based), h those pruned.
+-- Sliding log: one string. A header ('<ddBBI4I4', 26 bytes): the base
+-- second, the units the live events hold, 1 if events carry units, 1 if
+-- some events were given back, the number of events pruned (they stay in
+-- the string until it is compacted) and the number of events. Then the
+-- events, oldest first: the event's time in ns after the base second
+-- (double; an event given back is marked by writing -time-1) and, in a log
+-- with units, its units (uint32). A decision reads the header and the few
+-- events it needs in chunks (GETRANGE), logs an event with APPEND and
+-- rewrites the header in place (SETRANGE): O(1) for any length of log, the
+-- whole string being rewritten only when its pruned part outgrows the live
+-- part.
 
 local Llib
 local function libL()
 	if Llib then return Llib end
-	local HDR = 17
+	local HDR = 26
+	local CH = 32 -- events per read
 
-	local function logParse(raw)
-		local base, sum, wide = struct.unpack('<ddB', raw)
+	-- logLoad reads key's header: nil when there is no log (or only one
+	-- so old that every event has left every window).
+	local function logLoad(key)
+		local hdr = redis.call('GETRANGE', key, 0, HDR - 1)
+		if #hdr < HDR then return nil end
+		local base, sum, wide, tombs, head, n = struct.unpack('<ddBBI4I4', hdr)
 		local d = base - NS
 		if d < -FAR or d > FAR then return nil end
 		local stride = 8
 		if wide == 1 then stride = 12 end
-		return {base = d * E9, sum = sum, wide = wide, stride = stride, raw = raw,
-			h = 0, n = (#raw - HDR) / stride}
+		return {key = key, base = d * E9, sum = sum, wide = wide, tombs = tombs,
+			h = head, h0 = head, n = n, stride = stride, chunks = {}}
 	end
 
-	local function logAt(l, i)
-		return l.base + (struct.unpack('<d', l.raw, HDR + (i - 1) * l.stride + 1))
+	-- logEvent returns event i's time and units (0: given back).
+	local function logEvent(l, i)
+		local c = floor((i - 1) / CH)
+		local s = l.chunks[c]
+		if not s then
+			local from = HDR + c * CH * l.stride
+			s = redis.call('GETRANGE', l.key, from, from + CH * l.stride - 1)
+			l.chunks[c] = s
+		end
+		local pos = (i - 1 - c * CH) * l.stride + 1
+		local off = struct.unpack('<d', s, pos)
+		local u = 1
+		if l.wide == 1 then u = struct.unpack('<I4', s, pos + 8) end
+		if off < 0 then return l.base - off - 1, 0 end
+		return l.base + off, u
 	end
 
-	local function logUnits(l, i)
-		if l.wide == 0 then return 1 end
-		return (struct.unpack('<I4', l.raw, HDR + (i - 1) * l.stride + 9))
+	local function logHeader(l)
+		return struct.pack('<ddBBI4I4', NS + l.base / E9, l.sum, l.wide, l.tombs, l.h, l.n)
+	end
+
+	-- logNewest is the time of the newest event not given back, or nil.
+	local function logNewest(l)
+		for i = l.n, l.h + 1, -1 do
+			local t, u = logEvent(l, i)
+			if u > 0 then return t end
+		end
+		return nil
 	end
 
 	-- logPrune drops (logically) the events with at + W <= now.
 	local function logPrune(l, W)
-		if l.wide == 0 then
-			-- Events are in time order: find the first live one by bisection.
-			local lo, hi = l.h, l.n
-			while lo < hi do
-				local mid = floor((lo + hi) / 2)
-				if logAt(l, mid + 1) + W <= now then lo = mid + 1 else hi = mid end
-			end
-			l.sum = l.sum - (lo - l.h)
-			l.h = lo
-			return
-		end
-		while l.h < l.n and logAt(l, l.h + 1) + W <= now do
-			l.sum = l.sum - logUnits(l, l.h + 1)
+		while l.h < l.n do
+			local t, u = logEvent(l, l.h + 1)
+			if t + W > now then break end
+			l.sum = l.sum - u
 			l.h = l.h + 1
 		end
 	end
@@ -469,10 +500,8 @@ local function libL()
 		if l.n then
 			logPrune(l, W)
 			count = l.sum
-			if l.n > l.h then
-				reset = logAt(l, l.n) + W - now
-				if reset < 0 then reset = 0 end
-			end
+			local t = logNewest(l)
+			if t and t + W > now then reset = t + W - now end
 		end
 		local r, done = counted(limit, count, cost, reset)
 		if done then
@@ -480,103 +509,114 @@ local function libL()
 			return r
 		end
 		local need = count + cost - limit
-		if l.wide == 0 then
-			r[4] = logAt(l, l.h + need) + W - now
+		if l.wide == 0 and l.tombs == 0 then
+			r[4] = logEvent(l, l.h + need) + W - now
 			return r
 		end
 		local freed = 0
 		for i = l.h + 1, l.n do
-			freed = freed + logUnits(l, i)
+			local t, u = logEvent(l, i)
+			freed = freed + u
 			if freed >= need then
-				r[4] = logAt(l, i) + W - now
+				r[4] = t + W - now
 				break
 			end
 		end
 		return r
 	end
 
-	-- logEncode writes events first..last of l (with units when wide), plus
-	-- one more event (t, u) when t is given, against a new base second.
-	local function logEncode(l, first, last, wide, t, u)
-		local parts = {}
-		local base
-		if first <= last then base = logAt(l, first) else base = t end
-		local bsec = floor(base / E9)
-		if bsec * E9 > base then bsec = bsec - 1 end
-		local b = bsec * E9
-		local sum = 0
-		for i = first, last do
-			local units = logUnits(l, i)
-			sum = sum + units
-			if wide == 1 then
-				parts[#parts + 1] = struct.pack('<dI4', logAt(l, i) - b, units)
-			else
-				parts[#parts + 1] = struct.pack('<d', logAt(l, i) - b)
-			end
-		end
-		if t then
-			sum = sum + u
-			if wide == 1 then
-				parts[#parts + 1] = struct.pack('<dI4', t - b, u)
-			else
-				parts[#parts + 1] = struct.pack('<d', t - b)
-			end
-		end
-		return struct.pack('<ddB', NS + bsec, sum, wide) .. table.concat(parts)
+	local function logPack(wide, off, u)
+		if wide == 1 then return struct.pack('<dI4', off, u) end
+		return struct.pack('<d', off)
 	end
 
-	local function logTake(l, W, cost)
+	-- logRewrite writes the live events of l and the event (t, u) as a new
+	-- string whose base is the second of its oldest event.
+	local function logRewrite(l, wide, t, u)
+		local parts = {}
+		local sum = 0
+		local base
+		if l.n then
+			for i = l.h + 1, l.n do
+				local at, units = logEvent(l, i)
+				if units > 0 then
+					if not base then base = floor(at / E9) * E9 end
+					sum = sum + units
+					parts[#parts + 1] = logPack(wide, at - base, units)
+				end
+			end
+		end
+		if not base then base = floor(t / E9) * E9 end
+		parts[#parts + 1] = logPack(wide, t - base, u)
+		local hdr = struct.pack('<ddBBI4I4', NS + base / E9, sum + u, wide, 0, 0, #parts)
+		redis.call('SET', l.key, hdr .. table.concat(parts))
+	end
+
+	-- logTake logs cost units at now (at the newest event's time if the
+	-- clock stepped back) and returns that time.
+	local function logTake(l, W, cost, key)
 		local t = now
 		if not l.n then
-			l = {h = 0, n = 0, wide = 0, sum = 0}
+			l = {key = key}
 		else
 			logPrune(l, W)
-			if l.n > l.h then
-				local newest = logAt(l, l.n)
-				if newest > t then t = newest end
-			end
+			local newest = logNewest(l)
+			if newest and newest > t then t = newest end
 		end
-		local wide = l.wide
+		local wide = l.wide or 0
 		if cost ~= 1 then wide = 1 end
-		if wide == l.wide and l.n > l.h and t - l.base < P52 then
-			-- Keep the base: drop the pruned events and append.
-			local ev
-			if wide == 1 then ev = struct.pack('<dI4', t - l.base, cost) else ev = struct.pack('<d', t - l.base) end
-			local hdr = struct.pack('<ddB', NS + l.base / E9, l.sum + cost, wide)
-			return hdr .. sub(l.raw, HDR + l.h * l.stride + 1) .. ev, t
+		if l.n and wide == l.wide and t - l.base < P52 and l.h * l.stride <= max(256, (l.n - l.h) * l.stride) then
+			redis.call('APPEND', key, logPack(wide, t - l.base, cost))
+			l.sum = l.sum + cost
+			l.n = l.n + 1
+			redis.call('SETRANGE', key, 0, logHeader(l))
+		else
+			logRewrite(l, wide, t, cost)
 		end
-		return logEncode(l, l.h + 1, l.n, wide, t, cost), t
+		redis.call('PEXPIRE', key, px(t + W))
+		return t
 	end
 
-	-- logKeepPruned writes back a log from which a decision dropped expired
-	-- events without taking: the memory store's log drops them on every
-	-- decision, and a later, longer window must not see them again.
-	local function logKeepPruned(l, key)
-		if not l.n or l.h == 0 then return end
-		if l.h == l.n then
+	-- logKeep writes back what a decision pruned without taking: the memory
+	-- store's log drops those events, and a later, longer window must not
+	-- see them again.
+	local function logKeep(l, key)
+		if not l.n or l.h == l.h0 then return end
+		if not logNewest(l) then
 			redis.call('DEL', key)
 			return
 		end
-		local hdr = struct.pack('<ddB', NS + l.base / E9, l.sum, l.wide)
-		redis.call('SET', key, hdr .. sub(l.raw, HDR + l.h * l.stride + 1), 'KEEPTTL')
+		redis.call('SETRANGE', key, 0, logHeader(l))
 	end
 
-	local function logRefund(l, cost, at)
-		if not l.n or cost <= 0 then return nil end
-		for i = l.n, 1, -1 do
-			local t = logAt(l, i)
-			if t < at then return nil end
-			if t == at and logUnits(l, i) == cost then
-				local pre = sub(l.raw, HDR + 1, HDR + (i - 1) * l.stride)
-				local post = sub(l.raw, HDR + i * l.stride + 1)
-				local hdr = struct.pack('<ddB', NS + l.base / E9, l.sum - cost, l.wide)
-				return hdr .. pre .. post, (#pre + #post) / l.stride
+	-- logRefund gives back the event the granted decision logged: cost
+	-- units at time at, searched from the newest; events of other
+	-- requests are never touched.
+	local function logRefund(l, cost, at, key, W)
+		if not l.n or cost <= 0 then return end
+		for i = l.n, l.h + 1, -1 do
+			local t, u = logEvent(l, i)
+			if u > 0 then
+				if t < at then return end
+				if t == at and u == cost then
+					redis.call('SETRANGE', key, HDR + (i - 1) * l.stride, struct.pack('<d', -(t - l.base) - 1))
+					l.sum = l.sum - cost
+					l.tombs = 1
+					l.chunks = {}
+					local newest = logNewest(l)
+					if not newest then
+						redis.call('DEL', key)
+						return
+					end
+					redis.call('SETRANGE', key, 0, logHeader(l))
+					redis.call('PEXPIRE', key, px(newest + W))
+					return
+				end
 			end
 		end
-		return nil
 	end
 
-	Llib = {parse = logParse, at = logAt, decide = logDecide, take = logTake, keep = logKeepPruned, refund = logRefund}
+	Llib = {load = logLoad, decide = logDecide, take = logTake, keep = logKeep, refund = logRefund}
 	return Llib
 end
 
@@ -632,9 +672,12 @@ end
 -- instance of the fleet, or before a restart) is rebased from its own rate
 -- to the current one now.
 local function load(kind, key, param, lin, gen, hist)
+	if kind == 'l' then
+		local l = libL().load(key)
+		return l or {}, l ~= nil
+	end
 	local raw = redis.call('GET', key)
 	if not raw then return {}, false end
-	if kind == 'l' then return libL().parse(raw) or {}, true end
 	local s, kp, kl, kg = parse(kind, raw)
 	if not s then return {}, true end
 	if kl == nil or kl == lin then
@@ -653,12 +696,6 @@ local function load(kind, key, param, lin, gen, hist)
 	end
 	if kp ~= param then s = rebase(kind, s, now, kp, param) end
 	return s, true
-end
-
-local function px(idle)
-	local ms = floordiv(idle - now + E6 - 1, E6) + EXTRA
-	if ms < 1 then ms = 1 end
-	return ms
 end
 
 -- store writes s with its expiry, or deletes the key when s is the zero
@@ -726,17 +763,7 @@ local function refundOne(i)
 	local at = rel(a.x1) or -P53
 	local k = a.kind
 	if k == 'l' then
-		local L = libL()
-		local v, left = L.refund(s, a.cost, at)
-		if v then
-			local l = L.parse(v)
-			-- The newest event sets the expiry; refunding it may shorten it.
-			if left == 0 then
-				redis.call('DEL', key)
-			else
-				redis.call('SET', key, v, 'PX', px(L.at(l, l.n) + a.p1))
-			end
-		end
+		libL().refund(s, a.cost, at, key, a.p1)
 	elseif exists then
 		local r
 		if k == 'b' then
@@ -793,8 +820,11 @@ local before = {}
 for i = 1, n do
 	local a = args[i]
 	states[i] = load(a.kind, KEYS[i], a.p1, a.lin, a.gen, a.hist)
-	if undo then
+	-- (A log is given back by its refund, which is exact: no copy.)
+	if undo and a.kind ~= 'l' then
 		before[i] = {redis.call('GET', KEYS[i]) or '', redis.call('PTTL', KEYS[i])}
+	elseif undo then
+		before[i] = {'', 0}
 	end
 end
 
@@ -831,8 +861,7 @@ for i = 1, n do
 	elseif results[i][1] == 1 and a.cost > 0 then
 		local k = a.kind
 		if k == 'l' then
-			local v, t = libL().take(s, a.p1, a.cost)
-			redis.call('SET', key, v, 'PX', px(t + a.p1))
+			local t = libL().take(s, a.p1, a.cost, key)
 			-- A clock that stepped back logs the event at the newest time;
 			-- the caller needs that time to give the event back.
 			out[3 + i * 7] = t - now
@@ -852,7 +881,7 @@ if undo then
 	for i = 1, n do
 		local b = before[i]
 		local new = ''
-		if allowed and results[i][1] == 1 and args[i].cost > 0 then
+		if allowed and results[i][1] == 1 and args[i].cost > 0 and args[i].kind ~= 'l' then
 			new = redis.call('GET', KEYS[i]) or ''
 		end
 		local o = 3 + n * 7 + (i - 1) * 3

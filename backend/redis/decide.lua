@@ -565,7 +565,16 @@ local function libL()
 		end
 		local wide = l.wide or 0
 		if cost ~= 1 then wide = 1 end
-		if l.n and wide == l.wide and t - l.base < P52 and l.h * l.stride <= max(256, (l.n - l.h) * l.stride) then
+		local live = (l.n or 0) - (l.h or 0)
+		if l.n and wide == l.wide and t - l.base < P52 and live * l.stride <= 4096 then
+			-- A log of up to 4 KB is copied whole, without its pruned events: a
+			-- string appended to grows its allocation ahead of use.
+			local tail = redis.call('GETRANGE', key, HDR + l.h * l.stride, -1)
+			l.sum = l.sum + cost
+			l.n = live + 1
+			l.h = 0
+			redis.call('SET', key, logHeader(l) .. tail .. logPack(wide, t - l.base, cost))
+		elseif l.n and wide == l.wide and t - l.base < P52 and l.h * l.stride <= live * l.stride then
 			redis.call('APPEND', key, logPack(wide, t - l.base, cost))
 			l.sum = l.sum + cost
 			l.n = l.n + 1

@@ -809,10 +809,11 @@ if mode == 'x' then
 		if args[i].kind ~= 'l' and new ~= '' and redis.call('GET', KEYS[i]) == new then
 			if old == '' then
 				redis.call('DEL', KEYS[i])
-			elseif ttl > 0 then
-				redis.call('SET', KEYS[i], old, 'PX', ttl)
+			elseif ttl == -1 then
+				redis.call('SET', KEYS[i], old) -- it had no expiry (not ours)
 			else
-				redis.call('SET', KEYS[i], old)
+				if ttl < 1 then ttl = 1 end
+				redis.call('SET', KEYS[i], old, 'PX', ttl)
 			end
 		else
 			refundOne(i)

@@ -135,6 +135,19 @@ func TestClusterCrossSlotUndo(t *testing.T) {
 			if out[0].Remaining != 50 {
 				t.Fatalf("the loose zone has %d left, want 50: undone charges leaked", out[0].Remaining)
 			}
+			// Undone keys keep an expiry too.
+			err := client.ForEachMaster(context.Background(), func(ctx context.Context, c *goredis.Client) error {
+				keys, err := c.Keys(ctx, s.prefix+"*").Result()
+				for _, k := range keys {
+					if ttl, _ := c.PTTL(ctx, k).Result(); ttl <= 0 {
+						t.Errorf("key %q has no expiry (PTTL %v)", k, ttl)
+					}
+				}
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
 		})
 	}
 }

@@ -80,6 +80,9 @@ type Handler struct {
 	ctx      caddy.Context
 	now      func() int64
 	jitterFn func() float64
+
+	// bodyFields are the JSON paths found in one pass over a body.
+	bodyFields *keys.BodyFields
 }
 
 // maxJitter bounds jitter: 10 adds up to ten times the wait.
@@ -147,6 +150,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.zones = append(h.zones, z)
 	}
+	h.bodyFields = collectBodyFields(h.zones)
 
 	if !h.DisableMetrics {
 		if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {

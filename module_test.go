@@ -56,6 +56,8 @@ func TestProvisionErrors(t *testing.T) {
 		{"scope without rate", `"window": "1m", "max_events": 5, "scopes": {"ip": {"key": "{http.vars.client_ip}"}}`, `zone "z": scope "ip": max_events must be at least 1, got 0`},
 		{"key without rate", `"key": "{http.vars.client_ip}", "scopes": {"ip": {"window": "1m", "max_events": 1}}`, `zone "z": the zone's key, burst, algorithm, cost, normalize or hash need a rate`},
 		{"empty body field", `"window": "1m", "max_events": 5, "key": "{http.request.body.json.}"`, `zone "z": key: placeholder {http.request.body.json.} names no field`},
+		{"empty JSON path segment", `"window": "1m", "max_events": 5, "key": "{http.request.body.field.a..b}"`, `zone "z": key: placeholder {http.request.body.field.a..b}: the JSON path "a..b" has an empty segment`},
+		{"cost names no body field", `"window": "1m", "max_events": 5, "cost": "{http.request.body.json.}"`, `cost: placeholder {http.request.body.json.} names no field`},
 		{"bad matcher", `"window": "1m", "max_events": 5, "match": [{"no_such_matcher": {}}]`, `zone "z": loading matchers`},
 	}
 	for _, tt := range tests {

@@ -43,15 +43,7 @@ func NewKeyer(template string, opts Options) (*Keyer, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &Keyer{tmpl: t, v4: opts.IPv4Prefix, v6: opts.IPv6Prefix, norms: opts.Normalizers, secret: opts.Secret}
-	for _, name := range t.Placeholders() {
-		if strings.HasPrefix(name, BodyJSONPrefix) || strings.HasPrefix(name, BodyFormPrefix) {
-			if strings.TrimPrefix(strings.TrimPrefix(name, BodyJSONPrefix), BodyFormPrefix) == "" {
-				return nil, fmt.Errorf("placeholder {%s} names no field", name)
-			}
-			k.body = true
-		}
-	}
+	k := &Keyer{tmpl: t, v4: opts.IPv4Prefix, v6: opts.IPv6Prefix, norms: opts.Normalizers, secret: opts.Secret, body: t.NeedsBody()}
 	return k, nil
 }
 
@@ -62,7 +54,8 @@ func (k *Keyer) NeedsBody() bool { return k.body }
 func (k *Keyer) Template() Template { return k.tmpl }
 
 // ErrMissing wraps the reason a key could not be built: a placeholder had
-// no value, a body field was absent, or a normalizer refused the value.
+// no value (ErrAbsent), the request gave it twice (ErrAmbiguous), the body
+// could not be read (ErrUnreadable), or a normalizer refused the value.
 var ErrMissing = errors.New("key is missing")
 
 // Key builds the key for r. Each placeholder's value is looked up (body
@@ -70,8 +63,9 @@ var ErrMissing = errors.New("key is missing")
 // if it is an IP address (and masked to the configured prefix), and
 // normalized. When a value is empty or invalid, Key returns the key with
 // that value empty (what mholt/caddy-ratelimit would use) and an error
-// wrapping ErrMissing (and ErrAmbiguous for a value given more than once),
-// and the zone's missing-key policy decides.
+// wrapping ErrMissing, and the zone's missing-key policy decides. The error
+// wraps ErrAbsent only when every value missing is absent, so that one
+// absent part cannot make a key skippable whose other part was unreadable.
 func (k *Keyer) Key(r *http.Request, repl *caddy.Replacer, body *Body) (string, error) {
 	var sb strings.Builder
 	var missing error
@@ -81,7 +75,7 @@ func (k *Keyer) Key(r *http.Request, repl *caddy.Replacer, body *Body) (string, 
 			continue
 		}
 		v, err := k.value(r, repl, body, p.text)
-		if err != nil && missing == nil {
+		if err != nil && (missing == nil || errors.Is(missing, ErrAbsent) && !errors.Is(err, ErrAbsent)) {
 			missing = fmt.Errorf("%w: {%s}: %w", ErrMissing, p.text, err)
 		}
 		sb.WriteString(v)
@@ -100,20 +94,12 @@ func (k *Keyer) Key(r *http.Request, repl *caddy.Replacer, body *Body) (string, 
 }
 
 func (k *Keyer) value(r *http.Request, repl *caddy.Replacer, body *Body, name string) (string, error) {
-	var v string
-	if body != nil && (strings.HasPrefix(name, BodyJSONPrefix) || strings.HasPrefix(name, BodyFormPrefix)) {
-		var err error
-		if v, err = body.Field(name); err != nil {
-			return "", err
-		}
-	} else {
-		if r != nil && repeated(r, name) {
-			return "", ErrAmbiguous
-		}
-		v, _ = repl.GetString(name)
+	v, err := lookup(r, repl, body, name)
+	if err != nil {
+		return "", err
 	}
 	if v == "" {
-		return "", errors.New("empty")
+		return "", fmt.Errorf("%w: empty", ErrAbsent)
 	}
 	if ip, ok := canonicalIP(v, k.v4, k.v6); ok {
 		v = ip
@@ -125,8 +111,27 @@ func (k *Keyer) value(r *http.Request, repl *caddy.Replacer, body *Body, name st
 		}
 	}
 	if v == "" {
+		// A value that normalizes to nothing was still sent: not absent.
 		return "", errors.New("empty after normalizing")
 	}
+	return v, nil
+}
+
+// lookup returns the value of placeholder name: a body field from body, or
+// what repl holds, unless the request gives it more than once. An absent
+// body field is an error wrapping ErrAbsent; any other placeholder is
+// empty when absent.
+func lookup(r *http.Request, repl *caddy.Replacer, body *Body, name string) (string, error) {
+	if _, _, ok := bodyPlaceholder(name); ok {
+		if body == nil {
+			return "", fmt.Errorf("%w: body not read", ErrUnreadable)
+		}
+		return body.Field(name)
+	}
+	if r != nil && repeated(r, name) {
+		return "", ErrAmbiguous
+	}
+	v, _ := repl.GetString(name)
 	return v, nil
 }
 

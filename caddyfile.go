@@ -40,7 +40,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	            <matchers>
 //	        }
 //	        key        <string>
-//	        by         ip|subnet|global|path|header <name>|cookie <name>|query <name>|json <path>|form <field>
+//	        by         ip|subnet|global|path|header <name>|cookie <name>|query <name>|json <path>|form <field>|body <field>
 //	        normalize  trim|lower|path|email [aliases]|phone <region>
 //	        hash       <secret>
 //	        missing    shared|skip|deny
@@ -405,6 +405,7 @@ var byKinds = map[string]struct {
 	"path":   {template: "{http.request.uri.path}", norm: keys.NormPath},
 	"json":   {template: "{" + keys.BodyJSONPrefix + "%s}", args: 1},
 	"form":   {template: "{" + keys.BodyFormPrefix + "%s}", args: 1},
+	"body":   {template: "{" + keys.BodyFieldPrefix + "%s}", args: 1},
 }
 
 func (p *limitParser) parseBy() error {
@@ -415,12 +416,15 @@ func (p *limitParser) parseBy() error {
 	}
 	kind, ok := byKinds[args[0]]
 	if !ok {
-		return d.Errf("%s: by %q: want ip, subnet, global, header <name>, cookie <name>, query <name>, path, json <path> or form <field>", p.where, args[0])
+		return d.Errf("%s: by %q: want ip, subnet, global, header <name>, cookie <name>, query <name>, path, json <path>, form <field> or body <field>", p.where, args[0])
 	}
 	if len(args)-1 != kind.args {
 		return d.Errf("%s: by %s takes %d argument(s), got %d", p.where, args[0], kind.args, len(args)-1)
 	}
 	p.by = args[0]
+	if kind.args == 1 && strings.ContainsAny(args[1], "{}") {
+		return d.Errf("%s: by %s %q: a name cannot hold braces", p.where, args[0], args[1])
+	}
 	if kind.args == 1 {
 		p.l.Key = fmt.Sprintf(kind.template, args[1])
 	} else {

@@ -335,6 +335,15 @@ func TestUnreadableBodyIsNeverSkipped(t *testing.T) {
 			missing deny
 			rate 100/1h
 		}
+		zone unread_refused {
+			match {
+				path /refused
+			}
+			by json phone
+			normalize phone BD
+			missing skip
+			rate 2/1h
+		}
 		body_limit 1KiB
 	}
 	respond "ok"`), "caddyfile")
@@ -372,6 +381,17 @@ func TestUnreadableBodyIsNeverSkipped(t *testing.T) {
 	}
 	if passed != 2 {
 		t.Fatalf("%d of %d unreadable bodies passed a skip zone of 2; they must share its quota", passed, 3*len(kinds))
+	}
+	// A value the normalizer refuses was sent: it is not absent either.
+	passed = 0
+	for i := 0; i < 6; i++ {
+		body := fmt.Sprintf(`{"phone":"not a number %d"}`, i)
+		if send(t, tester, "/refused", []byte(body), jsonType...) == http.StatusOK {
+			passed++
+		}
+	}
+	if passed != 2 {
+		t.Fatalf("%d of 6 refused values passed a skip zone of 2; they must share its quota", passed)
 	}
 	// An absent field, or no body at all, is skipped.
 	for i := 0; i < 5; i++ {

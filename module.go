@@ -67,9 +67,10 @@ type Handler struct {
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
 
 	// BodyLimit is how many bytes of a request body are read to find a key
-	// field ({http.request.body.json.*}, {http.request.body.form.*}). A
-	// larger body is not parsed: its fields count as missing. The body is
-	// always handed on unchanged. Default: 65536.
+	// or cost field ({http.request.body.json.*}, {http.request.body.form.*},
+	// {http.request.body.field.*}). A larger body is unreadable: it is never
+	// skipped by missing "skip", and a cost read from it is answered with
+	// 400. The body is always handed on unchanged. Default: 65536.
 	BodyLimit int64 `json:"body_limit,omitempty"`
 
 	zones    []*Zone

@@ -121,8 +121,10 @@ type Limit struct {
 	// honours trusted_proxies; never key on X-Forwarded-For yourself).
 	// Values that are IP addresses are written in canonical form (an
 	// IPv4-mapped IPv6 address is its IPv4 address). Body fields are
-	// placeholders too: {http.request.body.json.<path>} and
-	// {http.request.body.form.<field>}.
+	// placeholders too: {http.request.body.json.<path>} (JSON bodies),
+	// {http.request.body.form.<field>} (URL-encoded and multipart forms)
+	// and {http.request.body.field.<path>} (either, as the Content-Type
+	// says).
 	Key string `json:"key,omitempty"`
 
 	// MaxEvents is how many events (units of cost) are allowed per Window.
@@ -155,8 +157,10 @@ type Limit struct {
 	// Cost is how many units one request consumes: a whole number (0 makes
 	// requests free), or a placeholder that expands to one, such as
 	// "{http.request.header.X-Cost}" or "{http.request.body.json.tokens}".
-	// Default: 1. A placeholder that expands to nothing costs 1; one that is
-	// not a whole number ≥ 0 is answered with 400.
+	// Default: 1. A placeholder that is absent (a header not sent, a field
+	// absent from a readable body) costs 1. One that is unreadable or given
+	// twice (see Missing), or is not a whole number ≥ 0, is answered with
+	// 400; a shadow zone logs it instead.
 	Cost *Cost `json:"cost,omitempty"`
 
 	// IPv4Prefix masks key values that are IPv4 addresses (IPv4-mapped
@@ -185,14 +189,17 @@ type Limit struct {
 	// without a secret.
 	Hash string `json:"hash,omitempty"`
 
-	// Missing is what happens when the key cannot be built: a placeholder
-	// is empty, a body field is absent or not valid JSON or form data, a
-	// normalizer refuses the value, or the request gives the value twice
-	// (a repeated header, query parameter, cookie, form field or JSON key;
-	// such a request is never skipped, it shares one quota). "shared" (the default, and
-	// mholt/caddy-ratelimit's behaviour): all such requests share one
-	// quota. "skip": such requests are not limited by this limit. "deny":
-	// they are answered 400 Bad Request.
+	// Missing is what happens when the key cannot be built: a value is
+	// absent (an empty placeholder, a body field absent or null in a
+	// readable body, no body), unreadable (a body of another Content-Type,
+	// a charset other than UTF-8, a byte order mark, a Content-Encoding,
+	// over body_limit, invalid JSON or form data, an object where a value
+	// was wanted), given twice (a repeated header, query parameter, cookie,
+	// form field or JSON key) or refused by a normalizer. "shared" (the
+	// default, and mholt/caddy-ratelimit's behaviour): all such requests
+	// share one quota. "skip": requests whose value is absent are not
+	// limited by this limit; all others share one quota. "deny": they are
+	// answered 400 Bad Request.
 	Missing string `json:"missing,omitempty"`
 
 	// MaxKeys caps how many keys this limit tracks in memory. When a new

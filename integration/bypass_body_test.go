@@ -258,16 +258,7 @@ func TestUnreadableCostIsRefused(t *testing.T) {
 // badBody is the body that took 13 ms per lookup with a token-by-token
 // decoder: 64 KiB of zeros in an array, then the key field.
 func badBody() []byte {
-	var b bytes.Buffer
-	b.WriteString(`{"a":[`)
-	for i := 0; i < 32748; i++ {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('0')
-	}
-	b.WriteString(`],"phone":"01712345678"}`)
-	return b.Bytes()
+	return []byte(`{"a":[` + strings.Repeat("0,", 32747) + `0],"phone":"01712345678"}`)
 }
 
 // A body read by eight limits and a cost is parsed once, in linear time:

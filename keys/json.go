@@ -380,18 +380,8 @@ func (s *jsonScan) object(active uint64, level int) error {
 		if err := s.value(match, level+1); err != nil {
 			return err
 		}
-		s.space()
-		if s.i >= len(s.data) {
-			return errEnd
-		}
-		switch s.data[s.i] {
-		case ',':
-			s.i++
-		case '}':
-			s.i++
-			return nil
-		default:
-			return s.errAt("want a comma or }")
+		if done, err := s.more('}'); done || err != nil {
+			return err
 		}
 	}
 }
@@ -414,20 +404,28 @@ func (s *jsonScan) array(active uint64, level int) error {
 		if err := s.value(match, level+1); err != nil {
 			return err
 		}
-		s.space()
-		if s.i >= len(s.data) {
-			return errEnd
-		}
-		switch s.data[s.i] {
-		case ',':
-			s.i++
-		case ']':
-			s.i++
-			return nil
-		default:
-			return s.errAt("want a comma or ]")
+		if done, err := s.more(']'); done || err != nil {
+			return err
 		}
 	}
+}
+
+// more reads what follows a member of an object or array: a comma, or
+// the closing bracket, which makes done true.
+func (s *jsonScan) more(closing byte) (done bool, err error) {
+	s.space()
+	if s.i >= len(s.data) {
+		return false, errEnd
+	}
+	switch s.data[s.i] {
+	case ',':
+		s.i++
+		return false, nil
+	case closing:
+		s.i++
+		return true, nil
+	}
+	return false, s.errAt("want a comma or " + string(closing))
 }
 
 // str reads a string from its opening quote past its closing one,

@@ -503,3 +503,35 @@ func TestByBodyLoginAnyContentType(t *testing.T) {
 		}
 	}
 }
+
+// A form field in another spelling that applications read as the field
+// (ASP.NET ignores case, PHP reads "user.name" as "user_name") is the
+// field, and two spellings of it are ambiguous: PHP keeps the last one,
+// so "user_name=junkN&user.name=victim" is the victim there.
+func TestFormFieldSpellingsDoNotBypass(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone form_spellings {
+			by form user_name
+			missing skip
+			rate 2/1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+	passed := 0
+	for i := 0; i < 10; i++ {
+		body := fmt.Sprintf("user_name=junk%d&user.name=victim", i)
+		if send(t, tester, "/", []byte(body), "Content-Type", formType) == http.StatusOK {
+			passed++
+		}
+	}
+	if passed != 2 {
+		t.Fatalf("%d of 10 requests naming the field twice passed; they must share one quota of 2", passed)
+	}
+	for i, body := range []string{"USER.NAME=ann", "user+name=ann", "user_name=ann"} {
+		want := map[bool]int{true: http.StatusOK, false: http.StatusTooManyRequests}[i < 2]
+		if code := send(t, tester, "/", []byte(body), "Content-Type", formType); code != want {
+			t.Fatalf("%s: %d, want %d", body, code, want)
+		}
+	}
+}

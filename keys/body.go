@@ -250,12 +250,12 @@ func (b *Body) formField(name string) (string, error) {
 	if b.formErr != nil {
 		return "", fmt.Errorf("%w: body is not valid form data: %v", ErrUnreadable, b.formErr)
 	}
-	// As for JSON keys, a field in another case is the field when it is
-	// the only spelling (ASP.NET reads form names without regard to case),
-	// and two spellings are ambiguous.
+	// As for JSON keys, a field in another spelling that an application
+	// reads as the field is the field when it is the only spelling, and
+	// two spellings are ambiguous.
 	var vals []string
 	for k, v := range b.form {
-		if strings.EqualFold(k, name) {
+		if sameFormName(k, name) {
 			vals = append(vals, v...)
 		}
 	}
@@ -270,6 +270,31 @@ func (b *Body) formField(name string) (string, error) {
 		return "", fmt.Errorf("%w: form field %s is not UTF-8", ErrUnreadable, name)
 	}
 	return vals[0], nil
+}
+
+// sameFormName reports whether an application may read form field a as
+// field b: ASP.NET compares names without regard to case, and PHP drops
+// leading spaces and reads " ", "." and "[" (unclosed) in a name as "_"
+// ($_POST["user_name"] is the field "user.name").
+func sameFormName(a, b string) bool {
+	a, b = strings.TrimLeft(a, " "), strings.TrimLeft(b, " ")
+	for a != "" && b != "" {
+		ra, na := utf8.DecodeRuneInString(a)
+		rb, nb := utf8.DecodeRuneInString(b)
+		if phpUnderscore(ra) != phpUnderscore(rb) && !strings.EqualFold(a[:na], b[:nb]) {
+			return false
+		}
+		a, b = a[na:], b[nb:]
+	}
+	return a == b
+}
+
+func phpUnderscore(r rune) rune {
+	switch r {
+	case ' ', '.', '[':
+		return '_'
+	}
+	return r
 }
 
 // parseForm reads URL-encoded form data, or the text fields of a

@@ -150,3 +150,56 @@ func TestPhoneDigitsOfEveryScript(t *testing.T) {
 		t.Fatalf("invisible characters inside a number: %v; want all %d refused", got, len(refused))
 	}
 }
+
+// A query parameter hidden in a ";" pair is ambiguous: Caddy's
+// placeholder (Go's URL.Query) skips the pair, an application that splits
+// on ";" reads it. Here the upstream is such an application and counts
+// how often it was asked about the victim.
+func TestQuerySemicolonPairsAreAmbiguous(t *testing.T) {
+	var mu sync.Mutex
+	victim := 0
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user := ""
+		for _, pair := range strings.FieldsFunc(r.URL.RawQuery, func(c rune) bool { return c == '&' || c == ';' }) {
+			if k, v, _ := strings.Cut(pair, "="); strings.EqualFold(k, "user") || k == "us%65r" {
+				user = v // the last copy wins, as in PHP and Rack
+			}
+		}
+		if user == "victim" {
+			mu.Lock()
+			victim++
+			mu.Unlock()
+		}
+	}))
+	defer upstream.Close()
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone norm_query {
+			key {http.request.uri.query.user}
+			missing skip
+			rate 2/1h
+		}
+	}
+	reverse_proxy `+strings.TrimPrefix(upstream.URL, "http://")), "caddyfile")
+	get := func(p string) int {
+		code, _, _ := do(t, tester, "GET", p)
+		return code
+	}
+	var attack []string
+	for i := 0; i < 5; i++ {
+		attack = append(attack,
+			fmt.Sprintf("/?user=r%d&user=victim;x=1", i), // Caddy reads r<i>, the app victim
+			fmt.Sprintf("/?user=victim;x=%d", i),         // Caddy reads nothing: skipped before
+			fmt.Sprintf("/?us%%65r=r%d&user=victim", i),  // two copies, one name encoded
+			fmt.Sprintf("/?USER=victim&x=%d", i),         // another case
+		)
+	}
+	got := statuses(t, get, attack)
+	if got[http.StatusOK] != 2 || victim != 2 {
+		t.Fatalf("%d requests for the victim through ; pairs: %v, %d reached the upstream as victim; want 2 (one shared quota)", len(attack), got, victim)
+	}
+	// A plain parameter is still a key of its own.
+	if code := get("/?user=ann"); code != http.StatusOK {
+		t.Fatalf("?user=ann: %d", code)
+	}
+}

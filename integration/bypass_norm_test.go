@@ -10,6 +10,21 @@ import (
 	"testing"
 )
 
+// zoneServer starts Caddy with one rate_limit zone in front of handler and
+// returns a function that GETs a path and answers the status.
+func zoneServer(t *testing.T, zone, handler string) func(path string) int {
+	t.Helper()
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		`+zone+`
+	}
+	`+handler), "caddyfile")
+	return func(path string) int {
+		code, _, _ := do(t, tester, "GET", path)
+		return code
+	}
+}
+
 // statuses sends one GET per path and counts the answers by status.
 func statuses(t *testing.T, do func(path string) int, paths []string) map[int]int {
 	t.Helper()
@@ -26,20 +41,13 @@ func statuses(t *testing.T, do func(path string) int, paths []string) map[int]in
 // invisible character is refused (400 under missing deny), never a fresh
 // key: a mail server delivers all of these to rakib@gmail.com.
 func TestEmailSpellingsShareOneQuota(t *testing.T) {
-	tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		zone norm_email {
+	send := zoneServer(t, `zone norm_email {
 			by query email
 			normalize email
 			missing deny
 			rate 3/1h
-		}
-	}
-	respond "sent"`), "caddyfile")
-	get := func(email string) int {
-		code, _, _ := do(t, tester, "GET", "/?email="+url.QueryEscape(email))
-		return code
-	}
+		}`, `respond "sent"`)
+	get := func(email string) int { return send("/?email=" + url.QueryEscape(email)) }
 	spellings := []string{
 		"rakib@gmail.com", "rakib(1)@gmail.com", "rakib((2)x)@gmail.com", "rakib@(3)gmail.com",
 		"<rakib@gmail.com>", "Rakib <rakib@gmail.com>", "\"rakib\"@gmail.com", "\"Rakib\" <\"rakib\"(4)@gmail.com>",
@@ -76,19 +84,11 @@ func TestPathSpellingsShareOneQuota(t *testing.T) {
 		mu.Unlock()
 	}))
 	defer upstream.Close()
-	tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		zone norm_path {
+	get := zoneServer(t, `zone norm_path {
 			by path
 			missing deny
 			rate 3/1h
-		}
-	}
-	reverse_proxy `+strings.TrimPrefix(upstream.URL, "http://")), "caddyfile")
-	get := func(p string) int {
-		code, _, _ := do(t, tester, "GET", p)
-		return code
-	}
+		}`, "reverse_proxy "+strings.TrimPrefix(upstream.URL, "http://"))
 	var attack []string
 	for i := 1; i <= 6; i++ {
 		attack = append(attack, fmt.Sprintf("/p%d%%3F/../api/login", i))
@@ -118,20 +118,13 @@ func TestPathSpellingsShareOneQuota(t *testing.T) {
 // A Bangladeshi number typed in Bengali digits is the number it spells:
 // one key with its ASCII and international spellings, in every script.
 func TestPhoneDigitsOfEveryScript(t *testing.T) {
-	tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		zone norm_phone {
+	send := zoneServer(t, `zone norm_phone {
 			by query phone
 			normalize phone BD
 			missing deny
 			rate 4/1h
-		}
-	}
-	respond "sent"`), "caddyfile")
-	get := func(phone string) int {
-		code, _, _ := do(t, tester, "GET", "/?phone="+url.QueryEscape(phone))
-		return code
-	}
+		}`, `respond "sent"`)
+	get := func(phone string) int { return send("/?phone=" + url.QueryEscape(phone)) }
 	scripts := []string{
 		"০১৭১২৩৪৫৬৭৮",    // Bengali
 		"01712345678",    // ASCII
@@ -172,19 +165,11 @@ func TestQuerySemicolonPairsAreAmbiguous(t *testing.T) {
 		}
 	}))
 	defer upstream.Close()
-	tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		zone norm_query {
+	get := zoneServer(t, `zone norm_query {
 			key {http.request.uri.query.user}
 			missing skip
 			rate 2/1h
-		}
-	}
-	reverse_proxy `+strings.TrimPrefix(upstream.URL, "http://")), "caddyfile")
-	get := func(p string) int {
-		code, _, _ := do(t, tester, "GET", p)
-		return code
-	}
+		}`, "reverse_proxy "+strings.TrimPrefix(upstream.URL, "http://"))
 	var attack []string
 	for i := 0; i < 5; i++ {
 		attack = append(attack,

@@ -176,9 +176,13 @@ type Limit struct {
 
 	// Normalize turns the spellings of an identifier into one key before
 	// it is used, applied in order to every placeholder value of the key:
-	// "trim", "lower", "email" (with aliases: Gmail dots and +tags),
-	// "phone" (E.164, with a default region) and "path". A value a
-	// normalizer refuses counts as missing.
+	// "trim", "lower", "email" (the mailbox a mail server delivers to;
+	// with aliases, Gmail dots and +tags dropped too), "phone" (E.164,
+	// with a default region; digits of any script) and "path" (decoded,
+	// dot segments and ;params resolved). "email", "phone" and "path"
+	// refuse values with control or invisible characters and spellings
+	// that applications read in different ways. A value a normalizer
+	// refuses counts as missing. Default: none.
 	Normalize []Normalize `json:"normalize,omitempty"`
 
 	// Hash replaces each key by its HMAC-SHA256 under this secret, so phone

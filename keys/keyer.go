@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -143,17 +144,66 @@ const (
 )
 
 // repeated reports whether r gives the header, query parameter or cookie
-// behind placeholder name more than once. Caddy would join the headers
-// ("a,b") and pick one of the others, while the application might read
-// any one copy: a limit keyed on it could be stepped around.
+// behind placeholder name more than once, or, for a query parameter, in a
+// spelling Caddy does not read. Caddy would join the headers ("a,b") and
+// pick one of the others, while the application might read any one copy:
+// a limit keyed on it could be stepped around.
 func repeated(r *http.Request, name string) bool {
 	switch {
 	case strings.HasPrefix(name, headerPrefix):
 		return len(r.Header.Values(strings.TrimPrefix(name, headerPrefix))) > 1
 	case strings.HasPrefix(name, queryPrefix):
-		return len(r.URL.Query()[strings.TrimPrefix(name, queryPrefix)]) > 1
+		return queryAmbiguous(r.URL.RawQuery, strings.TrimPrefix(name, queryPrefix))
 	case strings.HasPrefix(name, cookiePrefix):
 		return len(r.CookiesNamed(strings.TrimPrefix(name, cookiePrefix))) > 1
 	}
 	return false
+}
+
+// queryAmbiguous reports whether a raw query gives parameter name in a way
+// that Caddy and the application may read differently. Caddy reads the
+// query with Go's URL.Query, which splits pairs on "&" only and drops every
+// pair that holds a ";" or a bad escape, while Python's urllib.parse before
+// 3.9.2, Rack 2 (Rails before 8.1) and other parsers still deployed split
+// on ";" as well, ASP.NET compares names without regard to case, PHP drops
+// leading spaces from names, and most keep a value with a bad escape. So
+// the query is split on both, each name is percent-decoded ("+" is a space,
+// a bad escape stays as it is) and compared without leading spaces and
+// ignoring case, and the parameter is ambiguous when it occurs more than
+// once, or once where Go does not read it: in "?user=r1&user=victim;x=1"
+// Caddy's placeholder is "r1" while a ";"-splitting application may read
+// "victim", and in "?user=victim;x=1" the placeholder is empty.
+func queryAmbiguous(raw, name string) bool {
+	seen, goReads := 0, false
+	for raw != "" {
+		var seg string
+		seg, raw, _ = strings.Cut(raw, "&")
+		semicolon := strings.Contains(seg, ";")
+		for seg != "" {
+			var pair string
+			pair, seg, _ = strings.Cut(seg, ";")
+			key, value, _ := strings.Cut(pair, "=")
+			if !strings.EqualFold(strings.TrimLeft(queryName(key), " "), name) {
+				continue
+			}
+			if seen++; seen > 1 {
+				return true
+			}
+			if !semicolon {
+				k, kerr := url.QueryUnescape(key)
+				_, verr := url.QueryUnescape(value)
+				goReads = kerr == nil && verr == nil && k == name
+			}
+		}
+	}
+	return seen == 1 && !goReads
+}
+
+// queryName decodes a query parameter's name leniently: "+" is a space,
+// valid %XX escapes are decoded, and anything else is kept.
+func queryName(key string) string {
+	if !strings.ContainsAny(key, "%+") {
+		return key
+	}
+	return unescapePath(strings.ReplaceAll(key, "+", " "))
 }

@@ -15,9 +15,19 @@ import (
 )
 
 // MaxSpan bounds every duration an algorithm may store or add to a time
-// (window, burst × interval), about 73 years. Keeping spans below 2^61 ns lets
-// now + span + span stay far from int64 overflow for Unix times before 2116.
+// (window, max_delay, burst × interval, the queue's max_delay + interval):
+// 2^61 ns, about 73 years. An algorithm adds at most two spans to a time,
+// so now + span + span stays within int64 for Unix times before 2^62 ns
+// (early 2116).
 const MaxSpan int64 = 1 << 61
+
+// MaxEvents bounds max_events and burst: 10^15 units, a petabyte per
+// window when the cost is in bytes. With it, a count plus a cost (each at
+// most MaxEvents, since a larger cost is refused before it is added) and
+// window + max_events stay far below 2^63. It is also below 2^53, the
+// largest whole number that a JSON number keeps exactly through Caddy's
+// admin API, which decodes numbers as float64.
+const MaxEvents int64 = 1_000_000_000_000_000
 
 // Never is the RetryAfter of a request that cannot pass however long the
 // client waits: its cost is larger than the zone can ever hold.
@@ -55,18 +65,27 @@ func (p Policy) Validate() error {
 	switch {
 	case p.Limit <= 0:
 		return fmt.Errorf("max_events must be at least 1, got %d", p.Limit)
+	case p.Limit > MaxEvents:
+		return fmt.Errorf("max_events must be at most %d, got %d", MaxEvents, p.Limit)
 	case p.Window <= 0:
 		return fmt.Errorf("window must be positive, got %dns", p.Window)
 	case p.Window > MaxSpan:
 		return fmt.Errorf("window must be at most %v, got %dns", spanText, p.Window)
 	case p.Burst < 0:
 		return fmt.Errorf("burst must be at least 1, got %d", p.Burst)
+	case p.Burst > MaxEvents:
+		return fmt.Errorf("burst must be at most %d, got %d", MaxEvents, p.Burst)
 	case p.MaxDelay < 0 || p.MaxDelay > MaxSpan:
 		return fmt.Errorf("max_delay must be between 0 and %v, got %dns", spanText, p.MaxDelay)
 	}
 	// The bucket algorithms store burst × interval as a time span.
 	if hi, lo := mul64(uint64(p.burst()), uint64(p.Interval())); hi != 0 || lo > uint64(MaxSpan) {
 		return fmt.Errorf("burst %d × interval %dns exceeds %v: lower burst or raise max_events", p.burst(), p.Interval(), spanText)
+	}
+	// A queued request can wait max_delay for its slot and then hold the
+	// queue for up to one more interval per unit.
+	if p.MaxDelay > 0 && p.MaxDelay+p.Interval() > MaxSpan {
+		return fmt.Errorf("max_delay %v + interval %dns exceeds %v: lower max_delay or raise max_events", time.Duration(p.MaxDelay), p.Interval(), spanText)
 	}
 	return nil
 }
@@ -82,11 +101,13 @@ func (p Policy) burst() int64 {
 
 // Interval is the emission interval Window/Limit in nanoseconds, rounded up
 // so that rounding can only ever admit less, never more, than the policy.
+// It is written so that it cannot overflow, even for a policy that
+// Validate refuses.
 func (p Policy) Interval() int64 {
-	if p.Limit <= 0 {
+	if p.Limit <= 0 || p.Window <= 0 {
 		return 0
 	}
-	return (p.Window + p.Limit - 1) / p.Limit
+	return (p.Window-1)/p.Limit + 1
 }
 
 // Result is the answer to one request against one key.

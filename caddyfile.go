@@ -130,8 +130,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return err
 			}
-			if dur < minSweepInterval {
-				return d.Errf("sweep_interval must be at least %v, got %v", minSweepInterval, dur)
+			if dur < minSweepInterval || dur > maxSweepInterval {
+				return d.Errf("sweep_interval must be from %v to %v, got %v", minSweepInterval, maxSweepInterval, dur)
 			}
 			h.SweepInterval = caddy.Duration(dur)
 
@@ -147,8 +147,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			size, err := humanize.ParseBytes(v)
-			if err != nil || size == 0 || size > 1<<30 {
-				return d.Errf("invalid body_limit %q: want a size such as 64KiB (at most 1GiB)", v)
+			if err != nil || size == 0 || size > MaxBodyLimit {
+				return d.Errf("invalid body_limit %q: want a size such as 64KiB, at most 16MiB (%d bytes)", v, MaxBodyLimit)
 			}
 			h.BodyLimit = int64(size)
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -46,7 +47,7 @@ type Handler struct {
 	Jitter float64 `json:"jitter,omitempty"`
 
 	// SweepInterval is how often keys that are back to idle are dropped from
-	// memory. Default: 1m; at least 1s.
+	// memory. Default: 1m; from 1s to 24h.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
 	// LogKey adds the key to the log line of a denied request. Off by
@@ -70,7 +71,9 @@ type Handler struct {
 	// or cost field ({http.request.body.json.*}, {http.request.body.form.*},
 	// {http.request.body.field.*}). A larger body is unreadable: it is never
 	// skipped by missing "skip", and a cost read from it is answered with
-	// 400. The body is always handed on unchanged. Default: 65536.
+	// 400. The body is always handed on unchanged. Default: 65536 (64 KiB);
+	// at most 16777216 (16 MiB), since each request being read holds this
+	// much.
 	BodyLimit int64 `json:"body_limit,omitempty"`
 
 	zones    []*Zone
@@ -93,6 +96,15 @@ const maxJitter = 10
 // key.
 const minSweepInterval = time.Second
 
+// maxSweepInterval is the longest sweep interval: beyond a day, idle keys
+// would leave memory only when max_keys evicts them.
+const maxSweepInterval = 24 * time.Hour
+
+// MaxBodyLimit is the largest body_limit, in bytes: every request whose
+// body is read for a key holds up to this much in memory until it is
+// decided, so a flood of large bodies costs at most this much each.
+const MaxBodyLimit = 16 << 20
+
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
@@ -101,8 +113,19 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision validates the zones and connects them to their state.
-func (h *Handler) Provision(ctx caddy.Context) error {
+// Provision validates the zones and connects them to their state. When it
+// fails, Caddy calls Cleanup, which undoes every rate this provision put
+// in force, so the running config's rates stay.
+func (h *Handler) Provision(ctx caddy.Context) (err error) {
+	// A panic here would skip that Cleanup (and, under the admin API, leave
+	// this config's rates in force): report it as a failed provision.
+	defer func() {
+		if r := recover(); r != nil {
+			ctx.Logger().Error("panic while provisioning", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+			err = fmt.Errorf("internal error while provisioning: %v", r)
+		}
+	}()
+
 	h.ctx = ctx
 	h.logger = ctx.Logger()
 	// Denials can come by the thousand per second under attack: log the
@@ -117,14 +140,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if math.IsNaN(h.Jitter) || h.Jitter < 0 || h.Jitter > maxJitter {
 		return fmt.Errorf("jitter must be a fraction from 0 to %v, got %v", maxJitter, h.Jitter)
 	}
-	if h.BodyLimit < 0 {
-		return fmt.Errorf("body_limit must be positive, got %d", h.BodyLimit)
+	if h.BodyLimit < 0 || h.BodyLimit > MaxBodyLimit {
+		return fmt.Errorf("body_limit must be from 1 to %d bytes (16MiB), got %d", MaxBodyLimit, h.BodyLimit)
 	}
 	if h.BodyLimit == 0 {
 		h.BodyLimit = keys.DefaultBodyLimit
 	}
-	if h.SweepInterval != 0 && time.Duration(h.SweepInterval) < minSweepInterval {
-		return fmt.Errorf("sweep_interval must be at least %v, got %v", minSweepInterval, time.Duration(h.SweepInterval))
+	if si := time.Duration(h.SweepInterval); si != 0 && (si < minSweepInterval || si > maxSweepInterval) {
+		return fmt.Errorf("sweep_interval must be from %v to %v, got %v", minSweepInterval, maxSweepInterval, si)
 	}
 	if len(h.Distributed) > 0 && string(h.Distributed) != "null" {
 		h.logger.Warn("the distributed option of mholt/caddy-ratelimit is accepted but not implemented: each instance enforces its zones on its own",

@@ -128,16 +128,18 @@ type Limit struct {
 	Key string `json:"key,omitempty"`
 
 	// MaxEvents is how many events (units of cost) are allowed per Window.
-	// Required.
+	// Required; from 1 to 10^15 (at most 4,294,967,295 for
+	// sliding_window).
 	MaxEvents int64 `json:"max_events,omitempty"`
 
 	// Window is the length of the window MaxEvents are counted over.
-	// Required.
+	// Required; positive and at most 2^61 ns (about 73 years).
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// Burst is the bucket capacity of token_bucket, gcra and the
 	// leaky_bucket meter: how many events may pass at once after a quiet
-	// period. Default: MaxEvents. The other algorithms reject it.
+	// period. Default: MaxEvents; at most 10^15, and burst × window ÷
+	// max_events at most 2^61 ns. The other algorithms reject it.
 	Burst int64 `json:"burst,omitempty"`
 
 	// Algorithm is how the limit counts: "sliding_window" (exact log of
@@ -151,16 +153,19 @@ type Limit struct {
 	// denied, so requests leave at a steady max_events per window, never
 	// two at once. Only a request whose slot is further away is denied. A
 	// client that gives up while last in line frees its slot.
-	// Default: 0 (a meter that denies).
+	// Default: 0 (a meter that denies); max_delay + window ÷ max_events at
+	// most 2^61 ns (about 73 years).
 	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
 
 	// Cost is how many units one request consumes: a whole number (0 makes
 	// requests free), or a placeholder that expands to one, such as
 	// "{http.request.header.X-Cost}" or "{http.request.body.json.tokens}".
-	// Default: 1. A placeholder that is absent (a header not sent, a field
-	// absent from a readable body) costs 1. One that is unreadable or given
-	// twice (see Missing), or is not a whole number ≥ 0, is answered with
-	// 400; a shadow zone logs it instead.
+	// Default: 1. A constant cost may be at most what the limit holds
+	// (max_events, burst, or the queue's size). A placeholder that is absent
+	// (a header not sent, a field absent from a readable body) costs 1. One
+	// that is unreadable or given twice (see Missing), or is not a whole
+	// number ≥ 0, is answered with 400; a shadow zone logs it instead. One
+	// above what the limit holds (up to any size) is denied with 429.
 	Cost *Cost `json:"cost,omitempty"`
 
 	// IPv4Prefix masks key values that are IPv4 addresses (IPv4-mapped
@@ -210,7 +215,8 @@ type Limit struct {
 	// key arrives at the cap, keys that are back to idle go first, then the
 	// key closest to idle among a random sample. Default: sized for about
 	// 100 MB (3,276,800 keys for the bucket algorithms; fewer for the
-	// others, depending on max_events for sliding_window).
+	// others, depending on max_events for sliding_window). At most
+	// 1,073,741,824 (2^30).
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	zone      *Zone
@@ -362,6 +368,8 @@ func (l *Limit) check() (string, error) {
 		return "", fmt.Errorf("ipv6_prefix must be between 0 and 128, got %d", l.IPv6Prefix)
 	case l.MaxKeys < 0:
 		return "", fmt.Errorf("max_keys must be at least 1, got %d", l.MaxKeys)
+	case l.MaxKeys > MaxKeysLimit:
+		return "", fmt.Errorf("max_keys must be at most %d, got %d", MaxKeysLimit, l.MaxKeys)
 	case l.Burst < 0:
 		return "", fmt.Errorf("burst must be at least 1, got %d", l.Burst)
 	case l.MaxDelay < 0:
@@ -400,6 +408,10 @@ func (l *Limit) check() (string, error) {
 
 // minSecret is the shortest HMAC secret accepted, in bytes.
 const minSecret = 16
+
+// MaxKeysLimit is the largest max_keys: 2^30 keys, tens of gigabytes of
+// state, which also keeps a key count within a 32-bit int.
+const MaxKeysLimit = 1 << 30
 
 func (l *Limit) provision(logger *zap.Logger) error {
 	alg, err := l.check()

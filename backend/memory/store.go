@@ -5,6 +5,7 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -166,21 +167,25 @@ func register[S any](s *Store, cfg backend.ZoneConfig, kind string, alg algorith
 	return &zone[S]{name: cfg.Name, t: t}, nil
 }
 
-// Close releases this store's hold on its zones' tables; a table is dropped
-// when no running config uses it any more.
+// Close releases this store's hold on its zones' tables, undoing the rates
+// it put in force (a failed config leaves the running one's rates); a table
+// is dropped when no running config uses it any more.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	held := s.held
 	s.held = nil
 	s.mu.Unlock()
 	now := s.now()
-	for _, h := range held {
-		h.release(now)
-		if _, err := tables.Delete(h.key); err != nil {
-			return err
+	// Newest first, so that each table goes back through the confs in the
+	// order they were put in force; and all of them, whatever fails.
+	var errs []error
+	for i := len(held) - 1; i >= 0; i-- {
+		held[i].release(now)
+		if _, err := tables.Delete(held[i].key); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Stats describes one zone's table.

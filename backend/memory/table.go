@@ -67,9 +67,10 @@ type table[S any] struct {
 	maxKeys  atomic.Int64
 	interval atomic.Int64 // sweep interval, ns
 
-	mu      sync.Mutex // guards regs and history
+	mu      sync.Mutex // guards regs, history, seen and the confs' prev
 	regs    []*registration[S]
 	history []policySwitch[S] // history[g] takes generation g to g+1
+	seen    int               // the newest generation a shard was rebased to
 
 	count     atomic.Int64
 	evictions atomic.Uint64
@@ -85,6 +86,10 @@ type table[S any] struct {
 type tableConf[S any] struct {
 	alg algorithms.Algorithm[S]
 	gen int
+	// reg applied this conf; prev is the conf before it, so that a config
+	// that fails after registering can be undone exactly (restore).
+	reg  *registration[S]
+	prev *tableConf[S]
 }
 
 type policySwitch[S any] struct {
@@ -162,23 +167,48 @@ func (t *table[S]) unregister(r *registration[S], now int64) {
 	}
 	t.regs = slices.Delete(t.regs, i, i+1)
 	if i == len(t.regs) && len(t.regs) > 0 {
-		t.apply(t.regs[len(t.regs)-1], now)
+		if n := t.regs[len(t.regs)-1]; !t.restore(n) {
+			t.apply(n, now)
+		}
+	}
+	// Whoever decides now is in force for good (an older config left) or
+	// again (a newer one was undone): a cap it set lower applies at once.
+	if t.count.Load() > t.maxKeys.Load() {
+		go t.trim()
 	}
 }
 
-// apply makes r decide. The caller holds t.mu.
+// restore makes the newest remaining registration n decide again with the
+// conf it last applied, and forgets the policy switches recorded since,
+// when no shard has been rebased through them: then no key was written
+// under the rates of the configs that registered after n (all of them
+// gone, since n is the newest left), and putting n's conf back is exact.
+// Rebasing there and back instead would round twice and, for the sliding
+// window counter, fold the previous window into the current one. The
+// caller holds t.mu.
+func (t *table[S]) restore(n *registration[S]) bool {
+	d := t.conf.Load()
+	for d != nil && d.reg != n {
+		d = d.prev
+	}
+	if d == nil || t.seen > d.gen {
+		return false
+	}
+	t.history = t.history[:d.gen]
+	t.maxKeys.Store(int64(n.maxKeys))
+	t.setSweep(n.sweep)
+	t.conf.Store(d)
+	return true
+}
+
+// apply makes r decide. The caller holds t.mu. A lowered cap is not
+// trimmed here: until r's config is in force (unregister), it may still
+// fail and be undone, and evicted keys cannot be put back.
 func (t *table[S]) apply(r *registration[S], now int64) {
-	if old := t.maxKeys.Swap(int64(r.maxKeys)); old > int64(r.maxKeys) && t.count.Load() > int64(r.maxKeys) {
-		go t.trim() // a lowered cap: evict down to it now, not key by key
-	}
-	if old := t.interval.Swap(int64(r.sweep)); old != int64(r.sweep) {
-		select { // the sweeper re-arms with the new interval
-		case t.wake <- struct{}{}:
-		default:
-		}
-	}
+	t.maxKeys.Store(int64(r.maxKeys))
+	t.setSweep(r.sweep)
 	cur := t.conf.Load()
-	next := &tableConf[S]{alg: r.alg}
+	next := &tableConf[S]{alg: r.alg, reg: r, prev: t.live(cur)}
 	if cur != nil {
 		next.gen = cur.gen
 		if from := cur.alg.Policy(); from != r.alg.Policy() {
@@ -189,6 +219,41 @@ func (t *table[S]) apply(r *registration[S], now int64) {
 	t.conf.Store(next)
 }
 
+// setSweep sets the sweep interval. The caller holds t.mu.
+func (t *table[S]) setSweep(d time.Duration) {
+	if old := t.interval.Swap(int64(d)); old != int64(d) {
+		select { // the sweeper re-arms with the new interval
+		case t.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// live returns the chain of confs from c on without those of registrations
+// that are gone or applied again later, which restore never goes back to:
+// the chain stays as short as the list of registrations. The caller holds
+// t.mu.
+func (t *table[S]) live(c *tableConf[S]) *tableConf[S] {
+	var head, tail *tableConf[S]
+	var kept []*registration[S]
+	for ; c != nil; c = c.prev {
+		if !slices.Contains(t.regs, c.reg) || slices.Contains(kept, c.reg) {
+			continue
+		}
+		kept = append(kept, c.reg)
+		if tail == nil {
+			head = c
+		} else {
+			tail.prev = c
+		}
+		tail = c
+	}
+	if tail != nil {
+		tail.prev = nil
+	}
+	return head
+}
+
 // current returns what to decide with in sh, first rebasing sh's entries
 // through the policy switches it has not seen. The caller holds sh.mu.
 func (t *table[S]) current(sh *shard[S]) *tableConf[S] {
@@ -197,7 +262,11 @@ func (t *table[S]) current(sh *shard[S]) *tableConf[S] {
 		return c
 	}
 	t.mu.Lock()
+	// Read again under t.mu: restore may have put an older conf back, and
+	// it must know that this shard moves on (seen).
+	c = t.conf.Load()
 	pending := t.history[sh.gen:c.gen]
+	t.seen = max(t.seen, c.gen)
 	t.mu.Unlock()
 	for _, sw := range pending {
 		for i := range sh.e {

@@ -1,0 +1,103 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+// loadRaw posts cfg to the admin API's /load and returns the status and
+// the error it gives (or the body); a crashed handler (no answer) is
+// status 0 with the client's error.
+func loadRaw(t *testing.T, cfg string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest("POST", "http://"+adminAddr+"/load", strings.NewReader(withPorts(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	var e struct{ Error string }
+	if json.Unmarshal(out, &e) == nil && e.Error != "" {
+		return resp.StatusCode, e.Error
+	}
+	return resp.StatusCode, string(out)
+}
+
+// A config with a huge number is refused with an error that names the
+// field, and the running config's rate stays in force, for the keys it
+// had seen and for new ones, whatever part of the failed config held the
+// number: a later zone, a scope, handler options, a second handler, or
+// another site, each after the failed config had registered a new rate
+// (1000/1m) for the running zone.
+func TestHugeNumbersRefusedRunningRateStays(t *testing.T) {
+	for _, alg := range []string{"sliding_window", "fixed_window", "sliding_window_counter", "token_bucket", "gcra", "leaky_bucket"} {
+		t.Run(alg, func(t *testing.T) {
+			zone := "cfg_running_" + alg
+			running := func(rate string) string {
+				return fmt.Sprintf(`%q: {"key": "{http.request.header.X-Client}", %s, "algorithm": %q}`, zone, rate, alg)
+			}
+			handler := func(zones ...string) string {
+				return `{"handler": "rate_limit", "rate_limits": {` + strings.Join(zones, ", ") + `}}`
+			}
+			tester := newTester(t, jsonServer(handler(running(`"max_events": 3, "window": "1h"`))+", "+okHandler, ""), "json")
+			expectN(t, tester, 3, http.StatusOK, "GET", "/", "X-Client", "old")
+			expect429(t, tester, 1, 3600, "GET", "/", "X-Client", "old")
+
+			raised := running(`"max_events": 1000, "window": "1m"`)
+			huge := func(fields string) string {
+				return fmt.Sprintf(`"cfg_zz_huge": {"key": "static", %s}`, fields)
+			}
+			cases := []struct{ name, cfg, want string }{
+				{"max_events 2^63-1", jsonServer(handler(raised, huge(`"window": "1m", "max_events": 9223372036854775807`))+", "+okHandler, ""), "max_events"},
+				{"max_events near 2^63 in a queue", jsonServer(handler(raised, huge(`"window": "1m", "max_events": 9223372036854774784, "algorithm": "leaky_bucket", "max_delay": "1s"`))+", "+okHandler, ""), `zone "cfg_zz_huge": max_events must be at most 1000000000000000`},
+				{"max_events near 2^63 in a fixed window", jsonServer(handler(raised, huge(`"window": "1m", "max_events": 9223372036854774784, "algorithm": "fixed_window"`))+", "+okHandler, ""), `max_events must be at most 1000000000000000`},
+				{"max_events of a scope", jsonServer(handler(raised, huge(`"window": "1m", "max_events": 5, "scopes": {"s": {"window": "1m", "max_events": 4611686018427387904, "algorithm": "sliding_window_counter"}}`))+", "+okHandler, ""), `zone "cfg_zz_huge": scope "s": max_events must be at most 1000000000000000`},
+				{"window", jsonServer(handler(raised, huge(`"window": 9223372036854774784, "max_events": 5`))+", "+okHandler, ""), `window must be at most 73 years`},
+				{"burst", jsonServer(handler(raised, huge(`"window": "1m", "max_events": 5, "algorithm": "token_bucket", "burst": 9223372036854774784`))+", "+okHandler, ""), `burst must be at most 1000000000000000`},
+				{"max_delay", jsonServer(handler(raised, huge(`"window": "1m", "max_events": 5, "algorithm": "leaky_bucket", "max_delay": 9223372036854774784`))+", "+okHandler, ""), `max_delay must be between 0 and 73 years`},
+				{"cost", jsonServer(handler(raised, huge(`"window": "1m", "max_events": 5, "cost": 9223372036854774784`))+", "+okHandler, ""), `cost 9223372036854775000 can never pass`},
+				{"max_keys", jsonServer(handler(raised, huge(`"window": "1m", "max_events": 5, "max_keys": 9223372036854774784`))+", "+okHandler, ""), `max_keys must be at most 1073741824`},
+				{"ipv4_prefix", jsonServer(handler(raised, huge(`"window": "1m", "max_events": 5, "ipv4_prefix": 4294967296`))+", "+okHandler, ""), `ipv4_prefix must be between 0 and 32`},
+				{"body_limit in a second handler", jsonServer(handler(raised)+`, {"handler": "rate_limit", "body_limit": 9000000000000000000, "rate_limits": {`+huge(`"window": "1m", "max_events": 5`)+`}}, `+okHandler, ""), `body_limit must be from 1 to 16777216 bytes (16MiB), got 9000000000000000000`},
+				{"jitter in a second handler", jsonServer(handler(raised)+`, {"handler": "rate_limit", "jitter": 1e300, "rate_limits": {`+huge(`"window": "1m", "max_events": 5`)+`}}, `+okHandler, ""), `jitter must be a fraction from 0 to 10`},
+				{"sweep_interval in a second handler", jsonServer(handler(raised)+`, {"handler": "rate_limit", "sweep_interval": 9223372036854774784, "rate_limits": {`+huge(`"window": "1m", "max_events": 5`)+`}}, `+okHandler, ""), `sweep_interval must be from 1s to 24h0m0s`},
+				{"a later route", jsonServer(handler(raised)+", "+okHandler+`]}, {"match": [{"host": ["a.example"]}], "handle": [`+handler(huge(`"window": "1m", "max_events": 9223372036854774784, "algorithm": "gcra"`)), ""), `max_events must be at most 1000000000000000`},
+			}
+			for i, tc := range cases {
+				code, body := loadRaw(t, tc.cfg)
+				if code == http.StatusOK || !strings.Contains(body, tc.want) {
+					t.Errorf("%s: /load answered %d %q, want a refusal naming %q", tc.name, code, body, tc.want)
+				}
+				if passed := countOK(t, tester, 3, "X-Client", "old"); passed != 0 {
+					t.Errorf("after the refused config %q, the blocked key got %d of 3 requests through", tc.name, passed)
+				}
+				if passed := countOK(t, tester, 6, "X-Client", fmt.Sprint("new", i)); passed != 3 {
+					t.Errorf("after the refused config %q, a new key got %d of 6 requests through; the running limit is 3", tc.name, passed)
+				}
+			}
+		})
+	}
+}
+
+// countOK sends n requests and counts the 200s.
+func countOK(t *testing.T, tester *caddytest.Tester, n int, header ...string) int {
+	t.Helper()
+	passed := 0
+	for i := 0; i < n; i++ {
+		if code, _, _ := do(t, tester, "GET", "/", header...); code == http.StatusOK {
+			passed++
+		}
+	}
+	return passed
+}

@@ -101,3 +101,43 @@ func countOK(t *testing.T, tester *caddytest.Tester, n int, header ...string) in
 	}
 	return passed
 }
+
+// body_limit has one cap, 16MiB, in JSON and in the Caddyfile: JSON took
+// 9e18 (a 150 MiB body then took RSS from 54 to 416 MB) while the Caddyfile
+// stopped at 1GiB.
+func TestBodyLimitCappedAlike(t *testing.T) {
+	tester := newTester(t, jsonServer(okHandler, ""), "json")
+	jsonCfg := func(limit string) string {
+		return jsonServer(`{"handler": "rate_limit", "body_limit": `+limit+`, "rate_limits": {"cfg_body": {"key": "{http.request.body.json.user}", "window": "1m", "max_events": 2}}}, `+okHandler, "")
+	}
+	for _, limit := range []string{"9e18", "9000000000000000000", "1073741824", "16777217"} {
+		if code, body := loadRaw(t, jsonCfg(limit)); code == http.StatusOK || !strings.Contains(body, "body_limit must be from 1 to 16777216 bytes (16MiB)") {
+			t.Errorf("JSON body_limit %s: /load answered %d %q, want it refused naming the cap", limit, code, body)
+		}
+	}
+	site := func(limit string) string {
+		return caddyfileServer(`	rate_limit {
+		body_limit ` + limit + `
+		zone cfg_body_cf {
+			by json user
+			rate 2/1m
+		}
+	}
+	respond "ok"`)
+	}
+	for _, limit := range []string{"1GiB", "16777217", "17MB"} {
+		assertLoadError(t, site(limit), "caddyfile", "at most 16MiB (16777216 bytes)")
+	}
+	// At the cap, both load, and a field within the cap still keys.
+	tester.InitServer(jsonCfg("16777216"), "json")
+	tester.InitServer(site("16MiB"), "caddyfile")
+	big := `{"user": "ann", "pad": "` + strings.Repeat("x", 1<<20) + `"}`
+	for i := 0; i < 2; i++ {
+		if code, _ := post(t, tester, "/", "application/json", big); code != http.StatusOK {
+			t.Fatalf("request %d of a 1MiB body: %d", i+1, code)
+		}
+	}
+	if code, _ := post(t, tester, "/", "application/json", big); code != http.StatusTooManyRequests {
+		t.Fatalf("third request of the same user: %d, want 429", code)
+	}
+}

@@ -165,14 +165,23 @@ func decodeHandler(raw []byte) (*Handler, error) {
 // serve sends one request with the given client key and cost and
 // describes the answer: status and Retry-After, or the error.
 func serve(h *Handler, client, cost string) string {
+	return serveWith(h, func(r *http.Request, _ *caddy.Replacer) {
+		r.Header.Set("X-Client", client)
+		for _, name := range []string{"X-Cost", "X-Rows", "X-Tokens"} {
+			r.Header.Set(name, cost)
+		}
+	})
+}
+
+// serveWith sends a request that setup prepares as the handlers before
+// rate_limit would (headers, variables, placeholders).
+func serveWith(h *Handler, setup func(*http.Request, *caddy.Replacer)) string {
 	r := httptest.NewRequest("GET", "http://example.com/", nil)
 	r.RemoteAddr = "192.0.2.7:4242"
-	r.Header.Set("X-Client", client)
-	for _, h := range []string{"X-Cost", "X-Rows", "X-Tokens"} {
-		r.Header.Set(h, cost)
-	}
 	w := httptest.NewRecorder()
-	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+	repl := caddy.NewReplacer()
+	r = caddyhttp.PrepareRequest(r, repl, w, &caddyhttp.Server{})
+	setup(r, repl)
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
 		w.WriteHeader(http.StatusOK)
 		return nil

@@ -85,6 +85,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				body = keys.ReadBody(r, h.BodyLimit, h.bodyFields)
 			}
 			key, err := l.keyer.Key(r, repl, body)
+			l.warnUnset(h.logger, repl, err != nil)
 			if err != nil {
 				l.metrics.missing(l.Missing)
 				switch {

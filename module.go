@@ -175,6 +175,12 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		h.zones = append(h.zones, z)
 	}
 	h.bodyFields = collectBodyFields(h.zones)
+	earlier := map[string]*earlierWatch{}
+	for _, z := range h.zones {
+		for _, l := range z.limits {
+			l.watchEarlier(earlier)
+		}
+	}
 
 	if !h.DisableMetrics {
 		if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {

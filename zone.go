@@ -226,6 +226,8 @@ type Limit struct {
 	algorithm string
 	maxCost   int64
 	metrics   zoneMetrics
+	// Placeholders of the key and cost that an earlier handler must set.
+	keyEarlier, costEarlier []*earlierWatch
 }
 
 // Normalize is one normalizer of a key: its name and its options.

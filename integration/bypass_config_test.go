@@ -1,10 +1,13 @@
 package integration
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -140,4 +143,70 @@ func TestBodyLimitCappedAlike(t *testing.T) {
 	if code, _ := post(t, tester, "/", "application/json", big); code != http.StatusTooManyRequests {
 		t.Fatalf("third request of the same user: %d, want 429", code)
 	}
+}
+
+// With the default order, rate_limit runs before basic_auth, so
+// {http.auth.user.id} is empty for every request and all users share one
+// quota: that is warned about once, naming the order line that fixes it.
+// With the order fixed, each user has a quota of their own and nothing is
+// warned about.
+func TestAuthKeyBeforeBasicAuthWarnsOnce(t *testing.T) {
+	const (
+		annHash = "$2a$04$UAqEEEUk9QCx3IP5YIAOOef3LQ8cEdoAD9ImU1pdlqEOTK8GCbLDq" // ann-password
+		bobHash = "$2a$04$yUKIUvBo9pg60hbZxiV3eePg7Rfnea2Lh1Xltu/SsR0piJdtzB6ta" // bob-password
+	)
+	ann := []string{"Authorization", "Basic " + base64.StdEncoding.EncodeToString([]byte("ann:ann-password"))}
+	bob := []string{"Authorization", "Basic " + base64.StdEncoding.EncodeToString([]byte("bob:bob-password"))}
+	run := func(t *testing.T, zone, order string) (annOK, bobOK, warnings int) {
+		logFile := filepath.Join(t.TempDir(), "caddy.log")
+		tester := newTester(t, caddyfileServerWith(order+`
+	log {
+		output file `+logFile+`
+		format json
+		level WARN
+	}`, `	rate_limit {
+		zone `+zone+` {
+			key {http.auth.user.id}
+			rate 3/1h
+		}
+	}
+	basic_auth {
+		ann `+annHash+`
+		bob `+bobHash+`
+	}
+	respond "ok"`), "caddyfile")
+		annOK = countOK(t, tester, 4, ann...)
+		bobOK = countOK(t, tester, 4, bob...)
+		logs, err := os.ReadFile(logFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(logs), "\n") {
+			if strings.Contains(line, `"placeholder":"{http.auth.user.id}"`) {
+				warnings++
+				if !strings.Contains(line, "order rate_limit after basic_auth") || !strings.Contains(line, `"zone":"`+zone+`"`) {
+					t.Errorf("the warning does not name the zone and the order line that fixes it: %s", line)
+				}
+			}
+		}
+		return annOK, bobOK, warnings
+	}
+	t.Run("default order", func(t *testing.T) {
+		annOK, bobOK, warnings := run(t, "cfg_auth_default", "")
+		if annOK+bobOK != 3 {
+			t.Errorf("ann got %d and bob %d of 4 through: expected one quota of 3 shared by both", annOK, bobOK)
+		}
+		if warnings != 1 {
+			t.Errorf("%d warnings about {http.auth.user.id}, want exactly 1", warnings)
+		}
+	})
+	t.Run("order fixed", func(t *testing.T) {
+		annOK, bobOK, warnings := run(t, "cfg_auth_ordered", "\torder rate_limit after basic_auth")
+		if annOK != 3 || bobOK != 3 {
+			t.Errorf("ann got %d and bob %d of 4 through: expected 3 each", annOK, bobOK)
+		}
+		if warnings != 0 {
+			t.Errorf("%d warnings about {http.auth.user.id}, want none", warnings)
+		}
+	})
 }

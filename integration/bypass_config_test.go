@@ -210,3 +210,40 @@ func TestAuthKeyBeforeBasicAuthWarnsOnce(t *testing.T) {
 		}
 	})
 }
+
+// At the largest max_events each algorithm accepts, costs up to the largest
+// a placeholder can give never wrap a count: the quota is spent once, and a
+// cost above it is refused without a Retry-After.
+func TestHugeCostsNeverWrap(t *testing.T) {
+	zones := []string{}
+	for _, alg := range []string{"sliding_window", "fixed_window", "sliding_window_counter", "token_bucket", "gcra", "leaky_bucket"} {
+		events := "1000000000000000"
+		if alg == "sliding_window" {
+			events = "4294967295"
+		}
+		zones = append(zones, fmt.Sprintf(`%q: {"match": [{"path": ["/%s"]}], "key": "static", "window": "1h", "max_events": %s, "algorithm": %q, "cost": "{http.request.header.X-Cost}"}`, "cfg_cost_"+alg, alg, events, alg))
+	}
+	tester := newTester(t, jsonServer(`{"handler": "rate_limit", "rate_limits": {`+strings.Join(zones, ", ")+`}}, `+okHandler, ""), "json")
+	for _, alg := range []string{"sliding_window", "fixed_window", "sliding_window_counter", "token_bucket", "gcra", "leaky_bucket"} {
+		most := "1000000000000000"
+		if alg == "sliding_window" {
+			most = "4294967295"
+		}
+		path := "/" + alg
+		for _, huge := range []string{"9223372036854775807", "99999999999999999999", "1000000000000001"} {
+			if code, ra, _ := do(t, tester, "GET", path, "X-Cost", huge); code != http.StatusTooManyRequests || ra != "" {
+				t.Errorf("%s: cost %s: %d with Retry-After %q, want 429 without one", alg, huge, code, ra)
+			}
+		}
+		expectN(t, tester, 1, http.StatusOK, "GET", path, "X-Cost", most)
+		after := []string{most, "9223372036854775807", "1"}
+		if strings.Contains(alg, "bucket") || alg == "gcra" {
+			after = after[:2] // a bucket of 10^15 an hour refills a unit every nanosecond
+		}
+		for _, cost := range after {
+			if code, _, _ := do(t, tester, "GET", path, "X-Cost", cost); code != http.StatusTooManyRequests {
+				t.Errorf("%s: after the whole quota was spent, cost %s got %d, want 429", alg, cost, code)
+			}
+		}
+	}
+}

@@ -171,12 +171,12 @@ type Limit struct {
 	// IPv4Prefix masks key values that are IPv4 addresses (IPv4-mapped
 	// IPv6 included) to their network of this many bits: 24 puts
 	// 192.0.2.0/24 in one bucket. In a composite key only the address part
-	// is masked. Default: 0, the address itself.
+	// is masked. From 0 to 32. Default: 0, the address itself.
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
 
 	// IPv6Prefix masks key values that are IPv6 addresses to their network
 	// of this many bits; 64 is one customer's network (seed part 10.2).
-	// Default: 0, the address itself.
+	// From 0 to 128. Default: 0, the address itself.
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
 	// Normalize turns the spellings of an identifier into one key before

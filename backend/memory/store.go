@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
@@ -29,13 +30,15 @@ const (
 	kindCounter = "counter"
 )
 
-// Measured heap per tracked key (BENCHMARKS.md, rounded up), used to size
-// the default cap.
+// Heap per tracked key, used to size the default cap: a slot of the
+// hash table (key hash and state) at its lowest load of 1/2, and for the
+// sliding log its 80-byte header; the log's ring of events comes on top
+// (defaultMaxKeys). BENCHMARKS.md has the measured numbers.
 const (
 	bytesPerBucketKey  = 32
 	bytesPerWindowKey  = 48
 	bytesPerCounterKey = 64
-	bytesPerLogKey     = 104
+	bytesPerLogKey     = 112
 )
 
 // DefaultSweepInterval is how often idle keys are dropped when the handler
@@ -49,14 +52,18 @@ type Options struct {
 	Now func() int64
 	// SweepInterval is how often idle keys are dropped; 0 means one minute.
 	SweepInterval time.Duration
+	// Logger receives the (rate-limited) warnings of a table that had to
+	// evict a denying key; nil logs nothing.
+	Logger *zap.Logger
 }
 
 // Store is the memory backend of one handler instance. Its zones' state
 // lives in the package pool, shared with every other instance that names
 // the same zone.
 type Store struct {
-	now   func() int64
-	sweep time.Duration
+	now    func() int64
+	sweep  time.Duration
+	logger *zap.Logger
 
 	mu   sync.Mutex
 	held []held
@@ -72,7 +79,7 @@ type poolKey struct{ name, scope, kind string }
 
 // New returns a memory store.
 func New(opts Options) *Store {
-	s := &Store{now: opts.Now, sweep: opts.SweepInterval}
+	s := &Store{now: opts.Now, sweep: opts.SweepInterval, logger: opts.Logger}
 	if s.now == nil {
 		s.now = SystemNow
 	}
@@ -104,6 +111,9 @@ type zoneOps interface {
 	decideOne(h hkey, now, cost int64) algorithms.Result
 	// refund locks and gives back what granted took from the key.
 	refund(h hkey, now int64, granted algorithms.Result, cost int64)
+	// mirror has the tables of the same limit with another kind of state
+	// take what was taken; the caller holds no shard lock.
+	mirror(h hkey, now, cost int64)
 }
 
 // Zone registers cfg and returns its handle.
@@ -137,11 +147,11 @@ func (s *Store) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
 func register[S any](s *Store, cfg backend.ZoneConfig, kind string, alg algorithms.Algorithm[S]) (backend.Zone, error) {
 	maxKeys := cfg.MaxKeys
 	if maxKeys == 0 {
-		maxKeys = defaultMaxKeys(kind, cfg.Policy)
+		maxKeys = defaultMaxKeys(kind, cfg.Policy, cfg.Cost)
 	}
 	key := poolKey{cfg.Name, cfg.Scope, kind}
 	v, loaded, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newTable[S](maxKeys, s.now), nil
+		return newTable[S](key, maxKeys, s.now), nil
 	})
 	if err != nil {
 		return nil, err
@@ -152,12 +162,13 @@ func register[S any](s *Store, cfg backend.ZoneConfig, kind string, alg algorith
 		_, _ = tables.Delete(key)
 		return nil, fmt.Errorf("zone %q: state of an unexpected type %T", cfg.Name, v)
 	}
-	reg := &registration[S]{alg: alg, maxKeys: maxKeys, sweep: s.sweep, owner: cfg.Owner}
+	reg := &registration[S]{alg: alg, maxKeys: maxKeys, sweep: s.sweep, owner: cfg.Owner, logger: s.logger}
 	if err := t.register(reg, s.now()); err != nil {
 		_, _ = tables.Delete(key)
 		return nil, err
 	}
 	if !loaded {
+		takeOver(t)
 		go t.run()
 	}
 	s.mu.Lock()
@@ -185,8 +196,11 @@ func (s *Store) Close() error {
 
 // Stats describes one zone's table.
 type Stats struct {
-	Keys      int64
-	Evictions uint64
+	Keys int64
+	// Evictions counts keys dropped before they were idle to stay under
+	// max_keys; DenyingEvictions those of them that were denying.
+	Evictions        uint64
+	DenyingEvictions uint64
 }
 
 type zone[S any] struct {
@@ -217,6 +231,8 @@ func (z *zone[S]) take(h hkey, now, cost int64) {
 	var zero S
 	z.t.insert(sh, h, alg.Take(zero, now, cost), now)
 }
+
+func (z *zone[S]) mirror(h hkey, now, cost int64) { z.t.mirrorPeers(h, now, cost) }
 
 func (z *zone[S]) refund(h hkey, now int64, granted algorithms.Result, cost int64) {
 	sh := z.t.shard(h)
@@ -250,6 +266,9 @@ func (z *zone[S]) decideOne(h hkey, now, cost int64) algorithms.Result {
 		} else {
 			z.t.insert(sh, h, alg.Take(s, now, cost), now)
 		}
+		sh.mu.Unlock()
+		z.t.mirrorPeers(h, now, cost)
+		return r
 	}
 	sh.mu.Unlock()
 	return r
@@ -312,11 +331,6 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 	for _, m := range locks {
 		m.mu.Lock()
 	}
-	defer func() {
-		for _, m := range locks {
-			m.mu.Unlock()
-		}
-	}()
 
 	allowed := true
 	for i := range loc {
@@ -336,12 +350,20 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		}
 	}
 	if !allowed {
+		unlockAll(locks)
 		return false, nil
 	}
 	for i := range loc {
 		l := &loc[i]
 		if l.alias == i && out[i].Allowed && l.cost > 0 {
 			l.z.take(l.h, now, l.cost)
+		}
+	}
+	unlockAll(locks)
+	for i := range loc {
+		l := &loc[i]
+		if l.alias == i && out[i].Allowed && l.cost > 0 {
+			l.z.mirror(l.h, now, l.cost)
 		}
 	}
 	return true, nil
@@ -361,6 +383,12 @@ func (s *Store) Refund(_ context.Context, reqs []backend.Request, granted []algo
 		}
 	}
 	return nil
+}
+
+func unlockAll(locks []*shardBase) {
+	for _, m := range locks {
+		m.mu.Unlock()
+	}
 }
 
 // insertLock adds m to the sorted, duplicate-free list of shards to lock.
@@ -393,6 +421,7 @@ func AllStats() map[ZoneScope]Stats {
 		st, ok := v.(interface {
 			Keys() int64
 			Evictions() uint64
+			DenyingEvictions() uint64
 		})
 		if !ok {
 			return true
@@ -402,6 +431,7 @@ func AllStats() map[ZoneScope]Stats {
 		s := all[id]
 		s.Keys += st.Keys()
 		s.Evictions += st.Evictions()
+		s.DenyingEvictions += st.DenyingEvictions()
 		all[id] = s
 		return true
 	})

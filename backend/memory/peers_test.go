@@ -1,0 +1,121 @@
+package memory
+
+import (
+	"testing"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+// reloadTo registers name with alg in a new store, as a reload provisions
+// the new config while the old one still runs.
+func reloadTo(t *testing.T, c *fakeClock, name, alg string, p algorithms.Policy) (*Store, backend.Zone) {
+	t.Helper()
+	s := New(Options{Now: c.now})
+	z, err := s.Zone(backend.ZoneConfig{Name: name, Algorithm: alg, Policy: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, z
+}
+
+// admits counts how many of n unit requests for key pass.
+func admits(t *testing.T, s *Store, z backend.Zone, key string, n int) int {
+	t.Helper()
+	got := 0
+	for i := 0; i < n; i++ {
+		if ok, _ := decide(t, s, backend.Request{Zone: z, Key: key, Cost: 1}); ok {
+			got++
+		}
+	}
+	return got
+}
+
+// A reload from any algorithm to one with another kind of state carries
+// each key's usage: 7 of 10 used leaves 3, a spent key stays denied.
+func TestSwitchingKindCarriesUsage(t *testing.T) {
+	p := algorithms.Policy{Limit: 10, Window: 3600 * sec}
+	kindOf := map[string]string{
+		algorithms.NameSlidingWindow: kindLog, algorithms.NameFixedWindow: kindWindow, algorithms.NameSlidingCounter: kindCounter,
+		algorithms.NameTokenBucket: kindBucket, algorithms.NameGCRA: kindBucket, algorithms.NameLeakyBucket: kindBucket,
+	}
+	for _, from := range algorithms.Names() {
+		for _, to := range algorithms.Names() {
+			if kindOf[from] == kindOf[to] {
+				continue
+			}
+			t.Run(from+"→"+to, func(t *testing.T) {
+				c := newFakeClock()
+				name := t.Name()
+				old, oz := reloadTo(t, c, name, from, p)
+				spend(t, old, oz, "used", []int64{7})
+				spend(t, old, oz, "spent", []int64{10})
+				cur, nz := reloadTo(t, c, name, to, p)
+				defer cur.Close()
+				if err := old.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if got := admits(t, cur, nz, "used", 5); got != 3 {
+					t.Errorf("a key that used 7 of 10 got %d more after the switch, want 3", got)
+				}
+				if got := admits(t, cur, nz, "spent", 1); got != 0 {
+					t.Errorf("a spent key got %d after the switch", got)
+				}
+				if got := admits(t, cur, nz, "fresh", 11); got != 10 {
+					t.Errorf("a new key got %d, want 10", got)
+				}
+			})
+		}
+	}
+}
+
+// While both configs serve, what either admits counts in the other's
+// table, through one zone or several.
+func TestSwitchingKindMirrorsTheOverlap(t *testing.T) {
+	c := newFakeClock()
+	name := t.Name()
+	p := algorithms.Policy{Limit: 10, Window: 3600 * sec}
+	old, oz := reloadTo(t, c, name, algorithms.NameSlidingWindow, p)
+	defer old.Close()
+	other := testZone(t, old, algorithms.NameTokenBucket, algorithms.Policy{Limit: 100, Window: 3600 * sec}, 0)
+	spend(t, old, oz, "k", []int64{4})
+	cur, nz := reloadTo(t, c, name, algorithms.NameFixedWindow, p)
+	defer cur.Close()
+	spend(t, old, oz, "k", []int64{1, 1})                                                                         // one zone
+	decide(t, old, backend.Request{Zone: oz, Key: "k", Cost: 1}, backend.Request{Zone: other, Key: "k", Cost: 1}) // two
+	spend(t, cur, nz, "k", []int64{2})
+	if got := admits(t, old, oz, "k", 3); got != 1 {
+		t.Fatalf("the old config admits %d more, want 1 (4 + 3 + 2 of 10 taken)", got)
+	}
+	if got := admits(t, cur, nz, "k", 3); got != 0 {
+		t.Fatalf("the new config admits %d more, want 0", got)
+	}
+}
+
+// A new config that fails after registering lets go of its table: the
+// running one no longer feeds it, and decides as before.
+func TestFailedSwitchLetsGo(t *testing.T) {
+	c := newFakeClock()
+	name := t.Name()
+	p := algorithms.Policy{Limit: 3, Window: 3600 * sec}
+	old, oz := reloadTo(t, c, name, algorithms.NameSlidingWindow, p)
+	defer old.Close()
+	spend(t, old, oz, "k", []int64{1})
+	failed, fz := reloadTo(t, c, name, algorithms.NameGCRA, algorithms.Policy{Limit: 1000, Window: 3600 * sec})
+	_ = failed.Close()
+	if ps := oz.(*zone[*algorithms.Log]).t.peers.Load(); ps != nil {
+		t.Fatalf("the running table still feeds %d tables", len(*ps))
+	}
+	if ps := fz.(*zone[algorithms.Bucket]).t.peers.Load(); ps != nil {
+		t.Fatal("the failed config's table is still linked")
+	}
+	if got := admits(t, old, oz, "k", 5); got != 2 {
+		t.Fatalf("%d admitted after the failed reload, want 2 of 3", got)
+	}
+	// A later reload to that kind starts from the running table again.
+	cur, nz := reloadTo(t, c, name, algorithms.NameGCRA, p)
+	defer cur.Close()
+	if got := admits(t, cur, nz, "k", 5); got != 0 {
+		t.Fatalf("%d admitted after switching a spent key to gcra", got)
+	}
+}

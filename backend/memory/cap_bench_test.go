@@ -15,11 +15,12 @@ import (
 // A new key arriving at a full table: every op inserts a key never seen
 // before, so every op evicts one. denying is the share of the keys in the
 // table that are spent (their next request would be refused): eviction must
-// look past them.
+// look past them. At 100 % the new keys are spent too, so nothing but
+// denying keys is ever left to evict.
 func BenchmarkInsertAtCap(b *testing.B) {
 	const maxKeys = 100_000
 	for _, alg := range []string{algorithms.NameTokenBucket, algorithms.NameSlidingWindow} {
-		for _, denying := range []int{0, 90} {
+		for _, denying := range []int{0, 90, 100} {
 			b.Run(fmt.Sprintf("%s/denying=%d%%", alg, denying), func(b *testing.B) {
 				s := New(Options{})
 				defer s.Close()
@@ -41,6 +42,9 @@ func BenchmarkInsertAtCap(b *testing.B) {
 					_, _ = s.Decide(ctx, reqs, out)
 				}
 				reqs[0].Cost = 1
+				if denying == 100 {
+					reqs[0].Cost = 2
+				}
 				b.ReportAllocs()
 				b.ResetTimer()
 				for i := maxKeys; b.Loop(); i++ {

@@ -11,15 +11,12 @@ import (
 // the old config still serves from the old one. So that the change gives
 // nobody a fresh quota, the new table starts from every key of the old one
 // translated to the new kind (algorithms.Usage, FromUsage), and while both
-// are live each takes what the other admits: a request the old config
-// admits after the translation counts in the new table too, and the other
-// way round.
+// are live they are peers: Decide decides a request of either config by
+// both tables at once, all or nothing, so neither admits what the other
+// has taken.
 
 // peer is a table as a table of another kind of state sees it.
 type peer interface {
-	// mirror takes cost units of h at now: a request the other table
-	// admitted.
-	mirror(h hkey, now, cost int64)
 	// adopt writes u, a key's usage under the other table's algorithm, as
 	// h's state, unless h already has less room.
 	adopt(h hkey, u algorithms.Usage, now int64)
@@ -27,13 +24,21 @@ type peer interface {
 	translateInto(dst peer, now int64)
 	link(p peer)
 	unlink(p peer)
+	// zone is the table as Decide uses a zone.
+	zone() zoneOps
+}
+
+// peerLink is one peer of a table, with its zone handle made once.
+type peerLink struct {
+	t peer
+	z zoneOps
 }
 
 // takeOver makes t, a table just created, the peer of every live table of
 // the same limit with another kind of state, and translates their keys.
-// Mirroring starts before the translation, so a request the other table
-// admits while its keys are read is in t either way: the translation of a
-// key replaces what a mirror wrote before it, since it was read after.
+// The tables are linked first, so a request decided while the keys are
+// read is taken in t either way: the translation of a key, read after it,
+// then replaces that state only if it leaves less room.
 func takeOver[S any](t *table[S]) {
 	var others []peer
 	tables.Range(func(k, v any) bool {
@@ -52,22 +57,6 @@ func takeOver[S any](t *table[S]) {
 	}
 }
 
-func (t *table[S]) mirror(h hkey, now, cost int64) {
-	sh := t.shard(h)
-	sh.mu.Lock()
-	alg := t.current(sh).alg
-	if sh.n > 0 {
-		if i, ok := sh.find(h); ok {
-			sh.e[i].s = alg.Take(sh.e[i].s, now, cost)
-			sh.mu.Unlock()
-			return
-		}
-	}
-	var zero S
-	t.insert(sh, h, alg.Take(zero, now, cost), now)
-	sh.mu.Unlock()
-}
-
 func (t *table[S]) adopt(h hkey, u algorithms.Usage, now int64) {
 	sh := t.shard(h)
 	sh.mu.Lock()
@@ -76,8 +65,8 @@ func (t *table[S]) adopt(h hkey, u algorithms.Usage, now int64) {
 	s := alg.FromUsage(u, now)
 	if sh.n > 0 {
 		if i, ok := sh.find(h); ok {
-			// Only a mirror wrote here, of a request this usage counts:
-			// keep whichever leaves less room.
+			// A request decided by both tables wrote here, and this
+			// usage counts it: keep whichever leaves less room.
 			old := sh.e[i].s
 			if a, b := alg.Available(s, now), alg.Available(old, now); a < b || (a == b && alg.IdleAt(s) > alg.IdleAt(old)) {
 				sh.e[i].s = s
@@ -90,10 +79,10 @@ func (t *table[S]) adopt(h hkey, u algorithms.Usage, now int64) {
 	}
 }
 
-// translateInto reads each shard under its lock, so a request admitted
-// here after a key was read is mirrored into dst after it was adopted.
-// Nesting dst's shard lock inside this one's cannot deadlock: dst is new,
-// so no request holds one of its shards and waits for one of this table.
+// translateInto reads each shard under its lock, so a request decided by
+// both tables waits until its key is adopted in dst. Nesting dst's shard
+// lock inside this one's keeps the global lock order of Decide (shards are
+// locked by increasing id), since dst, made later, has the higher ids.
 func (t *table[S]) translateInto(dst peer, now int64) {
 	for i := range t.shards {
 		sh := &t.shards[i]
@@ -108,14 +97,16 @@ func (t *table[S]) translateInto(dst peer, now int64) {
 	}
 }
 
+func (t *table[S]) zone() zoneOps { return &zone[S]{name: t.id.name, t: t} }
+
 func (t *table[S]) link(p peer) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var ps []peer
+	var ps []peerLink
 	if cur := t.peers.Load(); cur != nil {
 		ps = slices.Clone(*cur)
 	}
-	ps = append(ps, p)
+	ps = append(ps, peerLink{t: p, z: p.zone()})
 	t.peers.Store(&ps)
 }
 
@@ -126,7 +117,7 @@ func (t *table[S]) unlink(p peer) {
 	if cur == nil {
 		return
 	}
-	ps := slices.DeleteFunc(slices.Clone(*cur), func(q peer) bool { return q == p })
+	ps := slices.DeleteFunc(slices.Clone(*cur), func(l peerLink) bool { return l.t == p })
 	if len(ps) == 0 {
 		t.peers.Store(nil)
 		return
@@ -134,14 +125,12 @@ func (t *table[S]) unlink(p peer) {
 	t.peers.Store(&ps)
 }
 
-// mirrorPeers has every peer of t take what t just admitted for h. The
-// caller holds no shard lock.
-func (t *table[S]) mirrorPeers(h hkey, now, cost int64) {
+// linked returns the peers of t, in the order they were linked.
+func (t *table[S]) linked() []peerLink {
 	if ps := t.peers.Load(); ps != nil {
-		for _, p := range *ps {
-			p.mirror(h, now, cost)
-		}
+		return *ps
 	}
+	return nil
 }
 
 // Interface guard.

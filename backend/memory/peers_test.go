@@ -1,6 +1,10 @@
 package memory
 
 import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sluicehq/sluice/algorithms"
@@ -69,9 +73,9 @@ func TestSwitchingKindCarriesUsage(t *testing.T) {
 	}
 }
 
-// While both configs serve, what either admits counts in the other's
-// table, through one zone or several.
-func TestSwitchingKindMirrorsTheOverlap(t *testing.T) {
+// While both configs serve, a request of either is decided by both tables
+// and taken in both, through one zone or several.
+func TestSwitchingKindDecidesTheOverlapByBoth(t *testing.T) {
 	c := newFakeClock()
 	name := t.Name()
 	p := algorithms.Policy{Limit: 10, Window: 3600 * sec}
@@ -117,5 +121,43 @@ func TestFailedSwitchLetsGo(t *testing.T) {
 	defer cur.Close()
 	if got := admits(t, cur, nz, "k", 5); got != 0 {
 		t.Fatalf("%d admitted after switching a spent key to gcra", got)
+	}
+}
+
+// Requests through the old config race the translation and then requests
+// through the new one: whatever the interleaving, one key gets its limit
+// once (run with -race).
+func TestSwitchUnderConcurrentLoad(t *testing.T) {
+	c := newFakeClock()
+	name := t.Name()
+	p := algorithms.Policy{Limit: 2000, Window: 3600 * sec}
+	old, oz := reloadTo(t, c, name, algorithms.NameSlidingWindow, p)
+	defer old.Close()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	hammer := func(s *Store, z backend.Zone, n int) {
+		defer wg.Done()
+		out := make([]algorithms.Result, 1)
+		for i := 0; i < n; i++ {
+			reqs := []backend.Request{{Zone: z, Key: fmt.Sprint("k", i%4), Cost: 1}}
+			if ok, _ := s.Decide(context.Background(), reqs, out); ok {
+				admitted.Add(1)
+			}
+		}
+	}
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go hammer(old, oz, 3000)
+	}
+	cur, nz := reloadTo(t, c, name, algorithms.NameTokenBucket, p)
+	defer cur.Close()
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go hammer(cur, nz, 3000)
+	}
+	wg.Wait()
+	// Four keys of 2000 each.
+	if got := admitted.Load(); got > 4*2000 {
+		t.Fatalf("%d admitted for four keys of 2000", got)
 	}
 }

@@ -111,9 +111,9 @@ type zoneOps interface {
 	decideOne(h hkey, now, cost int64) algorithms.Result
 	// refund locks and gives back what granted took from the key.
 	refund(h hkey, now int64, granted algorithms.Result, cost int64)
-	// mirror has the tables of the same limit with another kind of state
-	// take what was taken; the caller holds no shard lock.
-	mirror(h hkey, now, cost int64)
+	// peers are the tables of the same limit with another kind of state,
+	// while a reload that changed the algorithm is under way.
+	peers() []peerLink
 }
 
 // Zone registers cfg and returns its handle.
@@ -232,7 +232,7 @@ func (z *zone[S]) take(h hkey, now, cost int64) {
 	z.t.insert(sh, h, alg.Take(zero, now, cost), now)
 }
 
-func (z *zone[S]) mirror(h hkey, now, cost int64) { z.t.mirrorPeers(h, now, cost) }
+func (z *zone[S]) peers() []peerLink { return z.t.linked() }
 
 func (z *zone[S]) refund(h hkey, now int64, granted algorithms.Result, cost int64) {
 	sh := z.t.shard(h)
@@ -266,9 +266,6 @@ func (z *zone[S]) decideOne(h hkey, now, cost int64) algorithms.Result {
 		} else {
 			z.t.insert(sh, h, alg.Take(s, now, cost), now)
 		}
-		sh.mu.Unlock()
-		z.t.mirrorPeers(h, now, cost)
-		return r
 	}
 	sh.mu.Unlock()
 	return r
@@ -279,14 +276,34 @@ type located struct {
 	z     zoneOps
 	h     hkey
 	sh    *shardBase
-	cost  int64 // total cost of this (zone, key) in the request
-	alias int   // index of the first request with the same zone and key
+	cost  int64 // total cost of this (table, key) in the request
+	alias int   // index in the list of the first entry of the same table and key
+	req   int   // index of the request
+	peer  bool  // a table of the request's limit with another kind of state
+}
+
+// locate appends the entry of key h in z for request req, or adds its cost
+// to the entry of the same table and key: the same key of one limit twice
+// in one request is decided once, for the sum of the costs.
+func locate(loc []located, z zoneOps, h hkey, cost int64, req int, peer bool) []located {
+	l := located{z: z, h: h, sh: z.lock(h), cost: cost, alias: len(loc), req: req, peer: peer}
+	for j := range loc {
+		if loc[j].alias == j && loc[j].sh == l.sh && loc[j].h == h {
+			l.alias = j
+			loc[j].cost += cost
+			break
+		}
+	}
+	return append(loc, l)
 }
 
 // Decide answers reqs all or nothing. The shards of every key involved are
 // locked together, in one global order so that concurrent requests over
 // overlapping zones cannot deadlock, and nothing is taken unless every
-// non-shadow request is allowed.
+// non-shadow request is allowed. A limit whose algorithm a reload is
+// changing to another kind of state has a table of each kind (peers.go):
+// its request is decided by all of them, and answered by its own table
+// unless another denies.
 func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
 	now := s.now()
 	if len(reqs) == 1 {
@@ -294,9 +311,11 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		if !ok {
 			return false, fmt.Errorf("zone %q was not registered with the memory backend", reqs[0].Zone.Name())
 		}
-		out[0] = z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0))
-		out[0].At = now
-		return out[0].Allowed || reqs[0].Shadow, nil
+		if len(z.peers()) == 0 {
+			out[0] = z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0))
+			out[0].At = now
+			return out[0].Allowed || reqs[0].Shadow, nil
+		}
 	}
 
 	var buf [8]located
@@ -309,18 +328,11 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		if !ok {
 			return false, fmt.Errorf("zone %q was not registered with the memory backend", r.Zone.Name())
 		}
-		h := z.hash(r.Key)
-		l := located{z: z, h: h, sh: z.lock(h), cost: max(r.Cost, 0), alias: i}
-		// The same key of the same zone twice in one request is decided
-		// once, for the sum of the costs.
-		for j := range loc {
-			if loc[j].alias == j && loc[j].z == z && loc[j].h == h {
-				l.alias = j
-				loc[j].cost += l.cost
-				break
-			}
+		h, cost := z.hash(r.Key), max(r.Cost, 0)
+		loc = locate(loc, z, h, cost, i, false)
+		for _, p := range z.peers() {
+			loc = locate(loc, p.z, h, cost, i, true)
 		}
-		loc = append(loc, l)
 	}
 
 	var lockBuf [8]*shardBase
@@ -331,42 +343,64 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 	for _, m := range locks {
 		m.mu.Lock()
 	}
+	defer func() {
+		for _, m := range locks {
+			m.mu.Unlock()
+		}
+	}()
 
+	var resBuf [8]algorithms.Result
+	res := resBuf[:]
+	if len(loc) > len(resBuf) {
+		res = make([]algorithms.Result, len(loc))
+	}
 	allowed := true
 	for i := range loc {
 		l := &loc[i]
 		if l.alias != i {
 			continue
 		}
-		out[i] = l.z.decide(l.h, now, l.cost)
-		out[i].At = now
-		if !out[i].Allowed && !reqs[i].Shadow {
+		res[i] = l.z.decide(l.h, now, l.cost)
+		res[i].At = now
+		if !res[i].Allowed && !reqs[l.req].Shadow {
 			allowed = false
 		}
 	}
+	// A request's own entry comes before those of its peers.
 	for i := range loc {
-		if a := loc[i].alias; a != i {
-			out[i] = out[a]
+		if l := &loc[i]; l.peer {
+			out[l.req] = stricter(out[l.req], res[l.alias])
+		} else {
+			out[l.req] = res[l.alias]
 		}
 	}
 	if !allowed {
-		unlockAll(locks)
 		return false, nil
 	}
 	for i := range loc {
 		l := &loc[i]
-		if l.alias == i && out[i].Allowed && l.cost > 0 {
+		if l.alias == i && res[i].Allowed && l.cost > 0 {
 			l.z.take(l.h, now, l.cost)
 		}
 	}
-	unlockAll(locks)
-	for i := range loc {
-		l := &loc[i]
-		if l.alias == i && out[i].Allowed && l.cost > 0 {
-			l.z.mirror(l.h, now, l.cost)
-		}
-	}
 	return true, nil
+}
+
+// stricter is the answer to a request that its own table answered a and a
+// table of another kind of state of the same limit answered b: b if it
+// denies (and makes the client wait longer), else a with the room of both.
+func stricter(a, b algorithms.Result) algorithms.Result {
+	switch {
+	case b.Allowed && a.Allowed:
+		a.Remaining = min(a.Remaining, b.Remaining)
+		a.ResetAfter = max(a.ResetAfter, b.ResetAfter)
+		return a
+	case b.Allowed, a.RetryAfter == algorithms.Never:
+		return a
+	case a.Allowed, b.RetryAfter == algorithms.Never, b.RetryAfter > a.RetryAfter:
+		return b
+	}
+	return a
 }
 
 // Refund gives back the units reqs took. Each key is refunded under its own
@@ -383,12 +417,6 @@ func (s *Store) Refund(_ context.Context, reqs []backend.Request, granted []algo
 		}
 	}
 	return nil
-}
-
-func unlockAll(locks []*shardBase) {
-	for _, m := range locks {
-		m.mu.Unlock()
-	}
 }
 
 // insertLock adds m to the sorted, duplicate-free list of shards to lock.

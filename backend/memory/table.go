@@ -88,12 +88,13 @@ type table[S any] struct {
 	evictions atomic.Uint64
 	denying   atomic.Uint64 // evicted while denying: they got a fresh quota
 	lastWarn  atomic.Int64  // time of the last log line about those
+	allDenied atomic.Int64  // time every shard was last found all denying
 	now       func() int64
 
 	// peers are the live tables of the same limit with another kind of
 	// state (a reload that changed the algorithm, while the old config
-	// still serves): what one takes, the others take too.
-	peers atomic.Pointer[[]peer]
+	// still serves): a request is decided by all of them (peers.go).
+	peers atomic.Pointer[[]peerLink]
 
 	stop chan struct{}
 	wake chan struct{} // the sweep interval changed
@@ -239,6 +240,9 @@ func (t *table[S]) insert(sh *shard[S], h hkey, s S, now int64) {
 		t.makeRoom(sh, now)
 		copy(sh.recent[:], sh.recent[1:])
 		sh.recent[len(sh.recent)-1] = h
+		if t.allDenied.Load() != 0 && t.current(sh).alg.Available(s, now) > 0 {
+			t.allDenied.Store(0) // another search for room may find this one
+		}
 	}
 	sh.slots.insert(h, s)
 	t.count.Add(1)
@@ -283,38 +287,61 @@ func (t *table[S]) trim() {
 // quota from its eviction: one is evicted only when no other key is left,
 // and that is counted and logged. It reports false when it found nothing
 // to evict (sh is empty and every other shard is busy). The caller holds
-// sh.mu; other shards are only tried, never waited for, so that two
-// requests making room cannot deadlock.
+// sh.mu.
 func (t *table[S]) evictOne(sh *shard[S], alg algorithms.Algorithm[S], now int64) bool {
-	if i := sh.spare(alg, now); i >= 0 {
-		t.drop(sh, alg, i, now, false)
+	room, nearest := sh.spare(alg, now)
+	if room >= 0 {
+		t.drop(sh, alg, room, now, false)
 		return true
 	}
-	for _, denying := range [2]bool{false, true} {
-		if denying && sh.n > 0 {
-			t.drop(sh, alg, sh.closestToIdle(alg), now, true)
+	if t.evictElsewhere(sh, now, false) {
+		return true
+	}
+	if nearest >= 0 {
+		t.drop(sh, alg, nearest, now, true)
+		return true
+	}
+	return t.evictElsewhere(sh, now, true)
+}
+
+// evictElsewhere evicts a key of a shard other than sh: one with room, or
+// when denying is set the key nearest to idle of the first shard that is not
+// empty. Shards are tried from a random one, and busy ones skipped, never
+// waited for, so that two requests making room cannot deadlock. A search
+// for room that saw every shard and found none is not repeated for a
+// fullSweepGap, unless a key with room is inserted meanwhile. The caller
+// holds sh.mu.
+func (t *table[S]) evictElsewhere(sh *shard[S], now int64, denying bool) bool {
+	if at := t.allDenied.Load(); !denying && at != 0 && now-at < fullSweepGap {
+		return false
+	}
+	complete := true
+	start := int(sh.rng & t.mask)
+	for k := range t.shards {
+		o := &t.shards[(start+k)&int(t.mask)]
+		if o == sh {
+			continue
+		}
+		if !o.mu.TryLock() {
+			complete = false
+			continue
+		}
+		oalg := t.current(o).alg
+		room, nearest := o.spare(oalg, now)
+		i := room
+		if denying {
+			i = nearest
+		}
+		if i >= 0 {
+			t.drop(o, oalg, i, now, denying)
+		}
+		o.mu.Unlock()
+		if i >= 0 {
 			return true
 		}
-		for k := range t.shards {
-			o := &t.shards[k]
-			if o == sh || !o.mu.TryLock() {
-				continue
-			}
-			oalg := t.current(o).alg
-			i := -1
-			if !denying {
-				i = o.spare(oalg, now)
-			} else if o.n > 0 {
-				i = o.closestToIdle(oalg)
-			}
-			if i >= 0 {
-				t.drop(o, oalg, i, now, denying)
-			}
-			o.mu.Unlock()
-			if i >= 0 {
-				return true
-			}
-		}
+	}
+	if !denying && complete {
+		t.allDenied.Store(now)
 	}
 	return false
 }
@@ -343,70 +370,53 @@ func (t *table[S]) drop(sh *shard[S], alg algorithms.Algorithm[S], i int, now in
 // one with the most units available among a sample from a random place;
 // if all of those are denying, a recently inserted key with room, or the
 // first key with room in a scan of the whole shard (skipped for a
-// fullSweepGap after a scan found none). -1 when every key is denying.
-// The caller holds sh.mu.
-func (sh *shard[S]) spare(alg algorithms.Algorithm[S], now int64) int {
+// fullSweepGap after a scan found none); room is -1 when every key is
+// denying. nearest is the key of the sample nearest to idle: of denying
+// keys, the one whose fresh quota would come soonest anyway (-1 when sh is
+// empty). The caller holds sh.mu.
+func (sh *shard[S]) spare(alg algorithms.Algorithm[S], now int64) (room, nearest int) {
 	if sh.n == 0 {
-		return -1
+		return -1, -1
 	}
-	i := sh.randomIndex()
-	victim, most := -1, int64(0)
+	sh.rng ^= sh.rng << 13
+	sh.rng ^= sh.rng >> 7
+	sh.rng ^= sh.rng << 17
+	i := int(sh.rng % uint64(len(sh.e)))
+	room, nearest = -1, -1
+	most, soonest := int64(0), int64(1<<63-1)
 	for seen := 0; seen < sampleSize && seen < sh.n; i = sh.next(i) {
 		if sh.e[i].h == 0 {
 			continue
 		}
-		if a := alg.Available(sh.e[i].s, now); a > most {
-			victim, most = i, a
-		}
 		seen++
+		if a := alg.Available(sh.e[i].s, now); a > most {
+			room, most = i, a
+		}
+		if at := alg.IdleAt(sh.e[i].s); at < soonest {
+			nearest, soonest = i, at
+		}
 	}
-	if victim >= 0 {
-		return victim
+	if room >= 0 {
+		return room, nearest
 	}
 	for _, h := range sh.recent {
 		if h == 0 {
 			continue
 		}
 		if j, ok := sh.find(h); ok && alg.Available(sh.e[j].s, now) > 0 {
-			return j
+			return j, nearest
 		}
 	}
 	if sh.allDenied != 0 && now-sh.allDenied < fullSweepGap {
-		return -1
+		return -1, nearest
 	}
 	for k := 0; k < len(sh.e); k, i = k+1, sh.next(i) {
 		if sh.e[i].h != 0 && alg.Available(sh.e[i].s, now) > 0 {
-			return i
+			return i, nearest
 		}
 	}
 	sh.allDenied = now
-	return -1
-}
-
-// randomIndex returns a random place in sh's slots, which are not empty.
-func (sh *shard[S]) randomIndex() int {
-	sh.rng ^= sh.rng << 13
-	sh.rng ^= sh.rng >> 7
-	sh.rng ^= sh.rng << 17
-	return int(sh.rng % uint64(len(sh.e)))
-}
-
-// closestToIdle returns the index of the key nearest to idle among a
-// sample of sh, which is not empty: of keys that are all denying, the one
-// whose fresh quota comes soonest anyway. The caller holds sh.mu.
-func (sh *shard[S]) closestToIdle(alg algorithms.Algorithm[S]) int {
-	i := sh.randomIndex()
-	victim, best := -1, int64(1<<63-1)
-	for seen := 0; seen < sampleSize && seen < sh.n; i = sh.next(i) {
-		if sh.e[i].h == 0 {
-			continue
-		}
-		if at := alg.IdleAt(sh.e[i].s); at < best {
-			victim, best = i, at
-		}
-		seen++
-	}
-	return victim
+	return -1, nearest
 }
 
 // sweepShard drops the idle keys of sh and gives memory back once the
@@ -458,10 +468,8 @@ func (t *table[S]) run() {
 func (t *table[S]) Destruct() error {
 	t.once.Do(func() {
 		close(t.stop)
-		if ps := t.peers.Load(); ps != nil {
-			for _, p := range *ps {
-				p.unlink(t)
-			}
+		for _, l := range t.linked() {
+			l.t.unlink(t)
 		}
 		t.peers.Store(nil)
 	})

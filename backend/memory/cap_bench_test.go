@@ -152,3 +152,39 @@ func heapSpans() int64 {
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapInuse)
 }
+
+// A reload that changes the kind of state translates every key of the old
+// table while the new config provisions: the time that adds to the reload,
+// per key of the old table, into a table that holds them all or only 2 %.
+func BenchmarkTakeOver(b *testing.B) {
+	for _, newCap := range []int{2_000_000, 20_000} {
+		b.Run(fmt.Sprintf("max_keys=%d", newCap), func(b *testing.B) { benchTakeOver(b, newCap) })
+	}
+}
+
+func benchTakeOver(b *testing.B, newCap int) {
+	const n = 1_000_000
+	p := algorithms.Policy{Limit: 10, Window: int64(time.Hour)}
+	clock := newFakeClock()
+	old := New(Options{Now: clock.now})
+	defer old.Close()
+	oz, err := old.Zone(backend.ZoneConfig{Name: b.Name(), Algorithm: algorithms.NameTokenBucket, Policy: p, MaxKeys: 2 * n})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var g keyGen
+	reqs := []backend.Request{{Zone: oz, Cost: 3}}
+	out := make([]algorithms.Result, 1)
+	for i := 0; i < n; i++ {
+		reqs[0].Key = g.key(i)
+		_, _ = old.Decide(context.Background(), reqs, out)
+	}
+	for b.Loop() {
+		s := New(Options{Now: clock.now})
+		if _, err := s.Zone(backend.ZoneConfig{Name: b.Name(), Algorithm: algorithms.NameFixedWindow, Policy: p, MaxKeys: newCap}); err != nil {
+			b.Fatal(err)
+		}
+		_ = s.Close()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/key")
+}

@@ -26,6 +26,7 @@ type peer interface {
 	unlink(p peer)
 	// zone is the table as Decide uses a zone.
 	zone() zoneOps
+	Keys() int64
 }
 
 // peerLink is one peer of a table, with its zone handle made once.
@@ -48,12 +49,29 @@ func takeOver[S any](t *table[S]) {
 		}
 		return true
 	})
+	var keys int64
 	for _, p := range others {
 		p.link(t)
 		t.link(p)
+		keys += p.Keys()
 	}
+	t.reserve(keys)
 	for _, p := range others {
 		p.translateInto(t, t.now())
+	}
+}
+
+// reserve sizes each shard for its share of keys more keys (within the
+// cap) at once, sparing the resizes of a translation.
+func (t *table[S]) reserve(keys int64) {
+	per := int(min(keys, t.maxKeys.Load())) / len(t.shards)
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		if want := (sh.n + per) * 4 / 3; len(sh.e) < want {
+			sh.resize(want + 1)
+		}
+		sh.mu.Unlock()
 	}
 }
 
@@ -83,18 +101,43 @@ func (t *table[S]) adopt(h hkey, u algorithms.Usage, now int64) {
 // both tables waits until its key is adopted in dst. Nesting dst's shard
 // lock inside this one's keeps the global lock order of Decide (shards are
 // locked by increasing id), since dst, made later, has the higher ids.
+//
+// The slots are read in a scrambled order: in slot order the keys come in
+// the order of their hashes, and under the shared seed a table filled in
+// that order piles them up where their homes are, so that every probe
+// crosses the pile (a million keys into a table of 20,000 took 1.2 µs a
+// key in slot order).
 func (t *table[S]) translateInto(dst peer, now int64) {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
 		alg := t.current(sh).alg
-		for j := range sh.e {
+		n := len(sh.e)
+		step := coprimeStep(n)
+		for k, j := 0, 0; k < n; k, j = k+1, (j+step)%n {
 			if e := &sh.e[j]; e.h != 0 && alg.IdleAt(e.s) > now {
 				dst.adopt(e.h, alg.Usage(e.s, now), now)
 			}
 		}
 		sh.mu.Unlock()
 	}
+}
+
+// coprimeStep returns a step near n·0.618 with no factor in common with n,
+// so that stepping by it visits each of n places once.
+func coprimeStep(n int) int {
+	s := max(n*618/1000, 1)
+	for gcd(s, n) != 1 {
+		s++
+	}
+	return s
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 func (t *table[S]) zone() zoneOps { return &zone[S]{name: t.id.name, t: t} }

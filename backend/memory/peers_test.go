@@ -161,3 +161,17 @@ func TestSwitchUnderConcurrentLoad(t *testing.T) {
 		t.Fatalf("%d admitted for four keys of 2000", got)
 	}
 }
+
+// Stepping by coprimeStep(n) visits every one of n places once.
+func TestCoprimeStepVisitsAll(t *testing.T) {
+	for n := 1; n < 3000; n++ {
+		seen := make([]bool, n)
+		step := coprimeStep(n)
+		for k, j := 0, 0; k < n; k, j = k+1, (j+step)%n {
+			if seen[j] {
+				t.Fatalf("n=%d step=%d: %d visited twice", n, step, j)
+			}
+			seen[j] = true
+		}
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,10 +93,10 @@ func BenchmarkHeapAtDefaultCap(b *testing.B) {
 				reqs := []backend.Request{{Zone: z}}
 				out := make([]algorithms.Result, 1)
 				var g keyGen
-				before, beforeSpans := heapInUse(), heapSpans()
-				tbl := tableOf(z)
-				maxKeys := int(tbl.maxKeys.Load())
-				for k := 0; k < maxKeys; k++ {
+				before, beforeSpans := heapNow()
+				tbl := tableStats(z)
+				// Up to the cap: the first eviction.
+				for k := 0; tbl.Evictions() == 0; k++ {
 					reqs[0].Key = g.key(k)
 					// The log holds a window's worth of events; the other
 					// states are the same size after one request.
@@ -111,9 +110,10 @@ func BenchmarkHeapAtDefaultCap(b *testing.B) {
 						clock.advance(time.Microsecond)
 					}
 				}
-				used := heapInUse() - before
-				spans = float64(heapSpans()-beforeSpans) / (1 << 20)
-				keys = tbl.count.Load()
+				after, afterSpans := heapNow()
+				used := after - before
+				spans = float64(afterSpans-beforeSpans) / (1 << 20)
+				keys = tbl.Keys()
 				perKey = float64(used) / float64(keys)
 				total = float64(used) / (1 << 20)
 				runtime.KeepAlive(z)
@@ -125,32 +125,6 @@ func BenchmarkHeapAtDefaultCap(b *testing.B) {
 			b.ReportMetric(spans, "MiB-spans")
 		})
 	}
-}
-
-// tableOf returns the key counters of z's table, whatever its kind.
-func tableOf(z backend.Zone) *tableCounts {
-	switch z := z.(type) {
-	case *zone[algorithms.Bucket]:
-		return &tableCounts{&z.t.count, &z.t.maxKeys}
-	case *zone[*algorithms.Log]:
-		return &tableCounts{&z.t.count, &z.t.maxKeys}
-	case *zone[algorithms.Window]:
-		return &tableCounts{&z.t.count, &z.t.maxKeys}
-	case *zone[algorithms.Counter]:
-		return &tableCounts{&z.t.count, &z.t.maxKeys}
-	}
-	panic(fmt.Sprintf("zone of type %T", z))
-}
-
-type tableCounts struct{ count, maxKeys *atomic.Int64 }
-
-// heapSpans is the heap in spans in use after a collection: live objects
-// plus the free room inside their spans (fragmentation).
-func heapSpans() int64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapInuse)
 }
 
 // A reload that changes the kind of state translates every key of the old

@@ -371,9 +371,9 @@ func (t *table[S]) drop(sh *shard[S], alg algorithms.Algorithm[S], i int, now in
 // if all of those are denying, a recently inserted key with room, or the
 // first key with room in a scan of the whole shard (skipped for a
 // fullSweepGap after a scan found none); room is -1 when every key is
-// denying. nearest is the key of the sample nearest to idle: of denying
-// keys, the one whose fresh quota would come soonest anyway (-1 when sh is
-// empty). The caller holds sh.mu.
+// denying. nearest is, when room is -1, the key of the sample nearest to
+// idle: of denying keys, the one whose fresh quota would come soonest
+// anyway (-1 when sh is empty). The caller holds sh.mu.
 func (sh *shard[S]) spare(alg algorithms.Algorithm[S], now int64) (room, nearest int) {
 	if sh.n == 0 {
 		return -1, -1
@@ -391,9 +391,10 @@ func (sh *shard[S]) spare(alg algorithms.Algorithm[S], now int64) (room, nearest
 		seen++
 		if a := alg.Available(sh.e[i].s, now); a > most {
 			room, most = i, a
-		}
-		if at := alg.IdleAt(sh.e[i].s); at < soonest {
-			nearest, soonest = i, at
+		} else if a == 0 && room < 0 {
+			if at := alg.IdleAt(sh.e[i].s); at < soonest {
+				nearest, soonest = i, at
+			}
 		}
 	}
 	if room >= 0 {

@@ -277,19 +277,19 @@ type located struct {
 	h     hkey
 	sh    *shardBase
 	cost  int64 // total cost of this (table, key) in the request
-	alias int   // index in the list of the first entry of the same table and key
-	req   int   // index of the request
-	peer  bool  // a table of the request's limit with another kind of state
+	alias int32 // index in the list of the first entry of the same table and key
+	req   int32 // index of the request, or -1 - that index for a table of the
+	// request's limit with another kind of state (a peer)
 }
 
 // locate appends the entry of key h in z for request req, or adds its cost
 // to the entry of the same table and key: the same key of one limit twice
 // in one request is decided once, for the sum of the costs.
-func locate(loc []located, z zoneOps, h hkey, cost int64, req int, peer bool) []located {
-	l := located{z: z, h: h, sh: z.lock(h), cost: cost, alias: len(loc), req: req, peer: peer}
+func locate(loc []located, z zoneOps, h hkey, cost int64, req int32) []located {
+	l := located{z: z, h: h, sh: z.lock(h), cost: cost, alias: int32(len(loc)), req: req}
 	for j := range loc {
-		if loc[j].alias == j && loc[j].sh == l.sh && loc[j].h == h {
-			l.alias = j
+		if int(loc[j].alias) == j && loc[j].sh == l.sh && loc[j].h == h {
+			l.alias = int32(j)
 			loc[j].cost += cost
 			break
 		}
@@ -329,9 +329,9 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 			return false, fmt.Errorf("zone %q was not registered with the memory backend", r.Zone.Name())
 		}
 		h, cost := z.hash(r.Key), max(r.Cost, 0)
-		loc = locate(loc, z, h, cost, i, false)
+		loc = locate(loc, z, h, cost, int32(i))
 		for _, p := range z.peers() {
-			loc = locate(loc, p.z, h, cost, i, true)
+			loc = locate(loc, p.z, h, cost, -1-int32(i))
 		}
 	}
 
@@ -349,28 +349,30 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		}
 	}()
 
-	var resBuf [8]algorithms.Result
-	res := resBuf[:]
-	if len(loc) > len(resBuf) {
+	// Without peers each request has one entry, at its own index.
+	res := out[:len(reqs)]
+	if len(loc) > len(reqs) {
 		res = make([]algorithms.Result, len(loc))
 	}
 	allowed := true
 	for i := range loc {
 		l := &loc[i]
-		if l.alias != i {
+		if int(l.alias) != i {
 			continue
 		}
 		res[i] = l.z.decide(l.h, now, l.cost)
 		res[i].At = now
-		if !res[i].Allowed && !reqs[l.req].Shadow {
+		if !res[i].Allowed && !reqs[max(l.req, -1-l.req)].Shadow {
 			allowed = false
 		}
 	}
 	// A request's own entry comes before those of its peers.
+	peers := len(loc) > len(reqs)
 	for i := range loc {
-		if l := &loc[i]; l.peer {
-			out[l.req] = stricter(out[l.req], res[l.alias])
-		} else {
+		switch l := &loc[i]; {
+		case l.req < 0:
+			out[-1-l.req] = stricter(out[-1-l.req], res[l.alias])
+		case peers || int(l.alias) != i:
 			out[l.req] = res[l.alias]
 		}
 	}
@@ -379,7 +381,7 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 	}
 	for i := range loc {
 		l := &loc[i]
-		if l.alias == i && res[i].Allowed && l.cost > 0 {
+		if int(l.alias) == i && res[i].Allowed && l.cost > 0 {
 			l.z.take(l.h, now, l.cost)
 		}
 	}

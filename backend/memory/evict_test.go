@@ -180,3 +180,33 @@ func tableStats(z backend.Zone) interface {
 	}
 	panic(fmt.Sprintf("zone of type %T", z))
 }
+
+// When the new key's shard holds only denying keys, the one key with room
+// is found in another shard.
+func TestEvictionLooksInOtherShards(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	const maxKeys = 10_000
+	z := testZone(t, s, algorithms.NameFixedWindow, algorithms.Policy{Limit: 2, Window: 3600 * sec}, maxKeys)
+	tbl := z.(*zone[algorithms.Window]).t
+	if len(tbl.shards) < 2 {
+		t.Fatalf("%d shards", len(tbl.shards))
+	}
+	shardOf := func(key string) uint64 { return tbl.hash(key) & tbl.mask }
+	room := "room"
+	for i := 0; shardOf(room) == shardOf("new"); i++ {
+		room = fmt.Sprint("room", i)
+	}
+	spend(t, s, z, room, []int64{1})
+	for i := 0; i < maxKeys-1; i++ {
+		spend(t, s, z, fmt.Sprint("spent", i), []int64{2})
+	}
+	decide(t, s, backend.Request{Zone: z, Key: "new", Cost: 1})
+	h := tbl.hash(room)
+	if _, kept := tbl.shard(h).find(h); kept {
+		t.Fatal("the only key with room, in another shard, was kept")
+	}
+	if d := tbl.DenyingEvictions(); d != 0 {
+		t.Fatalf("%d denying keys evicted", d)
+	}
+}

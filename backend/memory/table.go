@@ -305,8 +305,7 @@ func (t *table[S]) evictOne(sh *shard[S], alg algorithms.Algorithm[S], now int64
 }
 
 // evictElsewhere evicts a key of a shard other than sh: one with room, or
-// when denying is set the key nearest to idle of the first shard that is not
-// empty. Shards are tried from a random one, and busy ones skipped, never
+// when denying is set and a shard has none, its key nearest to idle. Shards are tried from a random one, and busy ones skipped, never
 // waited for, so that two requests making room cannot deadlock. A search
 // for room that saw every shard and found none is not repeated for a
 // fullSweepGap, unless a key with room is inserted meanwhile. The caller
@@ -328,12 +327,12 @@ func (t *table[S]) evictElsewhere(sh *shard[S], now int64, denying bool) bool {
 		}
 		oalg := t.current(o).alg
 		room, nearest := o.spare(oalg, now)
-		i := room
-		if denying {
-			i = nearest
+		i, spent := room, false
+		if i < 0 && denying {
+			i, spent = nearest, true
 		}
 		if i >= 0 {
-			t.drop(o, oalg, i, now, denying)
+			t.drop(o, oalg, i, now, spent)
 		}
 		o.mu.Unlock()
 		if i >= 0 {

@@ -102,30 +102,44 @@ func TestEvictionTakesMostRemaining(t *testing.T) {
 }
 
 // A sample that finds only denying keys looks further: the one key with
-// room, which is neither in the sample nor recently inserted, is found by
-// a scan of the shard.
-func TestEvictionScansPastDenyingSample(t *testing.T) {
-	c := newFakeClock()
-	s := newStore(t, c)
-	const maxKeys = 1000
-	z := testZone(t, s, algorithms.NameFixedWindow, algorithms.Policy{Limit: 2, Window: 3600 * sec}, maxKeys)
-	tbl := z.(*zone[algorithms.Window]).t
-	spend(t, s, z, "room", []int64{1})
-	for i := 0; i < maxKeys-1; i++ {
-		spend(t, s, z, fmt.Sprint("spent", i), []int64{2})
-	}
-	decide(t, s, backend.Request{Zone: z, Key: "new", Cost: 1})
-	h := tbl.hash("room")
-	if _, kept := tbl.shard(h).find(h); kept {
-		t.Fatal("the only key with room was kept")
-	}
-	if d := tbl.DenyingEvictions(); d != 0 {
-		t.Fatalf("%d denying keys evicted", d)
-	}
-	// Now "new" is the one with room, as a recent insert.
-	decide(t, s, backend.Request{Zone: z, Key: "newer", Cost: 1})
-	if d := tbl.DenyingEvictions(); d != 0 || tbl.Keys() != maxKeys {
-		t.Fatalf("%d denying keys evicted, %d keys", d, tbl.Keys())
+// room, neither in the sample nor recently inserted, is found by a scan of
+// the shard, or of the other shards when the new key's shard has none.
+func TestEvictionLooksPastDenyingKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		maxKeys int
+	}{
+		{"one shard", 1000},
+		{"another shard", 10_000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newFakeClock()
+			s := newStore(t, c)
+			z := testZone(t, s, algorithms.NameFixedWindow, algorithms.Policy{Limit: 2, Window: 3600 * sec}, tc.maxKeys)
+			tbl := z.(*zone[algorithms.Window]).t
+			shardOf := func(key string) uint64 { return tbl.hash(key) & tbl.mask }
+			room := "room"
+			for i := 0; len(tbl.shards) > 1 && shardOf(room) == shardOf("new"); i++ {
+				room = fmt.Sprint("room", i)
+			}
+			spend(t, s, z, room, []int64{1})
+			for i := 0; i < tc.maxKeys-1; i++ {
+				spend(t, s, z, fmt.Sprint("spent", i), []int64{2})
+			}
+			decide(t, s, backend.Request{Zone: z, Key: "new", Cost: 1})
+			h := tbl.hash(room)
+			if _, kept := tbl.shard(h).find(h); kept {
+				t.Fatal("the only key with room was kept")
+			}
+			if d := tbl.DenyingEvictions(); d != 0 {
+				t.Fatalf("%d denying keys evicted", d)
+			}
+			// Now "new" is the one with room, as a recent insert.
+			decide(t, s, backend.Request{Zone: z, Key: "newer", Cost: 1})
+			if d := tbl.DenyingEvictions(); d != 0 || tbl.Keys() != int64(tc.maxKeys) {
+				t.Fatalf("%d denying keys evicted, %d keys", d, tbl.Keys())
+			}
+		})
 	}
 }
 
@@ -179,34 +193,4 @@ func tableStats(z backend.Zone) interface {
 		return z.t
 	}
 	panic(fmt.Sprintf("zone of type %T", z))
-}
-
-// When the new key's shard holds only denying keys, the one key with room
-// is found in another shard.
-func TestEvictionLooksInOtherShards(t *testing.T) {
-	c := newFakeClock()
-	s := newStore(t, c)
-	const maxKeys = 10_000
-	z := testZone(t, s, algorithms.NameFixedWindow, algorithms.Policy{Limit: 2, Window: 3600 * sec}, maxKeys)
-	tbl := z.(*zone[algorithms.Window]).t
-	if len(tbl.shards) < 2 {
-		t.Fatalf("%d shards", len(tbl.shards))
-	}
-	shardOf := func(key string) uint64 { return tbl.hash(key) & tbl.mask }
-	room := "room"
-	for i := 0; shardOf(room) == shardOf("new"); i++ {
-		room = fmt.Sprint("room", i)
-	}
-	spend(t, s, z, room, []int64{1})
-	for i := 0; i < maxKeys-1; i++ {
-		spend(t, s, z, fmt.Sprint("spent", i), []int64{2})
-	}
-	decide(t, s, backend.Request{Zone: z, Key: "new", Cost: 1})
-	h := tbl.hash(room)
-	if _, kept := tbl.shard(h).find(h); kept {
-		t.Fatal("the only key with room, in another shard, was kept")
-	}
-	if d := tbl.DenyingEvictions(); d != 0 {
-		t.Fatalf("%d denying keys evicted", d)
-	}
 }

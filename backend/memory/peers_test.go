@@ -23,8 +23,8 @@ func reloadTo(t *testing.T, c *fakeClock, name, alg string, p algorithms.Policy)
 	return s, z
 }
 
-// admits counts how many of n unit requests for key pass.
-func admits(t *testing.T, s *Store, z backend.Zone, key string, n int) int {
+// admits sends n unit requests for key and requires want of them to pass.
+func admits(t *testing.T, s *Store, z backend.Zone, key string, n, want int, why string) {
 	t.Helper()
 	got := 0
 	for i := 0; i < n; i++ {
@@ -32,7 +32,9 @@ func admits(t *testing.T, s *Store, z backend.Zone, key string, n int) int {
 			got++
 		}
 	}
-	return got
+	if got != want {
+		t.Errorf("%s: %d of %d requests for %s passed, want %d", why, got, n, key, want)
+	}
 }
 
 // A reload from any algorithm to one with another kind of state carries
@@ -59,15 +61,9 @@ func TestSwitchingKindCarriesUsage(t *testing.T) {
 				if err := old.Close(); err != nil {
 					t.Fatal(err)
 				}
-				if got := admits(t, cur, nz, "used", 5); got != 3 {
-					t.Errorf("a key that used 7 of 10 got %d more after the switch, want 3", got)
-				}
-				if got := admits(t, cur, nz, "spent", 1); got != 0 {
-					t.Errorf("a spent key got %d after the switch", got)
-				}
-				if got := admits(t, cur, nz, "fresh", 11); got != 10 {
-					t.Errorf("a new key got %d, want 10", got)
-				}
+				admits(t, cur, nz, "used", 5, 3, "7 of 10 used before the switch")
+				admits(t, cur, nz, "spent", 1, 0, "spent before the switch")
+				admits(t, cur, nz, "fresh", 11, 10, "a new key")
 			})
 		}
 	}
@@ -88,12 +84,8 @@ func TestSwitchingKindDecidesTheOverlapByBoth(t *testing.T) {
 	spend(t, old, oz, "k", []int64{1, 1})                                                                         // one zone
 	decide(t, old, backend.Request{Zone: oz, Key: "k", Cost: 1}, backend.Request{Zone: other, Key: "k", Cost: 1}) // two
 	spend(t, cur, nz, "k", []int64{2})
-	if got := admits(t, old, oz, "k", 3); got != 1 {
-		t.Fatalf("the old config admits %d more, want 1 (4 + 3 + 2 of 10 taken)", got)
-	}
-	if got := admits(t, cur, nz, "k", 3); got != 0 {
-		t.Fatalf("the new config admits %d more, want 0", got)
-	}
+	admits(t, old, oz, "k", 3, 1, "the old config, 4 + 3 + 2 of 10 taken")
+	admits(t, cur, nz, "k", 3, 0, "the new config after that")
 }
 
 // A new config that fails after registering lets go of its table: the
@@ -113,15 +105,11 @@ func TestFailedSwitchLetsGo(t *testing.T) {
 	if ps := fz.(*zone[algorithms.Bucket]).t.peers.Load(); ps != nil {
 		t.Fatal("the failed config's table is still linked")
 	}
-	if got := admits(t, old, oz, "k", 5); got != 2 {
-		t.Fatalf("%d admitted after the failed reload, want 2 of 3", got)
-	}
+	admits(t, old, oz, "k", 5, 2, "1 of 3 used, after the failed reload")
 	// A later reload to that kind starts from the running table again.
 	cur, nz := reloadTo(t, c, name, algorithms.NameGCRA, p)
 	defer cur.Close()
-	if got := admits(t, cur, nz, "k", 5); got != 0 {
-		t.Fatalf("%d admitted after switching a spent key to gcra", got)
-	}
+	admits(t, cur, nz, "k", 5, 0, "spent, then switched to gcra")
 }
 
 // Requests through the old config race the translation and then requests

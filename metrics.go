@@ -61,6 +61,8 @@ func newMetricSet() *metricSet {
 				"Keys tracked in memory by a zone's limit.", []string{"zone", "scope"}, nil),
 			evictions: prometheus.NewDesc("caddy_rate_limit_evictions_total",
 				"Keys dropped before they were idle to keep a limit under max_keys.", []string{"zone", "scope"}, nil),
+			denyingEvictions: prometheus.NewDesc("caddy_rate_limit_denying_evictions_total",
+				"Keys dropped to keep a limit under max_keys while the limit was denying them, because no other key was left: each got a fresh quota.", []string{"zone", "scope"}, nil),
 		},
 	}
 }
@@ -130,17 +132,19 @@ func (m zoneMetrics) shadowDeny() {
 
 // stateCollector reports the memory tables live, at scrape time.
 type stateCollector struct {
-	keys, evictions *prometheus.Desc
+	keys, evictions, denyingEvictions *prometheus.Desc
 }
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.keys
 	ch <- c.evictions
+	ch <- c.denyingEvictions
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for id, st := range memory.AllStats() {
 		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Keys), id.Zone, id.Scope)
 		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(st.Evictions), id.Zone, id.Scope)
+		ch <- prometheus.MustNewConstMetric(c.denyingEvictions, prometheus.CounterValue, float64(st.DenyingEvictions), id.Zone, id.Scope)
 	}
 }

@@ -160,7 +160,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	}
 	h.events = eventsApp.(*caddyevents.App)
 
-	h.store = memory.New(memory.Options{Now: h.now, SweepInterval: time.Duration(h.SweepInterval)})
+	h.store = memory.New(memory.Options{Now: h.now, SweepInterval: time.Duration(h.SweepInterval), Logger: h.logger})
 
 	// Zones are checked in name order so that decisions and logs are
 	// deterministic.

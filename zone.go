@@ -213,10 +213,12 @@ type Limit struct {
 
 	// MaxKeys caps how many keys this limit tracks in memory. When a new
 	// key arrives at the cap, keys that are back to idle go first, then the
-	// key closest to idle among a random sample. Default: sized for about
-	// 100 MB (3,276,800 keys for the bucket algorithms; fewer for the
-	// others, depending on max_events for sliding_window). At most
-	// 1,073,741,824 (2^30).
+	// key with the most quota left among a random sample. A key whose next
+	// request would be denied is evicted only when no other key is left
+	// (counted and logged), so a flood of new keys cannot unblock a client.
+	// Default: sized for about 100 MB (3,276,800 keys for the bucket
+	// algorithms; fewer for the others, depending on max_events and cost
+	// for sliding_window). At most 1,073,741,824 (2^30).
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	zone      *Zone
@@ -348,12 +350,24 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	}
 	policy := l.policy()
 	var err error
-	l.handle, err = store.Zone(backend.ZoneConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Owner: owner})
+	l.handle, err = store.Zone(backend.ZoneConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Owner: owner})
 	if err != nil {
 		return err
 	}
 	z.limits = append(z.limits, l)
 	return nil
+}
+
+// constantCost is the cost of every request, or 0 when a placeholder
+// decides it.
+func (l *Limit) constantCost() int64 {
+	switch {
+	case l.Cost == nil:
+		return 1
+	case l.Cost.expr == "":
+		return l.Cost.n
+	}
+	return 0
 }
 
 func (l *Limit) policy() algorithms.Policy {

@@ -182,6 +182,17 @@ type Algorithm[S any] interface {
 	Rebase(s S, at int64, old Policy) S
 	// Policy is the policy the algorithm was built with.
 	Policy() Policy
+	// Available returns how many units a request could take from s at
+	// now: 0 when a request of one unit would be refused. Stores evict the
+	// keys with the most available first.
+	Available(s S, now int64) int64
+	// Usage describes s at now in terms every algorithm shares.
+	Usage(s S, now int64) Usage
+	// FromUsage returns a state of this algorithm that, at now, leaves no
+	// more than u's share of its quota and resets no sooner than u, as far
+	// as the algorithm can hold a state that long (usage.go says where it
+	// cannot). Usage then FromUsage moves a key between algorithms.
+	FromUsage(u Usage, now int64) S
 }
 
 // Names of the algorithms, as written in the `algorithm` zone field.

@@ -24,6 +24,11 @@ type ZoneConfig struct {
 	// MaxKeys caps the number of keys the zone tracks; 0 picks a default
 	// sized for about 100 MB.
 	MaxKeys int
+	// Cost is the cost of every request when the zone's cost is a
+	// constant, 0 when it varies (a placeholder). The default MaxKeys of a
+	// sliding window depends on it: the events a key can hold, and whether
+	// each must record its own cost.
+	Cost int64
 	// Owner identifies the config that registers the zone. One config may
 	// register a name twice only with the same policy: two rates for one
 	// state would make whichever registered last apply to both.

@@ -151,10 +151,17 @@ func BenchmarkBytesPerKey(b *testing.B) {
 }
 
 func heapInUse() int64 {
+	alloc, _ := heapNow()
+	return alloc
+}
+
+// heapNow returns, after a collection, the live heap and the heap in spans
+// in use (live objects plus the free room inside their spans).
+func heapNow() (alloc, spans int64) {
 	runtime.GC()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	return int64(m.HeapAlloc)
+	return int64(m.HeapAlloc), int64(m.HeapInuse)
 }
 
 func BenchmarkSystemNow(b *testing.B) {

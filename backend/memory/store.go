@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
@@ -30,13 +31,15 @@ const (
 	kindCounter = "counter"
 )
 
-// Measured heap per tracked key (BENCHMARKS.md, rounded up), used to size
-// the default cap.
+// Heap per tracked key, used to size the default cap: a slot of the
+// hash table (key hash and state) at its lowest load of 1/2, and for the
+// sliding log its 80-byte header; the log's ring of events comes on top
+// (defaultMaxKeys). BENCHMARKS.md has the measured numbers.
 const (
 	bytesPerBucketKey  = 32
 	bytesPerWindowKey  = 48
 	bytesPerCounterKey = 64
-	bytesPerLogKey     = 104
+	bytesPerLogKey     = 112
 )
 
 // DefaultSweepInterval is how often idle keys are dropped when the handler
@@ -50,14 +53,18 @@ type Options struct {
 	Now func() int64
 	// SweepInterval is how often idle keys are dropped; 0 means one minute.
 	SweepInterval time.Duration
+	// Logger receives the (rate-limited) warnings of a table that had to
+	// evict a denying key; nil logs nothing.
+	Logger *zap.Logger
 }
 
 // Store is the memory backend of one handler instance. Its zones' state
 // lives in the package pool, shared with every other instance that names
 // the same zone.
 type Store struct {
-	now   func() int64
-	sweep time.Duration
+	now    func() int64
+	sweep  time.Duration
+	logger *zap.Logger
 
 	mu   sync.Mutex
 	held []held
@@ -73,7 +80,7 @@ type poolKey struct{ name, scope, kind string }
 
 // New returns a memory store.
 func New(opts Options) *Store {
-	s := &Store{now: opts.Now, sweep: opts.SweepInterval}
+	s := &Store{now: opts.Now, sweep: opts.SweepInterval, logger: opts.Logger}
 	if s.now == nil {
 		s.now = SystemNow
 	}
@@ -105,6 +112,9 @@ type zoneOps interface {
 	decideOne(h hkey, now, cost int64) algorithms.Result
 	// refund locks and gives back what granted took from the key.
 	refund(h hkey, now int64, granted algorithms.Result, cost int64)
+	// peers are the tables of the same limit with another kind of state,
+	// while a reload that changed the algorithm is under way.
+	peers() []peerLink
 }
 
 // Zone registers cfg and returns its handle.
@@ -138,11 +148,11 @@ func (s *Store) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
 func register[S any](s *Store, cfg backend.ZoneConfig, kind string, alg algorithms.Algorithm[S]) (backend.Zone, error) {
 	maxKeys := cfg.MaxKeys
 	if maxKeys == 0 {
-		maxKeys = defaultMaxKeys(kind, cfg.Policy)
+		maxKeys = defaultMaxKeys(kind, cfg.Policy, cfg.Cost)
 	}
 	key := poolKey{cfg.Name, cfg.Scope, kind}
 	v, loaded, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newTable[S](maxKeys, s.now), nil
+		return newTable[S](key, maxKeys, s.now), nil
 	})
 	if err != nil {
 		return nil, err
@@ -153,12 +163,13 @@ func register[S any](s *Store, cfg backend.ZoneConfig, kind string, alg algorith
 		_, _ = tables.Delete(key)
 		return nil, fmt.Errorf("zone %q: state of an unexpected type %T", cfg.Name, v)
 	}
-	reg := &registration[S]{alg: alg, maxKeys: maxKeys, sweep: s.sweep, owner: cfg.Owner}
+	reg := &registration[S]{alg: alg, maxKeys: maxKeys, sweep: s.sweep, owner: cfg.Owner, logger: s.logger}
 	if err := t.register(reg, s.now()); err != nil {
 		_, _ = tables.Delete(key)
 		return nil, err
 	}
 	if !loaded {
+		takeOver(t)
 		go t.run()
 	}
 	s.mu.Lock()
@@ -190,8 +201,11 @@ func (s *Store) Close() error {
 
 // Stats describes one zone's table.
 type Stats struct {
-	Keys      int64
-	Evictions uint64
+	Keys int64
+	// Evictions counts keys dropped before they were idle to stay under
+	// max_keys; DenyingEvictions those of them that were denying.
+	Evictions        uint64
+	DenyingEvictions uint64
 }
 
 type zone[S any] struct {
@@ -222,6 +236,8 @@ func (z *zone[S]) take(h hkey, now, cost int64) {
 	var zero S
 	z.t.insert(sh, h, alg.Take(zero, now, cost), now)
 }
+
+func (z *zone[S]) peers() []peerLink { return z.t.linked() }
 
 func (z *zone[S]) refund(h hkey, now int64, granted algorithms.Result, cost int64) {
 	sh := z.t.shard(h)
@@ -265,14 +281,34 @@ type located struct {
 	z     zoneOps
 	h     hkey
 	sh    *shardBase
-	cost  int64 // total cost of this (zone, key) in the request
-	alias int   // index of the first request with the same zone and key
+	cost  int64 // total cost of this (table, key) in the request
+	alias int32 // index in the list of the first entry of the same table and key
+	req   int32 // index of the request, or -1 - that index for a table of the
+	// request's limit with another kind of state (a peer)
+}
+
+// locate appends the entry of key h in z for request req, or adds its cost
+// to the entry of the same table and key: the same key of one limit twice
+// in one request is decided once, for the sum of the costs.
+func locate(loc []located, z zoneOps, h hkey, cost int64, req int32) []located {
+	l := located{z: z, h: h, sh: z.lock(h), cost: cost, alias: int32(len(loc)), req: req}
+	for j := range loc {
+		if int(loc[j].alias) == j && loc[j].sh == l.sh && loc[j].h == h {
+			l.alias = int32(j)
+			loc[j].cost += cost
+			break
+		}
+	}
+	return append(loc, l)
 }
 
 // Decide answers reqs all or nothing. The shards of every key involved are
 // locked together, in one global order so that concurrent requests over
 // overlapping zones cannot deadlock, and nothing is taken unless every
-// non-shadow request is allowed.
+// non-shadow request is allowed. A limit whose algorithm a reload is
+// changing to another kind of state has a table of each kind (peers.go):
+// its request is decided by all of them, and answered by its own table
+// unless another denies.
 func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
 	now := s.now()
 	if len(reqs) == 1 {
@@ -280,9 +316,11 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		if !ok {
 			return false, fmt.Errorf("zone %q was not registered with the memory backend", reqs[0].Zone.Name())
 		}
-		out[0] = z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0))
-		out[0].At = now
-		return out[0].Allowed || reqs[0].Shadow, nil
+		if len(z.peers()) == 0 {
+			out[0] = z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0))
+			out[0].At = now
+			return out[0].Allowed || reqs[0].Shadow, nil
+		}
 	}
 
 	var buf [8]located
@@ -295,18 +333,11 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		if !ok {
 			return false, fmt.Errorf("zone %q was not registered with the memory backend", r.Zone.Name())
 		}
-		h := z.hash(r.Key)
-		l := located{z: z, h: h, sh: z.lock(h), cost: max(r.Cost, 0), alias: i}
-		// The same key of the same zone twice in one request is decided
-		// once, for the sum of the costs.
-		for j := range loc {
-			if loc[j].alias == j && loc[j].z == z && loc[j].h == h {
-				l.alias = j
-				loc[j].cost += l.cost
-				break
-			}
+		h, cost := z.hash(r.Key), max(r.Cost, 0)
+		loc = locate(loc, z, h, cost, int32(i))
+		for _, p := range z.peers() {
+			loc = locate(loc, p.z, h, cost, -1-int32(i))
 		}
-		loc = append(loc, l)
 	}
 
 	var lockBuf [8]*shardBase
@@ -323,21 +354,31 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		}
 	}()
 
+	// Without peers each request has one entry, at its own index.
+	res := out[:len(reqs)]
+	if len(loc) > len(reqs) {
+		res = make([]algorithms.Result, len(loc))
+	}
 	allowed := true
 	for i := range loc {
 		l := &loc[i]
-		if l.alias != i {
+		if int(l.alias) != i {
 			continue
 		}
-		out[i] = l.z.decide(l.h, now, l.cost)
-		out[i].At = now
-		if !out[i].Allowed && !reqs[i].Shadow {
+		res[i] = l.z.decide(l.h, now, l.cost)
+		res[i].At = now
+		if !res[i].Allowed && !reqs[max(l.req, -1-l.req)].Shadow {
 			allowed = false
 		}
 	}
+	// A request's own entry comes before those of its peers.
+	peers := len(loc) > len(reqs)
 	for i := range loc {
-		if a := loc[i].alias; a != i {
-			out[i] = out[a]
+		switch l := &loc[i]; {
+		case l.req < 0:
+			out[-1-l.req] = stricter(out[-1-l.req], res[l.alias])
+		case peers || int(l.alias) != i:
+			out[l.req] = res[l.alias]
 		}
 	}
 	if !allowed {
@@ -345,11 +386,28 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 	}
 	for i := range loc {
 		l := &loc[i]
-		if l.alias == i && out[i].Allowed && l.cost > 0 {
+		if int(l.alias) == i && res[i].Allowed && l.cost > 0 {
 			l.z.take(l.h, now, l.cost)
 		}
 	}
 	return true, nil
+}
+
+// stricter is the answer to a request that its own table answered a and a
+// table of another kind of state of the same limit answered b: b if it
+// denies (and makes the client wait longer), else a with the room of both.
+func stricter(a, b algorithms.Result) algorithms.Result {
+	switch {
+	case b.Allowed && a.Allowed:
+		a.Remaining = min(a.Remaining, b.Remaining)
+		a.ResetAfter = max(a.ResetAfter, b.ResetAfter)
+		return a
+	case b.Allowed, a.RetryAfter == algorithms.Never:
+		return a
+	case a.Allowed, b.RetryAfter == algorithms.Never, b.RetryAfter > a.RetryAfter:
+		return b
+	}
+	return a
 }
 
 // Refund gives back the units reqs took. Each key is refunded under its own
@@ -398,6 +456,7 @@ func AllStats() map[ZoneScope]Stats {
 		st, ok := v.(interface {
 			Keys() int64
 			Evictions() uint64
+			DenyingEvictions() uint64
 		})
 		if !ok {
 			return true
@@ -407,6 +466,7 @@ func AllStats() map[ZoneScope]Stats {
 		s := all[id]
 		s.Keys += st.Keys()
 		s.Evictions += st.Evictions()
+		s.DenyingEvictions += st.DenyingEvictions()
 		all[id] = s
 		return true
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/keys"
 )
 
@@ -68,6 +69,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    log_key
 //	    disable_metrics
 //	    body_limit     <size>
+//	    backend        <name> [{ <options of that backend> }]
 //	    distributed {
 //	        read_interval  <duration>
 //	        write_interval <duration>
@@ -157,6 +159,17 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.DisableMetrics = true
+
+		case "backend":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			name := d.Val()
+			unm, err := caddyfile.UnmarshalModule(d, backend.Namespace+"."+name)
+			if err != nil {
+				return err
+			}
+			h.BackendRaw = caddyconfig.JSONModuleObject(unm, "name", name, nil)
 
 		case "distributed":
 			raw, err := unmarshalDistributed(d)

@@ -17,7 +17,8 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/sluicehq/sluice/backend"
-	"github.com/sluicehq/sluice/backend/memory"
+	// The default store registers itself as a backend module.
+	_ "github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/keys"
 )
 
@@ -56,6 +57,12 @@ type Handler struct {
 
 	// DisableMetrics turns off this handler's Prometheus metrics.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
+	// BackendRaw is where the zones' state lives and requests are decided:
+	// a module of the http.rate_limit.backends namespace, chosen by its
+	// "name". "memory" keeps the state in this Caddy process (each instance
+	// of a fleet limits on its own). Default: {"name": "memory"}.
+	BackendRaw json.RawMessage `json:"backend,omitempty" caddy:"namespace=http.rate_limit.backends inline_key=name"`
 
 	// Distributed is mholt/caddy-ratelimit's approximate cluster sync
 	// through Caddy storage. Sluice accepts it so such configs load, but does
@@ -134,7 +141,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		return zapcore.NewSamplerWithOptions(c, time.Second, 10, 100)
 	}))
 	if h.now == nil {
-		h.now = memory.SystemNow
+		h.now = backend.SystemNow
 	}
 
 	if math.IsNaN(h.Jitter) || h.Jitter < 0 || h.Jitter > maxJitter {
@@ -160,7 +167,9 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	}
 	h.events = eventsApp.(*caddyevents.App)
 
-	h.store = memory.New(memory.Options{Now: h.now, SweepInterval: time.Duration(h.SweepInterval), Logger: h.logger})
+	if h.store, err = h.loadStore(ctx); err != nil {
+		return err
+	}
 
 	// Zones are checked in name order so that decisions and logs are
 	// deterministic.
@@ -183,7 +192,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	}
 
 	if !h.DisableMetrics {
-		if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		if err := registerMetrics(ctx.GetMetricsRegistry(), h.store); err != nil {
 			h.logger.Error("failed to register rate limit metrics; continuing without them", zap.Error(err))
 			h.DisableMetrics = true
 		}
@@ -196,6 +205,29 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		}
 	}
 	return nil
+}
+
+// loadStore loads the configured backend (the memory store by default) and
+// hands it the handler's clock, sweep interval and logger.
+func (h *Handler) loadStore(ctx caddy.Context) (backend.Store, error) {
+	var mod any
+	var err error
+	if len(h.BackendRaw) == 0 {
+		mod, err = ctx.LoadModuleByID(backend.Namespace+".memory", nil)
+	} else {
+		mod, err = ctx.LoadModule(h, "BackendRaw")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("backend: %v", err)
+	}
+	store, ok := mod.(backend.Store)
+	if !ok {
+		return nil, fmt.Errorf("backend: module %s is not a rate limit store", mod.(caddy.Module).CaddyModule().ID)
+	}
+	if c, ok := store.(backend.Configurable); ok {
+		c.Configure(backend.Setup{Now: h.now, SweepInterval: time.Duration(h.SweepInterval), Logger: h.logger})
+	}
+	return store, nil
 }
 
 // Cleanup releases the zones' state; state still used by another config

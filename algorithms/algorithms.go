@@ -266,3 +266,47 @@ func MaxCost(name string, p Policy) int64 {
 	}
 	return p.Limit
 }
+
+// Kind names the kind of state an algorithm keeps. Algorithms of one kind
+// read each other's state (token_bucket, gcra and leaky_bucket all keep one
+// theoretical arrival time), so a store may keep a key's state when a zone
+// switches between them; between kinds, state must be translated (Usage).
+type Kind string
+
+// The kinds of state.
+const (
+	KindBucket  Kind = "bucket"  // Bucket: token_bucket, gcra, leaky_bucket
+	KindLog     Kind = "log"     // *Log: sliding_window
+	KindWindow  Kind = "window"  // Window: fixed_window
+	KindCounter Kind = "counter" // Counter: sliding_window_counter
+)
+
+// KindOf returns the kind of state of the named algorithm ("" for the
+// default), or "" for a name Sluice does not know.
+func KindOf(name string) Kind {
+	switch name {
+	case NameTokenBucket, NameGCRA, NameLeakyBucket:
+		return KindBucket
+	case NameSlidingWindow, "":
+		return KindLog
+	case NameFixedWindow:
+		return KindWindow
+	case NameSlidingCounter:
+		return KindCounter
+	}
+	return ""
+}
+
+// NewBucketAlgorithm returns the named algorithm of kind KindBucket for p,
+// or nil when name is of another kind. p must be valid.
+func NewBucketAlgorithm(name string, p Policy) Algorithm[Bucket] {
+	switch name {
+	case NameTokenBucket:
+		return NewTokenBucket(p)
+	case NameGCRA:
+		return NewGCRA(p)
+	case NameLeakyBucket:
+		return NewLeakyBucket(p)
+	}
+	return nil
+}

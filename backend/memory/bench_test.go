@@ -164,18 +164,6 @@ func heapNow() (alloc, spans int64) {
 	return int64(m.HeapAlloc), int64(m.HeapInuse)
 }
 
-func BenchmarkSystemNow(b *testing.B) {
-	for b.Loop() {
-		_ = SystemNow()
-	}
-}
-
-func BenchmarkTimeNow(b *testing.B) {
-	for b.Loop() {
-		_ = time.Now().UnixNano()
-	}
-}
-
 // The usual in-process design, for ratios in the same run: one
 // golang.org/x/time/rate token bucket per key in a map behind a mutex.
 type baseline struct {

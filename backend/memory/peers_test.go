@@ -41,13 +41,9 @@ func admits(t *testing.T, s *Store, z backend.Zone, key string, n, want int, why
 // each key's usage: 7 of 10 used leaves 3, a spent key stays denied.
 func TestSwitchingKindCarriesUsage(t *testing.T) {
 	p := algorithms.Policy{Limit: 10, Window: 3600 * sec}
-	kindOf := map[string]string{
-		algorithms.NameSlidingWindow: kindLog, algorithms.NameFixedWindow: kindWindow, algorithms.NameSlidingCounter: kindCounter,
-		algorithms.NameTokenBucket: kindBucket, algorithms.NameGCRA: kindBucket, algorithms.NameLeakyBucket: kindBucket,
-	}
 	for _, from := range algorithms.Names() {
 		for _, to := range algorithms.Names() {
-			if kindOf[from] == kindOf[to] {
+			if algorithms.KindOf(from) == algorithms.KindOf(to) {
 				continue
 			}
 			t.Run(from+"→"+to, func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/algorithms"
@@ -22,14 +23,9 @@ import (
 // is cleaned up, so nobody's usage is reset and nothing leaks.
 var tables = caddy.NewUsagePool()
 
-// Kinds of state. Zones whose algorithms share a kind of state share it
-// across reloads even if the algorithm name changes (token_bucket ⇄ gcra).
-const (
-	kindBucket  = "bucket"
-	kindLog     = "log"
-	kindWindow  = "window"
-	kindCounter = "counter"
-)
+// Zones whose algorithms share a kind of state (algorithms.KindOf) share
+// it across reloads even if the algorithm name changes (token_bucket ⇄
+// gcra).
 
 // Heap per tracked key, used to size the default cap: a slot of the
 // hash table (key hash and state) at its lowest load of 1/2, and for the
@@ -76,29 +72,61 @@ type held struct {
 	release func(now int64)
 }
 
-type poolKey struct{ name, scope, kind string }
+type poolKey struct {
+	name, scope string
+	kind        algorithms.Kind
+}
+
+func init() {
+	caddy.RegisterModule(new(Store))
+}
+
+// CaddyModule returns the Caddy module information: the store a handler
+// uses when its "backend" is {"name": "memory"} or absent.
+func (*Store) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  backend.Namespace + ".memory",
+		New: func() caddy.Module { return New(Options{}) },
+	}
+}
+
+// UnmarshalCaddyfile reads `backend memory`, which takes no options: the
+// handler's sweep_interval and each zone's max_keys configure it.
+func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the module name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if d.NextBlock(0) {
+		return d.Errf("backend memory takes no options (sweep_interval and max_keys are set on the handler and the zones)")
+	}
+	return nil
+}
+
+// Configure takes the handler's clock, sweep interval and logger.
+func (s *Store) Configure(st backend.Setup) {
+	if st.Now != nil {
+		s.now = st.Now
+	}
+	if st.SweepInterval > 0 {
+		s.sweep = st.SweepInterval
+	}
+	if st.Logger != nil {
+		s.logger = st.Logger
+	}
+}
 
 // New returns a memory store.
 func New(opts Options) *Store {
 	s := &Store{now: opts.Now, sweep: opts.SweepInterval, logger: opts.Logger}
 	if s.now == nil {
-		s.now = SystemNow
+		s.now = backend.SystemNow
 	}
 	if s.sweep <= 0 {
 		s.sweep = DefaultSweepInterval
 	}
 	return s
 }
-
-var (
-	clockBase = time.Now()
-	clockWall = clockBase.UnixNano()
-)
-
-// SystemNow returns the Unix time in nanoseconds from the monotonic clock:
-// cheaper than time.Now (one clock read, not two) and immune to wall-clock
-// steps while the process runs.
-func SystemNow() int64 { return clockWall + int64(time.Since(clockBase)) }
 
 // zoneOps is what Decide needs from a zone, whatever its kind of state.
 type zoneOps interface {
@@ -127,25 +155,21 @@ func (s *Store) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
 		return nil, fmt.Errorf("max_keys must be at least 1, got %d", cfg.MaxKeys)
 	}
 	p := cfg.Policy
-	switch name {
-	case algorithms.NameTokenBucket:
-		return register[algorithms.Bucket](s, cfg, kindBucket, algorithms.NewTokenBucket(p))
-	case algorithms.NameGCRA:
-		return register[algorithms.Bucket](s, cfg, kindBucket, algorithms.NewGCRA(p))
-	case algorithms.NameLeakyBucket:
-		return register[algorithms.Bucket](s, cfg, kindBucket, algorithms.NewLeakyBucket(p))
-	case algorithms.NameSlidingWindow:
-		return register[*algorithms.Log](s, cfg, kindLog, algorithms.NewSlidingLog(p))
-	case algorithms.NameFixedWindow:
-		return register[algorithms.Window](s, cfg, kindWindow, algorithms.NewFixedWindow(p))
-	case algorithms.NameSlidingCounter:
-		return register[algorithms.Counter](s, cfg, kindCounter, algorithms.NewSlidingCounter(p))
+	switch kind := algorithms.KindOf(name); kind {
+	case algorithms.KindBucket:
+		return register(s, cfg, kind, algorithms.NewBucketAlgorithm(name, p))
+	case algorithms.KindLog:
+		return register(s, cfg, kind, algorithms.Algorithm[*algorithms.Log](algorithms.NewSlidingLog(p)))
+	case algorithms.KindWindow:
+		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Window](algorithms.NewFixedWindow(p)))
+	case algorithms.KindCounter:
+		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Counter](algorithms.NewSlidingCounter(p)))
 	}
 	return nil, fmt.Errorf("algorithm %s is not available in the memory backend", name)
 }
 
 // register binds cfg to its table, creating the table on first use.
-func register[S any](s *Store, cfg backend.ZoneConfig, kind string, alg algorithms.Algorithm[S]) (backend.Zone, error) {
+func register[S any](s *Store, cfg backend.ZoneConfig, kind algorithms.Kind, alg algorithms.Algorithm[S]) (backend.Zone, error) {
 	maxKeys := cfg.MaxKeys
 	if maxKeys == 0 {
 		maxKeys = defaultMaxKeys(kind, cfg.Policy, cfg.Cost)
@@ -197,15 +221,6 @@ func (s *Store) Close() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// Stats describes one zone's table.
-type Stats struct {
-	Keys int64
-	// Evictions counts keys dropped before they were idle to stay under
-	// max_keys; DenyingEvictions those of them that were denying.
-	Evictions        uint64
-	DenyingEvictions uint64
 }
 
 type zone[S any] struct {
@@ -441,17 +456,24 @@ func insertLock(locks []*shardBase, m *shardBase) []*shardBase {
 	return locks
 }
 
-// Interface guard.
-var _ backend.Store = (*Store)(nil)
+// Interface guards.
+var (
+	_ backend.Store         = (*Store)(nil)
+	_ backend.StatsReporter = (*Store)(nil)
+	_ backend.Configurable  = (*Store)(nil)
+	_ caddy.Module          = (*Store)(nil)
+	_ caddyfile.Unmarshaler = (*Store)(nil)
+)
 
-// ZoneScope names one limit's state.
-type ZoneScope struct{ Zone, Scope string }
-
-// AllStats returns the numbers of every table alive in this process, summed
-// by zone and scope (a limit whose algorithm changed kind of state has two
-// tables while a reload is under way).
-func AllStats() map[ZoneScope]Stats {
-	all := make(map[ZoneScope]Stats)
+// Stats returns the numbers of every memory table alive in this process,
+// not only this store's: the tables are shared by every handler and config
+// that names the same zones. They are summed by zone and scope (a limit
+// whose algorithm changed kind of state has two tables while a reload is
+// under way), in no particular order.
+func (s *Store) Stats() []backend.ZoneStats {
+	type id struct{ zone, scope string }
+	sums := make(map[id]*backend.ZoneStats)
+	var all []backend.ZoneStats
 	tables.Range(func(k, v any) bool {
 		st, ok := v.(interface {
 			Keys() int64
@@ -462,13 +484,18 @@ func AllStats() map[ZoneScope]Stats {
 			return true
 		}
 		pk := k.(poolKey)
-		id := ZoneScope{pk.name, pk.scope}
-		s := all[id]
-		s.Keys += st.Keys()
-		s.Evictions += st.Evictions()
-		s.DenyingEvictions += st.DenyingEvictions()
-		all[id] = s
+		sum := sums[id{pk.name, pk.scope}]
+		if sum == nil {
+			sum = &backend.ZoneStats{Zone: pk.name, Scope: pk.scope}
+			sums[id{pk.name, pk.scope}] = sum
+		}
+		sum.Keys += st.Keys()
+		sum.Evictions += st.Evictions()
+		sum.DenyingEvictions += st.DenyingEvictions()
 		return true
 	})
+	for _, sum := range sums {
+		all = append(all, *sum)
+	}
 	return all
 }

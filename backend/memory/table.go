@@ -561,20 +561,20 @@ func (t *table[S]) DenyingEvictions() uint64 { return t.denying.Load() }
 // events a full window holds: max_events ÷ cost of them for a constant
 // cost, at 8 bytes each; max_events for a cost that varies (0), at 12 bytes
 // each, since each event then records its own units.
-func defaultMaxKeys(kind string, p algorithms.Policy, cost int64) int {
+func defaultMaxKeys(kind algorithms.Kind, p algorithms.Policy, cost int64) int {
 	const targetBytes = 100 << 20
 	var per int64
 	switch kind {
-	case kindLog:
+	case algorithms.KindLog:
 		// Slot, Log header, and a ring rounded up to a power of two.
 		events, perEvent := p.Limit, int64(12)
 		if cost > 0 {
 			events, perEvent = max(p.Limit/cost, 1), 8
 		}
 		per = bytesPerLogKey + perEvent*nextPow2(events)
-	case kindWindow:
+	case algorithms.KindWindow:
 		per = bytesPerWindowKey
-	case kindCounter:
+	case algorithms.KindCounter:
 		per = bytesPerCounterKey
 	default:
 		per = bytesPerBucketKey

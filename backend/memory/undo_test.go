@@ -153,10 +153,7 @@ func TestLoweredMaxKeysTrimsOnceInForce(t *testing.T) {
 
 // tableOf returns the live table of a zone, of the kind alg uses.
 func tableOf(name, alg string) interface{ Keys() int64 } {
-	kind := map[string]string{
-		algorithms.NameSlidingWindow: kindLog, algorithms.NameSlidingCounter: kindCounter, algorithms.NameFixedWindow: kindWindow,
-		algorithms.NameTokenBucket: kindBucket, algorithms.NameGCRA: kindBucket, algorithms.NameLeakyBucket: kindBucket,
-	}[alg]
+	kind := algorithms.KindOf(alg)
 	var found interface{ Keys() int64 }
 	tables.Range(func(k, v any) bool {
 		if pk := k.(poolKey); pk.name == name && pk.kind == kind {

@@ -342,7 +342,7 @@ func formPart(h textproto.MIMEHeader) (name string, file bool, err error) {
 		return "", false, errors.New("a part without exactly one Content-Disposition")
 	}
 	d, params, err := mime.ParseMediaType(disp[0])
-	if err != nil || d != "form-data" || params["name"] == "" {
+	if err != nil || d != "form-data" || params["name"] == "" || extendedName(disp[0]) {
 		return "", false, fmt.Errorf("a part with Content-Disposition %q", disp[0])
 	}
 	if _, file = params["filename"]; file {
@@ -362,4 +362,28 @@ func formPart(h textproto.MIMEHeader) (name string, file bool, err error) {
 		}
 	}
 	return params["name"], false, nil
+}
+
+// extendedName reports whether a Content-Disposition has its name as an
+// RFC 2231 parameter (name*=…, name*0=…). Parsers disagree on it: Go's
+// mime reads name* over name, Werkzeug the last of the two, busboy only
+// name; RFC 7578 does not allow it in form-data. (filename* is common,
+// from .NET clients, and every parser reads it as a file.)
+func extendedName(v string) bool {
+	quoted, start := false, 0
+	for i := 0; i <= len(v); i++ {
+		switch {
+		case i == len(v) || !quoted && v[i] == ';':
+			param, _, _ := strings.Cut(v[start:i], "=")
+			if p := strings.ToLower(strings.TrimSpace(param)); strings.HasPrefix(p, "name*") {
+				return true
+			}
+			start = i + 1
+		case quoted && v[i] == '\\' && i+1 < len(v):
+			i++
+		case v[i] == '"':
+			quoted = !quoted
+		}
+	}
+	return false
 }

@@ -148,6 +148,13 @@ func TestMultipartParts(t *testing.T) {
 		{"no name", rawPart(hdr(cd, `form-data`), "rakib"), "", ErrUnreadable},
 		{"no disposition", rawPart(hdr("X-Other", "1"), "rakib"), "", ErrUnreadable},
 		{"two dispositions", rawPart(hdr(cd, `form-data; name="username"`, cd, `form-data; name="other"`), "rakib"), "", ErrUnreadable},
+		// Go reads name*, Werkzeug the last, busboy name: another field to each.
+		{"extended name after", rawPart(hdr(cd, `form-data; name="username"; name*=UTF-8''junk`), "rakib"), "", ErrUnreadable},
+		{"extended name before", rawPart(hdr(cd, `form-data; NAME*=UTF-8''junk; name="username"`), "rakib"), "", ErrUnreadable},
+		{"extended name alone", rawPart(hdr(cd, `form-data; name*=UTF-8''username`), "rakib"), "", ErrUnreadable},
+		{"name continuation", rawPart(hdr(cd, `form-data; name*0="user"; name*1="name"`), "rakib"), "", ErrUnreadable},
+		{"star in a quoted name", rawPart(hdr(cd, `form-data; name="username"; x="a;name*=b"`), "rakib"), "rakib", nil},
+		{"extended file name", rawPart(hdr(cd, `form-data; name="username"; filename*=UTF-8''a.txt`), "rakib"), "", ErrAbsent},
 	}
 	for _, tt := range tests {
 		body, ctype := multipartForm(t, field("password", "x"), tt.part)

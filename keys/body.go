@@ -257,6 +257,8 @@ func (b *Body) formField(name string) (string, error) {
 	for k, v := range b.form {
 		if sameFormName(k, name) {
 			vals = append(vals, v...)
+		} else if arrayName(k, name) {
+			return "", fmt.Errorf("%w: form field %s given as an array (%s)", ErrUnreadable, name, k)
 		}
 	}
 	switch {
@@ -287,6 +289,20 @@ func sameFormName(a, b string) bool {
 		a, b = a[na:], b[nb:]
 	}
 	return a == b
+}
+
+// arrayName reports whether an application may read field a as an array
+// or object named b: PHP, Rack and Express (qs) read "phone[]" and
+// "phone[0]" as the array phone, and JavaScript reads a one-element array
+// as its element ("${req.body.phone}" is the number). Such a field is
+// never the absent b.
+func arrayName(a, b string) bool {
+	for i := 1; i < len(a); i++ {
+		if a[i] == '[' && strings.IndexByte(a[i:], ']') > 0 && sameFormName(a[:i], b) {
+			return true
+		}
+	}
+	return false
 }
 
 func phpUnderscore(r rune) rune {

@@ -183,7 +183,10 @@ func queryAmbiguous(raw, name string) bool {
 			var pair string
 			pair, seg, _ = strings.Cut(seg, ";")
 			key, value, _ := strings.Cut(pair, "=")
-			if !strings.EqualFold(strings.TrimLeft(queryName(key), " "), name) {
+			if decoded := strings.TrimLeft(queryName(key), " "); !strings.EqualFold(decoded, name) {
+				if arrayName(decoded, name) {
+					return true
+				}
 				continue
 			}
 			if seen++; seen > 1 {

@@ -257,6 +257,8 @@ func (b *Body) formField(name string) (string, error) {
 	for k, v := range b.form {
 		if sameFormName(k, name) {
 			vals = append(vals, v...)
+		} else if arrayName(k, name) {
+			return "", fmt.Errorf("%w: form field %s given as an array (%s)", ErrUnreadable, name, k)
 		}
 	}
 	switch {
@@ -287,6 +289,20 @@ func sameFormName(a, b string) bool {
 		a, b = a[na:], b[nb:]
 	}
 	return a == b
+}
+
+// arrayName reports whether an application may read field a as an array
+// or object named b: PHP, Rack and Express (qs) read "phone[]" and
+// "phone[0]" as the array phone, and JavaScript reads a one-element array
+// as its element ("${req.body.phone}" is the number). Such a field is
+// never the absent b.
+func arrayName(a, b string) bool {
+	for i := 1; i < len(a); i++ {
+		if a[i] == '[' && strings.IndexByte(a[i:], ']') > 0 && sameFormName(a[:i], b) {
+			return true
+		}
+	}
+	return false
 }
 
 func phpUnderscore(r rune) rune {
@@ -342,7 +358,7 @@ func formPart(h textproto.MIMEHeader) (name string, file bool, err error) {
 		return "", false, errors.New("a part without exactly one Content-Disposition")
 	}
 	d, params, err := mime.ParseMediaType(disp[0])
-	if err != nil || d != "form-data" || params["name"] == "" {
+	if err != nil || d != "form-data" || params["name"] == "" || extendedName(disp[0]) {
 		return "", false, fmt.Errorf("a part with Content-Disposition %q", disp[0])
 	}
 	if _, file = params["filename"]; file {
@@ -362,4 +378,28 @@ func formPart(h textproto.MIMEHeader) (name string, file bool, err error) {
 		}
 	}
 	return params["name"], false, nil
+}
+
+// extendedName reports whether a Content-Disposition has its name as an
+// RFC 2231 parameter (name*=…, name*0=…). Parsers disagree on it: Go's
+// mime reads name* over name, Werkzeug the last of the two, busboy only
+// name; RFC 7578 does not allow it in form-data. (filename* is common,
+// from .NET clients, and every parser reads it as a file.)
+func extendedName(v string) bool {
+	quoted, start := false, 0
+	for i := 0; i <= len(v); i++ {
+		switch {
+		case i == len(v) || !quoted && v[i] == ';':
+			param, _, _ := strings.Cut(v[start:i], "=")
+			if p := strings.ToLower(strings.TrimSpace(param)); strings.HasPrefix(p, "name*") {
+				return true
+			}
+			start = i + 1
+		case quoted && v[i] == '\\' && i+1 < len(v):
+			i++
+		case v[i] == '"':
+			quoted = !quoted
+		}
+	}
+	return false
 }

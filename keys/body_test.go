@@ -107,6 +107,15 @@ func TestBodyFieldByContentType(t *testing.T) {
 		{"form, leading space", `+user_name=1&user_name=2`, []string{"Content-Type", form}, BodyFormPrefix + "user_name", "", ErrAmbiguous},
 		{"form, unclosed bracket", `user[name=1&user_name=2`, []string{"Content-Type", form}, BodyFieldPrefix + "user_name", "", ErrAmbiguous},
 		{"form, another name", `username=1&user_name2=2`, []string{"Content-Type", form}, BodyFormPrefix + "user_name", "", ErrAbsent},
+		// PHP, Rack and qs read these as the array phone; JavaScript reads
+		// a one-element array as its element.
+		{"form, array", `phone[]=1`, []string{"Content-Type", form}, BodyFormPrefix + "phone", "", ErrUnreadable},
+		{"form, indexed", `phone[0]=1`, []string{"Content-Type", form}, BodyFieldPrefix + "phone", "", ErrUnreadable},
+		{"form, encoded brackets", `phone%5B%5D=1`, []string{"Content-Type", form}, BodyFormPrefix + "phone", "", ErrUnreadable},
+		{"form, array and value", `phone=1&PHONE[]=2`, []string{"Content-Type", form}, BodyFormPrefix + "phone", "", ErrUnreadable},
+		{"form, nested field", `user[name]=1`, []string{"Content-Type", form}, BodyFormPrefix + "user[name]", "1", nil},
+		{"form, nested array", `user[name][]=1`, []string{"Content-Type", form}, BodyFormPrefix + "user[name]", "", ErrUnreadable},
+		{"form, bracket in another name", `phones[]=1&x[phone]=2`, []string{"Content-Type", form}, BodyFormPrefix + "phone", "", ErrAbsent},
 		{"JSON, two cases", `{"phone":"1","Phone":"2"}`, []string{"Content-Type", js}, BodyFieldPrefix + "phone", "", ErrAmbiguous},
 		{"JSON null", `{"phone":null}`, []string{"Content-Type", js}, BodyFieldPrefix + "phone", "", ErrAbsent},
 		{"JSON number", `{"phone":4.2e1}`, []string{"Content-Type", js}, BodyFieldPrefix + "phone", "42", nil},
@@ -148,6 +157,13 @@ func TestMultipartParts(t *testing.T) {
 		{"no name", rawPart(hdr(cd, `form-data`), "rakib"), "", ErrUnreadable},
 		{"no disposition", rawPart(hdr("X-Other", "1"), "rakib"), "", ErrUnreadable},
 		{"two dispositions", rawPart(hdr(cd, `form-data; name="username"`, cd, `form-data; name="other"`), "rakib"), "", ErrUnreadable},
+		// Go reads name*, Werkzeug the last, busboy name: another field to each.
+		{"extended name after", rawPart(hdr(cd, `form-data; name="username"; name*=UTF-8''junk`), "rakib"), "", ErrUnreadable},
+		{"extended name before", rawPart(hdr(cd, `form-data; NAME*=UTF-8''junk; name="username"`), "rakib"), "", ErrUnreadable},
+		{"extended name alone", rawPart(hdr(cd, `form-data; name*=UTF-8''username`), "rakib"), "", ErrUnreadable},
+		{"name continuation", rawPart(hdr(cd, `form-data; name*0="user"; name*1="name"`), "rakib"), "", ErrUnreadable},
+		{"star in a quoted name", rawPart(hdr(cd, `form-data; name="username"; x="a;name*=b"`), "rakib"), "rakib", nil},
+		{"extended file name", rawPart(hdr(cd, `form-data; name="username"; filename*=UTF-8''a.txt`), "rakib"), "", ErrAbsent},
 	}
 	for _, tt := range tests {
 		body, ctype := multipartForm(t, field("password", "x"), tt.part)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -133,7 +134,25 @@ func lookup(r *http.Request, repl *caddy.Replacer, body *Body, name string) (str
 		return "", ErrAmbiguous
 	}
 	v, _ := repl.GetString(name)
+	if strings.HasPrefix(name, cookiePrefix) {
+		v = cookieValue(v)
+	}
 	return v, nil
+}
+
+// cookieValue is a cookie's value as applications read it: Express
+// (cookie-parser) and PHP percent-decode it, so "vic%74im" is "victim" to
+// them, and PHP reads "+" as a space. A value that does not decode to
+// UTF-8 is kept as sent, as Express keeps it; "+" and a space are one
+// character either way, which only merges values that PHP merges.
+func cookieValue(v string) string {
+	if !strings.ContainsAny(v, "%+") {
+		return v
+	}
+	if d, err := url.PathUnescape(v); err == nil && utf8.ValidString(d) {
+		v = d
+	}
+	return strings.ReplaceAll(v, "+", " ")
 }
 
 // Placeholders of request fields a client can repeat.
@@ -155,9 +174,25 @@ func repeated(r *http.Request, name string) bool {
 	case strings.HasPrefix(name, queryPrefix):
 		return queryAmbiguous(r.URL.RawQuery, strings.TrimPrefix(name, queryPrefix))
 	case strings.HasPrefix(name, cookiePrefix):
-		return len(r.CookiesNamed(strings.TrimPrefix(name, cookiePrefix))) > 1
+		return cookieAmbiguous(r.Cookies(), strings.TrimPrefix(name, cookiePrefix))
 	}
 	return false
+}
+
+// cookieAmbiguous reports whether the cookie name is given more than once,
+// or once in a spelling Caddy does not read. PHP percent-decodes cookie
+// names and reads " " and "." in them as "_" (as in form fields), and
+// ASP.NET ignores their case: "sess%69on=victim; session=junk" is the
+// cookie session=victim to PHP (the first copy wins) and junk to Caddy.
+func cookieAmbiguous(cookies []*http.Cookie, name string) bool {
+	seen, exact := 0, false
+	for _, c := range cookies {
+		if sameFormName(queryName(c.Name), name) {
+			seen++
+			exact = exact || c.Name == name
+		}
+	}
+	return seen > 1 || seen == 1 && !exact
 }
 
 // queryAmbiguous reports whether a raw query gives parameter name in a way
@@ -183,7 +218,10 @@ func queryAmbiguous(raw, name string) bool {
 			var pair string
 			pair, seg, _ = strings.Cut(seg, ";")
 			key, value, _ := strings.Cut(pair, "=")
-			if !strings.EqualFold(strings.TrimLeft(queryName(key), " "), name) {
+			if decoded := strings.TrimLeft(queryName(key), " "); !strings.EqualFold(decoded, name) {
+				if arrayName(decoded, name) {
+					return true
+				}
 				continue
 			}
 			if seen++; seen > 1 {

@@ -45,6 +45,11 @@ func TestQueryAmbiguous(t *testing.T) {
 		{"+user=victim", true},
 		{"%20%20user=victim&user=a", true},
 		{"user+=a&user=b", false},
+		{"user[]=victim", true},
+		{"user[0]=victim", true},
+		{"USER%5B%5D=victim", true},
+		{"user[a][b]=victim&x=1", true},
+		{"users[]=a&x[user]=b&user=c", false},
 	} {
 		if got := queryAmbiguous(tt.raw, "user"); got != tt.ambiguous {
 			t.Errorf("?%s: ambiguous %v, want %v", tt.raw, got, tt.ambiguous)

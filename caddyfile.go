@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -292,6 +293,7 @@ type limitParser struct {
 	l     *Limit
 	seen  map[string]bool
 	by    string // the `by` shorthand, applied by finish
+	norm  string // a normalizer the `by` argument calls for
 	line  int    // where the zone or scope block starts
 	lines map[string]int
 }
@@ -440,6 +442,10 @@ func (p *limitParser) parseBy() error {
 	}
 	if kind.args == 1 {
 		p.l.Key = fmt.Sprintf(kind.template, args[1])
+		if args[0] == "header" && (strings.EqualFold(args[1], "Authorization") || strings.EqualFold(args[1], "Proxy-Authorization")) {
+			// "Bearer tok" and "bearer  tok" are one client.
+			p.norm = keys.NormCredentials
+		}
 	} else {
 		p.l.Key = kind.template
 	}
@@ -460,8 +466,8 @@ func (p *limitParser) finish(needRate bool) error {
 		if !p.seen["ipv6_prefix"] {
 			l.IPv6Prefix = kind.v6
 		}
-		if kind.norm != "" {
-			l.Normalize = append([]Normalize{{Name: kind.norm}}, l.Normalize...)
+		if norm := cmp.Or(kind.norm, p.norm); norm != "" {
+			l.Normalize = append([]Normalize{{Name: norm}}, l.Normalize...)
 		}
 	}
 	switch {

@@ -208,3 +208,50 @@ func TestArrayNamesAreNeverSkipped(t *testing.T) {
 		t.Fatalf("no key: %d, want 200 (skipped)", code)
 	}
 }
+
+// `by header Authorization` keys the credentials, not their spelling: the
+// scheme in any case and any spaces before the token are one client, as
+// the servers that accept them read them (passport-http-bearer splits on
+// any whitespace; RFC 9110 makes the scheme case-insensitive). Before,
+// each spelling was a fresh quota: 3 + 5 requests passed a limit of 3.
+func TestAuthorizationSpellingsShareAKey(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone attack_auth {
+			by header Authorization
+			rate 3/1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+	passed := 0
+	for _, auth := range []string{"Bearer tok609", "bearer tok609", "BEARER tok609", "Bearer  tok609", "bEarer tok609", "Bearer\ttok609", " Bearer tok609"} {
+		if code, _, _ := do(t, tester, "GET", "/", "Authorization", auth); code == http.StatusOK {
+			passed++
+		}
+	}
+	if passed != 3 {
+		t.Fatalf("%d of 7 spellings of one token passed a limit of 3", passed)
+	}
+	if code, _, _ := do(t, tester, "GET", "/", "Authorization", "Bearer TOK609"); code != http.StatusOK {
+		t.Fatalf("another token (tokens are case-sensitive): %d, want 200", code)
+	}
+}
+
+// A JSON body whose charset is spelled "utf8" is UTF-8 to every decoder:
+// it is read, not refused as unreadable.
+func TestJSONCharsetUTF8Spelling(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone attack_utf8 {
+			by json user
+			missing deny
+			rate 2/1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		if code, body := post(t, tester, "/", "application/json; charset=utf8", `{"user":"ann"}`); code != want {
+			t.Fatalf("request %d: %d %q, want %d", i+1, code, body, want)
+		}
+	}
+}

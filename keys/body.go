@@ -177,7 +177,7 @@ func (b *Body) classify(h http.Header) error {
 	default:
 		return nil // unreadable for every placeholder, said by Field
 	}
-	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+	if cs, ok := params["charset"]; ok && !isUTF8(cs) {
 		return fmt.Errorf("body has charset %q, not UTF-8", cs)
 	}
 	return nil
@@ -373,7 +373,7 @@ func formPart(h textproto.MIMEHeader) (name string, file bool, err error) {
 	}
 	if ct := h.Get("Content-Type"); ct != "" {
 		_, p, err := mime.ParseMediaType(ct)
-		if cs, ok := p["charset"]; err != nil || ok && !strings.EqualFold(cs, "utf-8") {
+		if cs, ok := p["charset"]; err != nil || ok && !isUTF8(cs) {
 			return "", false, fmt.Errorf("part %q has Content-Type %q", params["name"], ct)
 		}
 	}
@@ -402,4 +402,10 @@ func extendedName(v string) bool {
 		}
 	}
 	return false
+}
+
+// isUTF8 reports whether a charset parameter names UTF-8, in the spellings
+// clients send ("utf8" is common, and every decoder reads it as UTF-8).
+func isUTF8(charset string) bool {
+	return strings.EqualFold(charset, "utf-8") || strings.EqualFold(charset, "utf8")
 }

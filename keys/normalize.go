@@ -28,6 +28,9 @@ const (
 	NormEmail = "email"
 	NormPhone = "phone"
 	NormPath  = "path"
+	// NormCredentials reads an Authorization-style value, "<scheme>
+	// <credentials>".
+	NormCredentials = "credentials"
 )
 
 // ErrInvalid is the error of a value a normalizer cannot read.
@@ -65,8 +68,10 @@ func NewNormalizer(name, region string, aliases bool) (Normalizer, error) {
 		return guard(func(s string) (string, error) { return phone(s, region) }, false), nil
 	case NormPath:
 		return guard(cleanPath, false), nil
+	case NormCredentials:
+		return guard(credentials, false), nil
 	}
-	return nil, fmt.Errorf("unknown normalizer %q (choose trim, lower, email, phone or path)", name)
+	return nil, fmt.Errorf("unknown normalizer %q (choose trim, lower, email, phone, path or credentials)", name)
 }
 
 // guard rejects oversized values, and invalid UTF-8 before any normalizer
@@ -171,4 +176,28 @@ func phone(s, region string) (string, error) {
 		}
 	}
 	return phonenumbers.Format(num, phonenumbers.E164), nil
+}
+
+// credentials reduces an Authorization-style value to "<scheme> <token>":
+// the scheme is case-insensitive and the space before the token may be any
+// run of spaces and tabs (RFC 9110), so "Bearer tok", "bearer  tok" and
+// "BEARER\ttok" are one key, as the servers that accept them read them.
+// The token itself is kept as sent: tokens are case-sensitive. A value
+// with a control character, or with anything after the token, is refused.
+func credentials(s string) (string, error) {
+	s = strings.Trim(s, " \t")
+	i := strings.IndexAny(s, " \t")
+	if i < 0 {
+		return "", fmt.Errorf("%w: no scheme and token", ErrInvalid)
+	}
+	scheme, token := s[:i], strings.TrimLeft(s[i:], " \t")
+	if scheme == "" || token == "" || strings.ContainsAny(token, " \t") {
+		return "", fmt.Errorf("%w: not one scheme and one token", ErrInvalid)
+	}
+	for _, r := range s {
+		if (r < 0x20 && r != '\t') || r == 0x7f || unicode.Is(unicode.Cf, r) {
+			return "", fmt.Errorf("%w: control or invisible character", ErrInvalid)
+		}
+	}
+	return strings.ToLower(scheme) + " " + token, nil
 }

@@ -47,6 +47,9 @@ func TestNormalizersBypassTable(t *testing.T) {
 		{"phone US", mustNorm(t, NormPhone, "US", false),
 			[]string{"(201) 555-0123", "+1 201 555 0123", "12015550123", "201.555.0123"},
 			"+12015550123"},
+		{"credentials: scheme case and spacing", mustNorm(t, NormCredentials, "", false),
+			[]string{"Bearer tok.EN_1", "bearer tok.EN_1", "BEARER tok.EN_1", "Bearer  tok.EN_1", "bEarer\ttok.EN_1", " Bearer tok.EN_1 "},
+			"bearer tok.EN_1"},
 		{"email case", mustNorm(t, NormEmail, "", false),
 			[]string{"Rakib@Example.com", "rakib@example.com", " RAKIB@EXAMPLE.COM ", "rakib@example.com.", "ｒａｋｉｂ@example.com"},
 			"rakib@example.com"},
@@ -88,6 +91,7 @@ func TestNormalizersRefuse(t *testing.T) {
 		norm   Normalizer
 		inputs []string
 	}{
+		{"credentials", mustNorm(t, NormCredentials, "", false), []string{"", "tok", "Bearer", "Bearer a b", "Bearer to\x00k", "Bearer tok\u200b", "Bearer \xff"}},
 		{"phone", mustNorm(t, NormPhone, "BD", false), []string{"", "hello", "123", "+99999999999999999", "01712", huge, "\xff\xfe", "0171234567890123"}},
 		{"phone: invisible characters", mustNorm(t, NormPhone, "BD", false), []string{
 			"0171\u200b2345678", "\u200b01712345678", "01712345678\ufeff", "0171\u00ad2345678",

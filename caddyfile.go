@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -15,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
 
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/keys"
 )
 
@@ -40,7 +42,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	            <matchers>
 //	        }
 //	        key        <string>
-//	        by         ip|subnet|global|path|header <name>|cookie <name>|query <name>|json <path>|form <field>
+//	        by         ip|subnet|global|path|header <name>|cookie <name>|query <name>|json <path>|form <field>|body <field>
 //	        normalize  trim|lower|path|email [aliases]|phone <region>
 //	        hash       <secret>
 //	        missing    shared|skip|deny
@@ -68,6 +70,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    log_key
 //	    disable_metrics
 //	    body_limit     <size>
+//	    backend        <name> [{ <options of that backend> }]
 //	    distributed {
 //	        read_interval  <duration>
 //	        write_interval <duration>
@@ -130,8 +133,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return err
 			}
-			if dur < minSweepInterval {
-				return d.Errf("sweep_interval must be at least %v, got %v", minSweepInterval, dur)
+			if dur < minSweepInterval || dur > maxSweepInterval {
+				return d.Errf("sweep_interval must be from %v to %v, got %v", minSweepInterval, maxSweepInterval, dur)
 			}
 			h.SweepInterval = caddy.Duration(dur)
 
@@ -147,8 +150,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			size, err := humanize.ParseBytes(v)
-			if err != nil || size == 0 || size > 1<<30 {
-				return d.Errf("invalid body_limit %q: want a size such as 64KiB (at most 1GiB)", v)
+			if err != nil || size == 0 || size > MaxBodyLimit {
+				return d.Errf("invalid body_limit %q: want a size such as 64KiB, at most 16MiB (%d bytes)", v, MaxBodyLimit)
 			}
 			h.BodyLimit = int64(size)
 
@@ -157,6 +160,17 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.DisableMetrics = true
+
+		case "backend":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			name := d.Val()
+			unm, err := caddyfile.UnmarshalModule(d, backend.Namespace+"."+name)
+			if err != nil {
+				return err
+			}
+			h.BackendRaw = caddyconfig.JSONModuleObject(unm, "name", name, nil)
 
 		case "distributed":
 			raw, err := unmarshalDistributed(d)
@@ -279,6 +293,7 @@ type limitParser struct {
 	l     *Limit
 	seen  map[string]bool
 	by    string // the `by` shorthand, applied by finish
+	norm  string // a normalizer the `by` argument calls for
 	line  int    // where the zone or scope block starts
 	lines map[string]int
 }
@@ -405,6 +420,7 @@ var byKinds = map[string]struct {
 	"path":   {template: "{http.request.uri.path}", norm: keys.NormPath},
 	"json":   {template: "{" + keys.BodyJSONPrefix + "%s}", args: 1},
 	"form":   {template: "{" + keys.BodyFormPrefix + "%s}", args: 1},
+	"body":   {template: "{" + keys.BodyFieldPrefix + "%s}", args: 1},
 }
 
 func (p *limitParser) parseBy() error {
@@ -415,14 +431,21 @@ func (p *limitParser) parseBy() error {
 	}
 	kind, ok := byKinds[args[0]]
 	if !ok {
-		return d.Errf("%s: by %q: want ip, subnet, global, header <name>, cookie <name>, query <name>, path, json <path> or form <field>", p.where, args[0])
+		return d.Errf("%s: by %q: want ip, subnet, global, header <name>, cookie <name>, query <name>, path, json <path>, form <field> or body <field>", p.where, args[0])
 	}
 	if len(args)-1 != kind.args {
 		return d.Errf("%s: by %s takes %d argument(s), got %d", p.where, args[0], kind.args, len(args)-1)
 	}
 	p.by = args[0]
+	if kind.args == 1 && strings.ContainsAny(args[1], "{}") {
+		return d.Errf("%s: by %s %q: a name cannot hold braces", p.where, args[0], args[1])
+	}
 	if kind.args == 1 {
 		p.l.Key = fmt.Sprintf(kind.template, args[1])
+		if args[0] == "header" && (strings.EqualFold(args[1], "Authorization") || strings.EqualFold(args[1], "Proxy-Authorization")) {
+			// "Bearer tok" and "bearer  tok" are one client.
+			p.norm = keys.NormCredentials
+		}
 	} else {
 		p.l.Key = kind.template
 	}
@@ -443,8 +466,8 @@ func (p *limitParser) finish(needRate bool) error {
 		if !p.seen["ipv6_prefix"] {
 			l.IPv6Prefix = kind.v6
 		}
-		if kind.norm != "" {
-			l.Normalize = append([]Normalize{{Name: kind.norm}}, l.Normalize...)
+		if norm := cmp.Or(kind.norm, p.norm); norm != "" {
+			l.Normalize = append([]Normalize{{Name: norm}}, l.Normalize...)
 		}
 	}
 	switch {

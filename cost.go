@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 	"strconv"
 	"strings"
 
@@ -76,18 +77,24 @@ func (c *Cost) UnmarshalJSON(b []byte) error {
 // needsBody reports whether the cost reads a field of the request body.
 func (c *Cost) needsBody() bool { return c != nil && c.tmpl.NeedsBody() }
 
-// eval returns the cost of the request behind repl (and body, for body
-// fields). A placeholder that expands to nothing costs 1. A number too
-// large for 64 bits is the largest cost, which no limit holds.
-func (c *Cost) eval(repl *caddy.Replacer, body *keys.Body) (int64, error) {
+// eval returns the cost of the request r behind repl (and body, for body
+// fields). A placeholder that is absent (a header not sent, a field absent
+// from a readable body) costs 1. One that the request gives twice or whose
+// body cannot be read is an error, never a cost of 1: a client must not
+// pay 1 for a request the application reads as 1000. A number too large
+// for 64 bits is the largest cost, which no limit holds.
+func (c *Cost) eval(r *http.Request, repl *caddy.Replacer, body *keys.Body) (int64, error) {
 	if c == nil {
 		return 1, nil
 	}
 	if c.expr == "" {
 		return c.n, nil
 	}
-	s := strings.TrimSpace(c.tmpl.Expand(repl, body))
-	if s == "" {
+	s, err := c.tmpl.Expand(r, repl, body)
+	if err != nil {
+		return 0, fmt.Errorf("cost %s cannot be read: %w", c.expr, err)
+	}
+	if s = strings.TrimSpace(s); s == "" {
 		return 1, nil
 	}
 	n, err := strconv.ParseInt(s, 10, 64)

@@ -82,27 +82,31 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		for _, l := range z.limits {
 			if body == nil && (l.keyer.NeedsBody() || l.Cost.needsBody()) {
-				body = keys.ReadBody(r, h.BodyLimit)
+				body = keys.ReadBody(r, h.BodyLimit, h.bodyFields)
 			}
 			key, err := l.keyer.Key(r, repl, body)
+			l.warnUnset(h.logger, repl, err != nil)
 			if err != nil {
 				l.metrics.missing(l.Missing)
 				switch {
-				case l.Missing == MissingSkip && errors.Is(err, keys.ErrAmbiguous):
-					// A value given twice is not a missing value: skipping
-					// it would let a client step around the limit by
-					// repeating a header. It shares one quota instead.
-				case l.Missing == MissingSkip:
+				case l.Missing == MissingSkip && errors.Is(err, keys.ErrAbsent):
 					continue
+				case l.Missing == MissingSkip:
+					// Only an absent value is skipped. A value given twice,
+					// a body that cannot be read or a value a normalizer
+					// refuses may still name someone to the application:
+					// skipping them would let a client step around the
+					// limit. They share one quota instead.
 				case l.Missing == MissingDeny && z.Shadow:
 					h.denyLog.Info("request would be refused for a missing key (shadow zone)", zap.String("zone", z.name), zap.String("scope", l.scope), zap.Error(err))
 				case l.Missing == MissingDeny:
 					return h.badKey(w, l, err)
 				}
 			}
-			cost, err := l.Cost.eval(repl, body)
+			cost, err := l.Cost.eval(r, repl, body)
 			if err != nil {
 				if z.Shadow {
+					h.denyLog.Info("request would be refused for its cost (shadow zone)", zap.String("zone", z.name), zap.String("scope", l.scope), zap.Error(err))
 					continue
 				}
 				return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("rate_limit zone %q: %w", z.name, err))
@@ -152,6 +156,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return err
 	}
 	return next.ServeHTTP(w, r)
+}
+
+// collectBodyFields gathers the body fields that the zones' keys and costs
+// read, so that a body is parsed once per request for all of them.
+func collectBodyFields(zones []*Zone) *keys.BodyFields {
+	f := new(keys.BodyFields)
+	for _, z := range zones {
+		for _, l := range z.limits {
+			f.Add(l.keyer.Template())
+			if l.Cost != nil {
+				f.Add(l.Cost.tmpl)
+			}
+		}
+	}
+	return f
 }
 
 // badKey answers a request whose key a "missing deny" limit could not

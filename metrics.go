@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/backend/memory"
+	"github.com/sluicehq/sluice/backend"
 )
 
 // The collectors are made once and registered into the registry of every
@@ -25,7 +25,7 @@ type metricSet struct {
 	listed   *prometheus.CounterVec
 	missing  *prometheus.CounterVec
 	duration *prometheus.HistogramVec
-	state    prometheus.Collector
+	state    stateCollector
 }
 
 func newMetricSet() *metricSet {
@@ -61,15 +61,29 @@ func newMetricSet() *metricSet {
 				"Keys tracked in memory by a zone's limit.", []string{"zone", "scope"}, nil),
 			evictions: prometheus.NewDesc("caddy_rate_limit_evictions_total",
 				"Keys dropped before they were idle to keep a limit under max_keys.", []string{"zone", "scope"}, nil),
+			denyingEvictions: prometheus.NewDesc("caddy_rate_limit_denying_evictions_total",
+				"Keys dropped to keep a limit under max_keys while the limit was denying them, because no other key was left: each got a fresh quota.", []string{"zone", "scope"}, nil),
 		},
 	}
 }
 
-func registerMetrics(reg *prometheus.Registry) error {
+// registerMetrics registers the collectors into reg, with the state of
+// store when it can report it.
+func registerMetrics(reg *prometheus.Registry, store backend.Store) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.duration, metrics.state} {
+	collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.duration}
+	if src, ok := store.(backend.StatsReporter); ok {
+		// The collectors of several handlers are one to the registry (the
+		// same descriptions): the first registered reports. A memory
+		// store reports every memory table of the process, so any one
+		// will do.
+		state := metrics.state
+		state.src = src
+		collectors = append(collectors, state)
+	}
+	for _, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			if _, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); !ok {
 				return err
@@ -128,19 +142,22 @@ func (m zoneMetrics) shadowDeny() {
 	}
 }
 
-// stateCollector reports the memory tables live, at scrape time.
+// stateCollector reports a store's state live, at scrape time.
 type stateCollector struct {
-	keys, evictions *prometheus.Desc
+	keys, evictions, denyingEvictions *prometheus.Desc
+	src                               backend.StatsReporter
 }
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.keys
 	ch <- c.evictions
+	ch <- c.denyingEvictions
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
-	for id, st := range memory.AllStats() {
-		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Keys), id.Zone, id.Scope)
-		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(st.Evictions), id.Zone, id.Scope)
+	for _, st := range c.src.Stats() {
+		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Keys), st.Zone, st.Scope)
+		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(st.Evictions), st.Zone, st.Scope)
+		ch <- prometheus.MustNewConstMetric(c.denyingEvictions, prometheus.CounterValue, float64(st.DenyingEvictions), st.Zone, st.Scope)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -16,7 +17,8 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/sluicehq/sluice/backend"
-	"github.com/sluicehq/sluice/backend/memory"
+	// The default store registers itself as a backend module.
+	_ "github.com/sluicehq/sluice/backend/memory"
 	"github.com/sluicehq/sluice/keys"
 )
 
@@ -46,7 +48,7 @@ type Handler struct {
 	Jitter float64 `json:"jitter,omitempty"`
 
 	// SweepInterval is how often keys that are back to idle are dropped from
-	// memory. Default: 1m; at least 1s.
+	// memory. Default: 1m; from 1s to 24h.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
 	// LogKey adds the key to the log line of a denied request. Off by
@@ -55,6 +57,12 @@ type Handler struct {
 
 	// DisableMetrics turns off this handler's Prometheus metrics.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
+	// BackendRaw is where the zones' state lives and requests are decided:
+	// a module of the http.rate_limit.backends namespace, chosen by its
+	// "name". "memory" keeps the state in this Caddy process (each instance
+	// of a fleet limits on its own). Default: {"name": "memory"}.
+	BackendRaw json.RawMessage `json:"backend,omitempty" caddy:"namespace=http.rate_limit.backends inline_key=name"`
 
 	// Distributed is mholt/caddy-ratelimit's approximate cluster sync
 	// through Caddy storage. Sluice accepts it so such configs load, but does
@@ -67,9 +75,12 @@ type Handler struct {
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
 
 	// BodyLimit is how many bytes of a request body are read to find a key
-	// field ({http.request.body.json.*}, {http.request.body.form.*}). A
-	// larger body is not parsed: its fields count as missing. The body is
-	// always handed on unchanged. Default: 65536.
+	// or cost field ({http.request.body.json.*}, {http.request.body.form.*},
+	// {http.request.body.field.*}). A larger body is unreadable: it is never
+	// skipped by missing "skip", and a cost read from it is answered with
+	// 400. The body is always handed on unchanged. Default: 65536 (64 KiB);
+	// at most 16777216 (16 MiB), since each request being read holds this
+	// much.
 	BodyLimit int64 `json:"body_limit,omitempty"`
 
 	zones    []*Zone
@@ -80,6 +91,9 @@ type Handler struct {
 	ctx      caddy.Context
 	now      func() int64
 	jitterFn func() float64
+
+	// bodyFields are the JSON paths found in one pass over a body.
+	bodyFields *keys.BodyFields
 }
 
 // maxJitter bounds jitter: 10 adds up to ten times the wait.
@@ -89,6 +103,15 @@ const maxJitter = 10
 // key.
 const minSweepInterval = time.Second
 
+// maxSweepInterval is the longest sweep interval: beyond a day, idle keys
+// would leave memory only when max_keys evicts them.
+const maxSweepInterval = 24 * time.Hour
+
+// MaxBodyLimit is the largest body_limit, in bytes: every request whose
+// body is read for a key holds up to this much in memory until it is
+// decided, so a flood of large bodies costs at most this much each.
+const MaxBodyLimit = 16 << 20
+
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
@@ -97,8 +120,19 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision validates the zones and connects them to their state.
-func (h *Handler) Provision(ctx caddy.Context) error {
+// Provision validates the zones and connects them to their state. When it
+// fails, Caddy calls Cleanup, which undoes every rate this provision put
+// in force, so the running config's rates stay.
+func (h *Handler) Provision(ctx caddy.Context) (err error) {
+	// A panic here would skip that Cleanup (and, under the admin API, leave
+	// this config's rates in force): report it as a failed provision.
+	defer func() {
+		if r := recover(); r != nil {
+			ctx.Logger().Error("panic while provisioning", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+			err = fmt.Errorf("internal error while provisioning: %v", r)
+		}
+	}()
+
 	h.ctx = ctx
 	h.logger = ctx.Logger()
 	// Denials can come by the thousand per second under attack: log the
@@ -107,20 +141,20 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return zapcore.NewSamplerWithOptions(c, time.Second, 10, 100)
 	}))
 	if h.now == nil {
-		h.now = memory.SystemNow
+		h.now = backend.SystemNow
 	}
 
 	if math.IsNaN(h.Jitter) || h.Jitter < 0 || h.Jitter > maxJitter {
 		return fmt.Errorf("jitter must be a fraction from 0 to %v, got %v", maxJitter, h.Jitter)
 	}
-	if h.BodyLimit < 0 {
-		return fmt.Errorf("body_limit must be positive, got %d", h.BodyLimit)
+	if h.BodyLimit < 0 || h.BodyLimit > MaxBodyLimit {
+		return fmt.Errorf("body_limit must be from 1 to %d bytes (16MiB), got %d", MaxBodyLimit, h.BodyLimit)
 	}
 	if h.BodyLimit == 0 {
 		h.BodyLimit = keys.DefaultBodyLimit
 	}
-	if h.SweepInterval != 0 && time.Duration(h.SweepInterval) < minSweepInterval {
-		return fmt.Errorf("sweep_interval must be at least %v, got %v", minSweepInterval, time.Duration(h.SweepInterval))
+	if si := time.Duration(h.SweepInterval); si != 0 && (si < minSweepInterval || si > maxSweepInterval) {
+		return fmt.Errorf("sweep_interval must be from %v to %v, got %v", minSweepInterval, maxSweepInterval, si)
 	}
 	if len(h.Distributed) > 0 && string(h.Distributed) != "null" {
 		h.logger.Warn("the distributed option of mholt/caddy-ratelimit is accepted but not implemented: each instance enforces its zones on its own",
@@ -133,7 +167,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.events = eventsApp.(*caddyevents.App)
 
-	h.store = memory.New(memory.Options{Now: h.now, SweepInterval: time.Duration(h.SweepInterval)})
+	if h.store, err = h.loadStore(ctx); err != nil {
+		return err
+	}
 
 	// Zones are checked in name order so that decisions and logs are
 	// deterministic.
@@ -147,9 +183,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.zones = append(h.zones, z)
 	}
+	h.bodyFields = collectBodyFields(h.zones)
+	earlier := map[string]*earlierWatch{}
+	for _, z := range h.zones {
+		for _, l := range z.limits {
+			l.watchEarlier(earlier)
+		}
+	}
 
 	if !h.DisableMetrics {
-		if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		if err := registerMetrics(ctx.GetMetricsRegistry(), h.store); err != nil {
 			h.logger.Error("failed to register rate limit metrics; continuing without them", zap.Error(err))
 			h.DisableMetrics = true
 		}
@@ -162,6 +205,29 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	return nil
+}
+
+// loadStore loads the configured backend (the memory store by default) and
+// hands it the handler's clock, sweep interval and logger.
+func (h *Handler) loadStore(ctx caddy.Context) (backend.Store, error) {
+	var mod any
+	var err error
+	if len(h.BackendRaw) == 0 {
+		mod, err = ctx.LoadModuleByID(backend.Namespace+".memory", nil)
+	} else {
+		mod, err = ctx.LoadModule(h, "BackendRaw")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("backend: %v", err)
+	}
+	store, ok := mod.(backend.Store)
+	if !ok {
+		return nil, fmt.Errorf("backend: module %s is not a rate limit store", mod.(caddy.Module).CaddyModule().ID)
+	}
+	if c, ok := store.(backend.Configurable); ok {
+		c.Configure(backend.Setup{Now: h.now, SweepInterval: time.Duration(h.SweepInterval), Logger: h.logger})
+	}
+	return store, nil
 }
 
 // Cleanup releases the zones' state; state still used by another config

@@ -56,7 +56,27 @@ func TestProvisionErrors(t *testing.T) {
 		{"scope without rate", `"window": "1m", "max_events": 5, "scopes": {"ip": {"key": "{http.vars.client_ip}"}}`, `zone "z": scope "ip": max_events must be at least 1, got 0`},
 		{"key without rate", `"key": "{http.vars.client_ip}", "scopes": {"ip": {"window": "1m", "max_events": 1}}`, `zone "z": the zone's key, burst, algorithm, cost, normalize or hash need a rate`},
 		{"empty body field", `"window": "1m", "max_events": 5, "key": "{http.request.body.json.}"`, `zone "z": key: placeholder {http.request.body.json.} names no field`},
+		{"empty JSON path segment", `"window": "1m", "max_events": 5, "key": "{http.request.body.field.a..b}"`, `zone "z": key: placeholder {http.request.body.field.a..b}: the JSON path "a..b" has an empty segment`},
+		{"cost names no body field", `"window": "1m", "max_events": 5, "cost": "{http.request.body.json.}"`, `cost: placeholder {http.request.body.json.} names no field`},
 		{"bad matcher", `"window": "1m", "max_events": 5, "match": [{"no_such_matcher": {}}]`, `zone "z": loading matchers`},
+
+		// Huge numbers are refused by name, never wrapped. Caddy passes
+		// JSON numbers through float64, so 9223372036854774784 arrives as
+		// 9223372036854775000 and 2^63−1 does not fit an int64 at all.
+		{"max_events 2^63-1", `"window": "1m", "max_events": 9223372036854775807`, `max_events of type int64`}, // Caddy refuses it before Sluice sees it
+		{"max_events near 2^63 in a queue", `"window": "1m", "max_events": 9223372036854774784, "algorithm": "leaky_bucket", "max_delay": "1s"`, `zone "z": max_events must be at most 1000000000000000, got 9223372036854775000`},
+		{"max_events near 2^63 in a fixed window", `"window": "1m", "max_events": 9223372036854774784, "algorithm": "fixed_window"`, `zone "z": max_events must be at most 1000000000000000`},
+		{"max_events past 10^15", `"window": "1h", "max_events": 1000000000000001, "algorithm": "sliding_window_counter"`, `zone "z": max_events must be at most 1000000000000000, got 1000000000000001`},
+		{"max_events of a scope", `"window": "1m", "max_events": 5, "scopes": {"s": {"window": "1m", "max_events": 9223372036854774784, "algorithm": "gcra"}}`, `zone "z": scope "s": max_events must be at most 1000000000000000`},
+		{"sliding_window events past 2^32", `"window": "1m", "max_events": 4294967296`, `zone "z": max_events must be at most 4294967295 for sliding_window`},
+		{"huge window", `"window": 9223372036854774784, "max_events": 5`, `zone "z": window must be at most 73 years, got 9223372036854775000ns`},
+		{"huge burst", `"window": "1h", "max_events": 5, "burst": 9223372036854774784, "algorithm": "token_bucket"`, `zone "z": burst must be at most 1000000000000000, got 9223372036854775000`},
+		{"huge max_delay", `"window": "1s", "max_events": 5, "algorithm": "leaky_bucket", "max_delay": 9223372036854774784`, `zone "z": max_delay must be between 0 and 73 years`},
+		{"queue longer than 73 years", `"window": "500000h", "max_events": 1, "algorithm": "leaky_bucket", "max_delay": "400000h"`, `zone "z": max_delay 400000h0m0s + interval 1800000000000000000ns exceeds 73 years`},
+		{"huge constant cost", `"window": "1m", "max_events": 5, "cost": 9223372036854774784`, `zone "z": cost 9223372036854775000 can never pass: the limit holds at most 5 units`},
+		{"huge max_keys", `"window": "1m", "max_keys": 9223372036854774784, "max_events": 5`, `zone "z": max_keys must be at most 1073741824, got 9223372036854775000`},
+		{"huge ipv4_prefix", `"window": "1m", "max_events": 5, "ipv4_prefix": 2147483648`, `zone "z": ipv4_prefix must be between 0 and 32, got 2147483648`},
+		{"huge ipv6_prefix", `"window": "1m", "max_events": 5, "ipv6_prefix": -9223372036854774784`, `zone "z": ipv6_prefix must be between 0 and 128`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -69,9 +89,13 @@ func TestProvisionErrors(t *testing.T) {
 	for _, handler := range []struct{ opt, want string }{
 		{`"jitter": -0.1`, "jitter must be a fraction from 0 to 10, got -0.1"},
 		{`"jitter": 10000000`, "jitter must be a fraction from 0 to 10, got 1e+07"},
-		{`"sweep_interval": "-1s"`, "sweep_interval must be at least 1s"},
-		{`"sweep_interval": 1`, "sweep_interval must be at least 1s"},
-		{`"body_limit": -1`, "body_limit must be positive, got -1"},
+		{`"sweep_interval": "-1s"`, "sweep_interval must be from 1s to 24h0m0s, got -1s"},
+		{`"sweep_interval": 1`, "sweep_interval must be from 1s to 24h0m0s, got 1ns"},
+		{`"sweep_interval": 9223372036854774784`, "sweep_interval must be from 1s to 24h0m0s, got 2562047h47m16.854775s"},
+		{`"body_limit": -1`, "body_limit must be from 1 to 16777216 bytes (16MiB), got -1"},
+		{`"body_limit": 9000000000000000000`, "body_limit must be from 1 to 16777216 bytes (16MiB), got 9000000000000000000"},
+		{`"body_limit": 16777217`, "body_limit must be from 1 to 16777216 bytes (16MiB), got 16777217"},
+		{`"jitter": 1e308`, "jitter must be a fraction from 0 to 10, got 1e+308"},
 	} {
 		err := validate(t, `{"handler": "rate_limit", `+handler.opt+`, "rate_limits": {"z": {"window": "1m", "max_events": 1}}}`)
 		if err == nil || !strings.Contains(err.Error(), handler.want) {

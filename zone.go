@@ -121,21 +121,25 @@ type Limit struct {
 	// honours trusted_proxies; never key on X-Forwarded-For yourself).
 	// Values that are IP addresses are written in canonical form (an
 	// IPv4-mapped IPv6 address is its IPv4 address). Body fields are
-	// placeholders too: {http.request.body.json.<path>} and
-	// {http.request.body.form.<field>}.
+	// placeholders too: {http.request.body.json.<path>} (JSON bodies),
+	// {http.request.body.form.<field>} (URL-encoded and multipart forms)
+	// and {http.request.body.field.<path>} (either, as the Content-Type
+	// says).
 	Key string `json:"key,omitempty"`
 
 	// MaxEvents is how many events (units of cost) are allowed per Window.
-	// Required.
+	// Required; from 1 to 10^15 (at most 4,294,967,295 for
+	// sliding_window).
 	MaxEvents int64 `json:"max_events,omitempty"`
 
 	// Window is the length of the window MaxEvents are counted over.
-	// Required.
+	// Required; positive and at most 2^61 ns (about 73 years).
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// Burst is the bucket capacity of token_bucket, gcra and the
 	// leaky_bucket meter: how many events may pass at once after a quiet
-	// period. Default: MaxEvents. The other algorithms reject it.
+	// period. Default: MaxEvents; at most 10^15, and burst × window ÷
+	// max_events at most 2^61 ns. The other algorithms reject it.
 	Burst int64 `json:"burst,omitempty"`
 
 	// Algorithm is how the limit counts: "sliding_window" (exact log of
@@ -149,32 +153,41 @@ type Limit struct {
 	// denied, so requests leave at a steady max_events per window, never
 	// two at once. Only a request whose slot is further away is denied. A
 	// client that gives up while last in line frees its slot.
-	// Default: 0 (a meter that denies).
+	// Default: 0 (a meter that denies); max_delay + window ÷ max_events at
+	// most 2^61 ns (about 73 years).
 	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
 
 	// Cost is how many units one request consumes: a whole number (0 makes
 	// requests free), or a placeholder that expands to one, such as
 	// "{http.request.header.X-Cost}" or "{http.request.body.json.tokens}".
-	// Default: 1. A placeholder that expands to nothing costs 1; one that is
-	// not a whole number ≥ 0 is answered with 400.
+	// Default: 1. A constant cost may be at most what the limit holds
+	// (max_events, burst, or the queue's size). A placeholder that is absent
+	// (a header not sent, a field absent from a readable body) costs 1. One
+	// that is unreadable or given twice (see Missing), or is not a whole
+	// number ≥ 0, is answered with 400; a shadow zone logs it instead. One
+	// above what the limit holds (up to any size) is denied with 429.
 	Cost *Cost `json:"cost,omitempty"`
 
 	// IPv4Prefix masks key values that are IPv4 addresses (IPv4-mapped
 	// IPv6 included) to their network of this many bits: 24 puts
 	// 192.0.2.0/24 in one bucket. In a composite key only the address part
-	// is masked. Default: 0, the address itself.
+	// is masked. From 0 to 32. Default: 0, the address itself.
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
 
 	// IPv6Prefix masks key values that are IPv6 addresses to their network
 	// of this many bits; 64 is one customer's network (seed part 10.2).
-	// Default: 0, the address itself.
+	// From 0 to 128. Default: 0, the address itself.
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
 	// Normalize turns the spellings of an identifier into one key before
 	// it is used, applied in order to every placeholder value of the key:
-	// "trim", "lower", "email" (with aliases: Gmail dots and +tags),
-	// "phone" (E.164, with a default region) and "path". A value a
-	// normalizer refuses counts as missing.
+	// "trim", "lower", "email" (the mailbox a mail server delivers to;
+	// with aliases, Gmail dots and +tags dropped too), "phone" (E.164,
+	// with a default region; digits of any script) and "path" (decoded,
+	// dot segments and ;params resolved). "email", "phone" and "path"
+	// refuse values with control or invisible characters and spellings
+	// that applications read in different ways. A value a normalizer
+	// refuses counts as missing. Default: none.
 	Normalize []Normalize `json:"normalize,omitempty"`
 
 	// Hash replaces each key by its HMAC-SHA256 under this secret, so phone
@@ -185,21 +198,27 @@ type Limit struct {
 	// without a secret.
 	Hash string `json:"hash,omitempty"`
 
-	// Missing is what happens when the key cannot be built: a placeholder
-	// is empty, a body field is absent or not valid JSON or form data, a
-	// normalizer refuses the value, or the request gives the value twice
-	// (a repeated header, query parameter, cookie, form field or JSON key;
-	// such a request is never skipped, it shares one quota). "shared" (the default, and
-	// mholt/caddy-ratelimit's behaviour): all such requests share one
-	// quota. "skip": such requests are not limited by this limit. "deny":
-	// they are answered 400 Bad Request.
+	// Missing is what happens when the key cannot be built: a value is
+	// absent (an empty placeholder, a body field absent or null in a
+	// readable body, no body), unreadable (a body of another Content-Type,
+	// a charset other than UTF-8, a byte order mark, a Content-Encoding,
+	// over body_limit, invalid JSON or form data, an object where a value
+	// was wanted), given twice (a repeated header, query parameter, cookie,
+	// form field or JSON key) or refused by a normalizer. "shared" (the
+	// default, and mholt/caddy-ratelimit's behaviour): all such requests
+	// share one quota. "skip": requests whose value is absent are not
+	// limited by this limit; all others share one quota. "deny": they are
+	// answered 400 Bad Request.
 	Missing string `json:"missing,omitempty"`
 
 	// MaxKeys caps how many keys this limit tracks in memory. When a new
 	// key arrives at the cap, keys that are back to idle go first, then the
-	// key closest to idle among a random sample. Default: sized for about
-	// 100 MB (3,276,800 keys for the bucket algorithms; fewer for the
-	// others, depending on max_events for sliding_window).
+	// key with the most quota left among a random sample. A key whose next
+	// request would be denied is evicted only when no other key is left
+	// (counted and logged), so a flood of new keys cannot unblock a client.
+	// Default: sized for about 100 MB (3,276,800 keys for the bucket
+	// algorithms; fewer for the others, depending on max_events and cost
+	// for sliding_window). At most 1,073,741,824 (2^30).
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	zone      *Zone
@@ -209,6 +228,8 @@ type Limit struct {
 	algorithm string
 	maxCost   int64
 	metrics   zoneMetrics
+	// Placeholders of the key and cost that an earlier handler must set.
+	keyEarlier, costEarlier []*earlierWatch
 }
 
 // Normalize is one normalizer of a key: its name and its options.
@@ -329,12 +350,24 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	}
 	policy := l.policy()
 	var err error
-	l.handle, err = store.Zone(backend.ZoneConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Owner: owner})
+	l.handle, err = store.Zone(backend.ZoneConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Owner: owner})
 	if err != nil {
 		return err
 	}
 	z.limits = append(z.limits, l)
 	return nil
+}
+
+// constantCost is the cost of every request, or 0 when a placeholder
+// decides it.
+func (l *Limit) constantCost() int64 {
+	switch {
+	case l.Cost == nil:
+		return 1
+	case l.Cost.expr == "":
+		return l.Cost.n
+	}
+	return 0
 }
 
 func (l *Limit) policy() algorithms.Policy {
@@ -351,6 +384,8 @@ func (l *Limit) check() (string, error) {
 		return "", fmt.Errorf("ipv6_prefix must be between 0 and 128, got %d", l.IPv6Prefix)
 	case l.MaxKeys < 0:
 		return "", fmt.Errorf("max_keys must be at least 1, got %d", l.MaxKeys)
+	case l.MaxKeys > MaxKeysLimit:
+		return "", fmt.Errorf("max_keys must be at most %d, got %d", MaxKeysLimit, l.MaxKeys)
 	case l.Burst < 0:
 		return "", fmt.Errorf("burst must be at least 1, got %d", l.Burst)
 	case l.MaxDelay < 0:
@@ -389,6 +424,10 @@ func (l *Limit) check() (string, error) {
 
 // minSecret is the shortest HMAC secret accepted, in bytes.
 const minSecret = 16
+
+// MaxKeysLimit is the largest max_keys: 2^30 keys, tens of gigabytes of
+// state, which also keeps a key count within a 32-bit int.
+const MaxKeysLimit = 1 << 30
 
 func (l *Limit) provision(logger *zap.Logger) error {
 	alg, err := l.check()

@@ -15,9 +15,19 @@ import (
 )
 
 // MaxSpan bounds every duration an algorithm may store or add to a time
-// (window, burst × interval), about 73 years. Keeping spans below 2^61 ns lets
-// now + span + span stay far from int64 overflow for Unix times before 2116.
+// (window, max_delay, burst × interval, the queue's max_delay + interval):
+// 2^61 ns, about 73 years. An algorithm adds at most two spans to a time,
+// so now + span + span stays within int64 for Unix times before 2^62 ns
+// (early 2116).
 const MaxSpan int64 = 1 << 61
+
+// MaxEvents bounds max_events and burst: 10^15 units, a petabyte per
+// window when the cost is in bytes. With it, a count plus a cost (each at
+// most MaxEvents, since a larger cost is refused before it is added) and
+// window + max_events stay far below 2^63. It is also below 2^53, the
+// largest whole number that a JSON number keeps exactly through Caddy's
+// admin API, which decodes numbers as float64.
+const MaxEvents int64 = 1_000_000_000_000_000
 
 // Never is the RetryAfter of a request that cannot pass however long the
 // client waits: its cost is larger than the zone can ever hold.
@@ -55,18 +65,27 @@ func (p Policy) Validate() error {
 	switch {
 	case p.Limit <= 0:
 		return fmt.Errorf("max_events must be at least 1, got %d", p.Limit)
+	case p.Limit > MaxEvents:
+		return fmt.Errorf("max_events must be at most %d, got %d", MaxEvents, p.Limit)
 	case p.Window <= 0:
 		return fmt.Errorf("window must be positive, got %dns", p.Window)
 	case p.Window > MaxSpan:
 		return fmt.Errorf("window must be at most %v, got %dns", spanText, p.Window)
 	case p.Burst < 0:
 		return fmt.Errorf("burst must be at least 1, got %d", p.Burst)
+	case p.Burst > MaxEvents:
+		return fmt.Errorf("burst must be at most %d, got %d", MaxEvents, p.Burst)
 	case p.MaxDelay < 0 || p.MaxDelay > MaxSpan:
 		return fmt.Errorf("max_delay must be between 0 and %v, got %dns", spanText, p.MaxDelay)
 	}
 	// The bucket algorithms store burst × interval as a time span.
 	if hi, lo := mul64(uint64(p.burst()), uint64(p.Interval())); hi != 0 || lo > uint64(MaxSpan) {
 		return fmt.Errorf("burst %d × interval %dns exceeds %v: lower burst or raise max_events", p.burst(), p.Interval(), spanText)
+	}
+	// A queued request can wait max_delay for its slot and then hold the
+	// queue for up to one more interval per unit.
+	if p.MaxDelay > 0 && p.MaxDelay+p.Interval() > MaxSpan {
+		return fmt.Errorf("max_delay %v + interval %dns exceeds %v: lower max_delay or raise max_events", time.Duration(p.MaxDelay), p.Interval(), spanText)
 	}
 	return nil
 }
@@ -82,11 +101,13 @@ func (p Policy) burst() int64 {
 
 // Interval is the emission interval Window/Limit in nanoseconds, rounded up
 // so that rounding can only ever admit less, never more, than the policy.
+// It is written so that it cannot overflow, even for a policy that
+// Validate refuses.
 func (p Policy) Interval() int64 {
-	if p.Limit <= 0 {
+	if p.Limit <= 0 || p.Window <= 0 {
 		return 0
 	}
-	return (p.Window + p.Limit - 1) / p.Limit
+	return (p.Window-1)/p.Limit + 1
 }
 
 // Result is the answer to one request against one key.
@@ -161,6 +182,17 @@ type Algorithm[S any] interface {
 	Rebase(s S, at int64, old Policy) S
 	// Policy is the policy the algorithm was built with.
 	Policy() Policy
+	// Available returns how many units a request could take from s at
+	// now: 0 when a request of one unit would be refused. Stores evict the
+	// keys with the most available first.
+	Available(s S, now int64) int64
+	// Usage describes s at now in terms every algorithm shares.
+	Usage(s S, now int64) Usage
+	// FromUsage returns a state of this algorithm that, at now, leaves no
+	// more than u's share of its quota and resets no sooner than u, as far
+	// as the algorithm can hold a state that long (usage.go says where it
+	// cannot). Usage then FromUsage moves a key between algorithms.
+	FromUsage(u Usage, now int64) S
 }
 
 // Names of the algorithms, as written in the `algorithm` zone field.
@@ -233,4 +265,48 @@ func MaxCost(name string, p Policy) int64 {
 		return p.burst()
 	}
 	return p.Limit
+}
+
+// Kind names the kind of state an algorithm keeps. Algorithms of one kind
+// read each other's state (token_bucket, gcra and leaky_bucket all keep one
+// theoretical arrival time), so a store may keep a key's state when a zone
+// switches between them; between kinds, state must be translated (Usage).
+type Kind string
+
+// The kinds of state.
+const (
+	KindBucket  Kind = "bucket"  // Bucket: token_bucket, gcra, leaky_bucket
+	KindLog     Kind = "log"     // *Log: sliding_window
+	KindWindow  Kind = "window"  // Window: fixed_window
+	KindCounter Kind = "counter" // Counter: sliding_window_counter
+)
+
+// KindOf returns the kind of state of the named algorithm ("" for the
+// default), or "" for a name Sluice does not know.
+func KindOf(name string) Kind {
+	switch name {
+	case NameTokenBucket, NameGCRA, NameLeakyBucket:
+		return KindBucket
+	case NameSlidingWindow, "":
+		return KindLog
+	case NameFixedWindow:
+		return KindWindow
+	case NameSlidingCounter:
+		return KindCounter
+	}
+	return ""
+}
+
+// NewBucketAlgorithm returns the named algorithm of kind KindBucket for p,
+// or nil when name is of another kind. p must be valid.
+func NewBucketAlgorithm(name string, p Policy) Algorithm[Bucket] {
+	switch name {
+	case NameTokenBucket:
+		return NewTokenBucket(p)
+	case NameGCRA:
+		return NewGCRA(p)
+	case NameLeakyBucket:
+		return NewLeakyBucket(p)
+	}
+	return nil
 }

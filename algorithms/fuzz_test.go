@@ -112,5 +112,24 @@ func drive[S any](t *testing.T, a Algorithm[S], name string, p Policy, ops []byt
 		if idle := a.IdleAt(st); idle < 0 {
 			t.Fatalf("%s: IdleAt %d", name, idle)
 		}
+		checkUsage(t, a, name, st, now)
+	}
+}
+
+// checkUsage requires Available and Usage to agree with Decide, and a
+// state rebuilt from its own usage to leave no more room.
+func checkUsage[S any](t *testing.T, a Algorithm[S], name string, st S, now int64) {
+	u := a.Usage(st, now)
+	avail := a.Available(st, now)
+	switch {
+	case u.Remaining != avail || avail < 0 || avail > u.Limit:
+		t.Fatalf("%s: Available %d, usage %+v", name, avail, u)
+	case (avail > 0) != a.Decide(st, now, 1).Allowed:
+		t.Fatalf("%s: Available %d but a unit request allowed=%v", name, avail, !(avail > 0))
+	case u.ResetAfter < 0 || u.RetryAfter < 0 || (avail == 0) != (u.RetryAfter > 0):
+		t.Fatalf("%s: incoherent usage %+v", name, u)
+	}
+	if again := a.Available(a.FromUsage(u, now), now); again > avail {
+		t.Fatalf("%s: rebuilt from its usage %+v, %d available instead of %d", name, u, again, avail)
 	}
 }

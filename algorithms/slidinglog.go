@@ -1,13 +1,17 @@
 package algorithms
 
+import "math"
+
 // Log is the state of the exact sliding window: the times of the admitted
 // events still inside the window, oldest first, in a ring that grows as it is
-// used. An event costs 8 bytes (16 once any request of the key had a cost
-// other than 1), not the 24 of a time.Time, and nothing is allocated before
-// the first event.
+// used. An event costs 8 bytes, not the 24 of a time.Time, and nothing is
+// allocated before the first event. Events of one cost (every request of the
+// key costs the same) share one count of units; only a key whose requests
+// cost different amounts keeps the units of each event, 4 bytes more.
 type Log struct {
 	at    []int64  // event times; len is a power of two
-	units []uint32 // units per event, parallel to at; nil while all are 1
+	units []uint32 // units per event, parallel to at; nil while all are unit
+	unit  uint32   // the units of every event while units is nil
 	head  int      // index of the oldest event
 	n     int      // events held
 	sum   int64    // units held
@@ -17,7 +21,7 @@ func (l *Log) index(i int) int { return (l.head + i) & (len(l.at) - 1) }
 
 func (l *Log) unitsAt(j int) int64 {
 	if l.units == nil {
-		return 1
+		return int64(l.unit)
 	}
 	return int64(l.units[j])
 }
@@ -31,6 +35,7 @@ func (l *Log) prune(now, window int64) {
 	}
 	if l.n == 0 {
 		l.head = 0
+		l.units, l.unit = nil, 0 // the next event may set another unit
 	}
 	// Give memory back after a burst, but keep room for the usual load.
 	if len(l.at) > 64 && l.n < len(l.at)/4 {
@@ -38,10 +43,12 @@ func (l *Log) prune(now, window int64) {
 	}
 }
 
+// resize moves the events to a ring of size slots, dropping the units per
+// event once the events left all have the same.
 func (l *Log) resize(size int) {
 	at := make([]int64, size)
 	var units []uint32
-	if l.units != nil {
+	if l.units != nil && !l.uniform() {
 		units = make([]uint32, size)
 	}
 	for i := 0; i < l.n; i++ {
@@ -51,19 +58,36 @@ func (l *Log) resize(size int) {
 			units[i] = l.units[j]
 		}
 	}
+	if l.units != nil && units == nil && l.n > 0 {
+		l.unit = l.units[l.head]
+	}
 	l.at, l.units, l.head = at, units, 0
+}
+
+// uniform reports whether every event held has the same units.
+func (l *Log) uniform() bool {
+	for i := 1; i < l.n; i++ {
+		if l.units[l.index(i)] != l.units[l.head] {
+			return false
+		}
+	}
+	return true
 }
 
 func (l *Log) newest() int64 { return l.at[l.index(l.n-1)] }
 
 func (l *Log) push(t, units int64) {
+	units = min(units, math.MaxUint32) // a limit of the log never exceeds it
 	if l.n == len(l.at) {
 		l.resize(max(2*len(l.at), 2))
 	}
-	if units != 1 && l.units == nil {
+	if l.n == 0 && l.units == nil {
+		l.unit = uint32(units)
+	}
+	if l.units == nil && units != int64(l.unit) {
 		l.units = make([]uint32, len(l.at))
 		for i := range l.units {
-			l.units[i] = 1
+			l.units[i] = l.unit
 		}
 	}
 	j := l.index(l.n)

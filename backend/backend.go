@@ -5,9 +5,16 @@ package backend
 
 import (
 	"context"
+	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/algorithms"
 )
+
+// Namespace is the Caddy module namespace of stores: a handler's "backend"
+// names one of its modules ("memory", "redis").
+const Namespace = "http.rate_limit.backends"
 
 // ZoneConfig is what a store needs to hold the state of one zone.
 type ZoneConfig struct {
@@ -24,6 +31,11 @@ type ZoneConfig struct {
 	// MaxKeys caps the number of keys the zone tracks; 0 picks a default
 	// sized for about 100 MB.
 	MaxKeys int
+	// Cost is the cost of every request when the zone's cost is a
+	// constant, 0 when it varies (a placeholder). The default MaxKeys of a
+	// sliding window depends on it: the events a key can hold, and whether
+	// each must record its own cost.
+	Cost int64
 	// Owner identifies the config that registers the zone. One config may
 	// register a name twice only with the same policy: two rates for one
 	// state would make whichever registered last apply to both.
@@ -63,4 +75,43 @@ type Store interface {
 	Refund(ctx context.Context, reqs []Request, granted []algorithms.Result) error
 	// Close releases the zones this store registered.
 	Close() error
+}
+
+// ZoneStats counts what a store holds for one limit (a zone or one of its
+// scopes).
+type ZoneStats struct {
+	Zone, Scope string
+	// Keys is how many keys the store tracks now.
+	Keys int64
+	// Evictions counts keys dropped before they were idle, to stay under
+	// max_keys; DenyingEvictions those of them that were denying.
+	Evictions        uint64
+	DenyingEvictions uint64
+}
+
+// StatsReporter is implemented by stores that can tell what they hold, for
+// the metrics. A store whose state lives elsewhere (a shared server) may
+// not: counting its keys would cost a scan.
+type StatsReporter interface {
+	Stats() []ZoneStats
+}
+
+// Setup is what the handler that loads a store passes on to it.
+type Setup struct {
+	// Now is the handler's clock, Unix nanoseconds (tests inject a fake
+	// one). A store that keeps its own time decides with it; one that
+	// decides with a shared server's clock may ignore it.
+	Now func() int64
+	// SweepInterval is the handler's sweep_interval: how often a store
+	// that keeps state in this process drops idle keys (0: its default).
+	SweepInterval time.Duration
+	// Logger is the handler's logger.
+	Logger *zap.Logger
+}
+
+// Configurable is implemented by stores that take the handler's Setup. The
+// handler calls Configure once, after the store is provisioned and before
+// it registers any zone.
+type Configurable interface {
+	Configure(Setup)
 }

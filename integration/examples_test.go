@@ -190,12 +190,17 @@ func docSite(t *testing.T, file, marker string) string {
 }
 
 // The login example of docs/keys.md, as written: one username in every
-// spelling of the route shares its 5 attempts.
+// spelling of the route, posted as a form or as JSON, shares its 5
+// attempts.
 func TestDocsLoginExample(t *testing.T) {
 	t.Setenv("SLUICE_KEY_SECRET", "an-example-secret-of-32-bytes!!!")
-	tester := newTester(t, docSite(t, "../docs/keys.md", "by form username"), "caddyfile")
+	tester := newTester(t, docSite(t, "../docs/keys.md", "by body username"), "caddyfile")
 	for _, path := range []string{"/login", "/login/", "/login;a", "/login%2F", "/Login;jsessionid=1"} {
-		if code, body := post(t, tester, path, "application/x-www-form-urlencoded", "username=rakib&password=x"); code != http.StatusOK {
+		ctype, body := "application/x-www-form-urlencoded", "username=rakib&password=x"
+		if path == "/login/" {
+			ctype, body = "application/json", `{"username": "Rakib", "password": "x"}`
+		}
+		if code, body := post(t, tester, path, ctype, body); code != http.StatusOK {
 			t.Fatalf("POST %s: %d %q", path, code, body)
 		}
 	}

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -43,15 +45,7 @@ func NewKeyer(template string, opts Options) (*Keyer, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &Keyer{tmpl: t, v4: opts.IPv4Prefix, v6: opts.IPv6Prefix, norms: opts.Normalizers, secret: opts.Secret}
-	for _, name := range t.Placeholders() {
-		if strings.HasPrefix(name, BodyJSONPrefix) || strings.HasPrefix(name, BodyFormPrefix) {
-			if strings.TrimPrefix(strings.TrimPrefix(name, BodyJSONPrefix), BodyFormPrefix) == "" {
-				return nil, fmt.Errorf("placeholder {%s} names no field", name)
-			}
-			k.body = true
-		}
-	}
+	k := &Keyer{tmpl: t, v4: opts.IPv4Prefix, v6: opts.IPv6Prefix, norms: opts.Normalizers, secret: opts.Secret, body: t.NeedsBody()}
 	return k, nil
 }
 
@@ -62,7 +56,8 @@ func (k *Keyer) NeedsBody() bool { return k.body }
 func (k *Keyer) Template() Template { return k.tmpl }
 
 // ErrMissing wraps the reason a key could not be built: a placeholder had
-// no value, a body field was absent, or a normalizer refused the value.
+// no value (ErrAbsent), the request gave it twice (ErrAmbiguous), the body
+// could not be read (ErrUnreadable), or a normalizer refused the value.
 var ErrMissing = errors.New("key is missing")
 
 // Key builds the key for r. Each placeholder's value is looked up (body
@@ -70,8 +65,9 @@ var ErrMissing = errors.New("key is missing")
 // if it is an IP address (and masked to the configured prefix), and
 // normalized. When a value is empty or invalid, Key returns the key with
 // that value empty (what mholt/caddy-ratelimit would use) and an error
-// wrapping ErrMissing (and ErrAmbiguous for a value given more than once),
-// and the zone's missing-key policy decides.
+// wrapping ErrMissing, and the zone's missing-key policy decides. The error
+// wraps ErrAbsent only when every value missing is absent, so that one
+// absent part cannot make a key skippable whose other part was unreadable.
 func (k *Keyer) Key(r *http.Request, repl *caddy.Replacer, body *Body) (string, error) {
 	var sb strings.Builder
 	var missing error
@@ -81,7 +77,7 @@ func (k *Keyer) Key(r *http.Request, repl *caddy.Replacer, body *Body) (string, 
 			continue
 		}
 		v, err := k.value(r, repl, body, p.text)
-		if err != nil && missing == nil {
+		if err != nil && (missing == nil || errors.Is(missing, ErrAbsent) && !errors.Is(err, ErrAbsent)) {
 			missing = fmt.Errorf("%w: {%s}: %w", ErrMissing, p.text, err)
 		}
 		sb.WriteString(v)
@@ -100,20 +96,12 @@ func (k *Keyer) Key(r *http.Request, repl *caddy.Replacer, body *Body) (string, 
 }
 
 func (k *Keyer) value(r *http.Request, repl *caddy.Replacer, body *Body, name string) (string, error) {
-	var v string
-	if body != nil && (strings.HasPrefix(name, BodyJSONPrefix) || strings.HasPrefix(name, BodyFormPrefix)) {
-		var err error
-		if v, err = body.Field(name); err != nil {
-			return "", err
-		}
-	} else {
-		if r != nil && repeated(r, name) {
-			return "", ErrAmbiguous
-		}
-		v, _ = repl.GetString(name)
+	v, err := lookup(r, repl, body, name)
+	if err != nil {
+		return "", err
 	}
 	if v == "" {
-		return "", errors.New("empty")
+		return "", fmt.Errorf("%w: empty", ErrAbsent)
 	}
 	if ip, ok := canonicalIP(v, k.v4, k.v6); ok {
 		v = ip
@@ -125,9 +113,46 @@ func (k *Keyer) value(r *http.Request, repl *caddy.Replacer, body *Body, name st
 		}
 	}
 	if v == "" {
+		// A value that normalizes to nothing was still sent: not absent.
 		return "", errors.New("empty after normalizing")
 	}
 	return v, nil
+}
+
+// lookup returns the value of placeholder name: a body field from body, or
+// what repl holds, unless the request gives it more than once. An absent
+// body field is an error wrapping ErrAbsent; any other placeholder is
+// empty when absent.
+func lookup(r *http.Request, repl *caddy.Replacer, body *Body, name string) (string, error) {
+	if _, _, ok := bodyPlaceholder(name); ok {
+		if body == nil {
+			return "", fmt.Errorf("%w: body not read", ErrUnreadable)
+		}
+		return body.Field(name)
+	}
+	if r != nil && repeated(r, name) {
+		return "", ErrAmbiguous
+	}
+	v, _ := repl.GetString(name)
+	if strings.HasPrefix(name, cookiePrefix) {
+		v = cookieValue(v)
+	}
+	return v, nil
+}
+
+// cookieValue is a cookie's value as applications read it: Express
+// (cookie-parser) and PHP percent-decode it, so "vic%74im" is "victim" to
+// them, and PHP reads "+" as a space. A value that does not decode to
+// UTF-8 is kept as sent, as Express keeps it; "+" and a space are one
+// character either way, which only merges values that PHP merges.
+func cookieValue(v string) string {
+	if !strings.ContainsAny(v, "%+") {
+		return v
+	}
+	if d, err := url.PathUnescape(v); err == nil && utf8.ValidString(d) {
+		v = d
+	}
+	return strings.ReplaceAll(v, "+", " ")
 }
 
 // Placeholders of request fields a client can repeat.
@@ -138,17 +163,85 @@ const (
 )
 
 // repeated reports whether r gives the header, query parameter or cookie
-// behind placeholder name more than once. Caddy would join the headers
-// ("a,b") and pick one of the others, while the application might read
-// any one copy: a limit keyed on it could be stepped around.
+// behind placeholder name more than once, or, for a query parameter, in a
+// spelling Caddy does not read. Caddy would join the headers ("a,b") and
+// pick one of the others, while the application might read any one copy:
+// a limit keyed on it could be stepped around.
 func repeated(r *http.Request, name string) bool {
 	switch {
 	case strings.HasPrefix(name, headerPrefix):
 		return len(r.Header.Values(strings.TrimPrefix(name, headerPrefix))) > 1
 	case strings.HasPrefix(name, queryPrefix):
-		return len(r.URL.Query()[strings.TrimPrefix(name, queryPrefix)]) > 1
+		return queryAmbiguous(r.URL.RawQuery, strings.TrimPrefix(name, queryPrefix))
 	case strings.HasPrefix(name, cookiePrefix):
-		return len(r.CookiesNamed(strings.TrimPrefix(name, cookiePrefix))) > 1
+		return cookieAmbiguous(r.Cookies(), strings.TrimPrefix(name, cookiePrefix))
 	}
 	return false
+}
+
+// cookieAmbiguous reports whether the cookie name is given more than once,
+// or once in a spelling Caddy does not read. PHP percent-decodes cookie
+// names and reads " " and "." in them as "_" (as in form fields), and
+// ASP.NET ignores their case: "sess%69on=victim; session=junk" is the
+// cookie session=victim to PHP (the first copy wins) and junk to Caddy.
+func cookieAmbiguous(cookies []*http.Cookie, name string) bool {
+	seen, exact := 0, false
+	for _, c := range cookies {
+		if sameFormName(queryName(c.Name), name) {
+			seen++
+			exact = exact || c.Name == name
+		}
+	}
+	return seen > 1 || seen == 1 && !exact
+}
+
+// queryAmbiguous reports whether a raw query gives parameter name in a way
+// that Caddy and the application may read differently. Caddy reads the
+// query with Go's URL.Query, which splits pairs on "&" only and drops every
+// pair that holds a ";" or a bad escape, while Python's urllib.parse before
+// 3.9.2, Rack 2 (Rails before 8.1) and other parsers still deployed split
+// on ";" as well, ASP.NET compares names without regard to case, PHP drops
+// leading spaces from names, and most keep a value with a bad escape. So
+// the query is split on both, each name is percent-decoded ("+" is a space,
+// a bad escape stays as it is) and compared without leading spaces and
+// ignoring case, and the parameter is ambiguous when it occurs more than
+// once, or once where Go does not read it: in "?user=r1&user=victim;x=1"
+// Caddy's placeholder is "r1" while a ";"-splitting application may read
+// "victim", and in "?user=victim;x=1" the placeholder is empty.
+func queryAmbiguous(raw, name string) bool {
+	seen, goReads := 0, false
+	for raw != "" {
+		var seg string
+		seg, raw, _ = strings.Cut(raw, "&")
+		semicolon := strings.Contains(seg, ";")
+		for seg != "" {
+			var pair string
+			pair, seg, _ = strings.Cut(seg, ";")
+			key, value, _ := strings.Cut(pair, "=")
+			if decoded := strings.TrimLeft(queryName(key), " "); !strings.EqualFold(decoded, name) {
+				if arrayName(decoded, name) {
+					return true
+				}
+				continue
+			}
+			if seen++; seen > 1 {
+				return true
+			}
+			if !semicolon {
+				k, kerr := url.QueryUnescape(key)
+				_, verr := url.QueryUnescape(value)
+				goReads = kerr == nil && verr == nil && k == name
+			}
+		}
+	}
+	return seen == 1 && !goReads
+}
+
+// queryName decodes a query parameter's name leniently: "+" is a space,
+// valid %XX escapes are decoded, and anything else is kept.
+func queryName(key string) string {
+	if !strings.ContainsAny(key, "%+") {
+		return key
+	}
+	return unescapePath(strings.ReplaceAll(key, "+", " "))
 }

@@ -2,8 +2,12 @@ package keys
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 func mustNorm(t *testing.T, name, region string, aliases bool) Normalizer {
@@ -15,8 +19,8 @@ func mustNorm(t *testing.T, name, region string, aliases bool) Normalizer {
 	return n
 }
 
-// Seed part 10.5: each row's spellings must become one key, and values
-// that are not identifiers of the kind must be refused.
+// Each row's spellings must become one key, and values that are not
+// identifiers of the kind must be refused.
 func TestNormalizersBypassTable(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -27,9 +31,25 @@ func TestNormalizersBypassTable(t *testing.T) {
 		{"phone BD: +880 / 880 / 0", mustNorm(t, NormPhone, "BD", false),
 			[]string{"01712345678", "+8801712345678", "8801712345678", "+880 1712-345678", " 01712 345 678 ", "(+880) 1712345678", "０１７１２３４５６７８"},
 			"+8801712345678"},
+		{"phone BD: digits of every script", mustNorm(t, NormPhone, "BD", false),
+			[]string{
+				"০১৭১২৩৪৫৬৭৮", "+৮৮০১৭১২৩৪৫৬৭৮", "৮৮০ ১৭১২-৩৪৫৬৭৮", // Bengali
+				"०१७१२३४५६७८",    // Devanagari
+				"٠١٧١٢٣٤٥٦٧٨",    // Arabic-Indic
+				"۰۱۷۱۲۳۴۵۶۷۸",    // Extended Arabic-Indic
+				"๐๑๗๑๒๓๔๕๖๗๘",    // Thai
+				"၀၁၇၁၂၃၄၅၆၇၈",    // Myanmar
+				"𝟎𝟏𝟕𝟏𝟐𝟑𝟒𝟓𝟔𝟕𝟖",    // mathematical bold
+				"০1712৩৪৫৬৭৮",    // mixed
+				"＋８８０１７１２３４５６７８", // full-width
+			},
+			"+8801712345678"},
 		{"phone US", mustNorm(t, NormPhone, "US", false),
 			[]string{"(201) 555-0123", "+1 201 555 0123", "12015550123", "201.555.0123"},
 			"+12015550123"},
+		{"credentials: scheme case and spacing", mustNorm(t, NormCredentials, "", false),
+			[]string{"Bearer tok.EN_1", "bearer tok.EN_1", "BEARER tok.EN_1", "Bearer  tok.EN_1", "bEarer\ttok.EN_1", " Bearer tok.EN_1 "},
+			"bearer tok.EN_1"},
 		{"email case", mustNorm(t, NormEmail, "", false),
 			[]string{"Rakib@Example.com", "rakib@example.com", " RAKIB@EXAMPLE.COM ", "rakib@example.com.", "ｒａｋｉｂ@example.com"},
 			"rakib@example.com"},
@@ -49,7 +69,7 @@ func TestNormalizersBypassTable(t *testing.T) {
 			[]string{"tok", " tok", "tok\t\n", "\u200btok\ufeff", "\u00a0tok"},
 			"tok"},
 		{"path: URL variants", mustNorm(t, NormPath, "", false),
-			[]string{"/api/v1/x", "/api/v1/x/", "/API/V1/X", "/api//v1/x", "/api/./v1/x", "/api/v1/y/../x", "/api/v1/%78", "/api/v1/x?page=2", "api/v1/x"},
+			[]string{"/api/v1/x", "/api/v1/x/", "/API/V1/X", "/api//v1/x", "/api/./v1/x", "/api/v1/y/../x", "/api/v1/%78", "api/v1/x"},
 			"/api/v1/x"},
 	}
 	for _, tt := range tests {
@@ -71,9 +91,15 @@ func TestNormalizersRefuse(t *testing.T) {
 		norm   Normalizer
 		inputs []string
 	}{
+		{"credentials", mustNorm(t, NormCredentials, "", false), []string{"", "tok", "Bearer", "Bearer a b", "Bearer to\x00k", "Bearer tok\u200b", "Bearer \xff"}},
 		{"phone", mustNorm(t, NormPhone, "BD", false), []string{"", "hello", "123", "+99999999999999999", "01712", huge, "\xff\xfe", "0171234567890123"}},
+		{"phone: invisible characters", mustNorm(t, NormPhone, "BD", false), []string{
+			"0171\u200b2345678", "\u200b01712345678", "01712345678\ufeff", "0171\u00ad2345678",
+			"+880\u202e1712345678", "0171\x002345678", "01712\u2060345678", "০১৭১\u200c২৩৪৫৬৭৮",
+			"01712\ufe0f345678", "0171\t2345678", "0171\xff2345678",
+		}},
 		{"email", mustNorm(t, NormEmail, "", false), []string{"", "rakib", "@example.com", "rakib@", "ra kib@example.com", "a@b@c", "rakib@localhost", huge + "@example.com", "\xff@\xfe"}},
-		{"email aliases", mustNorm(t, NormEmail, "", true), []string{"+tag@gmail.com", "...@gmail.com"}},
+		{"email aliases", mustNorm(t, NormEmail, "", true), []string{"+tag@gmail.com", "...@gmail.com", "rakib.+x@example.com"}},
 		{"lower", mustNorm(t, NormLower, "", false), []string{huge}},
 	}
 	for _, tt := range tests {
@@ -110,8 +136,54 @@ func TestNewNormalizerErrors(t *testing.T) {
 	}
 }
 
+// Every decimal digit of every script is read as its value: the runs of
+// ten in Unicode's Nd table start at a zero, and the digits that NFKC maps
+// to ASCII agree.
+func TestDigitValueEveryScript(t *testing.T) {
+	for _, zero := range []rune{'0', '০', '०', '٠', '۰', '๐', '၀', '０', '𝟎', '𝟶', '߀', '᠐'} {
+		for i := rune(0); i < 10; i++ {
+			if d, ok := digitValue(zero + i); !ok || d != i {
+				t.Errorf("%U: %d, %v; want %d", zero+i, d, ok, i)
+			}
+		}
+	}
+	n := 0
+	check := func(lo, hi, stride uint32) {
+		if stride != 1 || (hi-lo+1)%10 != 0 {
+			t.Errorf("Nd range %U-%U (stride %d) is not made of runs of ten", lo, hi, stride)
+		}
+		for r := rune(lo); r <= rune(hi); r++ {
+			n++
+			d, ok := digitValue(r)
+			if !ok || d < 0 || d > 9 {
+				t.Fatalf("%U: %d, %v", r, d, ok)
+			}
+			if nf := norm.NFKC.String(string(r)); len(nf) == 1 && nf[0]-'0' != byte(d) {
+				t.Errorf("%U: value %d, NFKC says %s", r, d, nf)
+			}
+		}
+	}
+	for _, rg := range unicode.Nd.R16 {
+		check(uint32(rg.Lo), uint32(rg.Hi), uint32(rg.Stride))
+	}
+	for _, rg := range unicode.Nd.R32 {
+		check(rg.Lo, rg.Hi, rg.Stride)
+	}
+	for _, r := range []rune{'a', '²', '①', 'Ⅻ', '½', '.', '٫'} {
+		if d, ok := digitValue(r); ok {
+			t.Errorf("%U read as digit %d", r, d)
+		}
+	}
+	t.Logf("%d decimal digits in %d scripts", n, n/10)
+}
+
 func FuzzNormalizers(f *testing.F) {
-	for _, s := range []string{"01712345678", "r.a.kib+x@gmail.com", "/api/v1/%78/", "ＡＤＭＩＮ", "\xff", "", "+", "@", "%", "/../.."} {
+	for _, s := range []string{
+		"01712345678", "r.a.kib+x@gmail.com", "/api/v1/%78/", "ＡＤＭＩＮ", "\xff", "", "+", "@", "%", "/../..",
+		"০১৭১২৩৪৫৬৭৮", "+৮৮০ ১৭১২-৩৪৫৬৭৮", "0171\u200b2345678",
+		"Rakib (x) <\"ra.kib\"(y)@(z)Exämple.COM.>", "\"a\\\"b\"@x.org", "rakib@xn--exmple-cua.com", "a((b)c@d.e", "<@r:a@b.c>",
+		"/p1%3F/../api/login", "/api;x/..;/login", "/login%2E", "/%C0%AF", "%252e%252e/x", "/a\\b", "user=r1&user=victim;x=1",
+	} {
 		f.Add(s)
 	}
 	norms := map[string]Normalizer{}
@@ -140,6 +212,49 @@ func FuzzNormalizers(f *testing.F) {
 			if len(out) > 4*maxValue {
 				t.Fatalf("%s: output of %d bytes", name, len(out))
 			}
+			if bad := keyShape(name, out); bad != "" {
+				t.Fatalf("%s: %q → %q: %s", name, s, out, bad)
+			}
 		}
 	})
+}
+
+// keyShape says what is wrong with a normalizer's output, if anything:
+// the invariants each kind of key keeps whatever the input.
+func keyShape(name, out string) string {
+	switch name {
+	case NormEmail, NormEmail + "+":
+		local, domain, _ := strings.Cut(out, "@")
+		switch {
+		case strings.Count(out, "@") != 1:
+			return "not one @"
+		case strings.ContainsFunc(out, invisible):
+			return "invisible character"
+		case !dotAtom(local):
+			return "local part is not a dot-atom"
+		case strings.ContainsFunc(domain, func(r rune) bool { return !('a' <= r && r <= 'z' || '0' <= r && r <= '9' || r == '-' || r == '.') }):
+			return "domain is not lower-case ASCII"
+		}
+	case NormPhone + "BD":
+		if !strings.HasPrefix(out, "+") || strings.Trim(out[1:], "0123456789") != "" {
+			return "not E.164"
+		}
+	case NormPath:
+		switch {
+		case !strings.HasPrefix(out, "/"):
+			return "no leading slash"
+		case strings.ContainsAny(out, "\\;"):
+			return "backslash or ;params left"
+		case strings.ContainsFunc(out, invisible):
+			return "invisible character"
+		case out != "/" && strings.HasSuffix(out, "/"):
+			return "trailing slash"
+		}
+		for seg := range strings.SplitSeq(out[1:], "/") {
+			if out != "/" && (seg == "" || seg == "." || seg == ".." || strings.HasSuffix(seg, ".") || strings.HasSuffix(seg, " ")) {
+				return "segment " + strconv.Quote(seg) + " left"
+			}
+		}
+	}
+	return ""
 }

@@ -151,3 +151,38 @@ func TestRepeatedValuesAreAmbiguous(t *testing.T) {
 		}
 	}
 }
+
+// Cookies as Express and PHP read them: the value percent-decoded ("+" a
+// space, for PHP), the name decoded, mangled and compared as PHP and
+// ASP.NET do. One identity is one key; a second spelling of the name is
+// ambiguous, and so is a spelling Caddy does not read.
+func TestCookieSpellings(t *testing.T) {
+	key := func(cookie string) (string, error) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("Cookie", cookie)
+		repl := caddy.NewReplacer()
+		if c, err := r.Cookie("session"); err == nil {
+			repl.Set("http.request.cookie.session", c.Value)
+		}
+		k, _ := NewKeyer("{http.request.cookie.session}", Options{})
+		return k.Key(r, repl, nil)
+	}
+	for _, c := range []string{"session=victim", "session=vic%74im", "session=%76%69%63%74%69%6D", `session="vi%63tim"`, "other=1; session=victim"} {
+		if k, err := key(c); k != "victim" || err != nil {
+			t.Errorf("%s: key %q, %v; want victim", c, k, err)
+		}
+	}
+	for c, want := range map[string]string{"session=a+b": "a b", "session=a%20b": "a b", "session=a%2Bb": "a b", "session=100%": "100%", "session=%C0%AF": "%C0%AF", "session=%2576": "%76"} {
+		if k, err := key(c); k != want || err != nil {
+			t.Errorf("%s: key %q, %v; want %q", c, k, err, want)
+		}
+	}
+	for _, c := range []string{"session=a; session=b", "sess%69on=victim; session=junk", "sess%69on=victim", "Session=victim", "SESSION=a; session=b"} {
+		if _, err := key(c); !errors.Is(err, ErrAmbiguous) {
+			t.Errorf("%s: %v, want ambiguous", c, err)
+		}
+	}
+	if _, err := key("sessions=a; xsession=b"); !errors.Is(err, ErrAbsent) {
+		t.Errorf("other cookies only: %v, want absent", err)
+	}
+}

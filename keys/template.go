@@ -1,7 +1,9 @@
 package keys
 
 import (
+	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -50,6 +52,9 @@ func ParseTemplate(s string) (Template, error) {
 			if name == "" {
 				return Template{}, fmt.Errorf("empty placeholder {} in key %q", s)
 			}
+			if err := checkBodyPlaceholder(name); err != nil {
+				return Template{}, err
+			}
 			flush()
 			t.parts = append(t.parts, part{text: name, placeholder: true})
 			i += end + 1
@@ -88,7 +93,7 @@ func (t Template) Placeholders() []string {
 // NeedsBody reports whether the template reads fields of the request body.
 func (t Template) NeedsBody() bool {
 	for _, p := range t.parts {
-		if p.placeholder && (strings.HasPrefix(p.text, BodyJSONPrefix) || strings.HasPrefix(p.text, BodyFormPrefix)) {
+		if _, _, ok := bodyPlaceholder(p.text); p.placeholder && ok {
 			return true
 		}
 	}
@@ -96,23 +101,22 @@ func (t Template) NeedsBody() bool {
 }
 
 // Expand returns the template with each placeholder replaced by its value
-// as it is (body fields read from body, which may be nil); values that are
-// missing, or body fields that cannot be read, are empty.
-func (t Template) Expand(repl *caddy.Replacer, body *Body) string {
+// as it is (body fields read from body, which may be nil when the template
+// does not read the body). A value that is absent is empty; one that the
+// request gives twice (ErrAmbiguous) or that cannot be read
+// (ErrUnreadable) is an error, so that a caller never takes it for absent.
+func (t Template) Expand(r *http.Request, repl *caddy.Replacer, body *Body) (string, error) {
 	var sb strings.Builder
 	for _, p := range t.parts {
-		switch {
-		case !p.placeholder:
+		if !p.placeholder {
 			sb.WriteString(p.text)
-		case strings.HasPrefix(p.text, BodyJSONPrefix) || strings.HasPrefix(p.text, BodyFormPrefix):
-			if body != nil {
-				v, _ := body.Field(p.text)
-				sb.WriteString(v)
-			}
-		default:
-			v, _ := repl.GetString(p.text)
-			sb.WriteString(v)
+			continue
 		}
+		v, err := lookup(r, repl, body, p.text)
+		if err != nil && !errors.Is(err, ErrAbsent) {
+			return "", fmt.Errorf("{%s}: %w", p.text, err)
+		}
+		sb.WriteString(v)
 	}
-	return sb.String()
+	return sb.String(), nil
 }

@@ -46,6 +46,14 @@ func (t *slots[S]) find(h uint64) (int, bool) {
 	}
 }
 
+// next is the index after i, wrapping around.
+func (t *slots[S]) next(i int) int {
+	if i++; i == len(t.e) {
+		return 0
+	}
+	return i
+}
+
 // get returns the state of h, or the zero state.
 func (t *slots[S]) get(h uint64) S {
 	if t.n > 0 {

@@ -5,11 +5,14 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
@@ -20,22 +23,19 @@ import (
 // is cleaned up, so nobody's usage is reset and nothing leaks.
 var tables = caddy.NewUsagePool()
 
-// Kinds of state. Zones whose algorithms share a kind of state share it
-// across reloads even if the algorithm name changes (token_bucket ⇄ gcra).
-const (
-	kindBucket  = "bucket"
-	kindLog     = "log"
-	kindWindow  = "window"
-	kindCounter = "counter"
-)
+// Zones whose algorithms share a kind of state (algorithms.KindOf) share
+// it across reloads even if the algorithm name changes (token_bucket ⇄
+// gcra).
 
-// Measured heap per tracked key (BENCHMARKS.md, rounded up), used to size
-// the default cap.
+// Heap per tracked key, used to size the default cap: a slot of the
+// hash table (key hash and state) at its lowest load of 1/2, and for the
+// sliding log its 80-byte header; the log's ring of events comes on top
+// (defaultMaxKeys). BENCHMARKS.md has the measured numbers.
 const (
 	bytesPerBucketKey  = 32
 	bytesPerWindowKey  = 48
 	bytesPerCounterKey = 64
-	bytesPerLogKey     = 104
+	bytesPerLogKey     = 112
 )
 
 // DefaultSweepInterval is how often idle keys are dropped when the handler
@@ -49,14 +49,18 @@ type Options struct {
 	Now func() int64
 	// SweepInterval is how often idle keys are dropped; 0 means one minute.
 	SweepInterval time.Duration
+	// Logger receives the (rate-limited) warnings of a table that had to
+	// evict a denying key; nil logs nothing.
+	Logger *zap.Logger
 }
 
 // Store is the memory backend of one handler instance. Its zones' state
 // lives in the package pool, shared with every other instance that names
 // the same zone.
 type Store struct {
-	now   func() int64
-	sweep time.Duration
+	now    func() int64
+	sweep  time.Duration
+	logger *zap.Logger
 
 	mu   sync.Mutex
 	held []held
@@ -68,29 +72,61 @@ type held struct {
 	release func(now int64)
 }
 
-type poolKey struct{ name, scope, kind string }
+type poolKey struct {
+	name, scope string
+	kind        algorithms.Kind
+}
+
+func init() {
+	caddy.RegisterModule(new(Store))
+}
+
+// CaddyModule returns the Caddy module information: the store a handler
+// uses when its "backend" is {"name": "memory"} or absent.
+func (*Store) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  backend.Namespace + ".memory",
+		New: func() caddy.Module { return New(Options{}) },
+	}
+}
+
+// UnmarshalCaddyfile reads `backend memory`, which takes no options: the
+// handler's sweep_interval and each zone's max_keys configure it.
+func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the module name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if d.NextBlock(0) {
+		return d.Errf("backend memory takes no options (sweep_interval and max_keys are set on the handler and the zones)")
+	}
+	return nil
+}
+
+// Configure takes the handler's clock, sweep interval and logger.
+func (s *Store) Configure(st backend.Setup) {
+	if st.Now != nil {
+		s.now = st.Now
+	}
+	if st.SweepInterval > 0 {
+		s.sweep = st.SweepInterval
+	}
+	if st.Logger != nil {
+		s.logger = st.Logger
+	}
+}
 
 // New returns a memory store.
 func New(opts Options) *Store {
-	s := &Store{now: opts.Now, sweep: opts.SweepInterval}
+	s := &Store{now: opts.Now, sweep: opts.SweepInterval, logger: opts.Logger}
 	if s.now == nil {
-		s.now = SystemNow
+		s.now = backend.SystemNow
 	}
 	if s.sweep <= 0 {
 		s.sweep = DefaultSweepInterval
 	}
 	return s
 }
-
-var (
-	clockBase = time.Now()
-	clockWall = clockBase.UnixNano()
-)
-
-// SystemNow returns the Unix time in nanoseconds from the monotonic clock:
-// cheaper than time.Now (one clock read, not two) and immune to wall-clock
-// steps while the process runs.
-func SystemNow() int64 { return clockWall + int64(time.Since(clockBase)) }
 
 // zoneOps is what Decide needs from a zone, whatever its kind of state.
 type zoneOps interface {
@@ -104,6 +140,9 @@ type zoneOps interface {
 	decideOne(h hkey, now, cost int64) algorithms.Result
 	// refund locks and gives back what granted took from the key.
 	refund(h hkey, now int64, granted algorithms.Result, cost int64)
+	// peers are the tables of the same limit with another kind of state,
+	// while a reload that changed the algorithm is under way.
+	peers() []peerLink
 }
 
 // Zone registers cfg and returns its handle.
@@ -116,32 +155,28 @@ func (s *Store) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
 		return nil, fmt.Errorf("max_keys must be at least 1, got %d", cfg.MaxKeys)
 	}
 	p := cfg.Policy
-	switch name {
-	case algorithms.NameTokenBucket:
-		return register[algorithms.Bucket](s, cfg, kindBucket, algorithms.NewTokenBucket(p))
-	case algorithms.NameGCRA:
-		return register[algorithms.Bucket](s, cfg, kindBucket, algorithms.NewGCRA(p))
-	case algorithms.NameLeakyBucket:
-		return register[algorithms.Bucket](s, cfg, kindBucket, algorithms.NewLeakyBucket(p))
-	case algorithms.NameSlidingWindow:
-		return register[*algorithms.Log](s, cfg, kindLog, algorithms.NewSlidingLog(p))
-	case algorithms.NameFixedWindow:
-		return register[algorithms.Window](s, cfg, kindWindow, algorithms.NewFixedWindow(p))
-	case algorithms.NameSlidingCounter:
-		return register[algorithms.Counter](s, cfg, kindCounter, algorithms.NewSlidingCounter(p))
+	switch kind := algorithms.KindOf(name); kind {
+	case algorithms.KindBucket:
+		return register(s, cfg, kind, algorithms.NewBucketAlgorithm(name, p))
+	case algorithms.KindLog:
+		return register(s, cfg, kind, algorithms.Algorithm[*algorithms.Log](algorithms.NewSlidingLog(p)))
+	case algorithms.KindWindow:
+		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Window](algorithms.NewFixedWindow(p)))
+	case algorithms.KindCounter:
+		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Counter](algorithms.NewSlidingCounter(p)))
 	}
 	return nil, fmt.Errorf("algorithm %s is not available in the memory backend", name)
 }
 
 // register binds cfg to its table, creating the table on first use.
-func register[S any](s *Store, cfg backend.ZoneConfig, kind string, alg algorithms.Algorithm[S]) (backend.Zone, error) {
+func register[S any](s *Store, cfg backend.ZoneConfig, kind algorithms.Kind, alg algorithms.Algorithm[S]) (backend.Zone, error) {
 	maxKeys := cfg.MaxKeys
 	if maxKeys == 0 {
-		maxKeys = defaultMaxKeys(kind, cfg.Policy)
+		maxKeys = defaultMaxKeys(kind, cfg.Policy, cfg.Cost)
 	}
 	key := poolKey{cfg.Name, cfg.Scope, kind}
 	v, loaded, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newTable[S](maxKeys, s.now), nil
+		return newTable[S](key, maxKeys, s.now), nil
 	})
 	if err != nil {
 		return nil, err
@@ -152,12 +187,13 @@ func register[S any](s *Store, cfg backend.ZoneConfig, kind string, alg algorith
 		_, _ = tables.Delete(key)
 		return nil, fmt.Errorf("zone %q: state of an unexpected type %T", cfg.Name, v)
 	}
-	reg := &registration[S]{alg: alg, maxKeys: maxKeys, sweep: s.sweep, owner: cfg.Owner}
+	reg := &registration[S]{alg: alg, maxKeys: maxKeys, sweep: s.sweep, owner: cfg.Owner, logger: s.logger}
 	if err := t.register(reg, s.now()); err != nil {
 		_, _ = tables.Delete(key)
 		return nil, err
 	}
 	if !loaded {
+		takeOver(t)
 		go t.run()
 	}
 	s.mu.Lock()
@@ -166,27 +202,25 @@ func register[S any](s *Store, cfg backend.ZoneConfig, kind string, alg algorith
 	return &zone[S]{name: cfg.Name, t: t}, nil
 }
 
-// Close releases this store's hold on its zones' tables; a table is dropped
-// when no running config uses it any more.
+// Close releases this store's hold on its zones' tables, undoing the rates
+// it put in force (a failed config leaves the running one's rates); a table
+// is dropped when no running config uses it any more.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	held := s.held
 	s.held = nil
 	s.mu.Unlock()
 	now := s.now()
-	for _, h := range held {
-		h.release(now)
-		if _, err := tables.Delete(h.key); err != nil {
-			return err
+	// Newest first, so that each table goes back through the confs in the
+	// order they were put in force; and all of them, whatever fails.
+	var errs []error
+	for i := len(held) - 1; i >= 0; i-- {
+		held[i].release(now)
+		if _, err := tables.Delete(held[i].key); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return nil
-}
-
-// Stats describes one zone's table.
-type Stats struct {
-	Keys      int64
-	Evictions uint64
+	return errors.Join(errs...)
 }
 
 type zone[S any] struct {
@@ -217,6 +251,8 @@ func (z *zone[S]) take(h hkey, now, cost int64) {
 	var zero S
 	z.t.insert(sh, h, alg.Take(zero, now, cost), now)
 }
+
+func (z *zone[S]) peers() []peerLink { return z.t.linked() }
 
 func (z *zone[S]) refund(h hkey, now int64, granted algorithms.Result, cost int64) {
 	sh := z.t.shard(h)
@@ -260,14 +296,34 @@ type located struct {
 	z     zoneOps
 	h     hkey
 	sh    *shardBase
-	cost  int64 // total cost of this (zone, key) in the request
-	alias int   // index of the first request with the same zone and key
+	cost  int64 // total cost of this (table, key) in the request
+	alias int32 // index in the list of the first entry of the same table and key
+	req   int32 // index of the request, or -1 - that index for a table of the
+	// request's limit with another kind of state (a peer)
+}
+
+// locate appends the entry of key h in z for request req, or adds its cost
+// to the entry of the same table and key: the same key of one limit twice
+// in one request is decided once, for the sum of the costs.
+func locate(loc []located, z zoneOps, h hkey, cost int64, req int32) []located {
+	l := located{z: z, h: h, sh: z.lock(h), cost: cost, alias: int32(len(loc)), req: req}
+	for j := range loc {
+		if int(loc[j].alias) == j && loc[j].sh == l.sh && loc[j].h == h {
+			l.alias = int32(j)
+			loc[j].cost += cost
+			break
+		}
+	}
+	return append(loc, l)
 }
 
 // Decide answers reqs all or nothing. The shards of every key involved are
 // locked together, in one global order so that concurrent requests over
 // overlapping zones cannot deadlock, and nothing is taken unless every
-// non-shadow request is allowed.
+// non-shadow request is allowed. A limit whose algorithm a reload is
+// changing to another kind of state has a table of each kind (peers.go):
+// its request is decided by all of them, and answered by its own table
+// unless another denies.
 func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
 	now := s.now()
 	if len(reqs) == 1 {
@@ -275,9 +331,11 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		if !ok {
 			return false, fmt.Errorf("zone %q was not registered with the memory backend", reqs[0].Zone.Name())
 		}
-		out[0] = z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0))
-		out[0].At = now
-		return out[0].Allowed || reqs[0].Shadow, nil
+		if len(z.peers()) == 0 {
+			out[0] = z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0))
+			out[0].At = now
+			return out[0].Allowed || reqs[0].Shadow, nil
+		}
 	}
 
 	var buf [8]located
@@ -290,18 +348,11 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		if !ok {
 			return false, fmt.Errorf("zone %q was not registered with the memory backend", r.Zone.Name())
 		}
-		h := z.hash(r.Key)
-		l := located{z: z, h: h, sh: z.lock(h), cost: max(r.Cost, 0), alias: i}
-		// The same key of the same zone twice in one request is decided
-		// once, for the sum of the costs.
-		for j := range loc {
-			if loc[j].alias == j && loc[j].z == z && loc[j].h == h {
-				l.alias = j
-				loc[j].cost += l.cost
-				break
-			}
+		h, cost := z.hash(r.Key), max(r.Cost, 0)
+		loc = locate(loc, z, h, cost, int32(i))
+		for _, p := range z.peers() {
+			loc = locate(loc, p.z, h, cost, -1-int32(i))
 		}
-		loc = append(loc, l)
 	}
 
 	var lockBuf [8]*shardBase
@@ -318,21 +369,31 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		}
 	}()
 
+	// Without peers each request has one entry, at its own index.
+	res := out[:len(reqs)]
+	if len(loc) > len(reqs) {
+		res = make([]algorithms.Result, len(loc))
+	}
 	allowed := true
 	for i := range loc {
 		l := &loc[i]
-		if l.alias != i {
+		if int(l.alias) != i {
 			continue
 		}
-		out[i] = l.z.decide(l.h, now, l.cost)
-		out[i].At = now
-		if !out[i].Allowed && !reqs[i].Shadow {
+		res[i] = l.z.decide(l.h, now, l.cost)
+		res[i].At = now
+		if !res[i].Allowed && !reqs[max(l.req, -1-l.req)].Shadow {
 			allowed = false
 		}
 	}
+	// A request's own entry comes before those of its peers.
+	peers := len(loc) > len(reqs)
 	for i := range loc {
-		if a := loc[i].alias; a != i {
-			out[i] = out[a]
+		switch l := &loc[i]; {
+		case l.req < 0:
+			out[-1-l.req] = stricter(out[-1-l.req], res[l.alias])
+		case peers || int(l.alias) != i:
+			out[l.req] = res[l.alias]
 		}
 	}
 	if !allowed {
@@ -340,11 +401,28 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 	}
 	for i := range loc {
 		l := &loc[i]
-		if l.alias == i && out[i].Allowed && l.cost > 0 {
+		if int(l.alias) == i && res[i].Allowed && l.cost > 0 {
 			l.z.take(l.h, now, l.cost)
 		}
 	}
 	return true, nil
+}
+
+// stricter is the answer to a request that its own table answered a and a
+// table of another kind of state of the same limit answered b: b if it
+// denies (and makes the client wait longer), else a with the room of both.
+func stricter(a, b algorithms.Result) algorithms.Result {
+	switch {
+	case b.Allowed && a.Allowed:
+		a.Remaining = min(a.Remaining, b.Remaining)
+		a.ResetAfter = max(a.ResetAfter, b.ResetAfter)
+		return a
+	case b.Allowed, a.RetryAfter == algorithms.Never:
+		return a
+	case a.Allowed, b.RetryAfter == algorithms.Never, b.RetryAfter > a.RetryAfter:
+		return b
+	}
+	return a
 }
 
 // Refund gives back the units reqs took. Each key is refunded under its own
@@ -378,32 +456,46 @@ func insertLock(locks []*shardBase, m *shardBase) []*shardBase {
 	return locks
 }
 
-// Interface guard.
-var _ backend.Store = (*Store)(nil)
+// Interface guards.
+var (
+	_ backend.Store         = (*Store)(nil)
+	_ backend.StatsReporter = (*Store)(nil)
+	_ backend.Configurable  = (*Store)(nil)
+	_ caddy.Module          = (*Store)(nil)
+	_ caddyfile.Unmarshaler = (*Store)(nil)
+)
 
-// ZoneScope names one limit's state.
-type ZoneScope struct{ Zone, Scope string }
-
-// AllStats returns the numbers of every table alive in this process, summed
-// by zone and scope (a limit whose algorithm changed kind of state has two
-// tables while a reload is under way).
-func AllStats() map[ZoneScope]Stats {
-	all := make(map[ZoneScope]Stats)
+// Stats returns the numbers of every memory table alive in this process,
+// not only this store's: the tables are shared by every handler and config
+// that names the same zones. They are summed by zone and scope (a limit
+// whose algorithm changed kind of state has two tables while a reload is
+// under way), in no particular order.
+func (s *Store) Stats() []backend.ZoneStats {
+	type id struct{ zone, scope string }
+	sums := make(map[id]*backend.ZoneStats)
+	var all []backend.ZoneStats
 	tables.Range(func(k, v any) bool {
 		st, ok := v.(interface {
 			Keys() int64
 			Evictions() uint64
+			DenyingEvictions() uint64
 		})
 		if !ok {
 			return true
 		}
 		pk := k.(poolKey)
-		id := ZoneScope{pk.name, pk.scope}
-		s := all[id]
-		s.Keys += st.Keys()
-		s.Evictions += st.Evictions()
-		all[id] = s
+		sum := sums[id{pk.name, pk.scope}]
+		if sum == nil {
+			sum = &backend.ZoneStats{Zone: pk.name, Scope: pk.scope}
+			sums[id{pk.name, pk.scope}] = sum
+		}
+		sum.Keys += st.Keys()
+		sum.Evictions += st.Evictions()
+		sum.DenyingEvictions += st.DenyingEvictions()
 		return true
 	})
+	for _, sum := range sums {
+		all = append(all, *sum)
+	}
 	return all
 }

@@ -1,0 +1,102 @@
+package sluice
+
+import (
+	"strings"
+	"sync/atomic"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// Placeholders that only another handler fills in: authentication sets
+// {http.auth.user.*}, and handlers such as vars set {http.vars.*}. When
+// that handler runs after rate_limit (the Caddyfile's default order puts
+// rate_limit before basic_auth), the value is empty for every request, and
+// all clients silently share one quota. A handler cannot see the route it
+// is in, so this is found at the first request that has the value empty,
+// and said once.
+const (
+	authPrefix = "http.auth."
+	varsPrefix = "http.vars."
+)
+
+// earlierWatch is one such placeholder of a handler, warned about at most
+// once however many limits read it.
+type earlierWatch struct {
+	name   string
+	warned atomic.Bool
+}
+
+// setEarlier reports whether placeholder name is set only by a handler
+// that must run before rate_limit. Caddy's server sets client_ip and
+// trusted_proxy itself, before any handler.
+func setEarlier(name string) bool {
+	switch name {
+	case varsPrefix + caddyhttp.ClientIPVarKey, varsPrefix + caddyhttp.TrustedProxyVarKey:
+		return false
+	}
+	return strings.HasPrefix(name, authPrefix) || strings.HasPrefix(name, varsPrefix)
+}
+
+// watchEarlier finds the placeholders of l's key and cost that another
+// handler must set first, sharing one watch per placeholder through seen.
+func (l *Limit) watchEarlier(seen map[string]*earlierWatch) {
+	watch := func(names []string) []*earlierWatch {
+		var ws []*earlierWatch
+		for _, name := range names {
+			if !setEarlier(name) {
+				continue
+			}
+			w := seen[name]
+			if w == nil {
+				w = &earlierWatch{name: name}
+				seen[name] = w
+			}
+			ws = append(ws, w)
+		}
+		return ws
+	}
+	l.keyEarlier = watch(l.keyer.Template().Placeholders())
+	if l.Cost != nil {
+		l.costEarlier = watch(l.Cost.tmpl.Placeholders())
+	}
+}
+
+// warnUnset logs, once per placeholder, that one of l's placeholders that
+// an earlier handler must set is empty. The key's are looked at only when
+// the key could not be built (keyMissing), so a working config pays
+// nothing for them.
+func (l *Limit) warnUnset(logger *zap.Logger, repl *caddy.Replacer, keyMissing bool) {
+	if keyMissing {
+		l.warnEmpty(logger, repl, l.keyEarlier, "key")
+	}
+	l.warnEmpty(logger, repl, l.costEarlier, "cost")
+}
+
+func (l *Limit) warnEmpty(logger *zap.Logger, repl *caddy.Replacer, ws []*earlierWatch, part string) {
+	for _, w := range ws {
+		if w.warned.Load() {
+			continue
+		}
+		if v, _ := repl.GetString(w.name); v != "" {
+			continue
+		}
+		if !w.warned.CompareAndSwap(false, true) {
+			continue
+		}
+		effect := "every request without it shares one quota (or is skipped or denied, as `missing` says)"
+		if part == "cost" {
+			effect = "the cost it should give is never read"
+		}
+		fix := "make the handler that sets it run before rate_limit: inside `route { … }` handlers run in the order they are written"
+		if strings.HasPrefix(w.name, authPrefix) {
+			fix = "authentication must run before rate_limit: add `order rate_limit after basic_auth` to the global options (or after the directive that authenticates), or write both inside `route { … }`, authentication first"
+		}
+		logger.Warn("a rate limit reads a placeholder that is empty when rate_limit runs: "+effect+". To fix it, "+fix,
+			zap.String("placeholder", "{"+w.name+"}"),
+			zap.String("in", part),
+			zap.String("zone", l.zone.name),
+			zap.String("scope", l.scope))
+	}
+}

@@ -1,0 +1,221 @@
+package integration
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// untilMidnightUTC waits out the end of the UTC day when it is less than
+// margin away, so that a test of day-long fixed windows runs inside one
+// window, and returns the seconds left in the day.
+func untilMidnightUTC(margin time.Duration) time.Duration {
+	now := time.Now().UTC()
+	left := now.Truncate(24 * time.Hour).Add(24 * time.Hour).Sub(now)
+	if left < margin {
+		time.Sleep(left + 100*time.Millisecond)
+		left = 24*time.Hour - 100*time.Millisecond
+	}
+	return left
+}
+
+// flood sends perKey requests of the given cost (header X-Cost) for each of
+// n keys (prefix + index, header X-Key), from workers goroutines over
+// kept-alive connections; every request must pass.
+func flood(t *testing.T, path, prefix string, n, perKey int, cost string, workers int) {
+	t.Helper()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}, Timeout: 10 * time.Second}
+	var next atomic.Int64
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(n) {
+					return
+				}
+				for j := 0; j < perKey; j++ {
+					req, _ := http.NewRequest("GET", httpBase+path, nil)
+					req.Header.Set("X-Key", fmt.Sprint(prefix, i))
+					req.Header.Set("X-Cost", cost)
+					resp, err := client.Do(req)
+					if err != nil {
+						failed.Store(err.Error())
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						failed.Store(fmt.Sprintf("%s %s%d #%d: status %d", path, prefix, i, j+1, resp.StatusCode))
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if msg := failed.Load(); msg != nil {
+		t.Fatal(msg)
+	}
+}
+
+// A client blocked by a zone stays blocked while 100 × max_keys junk keys
+// pour through it: eviction at the cap takes the keys with quota left, never
+// the one that is denying. For every algorithm, the leaky bucket both as a
+// meter and as a queue. Nine in ten keys of the table are spent, so that a
+// sample of keys is often all denying and eviction must look further.
+func TestEvictionNeverUnblocks(t *testing.T) {
+	const maxKeys = 1000
+	left := untilMidnightUTC(3 * time.Minute) // the day-long fixed windows
+	dayEnd := int(left / time.Second)
+	tests := []struct {
+		name, alg, rate string
+		cost            string // of the victim's and the spent keys' requests
+		admits          int    // requests the victim gets before 429
+		retry           [2]int // Retry-After bounds right after the victim is blocked
+	}{
+		{"sliding_window", "sliding_window", `"window": "1h", "max_events": 5`, "1", 5, [2]int{3599, 3600}},
+		{"sliding_window_counter", "sliding_window_counter", `"window": "24h", "max_events": 5`, "1", 5, [2]int{dayEnd - 2, dayEnd + 1}},
+		{"fixed_window", "fixed_window", `"window": "24h", "max_events": 5`, "1", 5, [2]int{dayEnd - 2, dayEnd + 1}},
+		{"token_bucket", "token_bucket", `"window": "1h", "max_events": 5`, "1", 5, [2]int{719, 720}},
+		{"gcra", "gcra", `"window": "1h", "max_events": 5`, "1", 5, [2]int{719, 720}},
+		{"leaky_bucket", "leaky_bucket", `"window": "1h", "max_events": 5`, "1", 5, [2]int{719, 720}},
+		// One slot every 12 minutes, waiting at most 12 minutes: the queue holds
+		// two units. Junk keys take one and still have room; the victim
+		// and the spent keys take both at once, so that nobody waits.
+		{"leaky_queue", "leaky_bucket", `"window": "1h", "max_events": 5, "max_delay": "12m", "cost": "{http.request.header.X-Cost}"`, "2", 1, [2]int{719, 720}},
+	}
+	zones := make([]string, len(tests))
+	for i, tt := range tests {
+		zones[i] = fmt.Sprintf(`"evict_%s": {"match": [{"path": ["/victim/%s", "/flood"]}], "key": "{http.request.header.X-Key}", "algorithm": %q, "max_keys": %d, %s}`,
+			tt.name, tt.name, tt.alg, maxKeys, tt.rate)
+	}
+	tester := newTester(t, jsonServer(`{"handler": "rate_limit", "rate_limits": {`+strings.Join(zones, ",")+`}}, `+okHandler, ""), "json")
+
+	for _, tt := range tests {
+		expectN(t, tester, tt.admits, http.StatusOK, "GET", "/victim/"+tt.name, "X-Key", "victim", "X-Cost", tt.cost)
+		expect429(t, tester, tt.retry[0], tt.retry[1], "GET", "/victim/"+tt.name, "X-Key", "victim", "X-Cost", "1")
+	}
+	began := time.Now()
+	for _, tt := range tests {
+		flood(t, "/victim/"+tt.name, "spent-", 9*maxKeys/10, tt.admits, tt.cost, 4)
+	}
+	flooded := time.Now()
+	flood(t, "/flood", "junk-", 100*maxKeys, 1, "1", 8)
+	took := int(time.Since(began)/time.Second) + 1
+	t.Logf("100,000 junk keys through %d zones in %v", len(tests), time.Since(flooded))
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			expect429(t, tester, tt.retry[0]-took-1, tt.retry[1], "GET", "/victim/"+tt.name, "X-Key", "victim", "X-Cost", "1")
+		})
+	}
+
+	metrics := adminRequest(t, "GET", "/metrics", "", "")
+	for _, tt := range tests {
+		zone := "evict_" + tt.name
+		if n := metricValue(metrics, "caddy_rate_limit_keys_total", zone); n > maxKeys {
+			t.Errorf("%s tracks %v keys, over max_keys %d", zone, n, maxKeys)
+		}
+		if n := metricValue(metrics, "caddy_rate_limit_evictions_total", zone); n < 90*maxKeys {
+			t.Errorf("%s: %v evictions counted for a flood of %d keys", zone, n, 100*maxKeys)
+		}
+		if n := metricValue(metrics, "caddy_rate_limit_denying_evictions_total", zone); n != 0 {
+			t.Errorf("%s: %v denying keys evicted; junk keys with quota left were there to take", zone, n)
+		}
+	}
+}
+
+// metricValue reads the value of name{scope="",zone=zone} from a /metrics
+// page; -1 when it is absent.
+func metricValue(page, name, zone string) float64 {
+	prefix := fmt.Sprintf(`%s{scope="",zone=%q} `, name, zone)
+	for _, line := range strings.Split(page, "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
+}
+
+// Twenty reloads that switch the algorithm under steady traffic: usage is
+// carried from each kind of state to the next, so one client gets the
+// limit of 100 in all, not 100 per reload.
+func TestReloadSwitchingAlgorithmKeepsUsage(t *testing.T) {
+	untilMidnightUTC(2 * time.Minute) // the day-long fixed windows
+	algs := []string{"sliding_window", "token_bucket", "sliding_window", "fixed_window", "gcra", "sliding_window_counter", "leaky_bucket", "fixed_window", "token_bucket", "sliding_window_counter"}
+	cfg := func(alg string) string {
+		return jsonServer(`{"handler": "rate_limit", "rate_limits": {
+			"reload_kinds": {"key": "static", "window": "24h", "max_events": 100, "algorithm": "`+alg+`"}
+		}}, `+okHandler, "")
+	}
+	newTester(t, cfg(algs[0]), "json")
+
+	var admitted, denied atomic.Int64
+	send := func(client *http.Client) {
+		resp, err := client.Get(httpBase + "/")
+		if err != nil {
+			return // a connection cut by the reload
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			admitted.Add(1)
+		case http.StatusTooManyRequests:
+			denied.Add(1)
+		}
+	}
+	// Two clients, one request each per 20 ms: the quota runs out over
+	// the reloads, so most of them translate a key that is part used.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := &http.Client{Timeout: 10 * time.Second}
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+					send(client)
+				}
+			}
+		}()
+	}
+	for i := 1; i <= 20; i++ {
+		time.Sleep(50 * time.Millisecond)
+		adminRequest(t, "POST", "/load", "application/json", cfg(algs[i%len(algs)]))
+		t.Logf("reload %d (%s): %d admitted so far", i, algs[i%len(algs)], admitted.Load())
+	}
+	close(stop)
+	wg.Wait()
+	during := admitted.Load()
+	client := &http.Client{Timeout: 10 * time.Second}
+	for i := 0; i < 150; i++ {
+		send(client)
+	}
+	t.Logf("%d admitted during 20 reloads, %d in all; %d denied", during, admitted.Load(), denied.Load())
+	// 100 per day: a bucket refills one unit per 864 s, so nothing comes
+	// back during the test.
+	if got := admitted.Load(); got > 100 {
+		t.Fatalf("%d requests admitted across 20 reloads that switch algorithm; the limit is 100", got)
+	}
+	if denied.Load() == 0 {
+		t.Fatal("no request was denied: the traffic did not reach the limit")
+	}
+}

@@ -1,0 +1,118 @@
+package keys
+
+import (
+	"errors"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// A query parameter is ambiguous when the raw query gives it more than
+// once, splitting on "&" and ";" and decoding names, or once where Go's
+// URL.Query (and so Caddy's placeholder) does not read it.
+func TestQueryAmbiguous(t *testing.T) {
+	for _, tt := range []struct {
+		raw       string
+		ambiguous bool
+	}{
+		{"user=a", false},
+		{"user=a&x=1", false},
+		{"x=1;y=2&user=a", false},
+		{"us%65r=a", false},
+		{"user=a%3Bb", false},
+		{"user=a+b&x=%zz", false},
+		{"", false},
+		{"x=1", false},
+		{"users=a&use=b&user%3Dx=1", false},
+		{"user=a&user=b", true},
+		{"user=r1&user=victim;x=1", true},
+		{"user=victim;x=1", true},
+		{"x=1;user=victim", true},
+		{"user=a;user=b", true},
+		{"us%65r=a&user=b", true},
+		{"us%65r=victim;x=1", true},
+		{"u%73er=a;b", true},
+		{"User=a&user=b", true},
+		{"USER=victim", true},
+		{"user=victim%zz", true},
+		{"us%zzer=a&user=b", false},
+		{"user=a&user", true},
+		{"user&x=1", false},
+		{"user=a&user=a", true},
+		{"+user=victim", true},
+		{"%20%20user=victim&user=a", true},
+		{"user+=a&user=b", false},
+		{"user[]=victim", true},
+		{"user[0]=victim", true},
+		{"USER%5B%5D=victim", true},
+		{"user[a][b]=victim&x=1", true},
+		{"users[]=a&x[user]=b&user=c", false},
+	} {
+		if got := queryAmbiguous(tt.raw, "user"); got != tt.ambiguous {
+			t.Errorf("?%s: ambiguous %v, want %v", tt.raw, got, tt.ambiguous)
+		}
+	}
+	// Names with spaces: "+" is a space, as Go reads it.
+	if queryAmbiguous("first+name=a", "first name") || !queryAmbiguous("first+name=a&first%20name=b", "first name") {
+		t.Error("a name with a space")
+	}
+}
+
+// Through a Keyer: a query parameter given in a ";" pair is never a key of
+// its own, and never the empty value that "missing skip" would skip.
+func TestKeyerQuerySemicolonPairs(t *testing.T) {
+	k, err := NewKeyer("{http.request.uri.query.user}", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"user=r1&user=victim;x=1", "user=victim;x=1", "USER=victim", "us%65r=r1&user=victim"} {
+		r := httptest.NewRequest("GET", "/?"+q, nil)
+		repl := caddy.NewReplacer()
+		repl.Set("http.request.uri.query.user", strings.Join(r.URL.Query()["user"], ","))
+		key, err := k.Key(r, repl, nil)
+		if !errors.Is(err, ErrAmbiguous) || !errors.Is(err, ErrMissing) || key != "" {
+			t.Errorf("?%s: key %q, error %v; want the shared key and ErrAmbiguous", q, key, err)
+		}
+	}
+	r := httptest.NewRequest("GET", "/?user=r1", nil)
+	repl := caddy.NewReplacer()
+	repl.Set("http.request.uri.query.user", "r1")
+	if key, err := k.Key(r, repl, nil); err != nil || key != "r1" {
+		t.Errorf("plain query: %q, %v", key, err)
+	}
+}
+
+// Whatever the query, a parameter Go reads twice is ambiguous, and adding
+// another copy of a parameter Go reads once (after "&" or ";", in any
+// case) makes it ambiguous.
+func FuzzQueryAmbiguous(f *testing.F) {
+	for _, s := range []string{"user=a", "user=r1&user=victim;x=1", "us%65r=a", "a=1;b", "user=%zz", "&&;;", "user"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		got := queryAmbiguous(raw, "user")
+		vals, _ := url.ParseQuery(raw)
+		if len(vals["user"]) > 1 && !got {
+			t.Fatalf("?%s: Go reads user %d times, not ambiguous", raw, len(vals["user"]))
+		}
+		if len(vals["user"]) == 1 && !got {
+			for _, more := range []string{"&user=x", ";user=x", "&USER=x", "&us%65r=x"} {
+				if !queryAmbiguous(raw+more, "user") {
+					t.Fatalf("?%s%s: not ambiguous", raw, more)
+				}
+			}
+		}
+	})
+}
+
+// Checking a query costs no allocation unless a name is encoded (Go's
+// URL.Query, used before, built a map of every parameter per request).
+func TestQueryAmbiguousAllocs(t *testing.T) {
+	raw := "user=ann&page=2&sort=asc&filter=a%20b;x=1"
+	if n := testing.AllocsPerRun(100, func() { queryAmbiguous(raw, "user") }); n != 0 {
+		t.Errorf("%v allocations per query", n)
+	}
+}

@@ -129,8 +129,8 @@ func TestAdversarialReloads(t *testing.T) {
 func TestAdversarialBounds(t *testing.T) {
 	client := standaloneClient(t)
 	tw := newTwinWith(t, client, false, t0,
-		zoneSpec{name: "counter", alg: algorithms.NameSlidingCounter, policy: algorithms.Policy{Limit: MaxSpan, Window: MaxSpan}},
-		zoneSpec{name: "window", alg: algorithms.NameFixedWindow, policy: algorithms.Policy{Limit: MaxSpan, Window: MaxSpan}},
+		zoneSpec{name: "counter", alg: algorithms.NameSlidingCounter, policy: algorithms.Policy{Limit: algorithms.MaxEvents, Window: MaxSpan}},
+		zoneSpec{name: "window", alg: algorithms.NameFixedWindow, policy: algorithms.Policy{Limit: algorithms.MaxEvents, Window: MaxSpan}},
 		zoneSpec{name: "bucket", alg: algorithms.NameTokenBucket, policy: algorithms.Policy{Limit: 3, Window: MaxSpan - MaxSpan%3, Burst: 3}},
 		zoneSpec{name: "queue", alg: algorithms.NameLeakyBucket, policy: algorithms.Policy{Limit: 1 << 20, Window: 1 << 40, MaxDelay: MaxSpan - 1<<20}},
 		zoneSpec{name: "log", alg: algorithms.NameSlidingWindow, policy: algorithms.Policy{Limit: 4_000_000_000, Window: MaxSpan}},

@@ -226,7 +226,9 @@ func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 		}
 		if of[i] < 0 {
 			of[i] = len(items)
-			items = append(items, item{key: key, conf: z.st.conf.Load(), cost: cost, shadow: r.Shadow, first: i})
+			conf := z.st.conf.Load()
+			z.st.use(conf)
+			items = append(items, item{key: key, conf: conf, cost: cost, shadow: r.Shadow, first: i})
 		}
 	}
 	return items, of, nil
@@ -438,7 +440,9 @@ func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []al
 			continue
 		}
 		idx = append(idx, len(items))
-		items = append(items, item{key: z.prefix + r.Key + "}", conf: z.st.conf.Load(), cost: min(r.Cost, maxCost), first: i})
+		conf := z.st.conf.Load()
+		z.st.use(conf)
+		items = append(items, item{key: z.prefix + r.Key + "}", conf: conf, cost: min(r.Cost, maxCost), first: i})
 		results = append(results, granted[i])
 	}
 	if len(items) == 0 {

@@ -65,12 +65,16 @@ type zoneState struct {
 	maxDebt int64 // bucket kinds: the largest debt a state can hold now
 
 	conf atomic.Pointer[zoneConf]
+	// seen is the newest generation a call has decided or refunded with:
+	// keys may have been written under it.
+	seen atomic.Int64
 }
 
 type registration struct {
 	alg    string
 	policy algorithms.Policy
 	owner  any
+	last   *zoneConf // the conf it last made current
 }
 
 type change struct {
@@ -89,6 +93,19 @@ type zoneConf struct {
 	lin    string
 	gen    string
 	hist   string
+
+	genN    int64
+	maxDebt int64 // the zone's maxDebt when this conf was made
+}
+
+// use notes that a call decides or refunds with c.
+func (z *zoneState) use(c *zoneConf) {
+	for {
+		seen := z.seen.Load()
+		if c.genN <= seen || z.seen.CompareAndSwap(seen, c.genN) {
+			return
+		}
+	}
 }
 
 func (z *zoneState) Destruct() error { return nil }
@@ -235,8 +252,28 @@ func (z *zoneState) unregister(r *registration, now int64) {
 	}
 	z.regs = slices.Delete(z.regs, i, i+1)
 	if i == len(z.regs) && len(z.regs) > 0 {
-		z.apply(z.regs[len(z.regs)-1], now)
+		if n := z.regs[len(z.regs)-1]; !z.restore(n) {
+			z.apply(n, now)
+		}
 	}
+}
+
+// restore makes n decide again with the conf it last made current, and
+// forgets the policy changes recorded since, when no call has used them:
+// then no key was written under the rates of the configs that came after
+// n (all gone, n being the newest left), and putting n's conf back is
+// exact, where rebasing there and back would round twice (and fold a
+// sliding window counter's previous window into the current one). The
+// memory store undoes a failed reload the same way. The caller holds z.mu.
+func (z *zoneState) restore(n *registration) bool {
+	d := n.last
+	if d == nil || z.seen.Load() > d.genN || int(d.genN) > len(z.changes) {
+		return false
+	}
+	z.changes = z.changes[:d.genN]
+	z.maxDebt = d.maxDebt
+	z.conf.Store(d)
+	return true
 }
 
 // apply makes r decide, recording a change of policy with its time. The
@@ -268,7 +305,10 @@ func (z *zoneState) apply(r *registration, now int64) {
 	if cur != nil && cur.policy != r.policy {
 		z.changes = append(z.changes, change{at: now, gen: len(z.changes) + 1, param: next.param})
 	}
+	next.genN = int64(len(z.changes))
 	next.gen = strconv.Itoa(len(z.changes))
+	next.maxDebt = z.maxDebt
+	r.last = next
 	var h strings.Builder
 	for _, c := range z.changes[max(len(z.changes)-historyLen, 0):] {
 		if h.Len() > 0 {

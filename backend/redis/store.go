@@ -188,7 +188,6 @@ type item struct {
 	conf   *zoneConf
 	cost   int64
 	shadow bool
-	first  int   // index of the request it answers
 	logged int64 // when a sliding log logged the event (a clock that stepped back logs it later)
 	// For an undo: the value before the decision, its expiry, and the
 	// value the decision wrote.
@@ -228,7 +227,7 @@ func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 			of[i] = len(items)
 			conf := z.st.conf.Load()
 			z.st.use(conf)
-			items = append(items, item{key: key, conf: conf, cost: cost, shadow: r.Shadow, first: i})
+			items = append(items, item{key: key, conf: conf, cost: cost, shadow: r.Shadow})
 		}
 	}
 	return items, of, nil
@@ -442,7 +441,7 @@ func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []al
 		idx = append(idx, len(items))
 		conf := z.st.conf.Load()
 		z.st.use(conf)
-		items = append(items, item{key: z.prefix + r.Key + "}", conf: conf, cost: min(r.Cost, maxCost), first: i})
+		items = append(items, item{key: z.prefix + r.Key + "}", conf: conf, cost: min(r.Cost, maxCost)})
 		results = append(results, granted[i])
 	}
 	if len(items) == 0 {

@@ -83,6 +83,13 @@ func freePort() (int, error) {
 // startServer runs redis-server on a free port with args added; it retries
 // when another process took the port first.
 func startServer(args ...string) (string, error) {
+	return startProcess(nil, args...)
+}
+
+// startProcess runs redis-server on a free port; conf, when given, makes
+// its configuration file (written in the server's directory) from the
+// port, and the server runs from that file first.
+func startProcess(conf func(port int) string, args ...string) (string, error) {
 	var last error
 	for range 5 {
 		port, err := freePort()
@@ -94,7 +101,16 @@ func startServer(args ...string) (string, error) {
 			return "", err
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
-		a := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir}, args...)
+		a := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir}, args...)
+		if conf != nil {
+			file := filepath.Join(dir, "redis.conf")
+			if err := os.WriteFile(file, []byte(conf(port)), 0o600); err != nil {
+				return "", err
+			}
+			a = append([]string{file}, a...)
+		} else {
+			a = append(a, "--save", "", "--appendonly", "no")
+		}
 		cmd := exec.Command("redis-server", a...)
 		log, _ := os.Create(filepath.Join(dir, "log"))
 		cmd.Stdout, cmd.Stderr = log, log
@@ -105,7 +121,7 @@ func startServer(args ...string) (string, error) {
 		serversMu.Lock()
 		servers = append(servers, cmd)
 		serversMu.Unlock()
-		if last = waitPing(addr, 5*time.Second); last == nil {
+		if last = waitPing(addr, args, 5*time.Second); last == nil {
 			return addr, nil
 		}
 		_ = cmd.Process.Kill()
@@ -115,8 +131,14 @@ func startServer(args ...string) (string, error) {
 	return "", last
 }
 
-func waitPing(addr string, within time.Duration) error {
-	c := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1})
+func waitPing(addr string, args []string, within time.Duration) error {
+	o := &goredis.Options{Addr: addr, MaxRetries: -1}
+	for i := range args {
+		if args[i] == "--requirepass" && i+1 < len(args) {
+			o.Password = args[i+1]
+		}
+	}
+	c := goredis.NewClient(o)
 	defer c.Close()
 	deadline := time.Now().Add(within)
 	for {

@@ -483,3 +483,59 @@ func TestEmptyRequestNeedsNoCall(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A server that wants a password: the store works through a client that
+// gives it, and a client that does not fails with an error, not a panic.
+func TestPassword(t *testing.T) {
+	needRedis(t)
+	addr, err := startServer("--requirepass", "s3cret-for-tests")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, pass := range []string{"s3cret-for-tests", "wrong"} {
+		c := goredis.NewClient(&goredis.Options{Addr: addr, Password: pass, ContextTimeoutEnabled: true})
+		s := newStore(t, c)
+		z := mustZone(t, s, "pw", algorithms.NameTokenBucket, policy(2, time.Minute))
+		ok, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1))
+		if pass == "wrong" {
+			if err == nil {
+				t.Fatal("a wrong password should fail")
+			}
+		} else if !ok || err != nil {
+			t.Fatalf("with the password: %v %v", ok, err)
+		}
+		c.Close()
+	}
+}
+
+// Sentinel: go-redis's failover client finds the master through a
+// sentinel, and the store decides there.
+func TestSentinel(t *testing.T) {
+	needRedis(t)
+	master, err := startServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := net.SplitHostPort(master)
+	sentinel, err := startProcess(func(p int) string {
+		return "sentinel monitor sluice-test " + host + " " + port + " 1\n" +
+			"sentinel down-after-milliseconds sluice-test 5000\n"
+	}, "--sentinel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := goredis.NewFailoverClient(&goredis.FailoverOptions{MasterName: "sluice-test", SentinelAddrs: []string{sentinel}, ContextTimeoutEnabled: true})
+	defer c.Close()
+	s := newStore(t, c)
+	z := mustZone(t, s, "sentinel", algorithms.NameSlidingWindow, policy(3, time.Minute))
+	got := hammer(t, s, 20, func() []backend.Request { return []backend.Request{{Zone: z, Key: "k", Cost: 1}} })
+	if got != 3 {
+		t.Fatalf("admitted %d through the sentinel's master, want 3", got)
+	}
+	direct := goredis.NewClient(&goredis.Options{Addr: master})
+	defer direct.Close()
+	if n, _ := direct.Exists(context.Background(), z.(*zone).prefix+"k}").Result(); n != 1 {
+		t.Fatal("the state is not on the master the sentinel names")
+	}
+}

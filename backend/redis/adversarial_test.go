@@ -248,3 +248,23 @@ func TestAdversarialLogGivenBackAtHead(t *testing.T) {
 	tw.clock++
 	tw.do(ask{0, "k", 1, false})
 }
+
+// An event taken back after another slot denied is newer than an event
+// that a clock stepping back logs after it: pruning must not stop at it.
+func TestAdversarialUndoneEventOutOfOrder(t *testing.T) {
+	client := standaloneClient(t)
+	tw := newTwinWith(t, client, true, t0,
+		zoneSpec{name: "log", alg: algorithms.NameSlidingWindow, policy: policy(100, 24*time.Hour)},
+		zoneSpec{name: "tight", alg: algorithms.NameTokenBucket, policy: policy(1, time.Hour)},
+	)
+	if slotOf(tw.cur.redZ[0].(*zone).prefix+"k}") == slotOf(tw.cur.redZ[1].(*zone).prefix+"x}") {
+		t.Fatal("the test needs keys in two slots")
+	}
+	tw.do(ask{0, "k", 1, false})
+	tw.clock += 1000
+	tw.do(ask{0, "k", 1, false}, ask{1, "x", 5, false}) // denied by the other slot: undone
+	tw.clock -= 500
+	tw.do(ask{0, "k", 1, false})
+	tw.clock += int64(24 * time.Hour)
+	tw.do(ask{0, "k", 1, false})
+}

@@ -484,11 +484,14 @@ local function libL()
 		return nil
 	end
 
-	-- logPrune drops (logically) the events with at + W <= now.
+	-- logPrune drops (logically) the events with at + W <= now, and the
+	-- events given back at the head: those may be out of time order (an
+	-- event given back is newer than events logged after it by a clock
+	-- that stepped back, which go by the newest event held).
 	local function logPrune(l, W)
 		while l.h < l.n do
 			local t, u = logEvent(l, l.h + 1)
-			if t + W > now then break end
+			if u > 0 and t + W > now then break end
 			l.sum = l.sum - u
 			l.h = l.h + 1
 		end

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -425,12 +427,21 @@ func describe(reqs []backend.Request) string {
 	return b.String()
 }
 
+// diffRuns is how many random runs a differential test makes: def, fewer
+// with -short, or SLUICE_DIFF_RUNS for a longer hunt.
+func diffRuns(def int) int {
+	if n, err := strconv.Atoi(os.Getenv("SLUICE_DIFF_RUNS")); err == nil && n > 0 {
+		return n
+	}
+	if testing.Short() {
+		return def / 8
+	}
+	return def
+}
+
 func TestDifferentialRandom(t *testing.T) {
 	client := standaloneClient(t)
-	runs, steps := 300, 150
-	if testing.Short() {
-		runs = 40
-	}
+	runs, steps := diffRuns(300), 150
 	for run := range runs {
 		tw := newTwin(t, prng{rand.New(rand.NewPCG(uint64(run), 7))}, client, run%4 == 3)
 		for range steps {
@@ -441,10 +452,7 @@ func TestDifferentialRandom(t *testing.T) {
 
 func TestDifferentialCluster(t *testing.T) {
 	client := clusterClient(t)
-	runs := 40
-	if testing.Short() {
-		runs = 10
-	}
+	runs := diffRuns(40)
 	for run := range runs {
 		tw := newTwin(t, prng{rand.New(rand.NewPCG(uint64(run), 11))}, client, false)
 		for range 100 {

@@ -178,7 +178,10 @@ func (tw *twin) policy(alg string) algorithms.Policy {
 // one config being provisioned.
 func (tw *twin) load(specs []zoneSpec) *config {
 	cfg := &config{
-		mem:   memory.New(memory.Options{Now: func() int64 { return tw.clock }}),
+		// The memory store's sweeper runs on real time and may drop an idle
+		// key whose events a later, longer window would count again; Redis
+		// keeps it until its expiry. A long hunt must not race with it.
+		mem:   memory.New(memory.Options{Now: func() int64 { return tw.clock }, SweepInterval: 24 * time.Hour}),
 		specs: specs,
 	}
 	red, err := New(tw.client, Options{KeyPrefix: tw.prefix, Timeout: 10 * time.Second, now: func() int64 { return tw.clock }, ttlExtra: 3_600_000, split: tw.split})

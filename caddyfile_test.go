@@ -88,6 +88,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"bad rate unit", "rate_limit {\n\tzone a {\n\t\trate 100/fortnight\n\t}\n}", "the duration after / must be positive", 4},
 		{"zero burst", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tburst 0\n\t}\n}", `burst must be a whole number ≥ 1, got "0"`, 5},
 		{"bad cost", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tcost lots\n\t}\n}", `cost must be a whole number or a placeholder, got "lots"`, 5},
+		{"cost of braces only", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tcost }{\n\t}\n}", `cost must be a whole number or a placeholder such as {http.request.header.X-Cost}, got "}{"`, 5},
+		{"cost of an unclosed placeholder", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tcost {http.request.header.X-C\n\t}\n}", `cost must be a whole number or a placeholder such as`, 5},
 		{"negative cost", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tcost -1\n\t}\n}", "must be at least 0", 5},
 		{"prefix out of range", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tipv4_prefix 33\n\t}\n}", "ipv4_prefix must be a whole number from 0 to 32", 5},
 		{"v6 prefix out of range", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tipv6_prefix 129\n\t}\n}", "ipv6_prefix must be a whole number from 0 to 128", 5},
@@ -176,5 +178,23 @@ func TestParseRate(t *testing.T) {
 		if _, _, err := ParseRate(bad); err == nil {
 			t.Errorf("ParseRate(%q) accepted", bad)
 		}
+	}
+}
+
+func TestCaddyfileGlobalOptionErrors(t *testing.T) {
+	tests := []struct{ name, globals, want string }{
+		{"argument", "rate_limit foo {\n}", "wrong argument count"},
+		{"unknown option", "rate_limit {\n\tjitter 0.5\n}", `unrecognized rate_limit global option "jitter"`},
+		{"backend twice", "rate_limit {\n\tbackend memory\n\tbackend memory\n}", "backend given twice"},
+		{"unknown backend", "rate_limit {\n\tbackend etcd\n}", "getting module named 'http.rate_limit.backends.etcd'"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := "{\n" + tt.globals + "\n}\n:8080 {\n\trespond ok\n}\n"
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one containing %q", err, tt.want)
+			}
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -35,6 +36,12 @@ func ParseCost(s string) (*Cost, error) {
 	t, err := keys.ParseTemplate(s)
 	if err != nil {
 		return nil, fmt.Errorf("cost: %v", err)
+	}
+	// Braces that make no placeholder ("{", "}{", "{{}}") would read as
+	// text: no request could ever have a cost.
+	names := t.Placeholders()
+	if len(names) == 0 || slices.ContainsFunc(names, func(n string) bool { return strings.ContainsAny(n, "{}") }) {
+		return nil, fmt.Errorf("cost must be a whole number or a placeholder such as {http.request.header.X-Cost}, got %q", s)
 	}
 	return &Cost{expr: s, tmpl: t}, nil
 }

@@ -46,6 +46,8 @@ func TestProvisionErrors(t *testing.T) {
 		{"cost above the queue", `"window": "1s", "max_events": 10, "algorithm": "leaky_bucket", "max_delay": "500ms", "cost": 7`, `zone "z": cost 7 can never pass: the limit holds at most 6 units (raise max_delay)`},
 		{"burst on fixed window", `"window": "1m", "max_events": 5, "algorithm": "fixed_window", "burst": 10`, `zone "z": burst does not apply to algorithm fixed_window`},
 		{"bad missing", `"window": "1m", "max_events": 5, "missing": "ignore"`, `zone "z": missing must be shared, skip or deny, got "ignore"`},
+		{"cost of nested braces", `"window": "1m", "max_events": 5, "cost": "{{}}"`, `cost must be a whole number or a placeholder`},
+		{"cost of an open brace", `"window": "1m", "max_events": 5, "cost": "{"`, `cost must be a whole number or a placeholder`},
 		{"unknown normalizer", `"window": "1m", "max_events": 5, "normalize": [{"name": "soundex"}]`, `zone "z": normalize[0]: unknown normalizer "soundex"`},
 		{"phone without region", `"window": "1m", "max_events": 5, "normalize": [{"name": "phone"}]`, `zone "z": normalize[0]: normalizer phone needs a default region`},
 		{"hash secret unset", `"window": "1m", "max_events": 5, "hash": "{env.SLUICE_TEST_NO_SUCH_VAR}"`, `zone "z": hash: the secret "{env.SLUICE_TEST_NO_SUCH_VAR}" is empty`},

@@ -194,3 +194,35 @@ func tableStats(z backend.Zone) interface {
 	}
 	panic(fmt.Sprintf("zone of type %T", z))
 }
+
+// A shard that is busy when a new key needs room may hold the keys with
+// room: the search cannot tell that nothing else is left, so no denying key
+// is evicted; the table goes over its cap by the new key until the next
+// insert finds room.
+func TestEvictionSkipsDenyingWhileShardBusy(t *testing.T) {
+	const maxKeys = 10_000
+	c := newFakeClock()
+	s := newStore(t, c)
+	z := testZone(t, s, algorithms.NameGCRA, algorithms.Policy{Limit: 2, Window: 3600 * sec}, maxKeys)
+	tbl := z.(*zone[algorithms.Bucket]).t
+	shardOf := func(key string) uint64 { return tbl.hash(key) & tbl.mask }
+	room := "room"
+	for i := 0; shardOf(room) == shardOf("new") || shardOf(room) == shardOf("newer"); i++ {
+		room = fmt.Sprint("room", i)
+	}
+	spend(t, s, z, room, []int64{1})
+	for i := 0; i < maxKeys-1; i++ {
+		spend(t, s, z, fmt.Sprint("spent", i), []int64{2})
+	}
+	busy := tbl.shard(tbl.hash(room))
+	busy.mu.Lock() // another request deciding a key of that shard
+	spend(t, s, z, "new", []int64{1})
+	busy.mu.Unlock()
+	if d, n := tbl.DenyingEvictions(), tbl.Keys(); d != 0 || n != maxKeys+1 {
+		t.Fatalf("%d denying keys evicted, %d keys; want 0 and %d", d, n, maxKeys+1)
+	}
+	spend(t, s, z, "newer", []int64{1})
+	if d, n := tbl.DenyingEvictions(), tbl.Keys(); d != 0 || n != maxKeys {
+		t.Fatalf("%d denying keys evicted, %d keys; want 0 and %d", d, n, maxKeys)
+	}
+}

@@ -354,36 +354,43 @@ func (t *table[S]) trim() {
 // the sample is denying) any key with room in sh or in another shard. A key
 // that is denying, whose next request would be refused, would get a fresh
 // quota from its eviction: one is evicted only when no other key is left,
-// and that is counted and logged. It reports false when it found nothing
-// to evict (sh is empty and every other shard is busy). The caller holds
-// sh.mu.
+// and that is counted and logged: not while another shard, which may hold
+// keys with room, is busy. It reports false when it evicted nothing. The
+// caller holds sh.mu.
 func (t *table[S]) evictOne(sh *shard[S], alg algorithms.Algorithm[S], now int64) bool {
 	room, nearest := sh.spare(alg, now)
 	if room >= 0 {
 		t.drop(sh, alg, room, now, false)
 		return true
 	}
-	if t.evictElsewhere(sh, now, false) {
+	if found, complete := t.evictElsewhere(sh, now, false); found {
 		return true
+	} else if !complete {
+		// A shard that was busy may hold keys with room: going over the
+		// cap by a key until the next insert finds room costs less than a
+		// fresh quota for a client being denied.
+		return false
 	}
 	if nearest >= 0 {
 		t.drop(sh, alg, nearest, now, true)
 		return true
 	}
-	return t.evictElsewhere(sh, now, true)
+	found, _ := t.evictElsewhere(sh, now, true)
+	return found
 }
 
 // evictElsewhere evicts a key of a shard other than sh: one with room, or
 // when denying is set and a shard has none, its key nearest to idle. Shards are tried from a random one, and busy ones skipped, never
 // waited for, so that two requests making room cannot deadlock. A search
 // for room that saw every shard and found none is not repeated for a
-// fullSweepGap, unless a key with room is inserted meanwhile. The caller
-// holds sh.mu.
-func (t *table[S]) evictElsewhere(sh *shard[S], now int64, denying bool) bool {
+// fullSweepGap, unless a key with room is inserted meanwhile. complete
+// reports whether nothing was evicted because no shard has a key to give
+// (rather than because some were busy). The caller holds sh.mu.
+func (t *table[S]) evictElsewhere(sh *shard[S], now int64, denying bool) (found, complete bool) {
 	if at := t.allDenied.Load(); !denying && at != 0 && now-at < fullSweepGap {
-		return false
+		return false, true
 	}
-	complete := true
+	complete = true
 	start := int(sh.rng & t.mask)
 	for k := range t.shards {
 		o := &t.shards[(start+k)&int(t.mask)]
@@ -405,13 +412,13 @@ func (t *table[S]) evictElsewhere(sh *shard[S], now int64, denying bool) bool {
 		}
 		o.mu.Unlock()
 		if i >= 0 {
-			return true
+			return true, true
 		}
 	}
 	if !denying && complete {
 		t.allDenied.Store(now)
 	}
-	return false
+	return false, complete
 }
 
 // drop evicts the key at i of sh. The caller holds sh.mu.

@@ -26,12 +26,75 @@ func init() {
 	// basic_auth, as mholt/caddy-ratelimit does, so floods are refused
 	// before any password is checked.
 	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+	httpcaddyfile.RegisterGlobalOption("rate_limit", parseGlobalOption)
 }
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	var handler Handler
-	err := handler.UnmarshalCaddyfile(h.Dispenser)
-	return &handler, err
+	if err := handler.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return nil, err
+	}
+	// A handler without a backend of its own uses the file's default.
+	if g, ok := h.Option("rate_limit").(globalOptions); ok && len(handler.BackendRaw) == 0 {
+		handler.BackendRaw = g.backend
+	}
+	return &handler, nil
+}
+
+// globalOptions are the `rate_limit` global options of a Caddyfile.
+type globalOptions struct {
+	backend json.RawMessage
+}
+
+// parseGlobalOption reads the global options block
+//
+//	{
+//	    rate_limit {
+//	        backend <name> [{ <options of that backend> }]
+//	    }
+//	}
+//
+// whose backend is the default of every rate_limit handler of the file
+// that does not name one, so that a fleet's Redis is written once.
+func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
+	if existing != nil {
+		return nil, d.Err("rate_limit global options given twice")
+	}
+	var g globalOptions
+	d.Next() // the option name
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch opt := d.Val(); opt {
+		case "backend":
+			if g.backend != nil {
+				return nil, d.Errf("backend given twice")
+			}
+			raw, err := unmarshalBackend(d)
+			if err != nil {
+				return nil, err
+			}
+			g.backend = raw
+		default:
+			return nil, d.Errf("unrecognized rate_limit global option %q (want backend)", opt)
+		}
+	}
+	return g, nil
+}
+
+// unmarshalBackend reads `backend <name> [{ … }]` with the backend
+// module's own Caddyfile syntax.
+func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
+	if !d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	name := d.Val()
+	unm, err := caddyfile.UnmarshalModule(d, backend.Namespace+"."+name)
+	if err != nil {
+		return nil, err
+	}
+	return caddyconfig.JSONModuleObject(unm, "name", name, nil), nil
 }
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
@@ -162,15 +225,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.DisableMetrics = true
 
 		case "backend":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			name := d.Val()
-			unm, err := caddyfile.UnmarshalModule(d, backend.Namespace+"."+name)
+			raw, err := unmarshalBackend(d)
 			if err != nil {
 				return err
 			}
-			h.BackendRaw = caddyconfig.JSONModuleObject(unm, "name", name, nil)
+			h.BackendRaw = raw
 
 		case "distributed":
 			raw, err := unmarshalDistributed(d)

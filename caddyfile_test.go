@@ -178,3 +178,21 @@ func TestParseRate(t *testing.T) {
 		}
 	}
 }
+
+func TestCaddyfileGlobalOptionErrors(t *testing.T) {
+	tests := []struct{ name, globals, want string }{
+		{"argument", "rate_limit foo {\n}", "wrong argument count"},
+		{"unknown option", "rate_limit {\n\tjitter 0.5\n}", `unrecognized rate_limit global option "jitter"`},
+		{"backend twice", "rate_limit {\n\tbackend memory\n\tbackend memory\n}", "backend given twice"},
+		{"unknown backend", "rate_limit {\n\tbackend etcd\n}", "getting module named 'http.rate_limit.backends.etcd'"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := "{\n" + tt.globals + "\n}\n:8080 {\n\trespond ok\n}\n"
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}

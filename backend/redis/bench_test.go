@@ -1,0 +1,171 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+// Benchmarks against the local redis-server the tests start (loopback).
+// decisions/s is what the client saw; server_µs/call is the script's CPU
+// time in Redis (INFO commandstats), which bounds one Redis core at
+// 1e6/server_µs decisions per second.
+
+func commandStats(b *testing.B, c *goredis.Client) (calls, usec float64) {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, name := range []string{"evalsha", "eval"} {
+		m := regexp.MustCompile(`cmdstat_` + name + `:calls=(\d+),usec=(\d+)`).FindStringSubmatch(info)
+		if m != nil {
+			n, _ := strconv.ParseFloat(m[1], 64)
+			u, _ := strconv.ParseFloat(m[2], 64)
+			calls += n
+			usec += u
+		}
+	}
+	return calls, usec
+}
+
+func benchDecide(b *testing.B, alg string, p algorithms.Policy, keys int) {
+	c := standaloneClient(b)
+	s := newStore(b, c)
+	z := mustZone(b, s, "bench", alg, p)
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255)
+	}
+	ctx := context.Background()
+	// Warm up: the script is loaded and the keys exist.
+	for _, k := range names {
+		if _, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: k, Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	calls0, usec0 := commandStats(b, c)
+	var next atomic.Int64
+	b.SetParallelism(32) // 32 × GOMAXPROCS goroutines, as many requests in flight
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		out := make([]algorithms.Result, 1)
+		for pb.Next() {
+			k := names[int(next.Add(1))%len(names)]
+			if _, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: k, Cost: 1}}, out); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	elapsed := time.Since(start)
+	b.StopTimer()
+	calls1, usec1 := commandStats(b, c)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
+	if calls1 > calls0 {
+		b.ReportMetric((usec1-usec0)/(calls1-calls0), "server_µs/call")
+	}
+}
+
+func BenchmarkScript(b *testing.B) {
+	// Policies that allow every request and keep every key alive for the
+	// whole run (a key that expires within a millisecond costs Redis its
+	// creation and expiry on every decision, which real keys do not).
+	const days11 = 1_000_000 * time.Second
+	for _, alg := range algorithms.Names() {
+		var p algorithms.Policy
+		switch alg {
+		case algorithms.NameSlidingWindow:
+			p = policy(1000, time.Hour) // one key: its log fills, then it denies
+		case algorithms.NameFixedWindow, algorithms.NameSlidingCounter:
+			p = policy(1<<40, days11)
+		case algorithms.NameLeakyBucket:
+			p = policy(1_000_000, days11) // one unit per second
+			p.MaxDelay = int64(days11)
+		default:
+			p = policy(1_000_000, days11)
+		}
+		for _, keys := range []int{1, 10_000} {
+			b.Run(fmt.Sprintf("%s/keys=%d", alg, keys), func(b *testing.B) { benchDecide(b, alg, p, keys) })
+		}
+	}
+}
+
+// BenchmarkMemory reports Redis memory per tracked key (MEMORY USAGE, and
+// the growth of used_memory over 10,000 keys) and per sliding-log event.
+func BenchmarkMemory(b *testing.B) {
+	ctx := context.Background()
+	c := standaloneClient(b)
+	usedMemory := func() float64 {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		m := regexp.MustCompile(`used_memory:(\d+)`).FindStringSubmatch(info)
+		v, _ := strconv.ParseFloat(m[1], 64)
+		return v
+	}
+	const keys = 10_000
+	for _, alg := range []string{algorithms.NameTokenBucket, algorithms.NameFixedWindow, algorithms.NameSlidingCounter} {
+		b.Run("per_key/"+alg, func(b *testing.B) {
+			for range b.N {
+				s := newStore(b, c)
+				z := mustZone(b, s, "mem", alg, policy(100, time.Hour))
+				before := usedMemory()
+				for i := range keys {
+					k := fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255)
+					if _, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: k, Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				grown := usedMemory() - before
+				usage, err := c.MemoryUsage(ctx, z.(*zone).prefix+"10.0.0.1}").Result()
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64(usage), "MEMORY_USAGE_B/key")
+				b.ReportMetric(grown/keys, "used_memory_B/key")
+				b.ReportMetric(float64(len(z.(*zone).prefix+"10.0.0.1}")), "key_name_B")
+			}
+		})
+	}
+	for _, events := range []int{100, 1000} {
+		for _, wide := range []bool{false, true} {
+			b.Run(fmt.Sprintf("per_event/sliding_window/events=%d/costs=%v", events, wide), func(b *testing.B) {
+				for range b.N {
+					s := newStore(b, c)
+					z := mustZone(b, s, "log", algorithms.NameSlidingWindow, policy(1<<30, time.Hour))
+					key := z.(*zone).prefix + "k}"
+					cost := int64(1)
+					if wide {
+						cost = 2
+					}
+					var first int64
+					for i := range events {
+						if _, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: "k", Cost: cost}}, make([]algorithms.Result, 1)); err != nil {
+							b.Fatal(err)
+						}
+						if i == 0 {
+							first, _ = c.MemoryUsage(ctx, key).Result()
+						}
+					}
+					usage, err := c.MemoryUsage(ctx, key).Result()
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.ReportMetric(float64(usage), "MEMORY_USAGE_B")
+					b.ReportMetric(float64(usage-first)/float64(events-1), "B/event")
+				}
+			})
+		}
+	}
+}

@@ -1,0 +1,906 @@
+-- Sluice: decides (or refunds) every key of one request, all or nothing.
+-- The math is the Go package algorithms, line for line; docs/redis.md says
+-- why every number below is exact in Lua's doubles.
+--
+-- KEYS[i]   the state of one (zone, scope, key).
+-- ARGV[1]   "d" decide, "u" decide for an undo, "r" refund, "x" undo.
+-- ARGV[2,3] "" and "" to read the clock with TIME; tests pass seconds and
+--           nanoseconds instead so that Redis and the memory store see the
+--           same instants.
+-- ARGV[4]   milliseconds added to every expiry (0 in production; tests with
+--           an injected clock keep keys past their idle time, which is
+--           harmless: an idle state decides like a fresh one).
+-- Then F arguments per key, from ARGV[5 + (i-1)*F]:
+--   kind   b bucket (token bucket, GCRA, leaky meter), q leaky queue,
+--          w fixed window, c sliding window counter, l sliding log
+--   p1     the rate parameter: interval T (b, q) or window W (w, c, l), ns
+--   p2     burst (b), max_delay (q) or limit (w, c, l)
+--   cost   units, already summed over repeated keys and capped by the caller
+--   x1     decide: "1" for a shadow request; refund: the decision's time
+--   x2     refund: the decision's delay (q)
+--   lin    the lineage of the zone's policy history in the calling process
+--   gen    the generation of the calling process's current policy
+--   hist   the policy changes "at,gen,param;..." oldest first (may be "")
+--
+-- Reply (decide): now seconds, now nanoseconds, 1 if the request may
+-- proceed, then per key: allowed, limit, remaining, retry_after,
+-- reset_after, delay, and the time the event was logged at minus now (the
+-- sliding log; 0 for the others). Mode "u" adds per key the value before,
+-- its expiry in ms (PTTL) and the value written ("" when none). Refund and
+-- undo reply {}.
+
+local F = 9
+local E9 = 1000000000
+local E6 = 1000000
+local P52 = 4503599627370496
+local P53 = 9007199254740992
+-- A stored time more than FAR seconds from now is outside the exact range
+-- (2^53 ns is 104 days); every span is at most 52 days, so such a state is
+-- idle and reads as a fresh one.
+local FAR = 9000000
+
+local mode = ARGV[1]
+local NS, NN
+if ARGV[2] ~= '' then
+	NS = tonumber(ARGV[2])
+	NN = tonumber(ARGV[3])
+else
+	local t = redis.call('TIME')
+	NS = tonumber(t[1])
+	NN = tonumber(t[2]) * 1000
+end
+local EXTRA = tonumber(ARGV[4])
+-- Times are nanoseconds relative to the start of the current second, NS.
+local now = NN
+
+local floor = math.floor
+local max = math.max
+local sub = string.sub
+
+-- floordiv is floor(x/d) for integers 0 <= x <= 2^52, 1 <= d <= 2^52.
+local function floordiv(x, d)
+	local q = floor(x / d)
+	if q * d > x then
+		q = q - 1
+	elseif (q + 1) * d <= x then
+		q = q + 1
+	end
+	return q
+end
+
+-- px is the expiry, in ms, of a state idle at the time idle.
+local function px(idle)
+	local ms = floordiv(idle - now + E6 - 1, E6) + EXTRA
+	if ms < 1 then ms = 1 end
+	return ms
+end
+
+-- muldiv is floor(a*b/c) and the remainder, exactly, for integers
+-- 0 <= a, b <= 2^52 and 1 <= c <= 2^52, by binary long multiplication with
+-- the running quotient and remainder (r < c keeps 2r and r + b mod c below
+-- 2^53). A quotient above 2^52 saturates to P53 (remainder -1).
+-- The functions of each algorithm are made only when a call needs them:
+-- a script's functions are closures made anew on every call, and making
+-- all of them costs more than a whole decision.
+
+local Mlib
+local function libM()
+	if Mlib then return Mlib end
+	local function muldiv(a, b, c)
+		local p = a * b
+		if p < P52 then
+			local q = floordiv(p, c)
+			return q, p - q * c
+		end
+		if a > b then a, b = b, a end
+		local bq = floordiv(b, c)
+		local br = b - bq * c
+		local bit = 1
+		while bit * 2 <= a do bit = bit * 2 end
+		local q, r = 0, 0
+		while bit >= 1 do
+			q = q * 2
+			r = r * 2
+			if r >= c then r = r - c; q = q + 1 end
+			if a >= bit then
+				a = a - bit
+				q = q + bq
+				r = r + br
+				if r >= c then r = r - c; q = q + 1 end
+			end
+			if q > P52 then return P53, -1 end
+			bit = bit / 2
+		end
+		return q, r
+	end
+
+	local function muldivceil(a, b, c)
+		local q, r = muldiv(a, b, c)
+		if r > 0 then q = q + 1 end
+		return q
+	end
+
+	-- mulmod is a*b mod c for 0 <= a < 2^53, 0 <= b, c <= 2^52, c >= 1.
+	local function mulmod(a, b, c)
+		local p = a * b
+		if p < P52 then return p - floordiv(p, c) * c end
+		local br = b - floordiv(b, c) * c
+		local bit = 1
+		while bit * 2 <= a do bit = bit * 2 end
+		local r = 0
+		while bit >= 1 do
+			r = r * 2
+			if r >= c then r = r - c end
+			if a >= bit then
+				a = a - bit
+				r = r + br
+				if r >= c then r = r - c end
+			end
+			bit = bit / 2
+		end
+		return r
+	end
+
+	-- absmod is (the absolute time of t) mod w: epoch-aligned windows.
+	local basemod = {}
+	local function absmod(t, w)
+		local b = basemod[w]
+		if not b then
+			-- Whole seconds and divisors of a second need no long
+			-- multiplication: (NS·10^9) mod (k·10^9) = (NS mod k)·10^9.
+			if w % E9 == 0 then
+				b = (NS % (w / E9)) * E9
+			elseif E9 % w == 0 then
+				b = 0
+			else
+				b = mulmod(NS, E9, w)
+			end
+			basemod[w] = b
+		end
+		local x = b + t
+		local m = x - floor(x / w) * w
+		if m < 0 then m = m + w elseif m >= w then m = m - w end
+		return m
+	end
+
+	-- rel reads an absolute time (decimal nanoseconds); nil when it is more
+	Mlib = {muldiv = muldiv, muldivceil = muldivceil, absmod = absmod}
+	return Mlib
+end
+
+-- than FAR seconds from now.
+local function rel(s)
+	local n = #s
+	local sec, ns = 0, tonumber(s)
+	if n > 9 then
+		sec = tonumber(sub(s, 1, n - 9))
+		ns = tonumber(sub(s, n - 8))
+	end
+	local d = sec - NS
+	if d < -FAR or d > FAR then return nil end
+	return d * E9 + ns
+end
+
+-- abs writes t as absolute decimal nanoseconds.
+local function abs(t)
+	local sec = floor(t / E9)
+	local ns = t - sec * E9
+	if ns < 0 then
+		sec = sec - 1; ns = ns + E9
+	elseif ns >= E9 then
+		sec = sec + 1; ns = ns - E9
+	end
+	sec = NS + sec
+	if sec == 0 then return string.format('%d', ns) end
+	return string.format('%d%09d', sec, ns)
+end
+
+-- counted is the part the window algorithms share (algorithms.counted).
+-- Result: {allowed, limit, remaining, retry, reset, delay}; done.
+local function counted(limit, used, cost, reset)
+	local r = {0, limit, limit - used, 0, reset, 0}
+	if r[3] < 0 then r[3] = 0 end
+	if cost == 0 then
+		r[1] = 1
+		return r, true
+	elseif cost > limit then
+		r[4] = -1
+		return r, true
+	elseif used + cost <= limit then
+		r[1] = 1
+		r[3] = limit - used - cost
+		return r, true
+	end
+	return r, false
+end
+
+------------------------------------------------------------------------
+-- Bucket: {tat} (tat nil: a full bucket).
+
+local Blib
+local function libB()
+	if Blib then return Blib end
+	local function debt(s, t)
+		if s.tat and s.tat > t then return s.tat - t end
+		return 0
+	end
+
+	local function tokens(cap, T, d)
+		if d >= cap then return 0 end
+		return floordiv(cap - d, T)
+	end
+
+	local function bucketDecide(s, T, burst, cost)
+		local cap = burst * T
+		local d = debt(s, now)
+		if cost > burst then return {0, burst, tokens(cap, T, d), -1, d, 0} end
+		local nd = d + cost * T
+		if nd <= cap or cost == 0 then return {1, burst, tokens(cap, T, nd), 0, nd, 0} end
+		return {0, burst, tokens(cap, T, d), nd - cap, d, 0}
+	end
+
+	local function queued(maxDelay, T, d)
+		if d > maxDelay then return 0 end
+		return floordiv(maxDelay - d, T) + 1
+	end
+
+	local function queueDecide(s, T, maxDelay, cost)
+		local size = floordiv(maxDelay, T) + 1
+		local d = debt(s, now)
+		if cost == 0 then return {1, size, queued(maxDelay, T, d), 0, d, 0} end
+		if cost > size then return {0, size, queued(maxDelay, T, d), -1, d, 0} end
+		if d <= maxDelay then
+			local reset = d + cost * T
+			return {1, size, queued(maxDelay, T, reset), 0, reset, d}
+		end
+		return {0, size, 0, d - maxDelay, d, 0}
+	end
+
+	local function bucketTake(s, T, cost)
+		return {tat = now + debt(s, now) + cost * T}
+	end
+
+	local function bucketRefund(s, T, cost)
+		local d = debt(s, now) - cost * T
+		if d <= 0 then return {} end
+		return {tat = now + d}
+	end
+
+	local function queueRefund(s, T, cost, at, delay)
+		local slot = at + delay
+		if cost <= 0 or s.tat ~= slot + cost * T or slot < now then return s end
+		return {tat = slot}
+	end
+
+	local function bucketRebase(s, at, old, new)
+		if not s.tat or s.tat <= at or old == new then return s end
+		local d = libM().muldivceil(s.tat - at, new, old)
+		if d > P52 then d = P52 end
+		return {tat = at + d}
+	end
+
+	Blib = {decide = bucketDecide, qdecide = queueDecide, take = bucketTake, refund = bucketRefund, qrefund = queueRefund, rebase = bucketRebase}
+	return Blib
+end
+
+------------------------------------------------------------------------
+-- Fixed window: {start, count} (start nil: a fresh key).
+
+local Wlib
+local function libW()
+	if Wlib then return Wlib end
+	local absmod = libM().absmod
+	local function windowCurrent(s, W, t)
+		local start = t - absmod(t, W)
+		if s.start and start <= s.start then return s.start, s.count end
+		return start, 0
+	end
+
+	local function windowDecide(s, W, limit, cost)
+		local start, count = windowCurrent(s, W, now)
+		local stop = start + W - now
+		local reset = stop
+		if count == 0 and cost == 0 then reset = 0 end
+		local r, done = counted(limit, count, cost, reset)
+		if not done then r[4] = stop end
+		return r
+	end
+
+	local function windowTake(s, W, cost)
+		local start, count = windowCurrent(s, W, now)
+		return {start = start, count = count + cost}
+	end
+
+	local function windowRefund(s, W, cost, at)
+		local start, count = windowCurrent(s, W, now)
+		if start ~= s.start or at < start then return s end
+		count = count - cost
+		if count < 0 then count = 0 end
+		return {start = start, count = count}
+	end
+
+	local function windowRebase(s, at, old, new)
+		if old == new or not s.start or s.count == 0 then return s end
+		if s.start + old <= at then return {} end
+		return {start = at - absmod(at, new), count = s.count}
+	end
+
+	Wlib = {decide = windowDecide, take = windowTake, refund = windowRefund, rebase = windowRebase}
+	return Wlib
+end
+
+------------------------------------------------------------------------
+-- Sliding window counter: {start, prev, curr} (start nil: a fresh key).
+
+local Clib
+local function libC()
+	if Clib then return Clib end
+	local m = libM()
+	local muldiv, muldivceil, absmod = m.muldiv, m.muldivceil, m.absmod
+	local function roll(s, W, t)
+		local start = t - absmod(t, W)
+		if s.start and start <= s.start then
+			local e = t - s.start
+			if e < 0 then e = 0 end
+			return {start = s.start, prev = s.prev, curr = s.curr}, e
+		elseif s.start and start == s.start + W then
+			return {start = start, prev = s.curr, curr = 0}, t - start
+		end
+		return {start = start, prev = 0, curr = 0}, t - start
+	end
+
+	local function weighted(W, prev, e)
+		if prev == 0 then return 0 end
+		return (muldiv(prev, W - e, W))
+	end
+
+	local function counterReset(c, W)
+		if c.curr > 0 then return c.start + 2 * W - now end
+		if c.prev > 0 then return c.start + W - now end
+		return 0
+	end
+
+	local function firstFit(W, prev, k)
+		if prev == 0 then return 0 end
+		local m = muldivceil(k + 1, W, prev) - 1
+		if W - m > 0 then return W - m end
+		return 0
+	end
+
+	local function counterDecide(s, W, limit, cost)
+		local c, e = roll(s, W, now)
+		local est = weighted(W, c.prev, e) + c.curr
+		local r, done = counted(limit, est, cost, counterReset(c, W))
+		if not done then
+			local retry
+			local k = limit - c.curr - cost
+			if k >= 0 then
+				local f = firstFit(W, c.prev, k)
+				if f < W then
+					retry = f - e
+					if retry < 1 then retry = 1 end
+				end
+			end
+			if not retry then
+				retry = c.start + W + firstFit(W, c.curr, limit - cost) - now
+			end
+			r[4] = retry
+		elseif r[1] == 1 and cost > 0 then
+			r[5] = c.start + 2 * W - now
+		end
+		return r
+	end
+
+	local function counterTake(s, W, cost)
+		local c = roll(s, W, now)
+		c.curr = c.curr + cost
+		return c
+	end
+
+	local function counterRefund(s, W, cost, at)
+		local c = roll(s, W, now)
+		if at >= c.start then
+			c.curr = c.curr - cost
+			if c.curr < 0 then c.curr = 0 end
+		elseif at >= c.start - W then
+			c.prev = c.prev - cost
+			if c.prev < 0 then c.prev = 0 end
+		end
+		return c
+	end
+
+	local function counterRebase(s, at, old, new)
+		if old == new or not s.start then return s end
+		local c, e = roll(s, old, at)
+		local est = weighted(old, c.prev, e) + c.curr
+		if est == 0 then return {} end
+		return {start = at - absmod(at, new), prev = 0, curr = est}
+	end
+
+	Clib = {decide = counterDecide, take = counterTake, refund = counterRefund, rebase = counterRebase}
+	return Clib
+end
+
+------------------------------------------------------------------------
+-- Sliding log: one string. A header ('<ddBBI4I4', 26 bytes): the base
+-- second, the units the live events hold, 1 if events carry units, 1 if
+-- some events were given back, the number of events pruned (they stay in
+-- the string until it is compacted) and the number of events. Then the
+-- events, oldest first: the event's time in ns after the base second
+-- (double; an event given back is marked by writing -time-1) and, in a log
+-- with units, its units (uint32). A decision reads the header and the few
+-- events it needs in chunks (GETRANGE), logs an event with APPEND and
+-- rewrites the header in place (SETRANGE): O(1) for any length of log, the
+-- whole string being rewritten only when its pruned part outgrows the live
+-- part.
+
+local Llib
+local function libL()
+	if Llib then return Llib end
+	local HDR = 26
+	local CH = 32 -- events per read
+
+	-- logLoad reads key's header: nil when there is no log (or only one
+	-- so old that every event has left every window).
+	local function logLoad(key)
+		local hdr = redis.call('GETRANGE', key, 0, HDR - 1)
+		if #hdr < HDR then return nil end
+		local base, sum, wide, tombs, head, n = struct.unpack('<ddBBI4I4', hdr)
+		local d = base - NS
+		if d < -FAR or d > FAR then return nil end
+		local stride = 8
+		if wide == 1 then stride = 12 end
+		return {key = key, base = d * E9, sum = sum, wide = wide, tombs = tombs,
+			h = head, h0 = head, n = n, stride = stride, chunks = {}}
+	end
+
+	-- logEvent returns event i's time and units (0: given back).
+	local function logEvent(l, i)
+		local c = floor((i - 1) / CH)
+		local s = l.chunks[c]
+		if not s then
+			local from = HDR + c * CH * l.stride
+			s = redis.call('GETRANGE', l.key, from, from + CH * l.stride - 1)
+			l.chunks[c] = s
+		end
+		local pos = (i - 1 - c * CH) * l.stride + 1
+		local off = struct.unpack('<d', s, pos)
+		local u = 1
+		if l.wide == 1 then u = struct.unpack('<I4', s, pos + 8) end
+		if off < 0 then return l.base - off - 1, 0 end
+		return l.base + off, u
+	end
+
+	local function logHeader(l)
+		return struct.pack('<ddBBI4I4', NS + l.base / E9, l.sum, l.wide, l.tombs, l.h, l.n)
+	end
+
+	-- logNewest is the time of the newest event not given back, or nil.
+	local function logNewest(l)
+		for i = l.n, l.h + 1, -1 do
+			local t, u = logEvent(l, i)
+			if u > 0 then return t end
+		end
+		return nil
+	end
+
+	-- logPrune drops (logically) the events with at + W <= now, and the
+	-- events given back at the head: those may be out of time order (an
+	-- event given back is newer than events logged after it by a clock
+	-- that stepped back, which go by the newest event held).
+	local function logPrune(l, W)
+		while l.h < l.n do
+			local t, u = logEvent(l, l.h + 1)
+			if u > 0 and t + W > now then break end
+			l.sum = l.sum - u
+			l.h = l.h + 1
+		end
+	end
+
+	local function logDecide(l, W, limit, cost)
+		local count = 0
+		local reset = 0
+		if l.n then
+			logPrune(l, W)
+			count = l.sum
+			local t = logNewest(l)
+			if t and t + W > now then reset = t + W - now end
+		end
+		local r, done = counted(limit, count, cost, reset)
+		if done then
+			if r[1] == 1 and cost > 0 and r[5] < W then r[5] = W end
+			return r
+		end
+		local need = count + cost - limit
+		if l.wide == 0 and l.tombs == 0 then
+			r[4] = logEvent(l, l.h + need) + W - now
+			return r
+		end
+		local freed = 0
+		for i = l.h + 1, l.n do
+			local t, u = logEvent(l, i)
+			freed = freed + u
+			if freed >= need then
+				r[4] = t + W - now
+				break
+			end
+		end
+		return r
+	end
+
+	local function logPack(wide, off, u)
+		if wide == 1 then return struct.pack('<dI4', off, u) end
+		return struct.pack('<d', off)
+	end
+
+	-- logRewrite writes the live events of l and the event (t, u) as a new
+	-- string whose base is the second of its oldest event.
+	local function logRewrite(l, wide, t, u)
+		local parts = {}
+		local sum = 0
+		local base
+		if l.n then
+			for i = l.h + 1, l.n do
+				local at, units = logEvent(l, i)
+				if units > 0 then
+					if not base then base = floor(at / E9) * E9 end
+					sum = sum + units
+					parts[#parts + 1] = logPack(wide, at - base, units)
+				end
+			end
+		end
+		if not base then base = floor(t / E9) * E9 end
+		parts[#parts + 1] = logPack(wide, t - base, u)
+		local hdr = struct.pack('<ddBBI4I4', NS + base / E9, sum + u, wide, 0, 0, #parts)
+		redis.call('SET', l.key, hdr .. table.concat(parts))
+	end
+
+	-- logTake logs cost units at now (at the newest event's time if the
+	-- clock stepped back) and returns that time.
+	local function logTake(l, W, cost, key)
+		local t = now
+		if not l.n then
+			l = {key = key}
+		else
+			logPrune(l, W)
+			local newest = logNewest(l)
+			if newest and newest > t then t = newest end
+		end
+		local wide = l.wide or 0
+		if cost ~= 1 then wide = 1 end
+		local live = (l.n or 0) - (l.h or 0)
+		if l.n and wide == l.wide and t - l.base < P52 and live * l.stride <= 4096 then
+			-- A log of up to 4 KB is copied whole, without its pruned events: a
+			-- string appended to grows its allocation ahead of use.
+			local tail = redis.call('GETRANGE', key, HDR + l.h * l.stride, -1)
+			l.sum = l.sum + cost
+			l.n = live + 1
+			l.h = 0
+			redis.call('SET', key, logHeader(l) .. tail .. logPack(wide, t - l.base, cost))
+		elseif l.n and wide == l.wide and t - l.base < P52 and l.h * l.stride <= live * l.stride then
+			redis.call('APPEND', key, logPack(wide, t - l.base, cost))
+			l.sum = l.sum + cost
+			l.n = l.n + 1
+			redis.call('SETRANGE', key, 0, logHeader(l))
+		else
+			logRewrite(l, wide, t, cost)
+		end
+		redis.call('PEXPIRE', key, px(t + W))
+		return t
+	end
+
+	-- logKeep writes back what a decision pruned without taking: the memory
+	-- store's log drops those events, and a later, longer window must not
+	-- see them again.
+	local function logKeep(l, key)
+		if not l.n or l.h == l.h0 then return end
+		if not logNewest(l) then
+			redis.call('DEL', key)
+			return
+		end
+		redis.call('SETRANGE', key, 0, logHeader(l))
+	end
+
+	-- logRefund gives back the event the granted decision logged: cost
+	-- units at time at, searched from the newest; events of other
+	-- requests are never touched.
+	local function logRefund(l, cost, at, key, W)
+		if not l.n or cost <= 0 then return end
+		for i = l.n, l.h + 1, -1 do
+			local t, u = logEvent(l, i)
+			if u > 0 then
+				if t < at then return end
+				if t == at and u == cost then
+					redis.call('SETRANGE', key, HDR + (i - 1) * l.stride, struct.pack('<d', -(t - l.base) - 1))
+					l.sum = l.sum - cost
+					l.tombs = 1
+					l.chunks = {}
+					local newest = logNewest(l)
+					if not newest then
+						redis.call('DEL', key)
+						return
+					end
+					redis.call('SETRANGE', key, 0, logHeader(l))
+					redis.call('PEXPIRE', key, px(newest + W))
+					return
+				end
+			end
+		end
+	end
+
+	Llib = {load = logLoad, decide = logDecide, take = logTake, keep = logKeep, refund = logRefund}
+	return Llib
+end
+
+------------------------------------------------------------------------
+-- Loading, rebasing and storing the O(1) states.
+
+-- parse reads a stored value: the state, the rate parameter it was written
+-- under, and its lineage and generation.
+local function parse(kind, raw)
+	local f = {}
+	for x in string.gmatch(raw, '[^:]+') do f[#f + 1] = x end
+	local s, i
+	if kind == 'b' or kind == 'q' then
+		local tat = rel(f[1])
+		if not tat then return nil end
+		s = {tat = tat}
+		i = 2
+	elseif kind == 'w' then
+		local start = rel(f[1])
+		if not start then return nil end
+		s = {start = start, count = tonumber(f[2])}
+		i = 3
+	else
+		local start = rel(f[1])
+		if not start then return nil end
+		s = {start = start, prev = tonumber(f[2]), curr = tonumber(f[3])}
+		i = 4
+	end
+	return s, tonumber(f[i]), f[i + 1], tonumber(f[i + 2] or '0')
+end
+
+local hists = {}
+local function history(h)
+	local v = hists[h]
+	if v then return v end
+	v = {}
+	for at, gen, param in string.gmatch(h, '(%d+),(%d+),(%d+)') do
+		v[#v + 1] = {at = rel(at), gen = tonumber(gen), param = tonumber(param)}
+	end
+	hists[h] = v
+	return v
+end
+
+local function rebase(kind, s, at, old, new)
+	if kind == 'b' or kind == 'q' then return libB().rebase(s, at, old, new) end
+	if kind == 'w' then return libW().rebase(s, at, old, new) end
+	return libC().rebase(s, at, old, new)
+end
+
+-- load returns the key's state, rebased through the policy changes it has
+-- not seen, as the memory store's table does: each change at its own time,
+-- in order. A state written by a process with another history (another
+-- instance of the fleet, or before a restart) is rebased from its own rate
+-- to the current one now.
+local function load(kind, key, param, lin, gen, hist)
+	if kind == 'l' then
+		local l = libL().load(key)
+		return l or {}, l ~= nil
+	end
+	local raw = redis.call('GET', key)
+	if not raw then return {}, false end
+	local s, kp, kl, kg = parse(kind, raw)
+	if not s then return {}, true end
+	if kl == nil or kl == lin then
+		if hist ~= '' and kg < gen then
+			for _, sw in ipairs(history(hist)) do
+				if sw.gen > kg then
+					if not sw.at then
+						s = {}
+					else
+						s = rebase(kind, s, sw.at, kp, sw.param)
+					end
+					kp = sw.param
+				end
+			end
+		end
+	end
+	if kp ~= param then s = rebase(kind, s, now, kp, param) end
+	return s, true
+end
+
+-- store writes s with its expiry, or deletes the key when s is the zero
+-- state.
+local function store(kind, key, s, param, lin, gen, p1)
+	local v, idle
+	-- Numbers are written with %d: Lua's own conversion keeps only 14
+	-- significant digits.
+	local meta = string.format(':%d', param)
+	if gen > 0 then meta = meta .. string.format(':%s:%d', lin, gen) end
+	if kind == 'b' or kind == 'q' then
+		if s.tat then
+			idle = s.tat
+			v = abs(s.tat) .. meta
+		end
+	elseif kind == 'w' then
+		-- A window emptied by refunds is kept to its end: after a change
+		-- of window length its start may lie off the new grid, and the
+		-- algorithm keeps such a start (it ends the window).
+		if s.start then
+			idle = s.start + p1
+			v = abs(s.start) .. string.format(':%d', s.count) .. meta
+		end
+	elseif s.start then
+		if s.curr > 0 then
+			idle = s.start + 2 * p1
+		else
+			idle = s.start + p1
+		end
+		v = abs(s.start) .. string.format(':%d:%d', s.prev, s.curr) .. meta
+	end
+	-- A state that is idle just now is still kept for a millisecond: a
+	-- clock that steps back would see it in use again.
+	if not idle then
+		redis.call('DEL', key)
+		return
+	end
+	redis.call('SET', key, v, 'PX', px(idle))
+end
+
+------------------------------------------------------------------------
+
+local n = #KEYS
+local args = {}
+for i = 1, n do
+	local o = 4 + (i - 1) * F
+	local a = {
+		kind = ARGV[o + 1],
+		p1 = tonumber(ARGV[o + 2]),
+		p2 = tonumber(ARGV[o + 3]),
+		cost = tonumber(ARGV[o + 4]),
+		x1 = ARGV[o + 5],
+		x2 = ARGV[o + 6],
+		lin = ARGV[o + 7],
+		gen = tonumber(ARGV[o + 8]),
+		hist = ARGV[o + 9],
+	}
+	args[i] = a
+end
+
+-- refundOne gives back what a granted decision took from key i.
+local function refundOne(i)
+	local a, key = args[i], KEYS[i]
+	local s, exists = load(a.kind, key, a.p1, a.lin, a.gen, a.hist)
+	local at = rel(a.x1) or -P53
+	local k = a.kind
+	if k == 'l' then
+		libL().refund(s, a.cost, at, key, a.p1)
+	elseif exists then
+		local r
+		if k == 'b' then
+			r = libB().refund(s, a.p1, a.cost)
+		elseif k == 'q' then
+			r = libB().qrefund(s, a.p1, a.cost, at, tonumber(a.x2))
+		elseif k == 'w' then
+			r = libW().refund(s, a.p1, a.cost, at)
+		else
+			r = libC().refund(s, a.p1, a.cost, at)
+		end
+		-- Nothing to give back leaves the key as it is (a state idle now
+		-- is not idle for a clock that steps back).
+		if r ~= s then store(k, key, r, a.p1, a.lin, a.gen, a.p1) end
+	end
+end
+
+-- A refund gives back each key in turn (one key may be refunded twice in
+-- one request), so each state is read just before its refund.
+if mode == 'r' then
+	for i = 1, n do refundOne(i) end
+	return {}
+end
+
+-- An undo takes back a decision that other slots of the same request
+-- denied: a key nobody wrote since gets its value from before the decision
+-- back, exactly; any other key (and every sliding log, whose refund is
+-- exact) is refunded. After the F arguments of each key come three more
+-- per key: the value before, its expiry (ms), the value written.
+if mode == 'x' then
+	for i = 1, n do
+		local o = 4 + n * F + (i - 1) * 3
+		local old, ttl, new = ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 3]
+		if args[i].kind ~= 'l' and new ~= '' and redis.call('GET', KEYS[i]) == new then
+			if old == '' then
+				redis.call('DEL', KEYS[i])
+			elseif ttl == -1 then
+				redis.call('SET', KEYS[i], old) -- it had no expiry (not ours)
+			else
+				if ttl < 1 then ttl = 1 end
+				redis.call('SET', KEYS[i], old, 'PX', ttl)
+			end
+		else
+			refundOne(i)
+		end
+	end
+	return {}
+end
+
+-- Decide ('d'), or decide and reply what an undo needs ('u': the caller
+-- sends several slots' calls and may have to take this one back).
+local undo = mode == 'u'
+local states = {}
+local before = {}
+for i = 1, n do
+	local a = args[i]
+	states[i] = load(a.kind, KEYS[i], a.p1, a.lin, a.gen, a.hist)
+	-- (A log is given back by its refund, which is exact: no copy.)
+	if undo and a.kind ~= 'l' then
+		before[i] = {redis.call('GET', KEYS[i]) or '', redis.call('PTTL', KEYS[i])}
+	elseif undo then
+		before[i] = {'', 0}
+	end
+end
+
+local out = {NS, NN, 1}
+local results = {}
+local allowed = true
+for i = 1, n do
+	local a, s = args[i], states[i]
+	local k = a.kind
+	local r
+	if k == 'b' then
+		r = libB().decide(s, a.p1, a.p2, a.cost)
+	elseif k == 'q' then
+		r = libB().qdecide(s, a.p1, a.p2, a.cost)
+	elseif k == 'w' then
+		r = libW().decide(s, a.p1, a.p2, a.cost)
+	elseif k == 'c' then
+		r = libC().decide(s, a.p1, a.p2, a.cost)
+	else
+		r = libL().decide(s, a.p1, a.p2, a.cost)
+	end
+	results[i] = r
+	if r[1] == 0 and a.x1 ~= '1' then allowed = false end
+	for j = 1, 6 do out[3 + (i - 1) * 7 + j] = r[j] end
+	out[3 + i * 7] = 0
+end
+
+if not allowed then out[3] = 0 end
+
+for i = 1, n do
+	local a, s, key = args[i], states[i], KEYS[i]
+	if not allowed or results[i][1] == 0 or a.cost == 0 then
+		if a.kind == 'l' then libL().keep(s, key) end
+	elseif results[i][1] == 1 and a.cost > 0 then
+		local k = a.kind
+		if k == 'l' then
+			local t = libL().take(s, a.p1, a.cost, key)
+			-- A clock that stepped back logs the event at the newest time;
+			-- the caller needs that time to give the event back.
+			out[3 + i * 7] = t - now
+		else
+			if k == 'b' or k == 'q' then
+				s = libB().take(s, a.p1, a.cost)
+			elseif k == 'w' then
+				s = libW().take(s, a.p1, a.cost)
+			else
+				s = libC().take(s, a.p1, a.cost)
+			end
+			store(k, key, s, a.p1, a.lin, a.gen, a.p1)
+		end
+	end
+end
+if undo then
+	for i = 1, n do
+		local b = before[i]
+		local new = ''
+		if allowed and results[i][1] == 1 and args[i].cost > 0 and args[i].kind ~= 'l' then
+			new = redis.call('GET', KEYS[i]) or ''
+		end
+		local o = 3 + n * 7 + (i - 1) * 3
+		out[o + 1] = b[1]
+		out[o + 2] = b[2]
+		out[o + 3] = new
+	end
+end
+return out

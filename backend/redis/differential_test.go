@@ -1,0 +1,478 @@
+package redis
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/backend/memory"
+)
+
+// The differential test: the same requests, at the same instants, to the
+// memory store and to the Redis store must get the same answers, field by
+// field (allowed, limit, remaining, retry, reset, delay, time), through
+// costs, shadow requests, refunds and reloads that change policies.
+
+// chooser drives a sequence: a seeded PRNG, or a fuzzer's bytes.
+type chooser interface {
+	intn(n int) int
+}
+
+type prng struct{ r *rand.Rand }
+
+func (p prng) intn(n int) int { return p.r.IntN(n) }
+
+type fuzzBytes struct {
+	b []byte
+	r *rand.Rand // once the bytes are used up
+}
+
+func (f *fuzzBytes) intn(n int) int {
+	if len(f.b) >= 2 {
+		v := int(binary.LittleEndian.Uint16(f.b))
+		f.b = f.b[2:]
+		return v % n
+	}
+	return f.r.IntN(n)
+}
+
+// zoneSpec is one zone of a differential run; its algorithm family stays
+// fixed (a change of kind of state starts a fresh state in memory but
+// finds the old one in Redis), its policy changes with reloads.
+type zoneSpec struct {
+	name   string
+	scope  string
+	alg    string
+	policy algorithms.Policy
+}
+
+// config is one "loaded config": a memory store and a Redis store holding
+// the same zones.
+type config struct {
+	mem   *memory.Store
+	red   *Store
+	memZ  []backend.Zone
+	redZ  []backend.Zone
+	specs []zoneSpec
+}
+
+type twin struct {
+	t      testing.TB
+	c      chooser
+	clock  int64
+	client goredis.UniversalClient
+	prefix string
+	split  bool
+	// stepBack lets the clock step back a little. Such runs do not reload:
+	// a rate change rebases a debt that a stepped-back clock inflated, and
+	// a change to a much slower rate can scale that beyond the exact range
+	// (docs/redis.md).
+	stepBack bool
+	cur      *config
+	zones    []zoneSpec
+	// granted decisions that a later refund may give back
+	granted []grant
+	log     []string
+}
+
+type grant struct {
+	memReqs, redReqs []backend.Request
+	out              []algorithms.Result
+}
+
+var twinSeq int
+
+var tailLen = 15
+
+func newTwin(t testing.TB, c chooser, client goredis.UniversalClient, split bool) *twin {
+	twinSeq++
+	tw := &twin{t: t, c: c, client: client, prefix: uniquePrefix(t), split: split}
+	tw.stepBack = c.intn(3) == 0
+	// A realistic Unix time, not aligned to anything.
+	tw.clock = 1_764_460_000_000_000_000 + int64(c.intn(1<<30))*977
+	n := 1 + c.intn(4)
+	for i := range n {
+		fam := c.intn(4)
+		var alg string
+		switch fam {
+		case 0:
+			alg = algorithms.NameSlidingWindow
+		case 1:
+			alg = algorithms.NameFixedWindow
+		case 2:
+			alg = algorithms.NameSlidingCounter
+		default:
+			alg = tw.bucketAlg()
+		}
+		scope := ""
+		if c.intn(3) == 0 {
+			scope = "s"
+		}
+		spec := zoneSpec{name: fmt.Sprintf("diff%d-%d-z%d", twinSeq, i, i), scope: scope, alg: alg}
+		spec.policy = tw.policy(alg)
+		tw.zones = append(tw.zones, spec)
+	}
+	tw.cur = tw.load(tw.zones)
+	t.Cleanup(func() {
+		tw.cur.mem.Close()
+		tw.cur.red.Close()
+	})
+	return tw
+}
+
+func (tw *twin) bucketAlg() string {
+	return []string{algorithms.NameTokenBucket, algorithms.NameGCRA, algorithms.NameLeakyBucket, algorithms.NameLeakyBucket}[tw.c.intn(4)]
+}
+
+var windows = []int64{
+	int64(time.Millisecond), 7 * int64(time.Millisecond), 1_234_567_891, int64(time.Second),
+	int64(time.Minute), int64(time.Hour), 24 * int64(time.Hour), 30 * 24 * int64(time.Hour), 999,
+}
+
+// policy draws a policy both stores accept.
+func (tw *twin) policy(alg string) algorithms.Policy {
+	for {
+		p := algorithms.Policy{Window: windows[tw.c.intn(len(windows))]}
+		switch tw.c.intn(6) {
+		case 0:
+			p.Limit = 1
+		case 1:
+			p.Limit = int64(100 + tw.c.intn(1000))
+		case 2:
+			p.Limit = int64(1_000_000_000 + tw.c.intn(1000))
+		default:
+			p.Limit = int64(1 + tw.c.intn(10))
+		}
+		if tw.c.intn(5) == 0 {
+			p.Window += int64(tw.c.intn(1000))
+		}
+		if algorithms.UsesBurst(alg) && tw.c.intn(2) == 0 {
+			p.Burst = int64(1 + tw.c.intn(20))
+		}
+		if alg == algorithms.NameLeakyBucket && tw.c.intn(2) == 0 {
+			p.Burst = 0
+			p.MaxDelay = p.Interval() * int64(tw.c.intn(6))
+			if tw.c.intn(3) == 0 {
+				p.MaxDelay += int64(tw.c.intn(1000))
+			}
+		}
+		name, err := algorithms.Check(alg, p)
+		if err != nil || checkExact(name, p) != nil {
+			continue
+		}
+		return p
+	}
+}
+
+// load registers specs in a fresh memory store and a fresh Redis store:
+// one config being provisioned.
+func (tw *twin) load(specs []zoneSpec) *config {
+	cfg := &config{
+		mem:   memory.New(memory.Options{Now: func() int64 { return tw.clock }}),
+		specs: specs,
+	}
+	red, err := New(tw.client, Options{KeyPrefix: tw.prefix, Timeout: 10 * time.Second, now: func() int64 { return tw.clock }, ttlExtra: 3_600_000, split: tw.split})
+	if err != nil {
+		tw.t.Fatal(err)
+	}
+	cfg.red = red
+	owner := new(int)
+	for _, s := range specs {
+		zc := backend.ZoneConfig{Name: s.name, Scope: s.scope, Algorithm: s.alg, Policy: s.policy, Owner: owner}
+		// Redis first: when its exactness check refuses the zone, memory
+		// must not register it either, or the two histories would differ.
+		rz, err := cfg.red.Zone(zc)
+		if err != nil {
+			cfg.mem.Close()
+			cfg.red.Close()
+			return nil
+		}
+		mz, err := cfg.mem.Zone(zc)
+		if err != nil {
+			tw.t.Fatalf("memory zone %+v: %v", s, err)
+		}
+		cfg.memZ = append(cfg.memZ, mz)
+		cfg.redZ = append(cfg.redZ, rz)
+	}
+	return cfg
+}
+
+// newTwinWith is a twin over the given zones, for hand-written sequences.
+func newTwinWith(t testing.TB, client goredis.UniversalClient, split bool, clock int64, zones ...zoneSpec) *twin {
+	twinSeq++
+	tw := &twin{t: t, c: prng{rand.New(rand.NewPCG(1, 2))}, client: client, prefix: uniquePrefix(t), split: split, clock: clock}
+	for i := range zones {
+		zones[i].name = fmt.Sprintf("adv%d-%d-%s", twinSeq, i, zones[i].name)
+	}
+	tw.zones = zones
+	tw.cur = tw.load(zones)
+	if tw.cur == nil {
+		t.Fatalf("zones refused: %+v", zones)
+	}
+	t.Cleanup(func() {
+		tw.cur.mem.Close()
+		tw.cur.red.Close()
+	})
+	return tw
+}
+
+// ask is one request of a hand-written step: zone index, key, cost.
+type ask struct {
+	zone   int
+	key    string
+	cost   int64
+	shadow bool
+}
+
+// do decides asks in both stores and compares; it returns the memory
+// store's answer.
+func (tw *twin) do(asks ...ask) (bool, []algorithms.Result) {
+	tw.t.Helper()
+	var mr, rr []backend.Request
+	for _, a := range asks {
+		mr = append(mr, backend.Request{Zone: tw.cur.memZ[a.zone], Key: a.key, Cost: a.cost, Shadow: a.shadow})
+		rr = append(rr, backend.Request{Zone: tw.cur.redZ[a.zone], Key: a.key, Cost: a.cost, Shadow: a.shadow})
+	}
+	mo := make([]algorithms.Result, len(asks))
+	ro := make([]algorithms.Result, len(asks))
+	ma, merr := tw.cur.mem.Decide(context.Background(), mr, mo)
+	ra, rerr := tw.cur.red.Decide(context.Background(), rr, ro)
+	tw.log = append(tw.log, fmt.Sprintf("t=%d decide %s → %v %v", tw.clock, describe(mr), ma, mo))
+	if merr != nil || rerr != nil {
+		tw.fail("errors: memory %v, redis %v", merr, rerr)
+	}
+	if ma != ra {
+		tw.fail("allowed: memory %v, redis %v\nmemory %+v\nredis  %+v", ma, ra, mo, ro)
+	}
+	for i := range mo {
+		if mo[i] != ro[i] {
+			tw.fail("request %d: memory %+v\n            redis  %+v", i, mo[i], ro[i])
+		}
+	}
+	if ma {
+		tw.granted = append(tw.granted, grant{memReqs: mr, redReqs: rr, out: mo})
+	}
+	return ma, mo
+}
+
+// giveBackLast refunds the newest granted decision in both stores.
+func (tw *twin) giveBackLast() { tw.giveBack(len(tw.granted) - 1) }
+
+// giveBack refunds the i-th granted decision in both stores.
+func (tw *twin) giveBack(i int) {
+	tw.t.Helper()
+	g := tw.granted[i]
+	tw.granted = append(tw.granted[:i], tw.granted[i+1:]...)
+	tw.log = append(tw.log, fmt.Sprintf("t=%d refund %s granted %v", tw.clock, describe(g.memReqs), g.out))
+	if err := tw.cur.mem.Refund(context.Background(), g.memReqs, g.out); err != nil {
+		tw.fail("memory refund: %v", err)
+	}
+	if err := tw.cur.red.Refund(context.Background(), g.redReqs, g.out); err != nil {
+		tw.fail("redis refund: %v", err)
+	}
+}
+
+// reloadTo provisions specs as a new config and drops the old one; failed
+// drops the new one instead (a reload that failed and was undone).
+func (tw *twin) reloadTo(failed bool, specs ...zoneSpec) {
+	tw.t.Helper()
+	for i := range specs {
+		specs[i].name = tw.zones[i].name
+	}
+	next := tw.load(specs)
+	if next == nil {
+		tw.t.Fatalf("reload refused: %+v", specs)
+	}
+	tw.switchTo(next, specs, failed)
+}
+
+// switchTo finishes a reload: the old config is cleaned up, or for a
+// failed reload the new one.
+func (tw *twin) switchTo(next *config, specs []zoneSpec, failed bool) {
+	tw.log = append(tw.log, fmt.Sprintf("t=%d reload failed=%v %+v", tw.clock, failed, specs))
+	if failed {
+		next.mem.Close()
+		next.red.Close()
+		return
+	}
+	tw.cur.mem.Close()
+	tw.cur.red.Close()
+	tw.cur = next
+	tw.zones = specs
+	tw.granted = nil // their handles belong to the old config
+}
+
+var keyNames = []string{"a", "b", "10.0.0.1", "user{7}", "}x{"}
+
+func (tw *twin) costOf() int64 {
+	switch tw.c.intn(12) {
+	case 0:
+		return 0
+	case 1:
+		return int64(2 + tw.c.intn(5))
+	case 2:
+		return 1 << 60
+	case 3:
+		return int64(tw.c.intn(30))
+	}
+	return 1
+}
+
+func (tw *twin) advance() {
+	var step int64
+	z := tw.zones[tw.c.intn(len(tw.zones))].policy
+	switch tw.c.intn(10) {
+	case 0, 1:
+		step = 0
+	case 2:
+		step = 1
+	case 3:
+		step = z.Window
+	case 4:
+		step = z.Window - z.Window%3
+	case 5:
+		if tw.stepBack {
+			step = -int64(tw.c.intn(1000)) // the clock steps back a little
+		}
+	case 6:
+		step = int64(tw.c.intn(int(min(4*z.Window, 1<<40)) + 1))
+	default:
+		step = int64(tw.c.intn(int(min(z.Window/2, 1<<40)) + 1))
+	}
+	tw.clock += step
+}
+
+func (tw *twin) decide() {
+	asks := make([]ask, 1+tw.c.intn(3))
+	for i := range asks {
+		asks[i] = ask{zone: tw.c.intn(len(tw.zones)), key: keyNames[tw.c.intn(len(keyNames))], cost: tw.costOf(), shadow: tw.c.intn(8) == 0}
+	}
+	tw.do(asks...)
+	if len(tw.granted) > 8 {
+		tw.granted = tw.granted[1:]
+	}
+}
+
+func (tw *twin) refund() {
+	if len(tw.granted) > 0 {
+		tw.giveBack(tw.c.intn(len(tw.granted)))
+	}
+}
+
+// reload changes some zones' policies: the new config is provisioned, then
+// the old one (or, for a failed reload, the new one) is cleaned up.
+func (tw *twin) reload() {
+	specs := append([]zoneSpec(nil), tw.zones...)
+	for i := range specs {
+		if tw.c.intn(2) == 0 {
+			if algorithms.UsesBurst(specs[i].alg) {
+				specs[i].alg = tw.bucketAlg()
+			}
+			specs[i].policy = tw.policy(specs[i].alg)
+		}
+	}
+	next := tw.load(specs)
+	if next == nil {
+		return // refused by the Redis store's exactness check: no reload
+	}
+	tw.switchTo(next, specs, tw.c.intn(4) == 0)
+}
+
+func (tw *twin) step() {
+	switch tw.c.intn(20) {
+	case 0:
+		if !tw.stepBack {
+			tw.reload()
+		}
+	case 1, 2:
+		tw.refund()
+	case 3, 4, 5, 6, 7, 8:
+		tw.advance()
+	default:
+		tw.decide()
+	}
+}
+
+func (tw *twin) fail(format string, args ...any) {
+	tw.t.Helper()
+	tail := tw.log[max(len(tw.log)-tailLen, 0):]
+	if tailLen > 15 {
+		keys, _ := tw.client.Keys(context.Background(), tw.prefix+"*").Result()
+		for _, k := range keys {
+			v, _ := tw.client.Get(context.Background(), k).Result()
+			tail = append(tail, fmt.Sprintf("%s = %q", k, v))
+		}
+		for _, z := range tw.cur.redZ {
+			tail = append(tail, fmt.Sprintf("conf %s %+v", z.Name(), *z.(*zone).st.conf.Load()))
+		}
+	}
+	tw.t.Fatalf("zones %+v\n%s\n"+format, append([]any{tw.zones, strings.Join(tail, "\n")}, args...)...)
+}
+
+func describe(reqs []backend.Request) string {
+	var b strings.Builder
+	for _, r := range reqs {
+		fmt.Fprintf(&b, "[%s %q cost=%d shadow=%v]", r.Zone.Name(), r.Key, r.Cost, r.Shadow)
+	}
+	return b.String()
+}
+
+// diffRuns is how many random runs a differential test makes: def, fewer
+// with -short, or SLUICE_DIFF_RUNS for a longer hunt.
+func diffRuns(def int) int {
+	if n, err := strconv.Atoi(os.Getenv("SLUICE_DIFF_RUNS")); err == nil && n > 0 {
+		return n
+	}
+	if testing.Short() {
+		return def / 8
+	}
+	return def
+}
+
+func TestDifferentialRandom(t *testing.T) {
+	client := standaloneClient(t)
+	runs, steps := diffRuns(300), 150
+	for run := range runs {
+		tw := newTwin(t, prng{rand.New(rand.NewPCG(uint64(run), 7))}, client, run%4 == 3)
+		for range steps {
+			tw.step()
+		}
+	}
+}
+
+func TestDifferentialCluster(t *testing.T) {
+	client := clusterClient(t)
+	runs := diffRuns(40)
+	for run := range runs {
+		tw := newTwin(t, prng{rand.New(rand.NewPCG(uint64(run), 11))}, client, false)
+		for range 100 {
+			tw.step()
+		}
+	}
+}
+
+func FuzzDifferential(f *testing.F) {
+	f.Add([]byte{0, 0, 1, 0, 2, 0, 3, 0})
+	f.Add([]byte("adversarial: the clock stands still, costs above the limit"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		client := standaloneClient(t)
+		seed := uint64(len(data))
+		for _, b := range data {
+			seed = seed*131 + uint64(b)
+		}
+		tw := newTwin(t, &fuzzBytes{b: data, r: rand.New(rand.NewPCG(seed, 3))}, client, seed%2 == 0)
+		for range 60 {
+			tw.step()
+		}
+	})
+}

@@ -1,0 +1,539 @@
+// Package redis is the Redis Store: the state of every key lives in Redis,
+// shared by every Caddy instance that uses the same Redis, and each request
+// is decided by one Lua script call that runs the algorithms' math on the
+// Redis server's clock. docs/redis.md describes the key layout, the hash
+// tags and why the script's numbers are exact.
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math/bits"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+//go:embed decide.lua
+var scriptSource string
+
+// script is loaded into Redis on first use and run by its SHA1 (EVALSHA);
+// after NOSCRIPT (a restart, a failover, SCRIPT FLUSH) the full source is
+// sent once (EVAL), which caches it again.
+var script = goredis.NewScript(scriptSource)
+
+// DefaultTimeout bounds each call to Redis when Options.Timeout is zero.
+const DefaultTimeout = 100 * time.Millisecond
+
+// Options configures a Store.
+type Options struct {
+	// KeyPrefix starts every key the store writes; default "sluice:". A
+	// prefix holding a hash tag ("sluice{1}:") puts every key in one Redis
+	// Cluster slot.
+	KeyPrefix string
+	// Timeout bounds each Decide and Refund (all their calls to Redis);
+	// default 100ms.
+	Timeout time.Duration
+
+	// Tests only: now, when set, is the clock the script decides with
+	// (instead of the Redis server's TIME) and that policy changes are
+	// recorded with; ttlExtra is added to every expiry, in milliseconds, so
+	// that keys outlive real time while the injected clock stands still;
+	// split groups keys by hash slot even on a standalone server.
+	now      func() int64
+	ttlExtra int64
+	split    bool
+}
+
+// Store is the Redis backend of one handler instance. The policy history of
+// its zones is shared, through a caddy.UsagePool, with every other Store of
+// the process that names the same zones under the same key prefix.
+type Store struct {
+	client  goredis.UniversalClient
+	cluster bool
+	prefix  string
+	timeout time.Duration
+	opts    Options
+
+	mu   sync.Mutex
+	held []held
+}
+
+type held struct {
+	key poolKey
+	z   *zoneState
+	reg *registration
+}
+
+// New returns a Store over client: a *goredis.Client (standalone or
+// Sentinel) or a *goredis.ClusterClient, as goredis.NewUniversalClient
+// makes them. The client must have ContextTimeoutEnabled so that the
+// per-call deadline reaches the socket. Retries need no setting: the
+// store's calls are marked never to be retried (at most once), whatever
+// MaxRetries says.
+func New(client goredis.UniversalClient, opts Options) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redis backend: no client")
+	}
+	if _, ok := client.(*goredis.Ring); ok {
+		// A Ring spreads keys over servers that know nothing of each
+		// other: one script could not see all the keys of a request.
+		return nil, errors.New("redis backend: a Ring client cannot decide a request's keys together; use a Redis Cluster")
+	}
+	if !contextTimeouts(client) {
+		return nil, errors.New("redis backend: the client must be made with ContextTimeoutEnabled: true, or a slow Redis would hold requests past the timeout")
+	}
+	if opts.Timeout < 0 {
+		return nil, fmt.Errorf("redis backend: timeout must be positive, got %v", opts.Timeout)
+	}
+	s := &Store{client: client, prefix: opts.KeyPrefix, timeout: opts.Timeout, opts: opts}
+	if s.prefix == "" {
+		s.prefix = DefaultKeyPrefix
+	}
+	if s.timeout == 0 {
+		s.timeout = DefaultTimeout
+	}
+	_, s.cluster = client.(*goredis.ClusterClient)
+	return s, nil
+}
+
+func contextTimeouts(c goredis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *goredis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *goredis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return true
+}
+
+func (s *Store) now() int64 {
+	if s.opts.now != nil {
+		return s.opts.now()
+	}
+	return time.Now().UnixNano()
+}
+
+// zone is the store's handle on one (zone, scope, kind of state).
+type zone struct {
+	name   string
+	prefix string
+	st     *zoneState
+}
+
+func (z *zone) Name() string { return z.name }
+
+// Zone registers cfg and returns its handle. Besides the checks every
+// store makes, it refuses policies whose spans the script cannot compute
+// exactly (MaxSpan). MaxKeys does not apply: Redis keys expire when idle
+// and Redis's own maxmemory bounds the rest.
+func (s *Store) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
+	alg, err := algorithms.Check(cfg.Algorithm, cfg.Policy)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkExact(alg, cfg.Policy); err != nil {
+		return nil, err
+	}
+	if cfg.MaxKeys < 0 {
+		return nil, fmt.Errorf("max_keys must be at least 1, got %d", cfg.MaxKeys)
+	}
+	kind := stateKind(alg)
+	key := poolKey{s.prefix, cfg.Name, cfg.Scope, kind}
+	v, _, err := zoneStates.LoadOrNew(key, func() (caddy.Destructor, error) { return newZoneState(), nil })
+	if err != nil {
+		return nil, err
+	}
+	st := v.(*zoneState)
+	reg := &registration{alg: alg, policy: cfg.Policy, owner: cfg.Owner}
+	if err := st.register(reg, s.now()); err != nil {
+		_, _ = zoneStates.Delete(key)
+		return nil, err
+	}
+	s.mu.Lock()
+	s.held = append(s.held, held{key: key, z: st, reg: reg})
+	s.mu.Unlock()
+	return &zone{name: cfg.Name, prefix: zonePrefix(s.prefix, cfg.Name, cfg.Scope, kind), st: st}, nil
+}
+
+// Close lets go of this store's zones; a zone's history is dropped when no
+// running config uses it. It does not close the client, which its owner
+// may share.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	held := s.held
+	s.held = nil
+	s.mu.Unlock()
+	now := s.now()
+	for _, h := range held {
+		h.z.unregister(h.reg, now)
+		if _, err := zoneStates.Delete(h.key); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// item is one distinct key of a request.
+type item struct {
+	key    string
+	conf   *zoneConf
+	cost   int64
+	shadow bool
+	logged int64 // when a sliding log logged the event (a clock that stepped back logs it later)
+	// For an undo: the value before the decision, its expiry, and the
+	// value the decision wrote.
+	before, after string
+	ttl           int64
+}
+
+// group is the items of one script call: all of them, or those of one
+// Redis Cluster slot.
+type group struct {
+	items []int // indexes into the request's items
+	cmd   *goredis.Cmd
+	took  bool
+}
+
+// resolve turns reqs into distinct keys: the same key twice in one request
+// is decided once, for the sum of the costs, as the memory store does.
+func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
+	items := make([]item, 0, len(reqs))
+	of := make([]int, len(reqs)) // request → item
+	for i, r := range reqs {
+		z, ok := r.Zone.(*zone)
+		if !ok {
+			return nil, nil, fmt.Errorf("zone %q was not registered with the redis backend", r.Zone.Name())
+		}
+		key := z.prefix + r.Key + "}"
+		cost := min(max(r.Cost, 0), maxCost)
+		of[i] = -1
+		for j := range items {
+			if items[j].key == key {
+				items[j].cost = min(items[j].cost+cost, maxCost)
+				of[i] = j
+				break
+			}
+		}
+		if of[i] < 0 {
+			of[i] = len(items)
+			conf := z.st.conf.Load()
+			z.st.use(conf)
+			items = append(items, item{key: key, conf: conf, cost: cost, shadow: r.Shadow})
+		}
+	}
+	return items, of, nil
+}
+
+// groups splits items by hash slot on a cluster, where one script may only
+// touch keys of one slot.
+func (s *Store) groups(items []item) []group {
+	if !s.cluster && !s.opts.split {
+		all := make([]int, len(items))
+		for i := range all {
+			all[i] = i
+		}
+		return []group{{items: all}}
+	}
+	var gs []group
+	slots := make(map[uint16]int)
+	for i := range items {
+		sl := slotOf(items[i].key)
+		g, ok := slots[sl]
+		if !ok {
+			g = len(gs)
+			slots[sl] = g
+			gs = append(gs, group{})
+		}
+		gs[g].items = append(gs[g].items, i)
+	}
+	return gs
+}
+
+// header is the script's first arguments: the mode, the clock (empty for
+// the server's TIME) and the expiry extension.
+func (s *Store) header(mode string) []any {
+	if s.opts.now == nil {
+		return []any{mode, "", "", "0"}
+	}
+	now := s.now()
+	return []any{mode, strconv.FormatInt(now/1e9, 10), strconv.FormatInt(now%1e9, 10), strconv.FormatInt(s.opts.ttlExtra, 10)}
+}
+
+// prepare makes each group's script call in mode: the header, then each
+// item's arguments, with the two that depend on the mode from xs; an undo
+// (mode x) adds what each item's decision wrote.
+func (s *Store) prepare(ctx context.Context, mode string, gs []group, items []item, xs func(i int) (string, string)) {
+	hdr := s.header(mode)
+	for g := range gs {
+		keys := make([]string, len(gs[g].items))
+		args := append(make([]any, 0, len(hdr)+12*len(keys)), hdr...)
+		for k, i := range gs[g].items {
+			keys[k] = items[i].key
+			x1, x2 := xs(i)
+			args = itemArgs(args, &items[i], x1, x2)
+		}
+		if mode == "x" {
+			for _, i := range gs[g].items {
+				args = append(args, items[i].before, strconv.FormatInt(items[i].ttl, 10), items[i].after)
+			}
+		}
+		gs[g].cmd = evalCmd(ctx, keys, args)
+	}
+}
+
+func itemArgs(args []any, it *item, x1, x2 string) []any {
+	c := it.conf
+	return append(args, c.kind, c.p1, c.p2, strconv.FormatInt(it.cost, 10), x1, x2, c.lin, c.gen, c.hist)
+}
+
+// Decide answers reqs all or nothing (backend.Store). On a cluster, keys
+// of different slots are decided by one script call per slot, sent in one
+// pipeline; if any call denies (or fails), what the others took is given
+// back. That never admits more than the limits; a request racing with
+// such a give-back may be refused.
+func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
+	items, of, err := s.resolve(reqs)
+	if err != nil || len(items) == 0 {
+		return err == nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+
+	gs := s.groups(items)
+	// Several calls may have to be taken back: ask for what that needs.
+	mode := "d"
+	if len(gs) > 1 {
+		mode = "u"
+	}
+	s.prepare(ctx, mode, gs, items, func(i int) (string, string) {
+		if items[i].shadow {
+			return "1", ""
+		}
+		return "0", ""
+	})
+	runErr := s.run(ctx, gs)
+
+	results := make([]algorithms.Result, len(items))
+	allowed := true
+	var failed error
+	for g := range gs {
+		ok, err := parseDecision(gs[g].cmd, mode == "u", gs[g].items, items, results)
+		if err != nil {
+			failed = err
+			continue
+		}
+		gs[g].took = ok
+		allowed = allowed && ok
+	}
+	if failed == nil {
+		failed = runErr
+	}
+	if failed != nil || !allowed {
+		if len(gs) > 1 {
+			s.giveBack(ctx, items, results, gs)
+		}
+		if failed != nil {
+			return false, fmt.Errorf("redis backend: %w", failed)
+		}
+	}
+	for i := range reqs {
+		out[i] = results[of[i]]
+	}
+	return allowed, nil
+}
+
+// parseDecision reads one call's reply into the results of its items and
+// reports whether the call allowed (and so took).
+func parseDecision(cmd *goredis.Cmd, undo bool, which []int, items []item, results []algorithms.Result) (bool, error) {
+	vals, err := cmd.Slice()
+	if err != nil {
+		return false, err
+	}
+	n := 3 + 7*len(which)
+	want := n
+	if undo {
+		want += 3 * len(which)
+	}
+	if len(vals) != want {
+		return false, fmt.Errorf("script answered %d values for %d keys", len(vals), len(which))
+	}
+	num := make([]int64, n)
+	for i := range num {
+		v, ok := vals[i].(int64)
+		if !ok {
+			return false, fmt.Errorf("script answered %T where a number belongs", vals[i])
+		}
+		num[i] = v
+	}
+	at := num[0]*1e9 + num[1]
+	for k, i := range which {
+		v := num[3+7*k:]
+		results[i] = algorithms.Result{
+			Allowed: v[0] == 1, Limit: v[1], Remaining: v[2],
+			RetryAfter: v[3], ResetAfter: v[4], Delay: v[5], At: at,
+		}
+		items[i].logged = at + v[6]
+		if undo {
+			u := vals[n+3*k:]
+			items[i].before, _ = u[0].(string)
+			items[i].ttl, _ = u[1].(int64)
+			items[i].after, _ = u[2].(string)
+		}
+	}
+	return num[2] == 1, nil
+}
+
+// giveBack takes back what the groups that allowed took, when another
+// group denied or failed: the request does not happen, so nothing is
+// charged. A key nobody wrote since gets its old value back; any other is
+// refunded.
+func (s *Store) giveBack(ctx context.Context, items []item, results []algorithms.Result, gs []group) {
+	var taken []int
+	for g := range gs {
+		if !gs[g].took {
+			continue
+		}
+		for _, i := range gs[g].items {
+			if results[i].Allowed && items[i].cost > 0 {
+				taken = append(taken, i)
+			}
+		}
+	}
+	if len(taken) == 0 {
+		return
+	}
+	// The give-back must happen even when the request's own deadline has
+	// passed: it gets a deadline of its own.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	// A sliding log's event is found by the time it was logged at.
+	granted := make([]algorithms.Result, len(results))
+	copy(granted, results)
+	for _, i := range taken {
+		granted[i].At = items[i].logged
+	}
+	_ = s.refund(ctx, "x", items, taken, granted)
+}
+
+// Refund gives back what an allowed Decide of the same requests took
+// (backend.Store). Each key is refunded in turn, as in the memory store.
+func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []algorithms.Result) error {
+	items := make([]item, 0, len(reqs))
+	results := make([]algorithms.Result, 0, len(reqs))
+	idx := make([]int, 0, len(reqs))
+	for i, r := range reqs {
+		z, ok := r.Zone.(*zone)
+		if !ok {
+			return fmt.Errorf("zone %q was not registered with the redis backend", r.Zone.Name())
+		}
+		if r.Cost <= 0 || !granted[i].Allowed {
+			continue
+		}
+		idx = append(idx, len(items))
+		conf := z.st.conf.Load()
+		z.st.use(conf)
+		items = append(items, item{key: z.prefix + r.Key + "}", conf: conf, cost: min(r.Cost, maxCost)})
+		results = append(results, granted[i])
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.refund(ctx, "r", items, idx, results)
+}
+
+// refund runs the refund (mode r) or undo (mode x) script for
+// items[which], with the decisions that granted them.
+func (s *Store) refund(ctx context.Context, mode string, items []item, which []int, granted []algorithms.Result) error {
+	sub := make([]item, len(which))
+	for k, i := range which {
+		sub[k] = items[i]
+	}
+	gs := s.groups(sub)
+	s.prepare(ctx, mode, gs, sub, func(i int) (string, string) {
+		r := granted[which[i]]
+		return strconv.FormatInt(r.At, 10), strconv.FormatInt(r.Delay, 10)
+	})
+	err := s.run(ctx, gs)
+	for g := range gs {
+		if e := gs[g].cmd.Err(); e != nil {
+			err = e
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("redis backend: refund: %w", err)
+	}
+	return nil
+}
+
+// once marks a command that must not be sent again after it may have run:
+// go-redis retries a command whose connection failed (MaxRetries, 3 by
+// default), and a script that already charged a request would charge it
+// twice. A command that never reached the server (dial errors, a MOVED
+// redirect) is still sent, once.
+type once struct{ *goredis.Cmd }
+
+func (once) NoRetry() bool { return true }
+
+func evalCmd(ctx context.Context, keys []string, args []any) *goredis.Cmd {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, "evalsha", script.Hash(), len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	a = append(a, args...)
+	return goredis.NewCmd(ctx, a...)
+}
+
+// run sends the groups' script calls: one call alone, several in one
+// pipeline. A call refused with NOSCRIPT did not run, so it is sent again
+// with the source.
+func (s *Store) run(ctx context.Context, gs []group) error {
+	if len(gs) == 1 {
+		_ = s.client.Process(ctx, once{gs[0].cmd})
+	} else {
+		pipe := s.client.Pipeline()
+		for g := range gs {
+			_ = pipe.Process(ctx, once{gs[g].cmd})
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	var again []int
+	for g := range gs {
+		if goredis.HasErrorPrefix(gs[g].cmd.Err(), "NOSCRIPT") {
+			again = append(again, g)
+		}
+	}
+	if len(again) == 0 {
+		return nil
+	}
+	for _, g := range again {
+		a := gs[g].cmd.Args()
+		a[0], a[1] = "eval", scriptSource
+		gs[g].cmd = goredis.NewCmd(ctx, a...)
+	}
+	if len(again) == 1 {
+		return s.client.Process(ctx, once{gs[again[0]].cmd})
+	}
+	pipe := s.client.Pipeline()
+	for _, g := range again {
+		_ = pipe.Process(ctx, once{gs[g].cmd})
+	}
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+func mulU(a, b int64) (hi, lo uint64) { return bits.Mul64(uint64(a), uint64(b)) }
+
+// Interface guard.
+var _ backend.Store = (*Store)(nil)

@@ -1,0 +1,321 @@
+package redis
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"math/bits"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sluicehq/sluice/algorithms"
+)
+
+// MaxSpan is the longest span, in nanoseconds, that the script computes
+// exactly (about 52 days): Lua numbers are doubles, exact for integers up to
+// 2^53, and the script adds at most two spans to a time relative to now.
+// 2^40 ns (18 minutes) of headroom absorb a Redis clock that steps back.
+const MaxSpan int64 = 1<<52 - 1<<40
+
+const maxSpanText = "52 days (2^52 − 2^40 ns)"
+
+// maxCost caps the cost sent to the script: above every limit the script
+// accepts, so a larger cost decides the same (it can never pass).
+const maxCost int64 = 1 << 52
+
+// historyLen is how many policy changes of a zone the script is told
+// about: a key untouched across more reloads than this is rebased from the
+// oldest change it is told about onwards.
+const historyLen = 32
+
+// Script kinds of state. Token bucket, GCRA and the leaky bucket share the
+// bucket state (b; q is the leaky bucket's queue mode, same state).
+const (
+	kindBucket  = 'b'
+	kindQueue   = 'q'
+	kindWindow  = 'w'
+	kindCounter = 'c'
+	kindLog     = 'l'
+)
+
+// zoneStates keeps each zone's policy history across config reloads, the
+// way the memory store keeps its tables: a reload registers the new policy
+// before the old config lets go, and the change is recorded with its time
+// so that every key is rebased exactly as the memory store would.
+var zoneStates = caddy.NewUsagePool()
+
+type poolKey struct {
+	prefix, name, scope string
+	kind                byte
+}
+
+// zoneState is the shared history of one (zone, scope, kind of state).
+type zoneState struct {
+	lineage string // tells this history from other processes' histories
+
+	mu      sync.Mutex
+	regs    []*registration
+	changes []change
+	maxDebt int64 // bucket kinds: the largest debt a state can hold now
+
+	conf atomic.Pointer[zoneConf]
+	// seen is the newest generation a call has decided or refunded with:
+	// keys may have been written under it.
+	seen atomic.Int64
+}
+
+type registration struct {
+	alg    string
+	policy algorithms.Policy
+	owner  any
+	last   *zoneConf // the conf it last made current
+}
+
+type change struct {
+	at    int64
+	gen   int
+	param int64
+}
+
+// zoneConf is what the script decides with: the newest live registration's
+// algorithm and policy, as script arguments.
+type zoneConf struct {
+	policy algorithms.Policy
+	kind   string
+	p1, p2 string
+	param  int64
+	lin    string
+	gen    string
+	hist   string
+
+	genN    int64
+	maxDebt int64 // the zone's maxDebt when this conf was made
+}
+
+// use notes that a call decides or refunds with c.
+func (z *zoneState) use(c *zoneConf) {
+	for {
+		seen := z.seen.Load()
+		if c.genN <= seen || z.seen.CompareAndSwap(seen, c.genN) {
+			return
+		}
+	}
+}
+
+func (z *zoneState) Destruct() error { return nil }
+
+func newZoneState() *zoneState {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return &zoneState{lineage: hex.EncodeToString(b[:])}
+}
+
+// stateKind is the kind of state an algorithm keeps.
+func stateKind(alg string) byte {
+	switch alg {
+	case algorithms.NameSlidingWindow:
+		return kindLog
+	case algorithms.NameFixedWindow:
+		return kindWindow
+	case algorithms.NameSlidingCounter:
+		return kindCounter
+	}
+	return kindBucket
+}
+
+// scriptKind is the kind the script decides p with.
+func scriptKind(alg string, p algorithms.Policy) byte {
+	if alg == algorithms.NameLeakyBucket && p.MaxDelay > 0 {
+		return kindQueue
+	}
+	return stateKind(alg)
+}
+
+func burstOf(p algorithms.Policy) int64 {
+	if p.Burst > 0 {
+		return p.Burst
+	}
+	return p.Limit
+}
+
+// checkExact refuses a policy whose numbers the script cannot compute
+// exactly, naming the field and the bound.
+func checkExact(alg string, p algorithms.Policy) error {
+	switch {
+	case p.Window > MaxSpan:
+		return fmt.Errorf("window %v is longer than the redis backend computes exactly: at most %s", time.Duration(p.Window), maxSpanText)
+	case p.Limit > MaxSpan:
+		return fmt.Errorf("max_events %d is more than the redis backend counts exactly: at most %d", p.Limit, MaxSpan)
+	}
+	switch scriptKind(alg, p) {
+	case kindQueue:
+		if p.MaxDelay > MaxSpan-p.Interval() {
+			return fmt.Errorf("max_delay %v plus the interval %v is longer than the redis backend computes exactly: at most %s", time.Duration(p.MaxDelay), time.Duration(p.Interval()), maxSpanText)
+		}
+	case kindBucket:
+		if hi, lo := mulU(burstOf(p), p.Interval()); hi != 0 || lo > uint64(MaxSpan) {
+			return fmt.Errorf("burst %d × interval %v is longer than the redis backend computes exactly: at most %s; lower burst or raise max_events", burstOf(p), time.Duration(p.Interval()), maxSpanText)
+		}
+	}
+	return nil
+}
+
+// debtBound is the largest debt a bucket state written under p holds.
+func debtBound(alg string, p algorithms.Policy) int64 {
+	if scriptKind(alg, p) == kindQueue {
+		return p.MaxDelay + (p.MaxDelay/p.Interval()+1)*p.Interval()
+	}
+	return burstOf(p) * p.Interval()
+}
+
+// debtLimit is the largest debt the script decides exactly under p: the
+// meter adds a cost of at most its capacity to the debt.
+func debtLimit(alg string, p algorithms.Policy) int64 {
+	if scriptKind(alg, p) == kindQueue {
+		return 2 * MaxSpan
+	}
+	return MaxSpan
+}
+
+// rebased is the debt d written at interval from, after a change to
+// interval to (rounded up, as algorithms rebase it), saturating past
+// 2·MaxSpan.
+func rebased(d, from, to int64) int64 {
+	hi, lo := mulU(d, to)
+	if hi >= uint64(from) {
+		return 2*MaxSpan + 1
+	}
+	q, r := bits.Div64(hi, lo, uint64(from))
+	if r != 0 {
+		q++
+	}
+	return int64(min(q, uint64(2*MaxSpan+1)))
+}
+
+// register adds a config's use of the zone and makes it decide. It refuses
+// a second policy from the same config, and a change of rate after which a
+// bucket's debt would leave the exact range (a reload from a large burst
+// at a fast rate to a very slow rate).
+func (z *zoneState) register(r *registration, now int64) error {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if r.owner != nil {
+		for _, o := range z.regs {
+			if o.owner == r.owner && o.policy != r.policy {
+				return fmt.Errorf("defined twice in this config with different rates (%v and %v): zones of one name share one state, so give them different names or the same rate", o.policy, r.policy)
+			}
+		}
+	}
+	if stateKind(r.alg) == kindBucket {
+		if err := z.checkRebase(r); err != nil {
+			return err
+		}
+	}
+	z.regs = append(z.regs, r)
+	z.apply(r, now)
+	return nil
+}
+
+// checkRebase verifies that the debts carried into r, and from r back into
+// any policy a reload could return to, stay exact. The caller holds z.mu.
+func (z *zoneState) checkRebase(r *registration) error {
+	cur := z.conf.Load()
+	if cur == nil {
+		return nil
+	}
+	m := max(debtBound(r.alg, r.policy), rebased(z.maxDebt, cur.policy.Interval(), r.policy.Interval()))
+	if m > debtLimit(r.alg, r.policy) {
+		return fmt.Errorf("changing the rate from %v to %v would carry debts of up to %v into the new rate, longer than the redis backend computes exactly (at most %s); change the rate in smaller steps", cur.policy, r.policy, time.Duration(m), maxSpanText)
+	}
+	for _, o := range z.regs {
+		if back := rebased(m, r.policy.Interval(), o.policy.Interval()); back > debtLimit(o.alg, o.policy) {
+			return fmt.Errorf("a config still running %v could not take back the debts of %v exactly (up to %v, at most %s)", o.policy, r.policy, time.Duration(back), maxSpanText)
+		}
+	}
+	return nil
+}
+
+// unregister removes a config's use; if it was deciding, the newest
+// remaining registration decides again (a failed reload is undone).
+func (z *zoneState) unregister(r *registration, now int64) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	i := slices.Index(z.regs, r)
+	if i < 0 {
+		return
+	}
+	z.regs = slices.Delete(z.regs, i, i+1)
+	if i == len(z.regs) && len(z.regs) > 0 {
+		if n := z.regs[len(z.regs)-1]; !z.restore(n) {
+			z.apply(n, now)
+		}
+	}
+}
+
+// restore makes n decide again with the conf it last made current, and
+// forgets the policy changes recorded since, when no call has used them:
+// then no key was written under the rates of the configs that came after
+// n (all gone, n being the newest left), and putting n's conf back is
+// exact, where rebasing there and back would round twice (and fold a
+// sliding window counter's previous window into the current one). The
+// memory store undoes a failed reload the same way. The caller holds z.mu.
+func (z *zoneState) restore(n *registration) bool {
+	d := n.last
+	if d == nil || z.seen.Load() > d.genN || int(d.genN) > len(z.changes) {
+		return false
+	}
+	z.changes = z.changes[:d.genN]
+	z.maxDebt = d.maxDebt
+	z.conf.Store(d)
+	return true
+}
+
+// apply makes r decide, recording a change of policy with its time. The
+// caller holds z.mu.
+func (z *zoneState) apply(r *registration, now int64) {
+	cur := z.conf.Load()
+	next := &zoneConf{policy: r.policy, lin: z.lineage}
+	kind := scriptKind(r.alg, r.policy)
+	next.kind = string(kind)
+	switch kind {
+	case kindBucket:
+		next.param = r.policy.Interval()
+		next.p2 = strconv.FormatInt(burstOf(r.policy), 10)
+	case kindQueue:
+		next.param = r.policy.Interval()
+		next.p2 = strconv.FormatInt(r.policy.MaxDelay, 10)
+	default:
+		next.param = r.policy.Window
+		next.p2 = strconv.FormatInt(r.policy.Limit, 10)
+	}
+	next.p1 = strconv.FormatInt(next.param, 10)
+	if stateKind(r.alg) == kindBucket {
+		if cur == nil {
+			z.maxDebt = debtBound(r.alg, r.policy)
+		} else {
+			z.maxDebt = max(debtBound(r.alg, r.policy), rebased(z.maxDebt, cur.policy.Interval(), r.policy.Interval()))
+		}
+	}
+	if cur != nil && cur.policy != r.policy {
+		z.changes = append(z.changes, change{at: now, gen: len(z.changes) + 1, param: next.param})
+	}
+	next.genN = int64(len(z.changes))
+	next.gen = strconv.Itoa(len(z.changes))
+	next.maxDebt = z.maxDebt
+	r.last = next
+	var h strings.Builder
+	for _, c := range z.changes[max(len(z.changes)-historyLen, 0):] {
+		if h.Len() > 0 {
+			h.WriteByte(';')
+		}
+		fmt.Fprintf(&h, "%d,%d,%d", c.at, c.gen, c.param)
+	}
+	next.hist = h.String()
+	z.conf.Store(next)
+}

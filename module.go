@@ -17,8 +17,9 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/sluicehq/sluice/backend"
-	// The default store registers itself as a backend module.
+	// The stores register themselves as backend modules.
 	_ "github.com/sluicehq/sluice/backend/memory"
+	_ "github.com/sluicehq/sluice/backend/redis"
 	"github.com/sluicehq/sluice/keys"
 )
 

@@ -121,7 +121,7 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        max_keys   <n>
 //	        fail       open|closed|local
 //	        scope <name> {
-//	            <the options above, from key to max_keys>
+//	            <the options above, from key to fail>
 //	        }
 //	        allow       <cidr...>
 //	        deny        <cidr...>

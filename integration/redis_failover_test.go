@@ -95,7 +95,6 @@ type foCaddy struct {
 	logs        *strings.Builder
 }
 
-
 // foConfig is one site with a rate_limit handler on Redis: /open,
 // /closed and /local are zones failing open, closed and local; /shared a
 // zone of 5 per hour for everyone (rate is varied to make reloads real).

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/algorithms"
@@ -97,5 +98,28 @@ func TestModuleBreakerOnDeadRedis(t *testing.T) {
 	}
 	if err := m.Refund(context.Background(), reqs, []algorithms.Result{{Allowed: true}}); !errors.Is(err, backend.ErrUnavailable) {
 		t.Fatalf("refund: %v, want unavailable", err)
+	}
+}
+
+// The cost of a decision while Redis is down and the breaker open.
+func BenchmarkDecideBreakerOpen(b *testing.B) {
+	m := new(Module)
+	m.Store, _ = New(goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true}), Options{KeyPrefix: "bench:"})
+	m.breaker = newBreaker(zap.NewNop(), time.Hour)
+	z, err := m.Zone(backend.ZoneConfig{Name: "bench_breaker", Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: 2, Window: int64(time.Hour)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Store.Close()
+	reqs := []backend.Request{{Zone: z, Key: "k", Cost: 1}}
+	out := make([]algorithms.Result, 1)
+	for range breakerTrips {
+		_, _ = m.Decide(context.Background(), reqs, out)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := m.Decide(context.Background(), reqs, out); !errors.Is(err, backend.ErrUnavailable) {
+			b.Fatal(err)
+		}
 	}
 }

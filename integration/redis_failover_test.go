@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -90,9 +89,9 @@ func (r *foRedis) clients() int {
 
 // foCaddy is a Caddy process of the built binary.
 type foCaddy struct {
-	t           *testing.T
-	base, admin string
-	logs        *strings.Builder
+	t                              *testing.T
+	base, admin                    string
+	adminPort, httpPort, redisPort int
 }
 
 // foConfig is one site with a rate_limit handler on Redis: /open,
@@ -115,8 +114,10 @@ func foConfig(adminPort, httpPort, redisPort, sharedRate int) string {
 		{"handler": "static_response", "body": "ok"}]}]}}}}}`, adminPort, httpPort, redisPort, zones)
 }
 
-func foStartCaddy(t *testing.T, cfg string, adminPort, httpPort int) *foCaddy {
+func foStartCaddy(t *testing.T, redisPort int) *foCaddy {
 	t.Helper()
+	adminPort, httpPort := freePort(t), freePort(t)
+	cfg := foConfig(adminPort, httpPort, redisPort, 5)
 	file := filepath.Join(t.TempDir(), "caddy.json")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -137,7 +138,8 @@ func foStartCaddy(t *testing.T, cfg string, adminPort, httpPort int) *foCaddy {
 			mu.Unlock()
 		}
 	})
-	c := &foCaddy{t: t, base: fmt.Sprintf("http://127.0.0.1:%d", httpPort), admin: fmt.Sprintf("http://127.0.0.1:%d", adminPort), logs: logs}
+	c := &foCaddy{t: t, base: fmt.Sprintf("http://127.0.0.1:%d", httpPort), admin: fmt.Sprintf("http://127.0.0.1:%d", adminPort),
+		adminPort: adminPort, httpPort: httpPort, redisPort: redisPort}
 	waitUp(t, c.base+"/")
 	return c
 }
@@ -219,19 +221,18 @@ func foCount(answers []string) map[string]int {
 	return m
 }
 
+// foSetup starts a Redis and a Caddy of foConfig using it.
+func foSetup(t *testing.T) (*foRedis, *foCaddy) {
+	t.Helper()
+	redis := foStartRedis(t, freePort(t))
+	return redis, foStartCaddy(t, redis.port)
+}
+
 // Redis killed under load and started again on the same port, through
 // the built binary: each fail policy does what it says, the breaker makes
 // a dead Redis cheap, and shared limiting resumes within a second.
 func TestBinaryRedisFailover(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	redisPort := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	redis := foStartRedis(t, redisPort)
-	adminPort, httpPort := freePort(t), freePort(t)
-	c := foStartCaddy(t, foConfig(adminPort, httpPort, redisPort, 5), adminPort, httpPort)
+	redis, c := foSetup(t)
 
 	// Shared limiting: 5 of 7 for everyone, counted in Redis.
 	var shared []string
@@ -326,15 +327,7 @@ func TestBinaryRedisFailover(t *testing.T) {
 // A Redis that stops answering (not refusing: SIGSTOP) costs each request
 // the timeout only until the breaker opens.
 func TestBinaryRedisTimeoutTripsBreaker(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	redisPort := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	redis := foStartRedis(t, redisPort)
-	adminPort, httpPort := freePort(t), freePort(t)
-	c := foStartCaddy(t, foConfig(adminPort, httpPort, redisPort, 5), adminPort, httpPort)
+	redis, c := foSetup(t)
 	if got := c.get("/open", "a"); got != "200" {
 		t.Fatalf("first request %q", got)
 	}
@@ -376,15 +369,7 @@ func TestBinaryRedisTimeoutTripsBreaker(t *testing.T) {
 // 50 reloads and a Redis restart leave no goroutine and no connection
 // behind.
 func TestBinaryRedisNoLeaks(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	redisPort := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	redis := foStartRedis(t, redisPort)
-	adminPort, httpPort := freePort(t), freePort(t)
-	c := foStartCaddy(t, foConfig(adminPort, httpPort, redisPort, 5), adminPort, httpPort)
+	redis, c := foSetup(t)
 	warm := func() {
 		for _, p := range []string{"/open", "/closed", "/local", "/shared"} {
 			c.get(p, "a")
@@ -393,7 +378,7 @@ func TestBinaryRedisNoLeaks(t *testing.T) {
 	warm()
 	g0, c0 := c.settle(), redis.clients()
 	for i := range 50 {
-		c.load(foConfig(adminPort, httpPort, redisPort, 5+i%2))
+		c.load(foConfig(c.adminPort, c.httpPort, c.redisPort, 5+i%2))
 		warm()
 	}
 	g1, c1 := c.settle(), redis.clients()

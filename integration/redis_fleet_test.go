@@ -1,0 +1,260 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// A fleet: three Caddy processes built from cmd/caddy, each on its own
+// loopback ports, sharing one Redis. Every algorithm must admit exactly
+// its limit in total, however the requests spread over the instances.
+
+const (
+	fleetSize    = 3
+	fleetClients = 64
+	fleetLimit   = 100
+	// 3 × the limit: a store that limits each instance on its own admits
+	// all of them, so the test tells the two apart.
+	fleetRequests = fleetSize * fleetLimit
+)
+
+var fleetAlgorithms = []string{"sliding_window", "sliding_window_counter", "fixed_window", "token_bucket", "gcra", "leaky_bucket"}
+
+// fleetSite is a site with one route per algorithm: /<algorithm> is
+// limited by a zone of that name, one key for every client, 100 per 10
+// minutes; more is added to the site (more routes).
+func fleetSite(algorithms []string, more string) string {
+	var b strings.Builder
+	b.WriteString("http://127.0.0.1:@HTTP@ {\n\thandle /up {\n\t\trespond ok\n\t}\n")
+	for _, a := range algorithms {
+		b.WriteString(fleetRoute("/"+a, "", "fleet_"+a, "key one\n\t\t\t\trate 100/10m\n\t\t\t\talgorithm "+a))
+	}
+	b.WriteString(more + "}\n")
+	return b.String()
+}
+
+// fleetRoute limits path by one zone; backend, when not empty, is the
+// handler's own backend line.
+func fleetRoute(path, backend, zone, options string) string {
+	return fmt.Sprintf("\thandle %s {\n\t\trate_limit {\n\t\t\t%s\n\t\t\tzone %s {\n\t\t\t\t%s\n\t\t\t}\n\t\t}\n\t\trespond ok\n\t}\n",
+		path, backend, zone, options)
+}
+
+// fleetGlobals are the global options of every instance; more goes in
+// the options block (a rate_limit default backend, say).
+func fleetGlobals(more string) string {
+	return "{\n\tadmin 127.0.0.1:@ADMIN@\n\thttp_port @HTTP@\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n" + more + "}\n"
+}
+
+type fleet struct {
+	bases []string // http://127.0.0.1:port of each instance
+}
+
+// startFleet runs n Caddy processes of the Caddyfile cfg, whose @ADMIN@
+// and @HTTP@ become each instance's free ports; env is added to their
+// environment.
+func startFleet(t *testing.T, n int, cfg string, env ...string) *fleet {
+	t.Helper()
+	bin := binary(t)
+	f := &fleet{}
+	for i := range n {
+		admin, port := freePort(t), freePort(t)
+		dir := t.TempDir()
+		file := filepath.Join(dir, "Caddyfile")
+		text := strings.NewReplacer("@ADMIN@", strconv.Itoa(admin), "@HTTP@", strconv.Itoa(port)).Replace(cfg)
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(bin, "run", "--adapter", "caddyfile", "--config", file)
+		cmd.Env = append(os.Environ(), append([]string{"XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir}, env...)...)
+		logs := &lockedBuilder{}
+		cmd.Stdout, cmd.Stderr = logs, logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			if t.Failed() {
+				t.Logf("caddy instance %d output:\n%s", i, logs.String())
+			}
+		})
+		base := "http://127.0.0.1:" + strconv.Itoa(port)
+		waitUp(t, base+"/up")
+		f.bases = append(f.bases, base)
+	}
+	return f
+}
+
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuilder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// floodResult counts the answers of a flood.
+type floodResult struct {
+	admitted, denied int
+	perInstance      []int       // admitted by each instance
+	perClient        map[int]int // admitted per client
+	other            map[string]int
+	elapsed          time.Duration
+}
+
+// flood sends total requests to path from fleetClients concurrent
+// clients, request i to instance i mod n; header, when not nil, gives
+// the headers of a client's requests.
+func (f *fleet) flood(t *testing.T, path string, total int, header func(client int) http.Header) floodResult {
+	t.Helper()
+	client := &http.Client{
+		Timeout:   30 * time.Second,
+		Transport: &http.Transport{MaxIdleConnsPerHost: fleetClients, MaxConnsPerHost: fleetClients},
+	}
+	defer client.CloseIdleConnections()
+	res := floodResult{perInstance: make([]int, len(f.bases)), perClient: map[int]int{}, other: map[string]int{}}
+	var mu sync.Mutex
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for c := range fleetClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= total {
+					return
+				}
+				inst := i % len(f.bases)
+				req, _ := http.NewRequest("GET", f.bases[inst]+path, nil)
+				if header != nil {
+					req.Header = header(c)
+				}
+				resp, err := client.Do(req)
+				mu.Lock()
+				switch {
+				case err != nil:
+					res.other[err.Error()]++
+				case resp.StatusCode == http.StatusOK:
+					res.admitted++
+					res.perInstance[inst]++
+					res.perClient[c]++
+				case resp.StatusCode == http.StatusTooManyRequests:
+					res.denied++
+				default:
+					res.other[resp.Status]++
+				}
+				mu.Unlock()
+				if err == nil {
+					resp.Body.Close()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	res.elapsed = time.Since(start)
+	return res
+}
+
+// expectExactly checks that a flood of fleetRequests admitted exactly the
+// limit, answered 429 to the rest, and reached every instance.
+func expectExactly(t *testing.T, r floodResult) {
+	t.Helper()
+	// The buckets give a unit back every 6 s (100 per 10 minutes): a flood
+	// slower than that may rightly admit one more.
+	if r.elapsed >= 6*time.Second {
+		t.Fatalf("the flood took %v, longer than one refill interval: the count is not exact", r.elapsed)
+	}
+	if len(r.other) > 0 {
+		t.Fatalf("answers other than 200 and 429: %v", r.other)
+	}
+	if r.admitted != fleetLimit || r.denied != fleetRequests-fleetLimit {
+		t.Fatalf("admitted %d, denied %d of %d (per instance %v), want exactly %d admitted", r.admitted, r.denied, fleetRequests, r.perInstance, fleetLimit)
+	}
+	for i, n := range r.perInstance {
+		if n == 0 {
+			t.Fatalf("instance %d admitted nothing (%v): the requests did not spread", i, r.perInstance)
+		}
+	}
+	t.Logf("admitted %d of %d in %v (per instance %v)", r.admitted, fleetRequests, r.elapsed.Round(time.Millisecond), r.perInstance)
+}
+
+const fleetPassword = "fleet-secret-7f3a9c"
+
+// Three instances, one standalone Redis with a password, the backend
+// given once in the global options with the password from the
+// environment: every algorithm admits exactly 100 of 300 requests from 64
+// concurrent clients. The same zones on the memory backend admit 100 per
+// instance.
+func TestRedisFleetStandalone(t *testing.T) {
+	redis := redistest.Standalone(t, fleetPassword)
+	prefix := fmt.Sprintf("fleet%d:", time.Now().UnixNano())
+	cfg := fleetGlobals("\trate_limit {\n\t\tbackend redis {\n\t\t\taddress "+redis.Addr+"\n\t\t\tpassword {env.REDIS_PASSWORD}\n\t\t\tkey_prefix "+prefix+"\n\t\t}\n\t}\n") +
+		fleetSite(fleetAlgorithms, fleetRoute("/memory", "backend memory", "fleet_memory", "key one\n\t\t\t\trate 100/10m"))
+
+	// The secret stays in the environment: the adapted JSON holds the
+	// placeholder, not the password.
+	file := filepath.Join(t.TempDir(), "Caddyfile")
+	if err := os.WriteFile(file, []byte(strings.NewReplacer("@ADMIN@", "2019", "@HTTP@", "8080").Replace(cfg)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary(t), "adapt", "--config", file)
+	cmd.Env = append(os.Environ(), "REDIS_PASSWORD="+fleetPassword)
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.Contains(string(out), fleetPassword) || !strings.Contains(string(out), `"password":"{env.REDIS_PASSWORD}"`) {
+		t.Fatalf("caddy adapt: %v; want the placeholder and not the password in:\n%s", err, out)
+	}
+
+	f := startFleet(t, fleetSize, cfg, "REDIS_PASSWORD="+fleetPassword)
+	for _, a := range fleetAlgorithms {
+		t.Run(a, func(t *testing.T) {
+			expectExactly(t, f.flood(t, "/"+a, fleetRequests, nil))
+		})
+	}
+	// The control: the memory backend limits each instance on its own.
+	t.Run("memory_backend", func(t *testing.T) {
+		r := f.flood(t, "/memory", fleetRequests, nil)
+		if r.admitted != fleetRequests {
+			t.Fatalf("memory backend: admitted %d of %d (per instance %v), want each instance to admit its own %d", r.admitted, fleetRequests, r.perInstance, fleetLimit)
+		}
+		t.Logf("memory backend: admitted %d of %d (per instance %v)", r.admitted, fleetRequests, r.perInstance)
+	})
+
+	// Every key the fleet wrote is under the prefix and expires.
+	c := goredis.NewClient(&goredis.Options{Addr: redis.Addr, Password: fleetPassword})
+	defer c.Close()
+	keys, err := c.Keys(context.Background(), prefix+"*").Result()
+	if err != nil || len(keys) != len(fleetAlgorithms) {
+		t.Fatalf("keys under %s: %v %v, want one per algorithm", prefix, keys, err)
+	}
+	for _, k := range keys {
+		if ttl, err := c.PTTL(context.Background(), k).Result(); err != nil || ttl <= 0 {
+			t.Errorf("key %s has no expiry: %v %v", k, ttl, err)
+		}
+	}
+}

@@ -3,10 +3,12 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,7 +41,9 @@ var fleetAlgorithms = []string{"sliding_window", "sliding_window_counter", "fixe
 // minutes; more is added to the site (more routes).
 func fleetSite(algorithms []string, more string) string {
 	var b strings.Builder
-	b.WriteString("http://127.0.0.1:@HTTP@ {\n\thandle /up {\n\t\trespond ok\n\t}\n")
+	// /up goes through the backend too, so that each instance has
+	// connected to Redis before a flood.
+	b.WriteString("http://127.0.0.1:@HTTP@ {\n" + fleetRoute("/up", "", "fleet_up", "key up\n\t\t\t\trate 1000000/1s"))
 	for _, a := range algorithms {
 		b.WriteString(fleetRoute("/"+a, "", "fleet_"+a, "key one\n\t\t\t\trate 100/10m\n\t\t\t\talgorithm "+a))
 	}
@@ -122,6 +126,7 @@ type floodResult struct {
 	admitted, denied int
 	perInstance      []int       // admitted by each instance
 	perClient        map[int]int // admitted per client
+	bodies           []string    // of the admitted requests
 	other            map[string]int
 	elapsed          time.Duration
 }
@@ -156,6 +161,11 @@ func (f *fleet) flood(t *testing.T, path string, total int, header func(client i
 					req.Header = header(c)
 				}
 				resp, err := client.Do(req)
+				var body []byte
+				if err == nil {
+					body, _ = io.ReadAll(resp.Body)
+					resp.Body.Close()
+				}
 				mu.Lock()
 				switch {
 				case err != nil:
@@ -164,15 +174,13 @@ func (f *fleet) flood(t *testing.T, path string, total int, header func(client i
 					res.admitted++
 					res.perInstance[inst]++
 					res.perClient[c]++
+					res.bodies = append(res.bodies, string(body))
 				case resp.StatusCode == http.StatusTooManyRequests:
 					res.denied++
 				default:
 					res.other[resp.Status]++
 				}
 				mu.Unlock()
-				if err == nil {
-					resp.Body.Close()
-				}
 			}
 		}()
 	}
@@ -182,7 +190,8 @@ func (f *fleet) flood(t *testing.T, path string, total int, header func(client i
 }
 
 // expectExactly checks that a flood of fleetRequests admitted exactly the
-// limit, answered 429 to the rest, and reached every instance.
+// limit and answered 429 to the rest. (Which instance admitted how many
+// is logged, not checked: whichever instance reaches Redis first wins.)
 func expectExactly(t *testing.T, r floodResult) {
 	t.Helper()
 	// The buckets give a unit back every 6 s (100 per 10 minutes): a flood
@@ -195,11 +204,6 @@ func expectExactly(t *testing.T, r floodResult) {
 	}
 	if r.admitted != fleetLimit || r.denied != fleetRequests-fleetLimit {
 		t.Fatalf("admitted %d, denied %d of %d (per instance %v), want exactly %d admitted", r.admitted, r.denied, fleetRequests, r.perInstance, fleetLimit)
-	}
-	for i, n := range r.perInstance {
-		if n == 0 {
-			t.Fatalf("instance %d admitted nothing (%v): the requests did not spread", i, r.perInstance)
-		}
 	}
 	t.Logf("admitted %d of %d in %v (per instance %v)", r.admitted, fleetRequests, r.elapsed.Round(time.Millisecond), r.perInstance)
 }
@@ -215,7 +219,8 @@ func TestRedisFleetStandalone(t *testing.T) {
 	redis := redistest.Standalone(t, fleetPassword)
 	prefix := fmt.Sprintf("fleet%d:", time.Now().UnixNano())
 	cfg := fleetGlobals("\trate_limit {\n\t\tbackend redis {\n\t\t\taddress "+redis.Addr+"\n\t\t\tpassword {env.REDIS_PASSWORD}\n\t\t\tkey_prefix "+prefix+"\n\t\t}\n\t}\n") +
-		fleetSite(fleetAlgorithms, fleetRoute("/memory", "backend memory", "fleet_memory", "key one\n\t\t\t\trate 100/10m"))
+		fleetSite(fleetAlgorithms, fleetRoute("/memory", "backend memory", "fleet_memory", "key one\n\t\t\t\trate 100/10m")+
+			fleetQueueRoute)
 
 	// The secret stays in the environment: the adapted JSON holds the
 	// placeholder, not the password.
@@ -236,6 +241,7 @@ func TestRedisFleetStandalone(t *testing.T) {
 			expectExactly(t, f.flood(t, "/"+a, fleetRequests, nil))
 		})
 	}
+	t.Run("leaky_bucket_queue", func(t *testing.T) { expectFleetQueue(t, f) })
 	// The control: the memory backend limits each instance on its own.
 	t.Run("memory_backend", func(t *testing.T) {
 		r := f.flood(t, "/memory", fleetRequests, nil)
@@ -248,13 +254,105 @@ func TestRedisFleetStandalone(t *testing.T) {
 	// Every key the fleet wrote is under the prefix and expires.
 	c := goredis.NewClient(&goredis.Options{Addr: redis.Addr, Password: fleetPassword})
 	defer c.Close()
-	keys, err := c.Keys(context.Background(), prefix+"*").Result()
-	if err != nil || len(keys) != len(fleetAlgorithms) {
-		t.Fatalf("keys under %s: %v %v, want one per algorithm", prefix, keys, err)
-	}
-	for _, k := range keys {
-		if ttl, err := c.PTTL(context.Background(), k).Result(); err != nil || ttl <= 0 {
-			t.Errorf("key %s has no expiry: %v %v", k, ttl, err)
+	for _, a := range fleetAlgorithms {
+		keys, err := c.Keys(context.Background(), prefix+"fleet_"+a+"//?{one}").Result()
+		if err != nil || len(keys) != 1 {
+			t.Fatalf("the key of %s: %v %v, want one", a, keys, err)
+		}
+		if ttl, err := c.PTTL(context.Background(), keys[0]).Result(); err != nil || ttl <= 0 {
+			t.Errorf("key %s has no expiry: %v %v", keys[0], ttl, err)
 		}
 	}
+}
+
+// fleetQueueRoute is a leaky bucket queue of 4 per 2 s (a slot every
+// 500 ms) where a request waits up to 2 s; it answers with the time it was
+// let through.
+const fleetQueueRoute = `	handle /queue {
+		rate_limit {
+			zone fleet_queue {
+				key {http.request.header.X-Queue}
+				rate 4/2s
+				algorithm leaky_bucket
+				max_delay 2s
+			}
+		}
+		respond "{time.now.unix_ms}"
+	}
+`
+
+// expectFleetQueue floods the queue: one request passes at once and four
+// wait for the next four slots (2 s ÷ 500 ms), whichever instance they
+// reached. The flood must end within the first slot for the count to be
+// exact. Then six requests, one after the other to each instance in turn:
+// five are let through 500 ms apart, by all three instances.
+func expectFleetQueue(t *testing.T, f *fleet) {
+	queue := func(name string) func(int) http.Header {
+		return func(int) http.Header { return http.Header{"X-Queue": {name}} }
+	}
+	r := f.flood(t, "/queue", fleetRequests, queue("flood"))
+	if len(r.other) > 0 || r.admitted != 5 || r.denied != fleetRequests-5 {
+		t.Fatalf("queue: admitted %d, denied %d, other %v (per instance %v), want 5 admitted", r.admitted, r.denied, r.other, r.perInstance)
+	}
+	gaps := releaseGaps(t, r.bodies)
+	t.Logf("queue flood: admitted %d of %d (per instance %v), released %v ms apart", r.admitted, fleetRequests, r.perInstance, gaps)
+
+	// Staggered so that each instance gets a turn; the order of arrival
+	// does not change the outcome.
+	codes := make([]int, 6)
+	bodies := make([]string, 6)
+	var wg sync.WaitGroup
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("GET", f.bases[i%len(f.bases)]+"/queue", nil)
+			req.Header.Set("X-Queue", "turns")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			codes[i], bodies[i] = resp.StatusCode, string(b)
+		}()
+		time.Sleep(20 * time.Millisecond)
+	}
+	wg.Wait()
+	var admitted []string
+	instances := map[int]bool{}
+	for i, c := range codes {
+		if c == http.StatusOK {
+			admitted = append(admitted, bodies[i])
+			instances[i%len(f.bases)] = true
+		}
+	}
+	if len(admitted) != 5 || len(instances) != len(f.bases) {
+		t.Fatalf("in turns: answers %v, want 5 admitted by all %d instances and one 429", codes, len(f.bases))
+	}
+	t.Logf("queue in turns: answers %v, released %v ms apart", codes, releaseGaps(t, admitted))
+}
+
+// releaseGaps reads the release times (Unix ms) in the bodies and
+// requires one slot, 500 ms, between each and the next.
+func releaseGaps(t *testing.T, bodies []string) []int64 {
+	t.Helper()
+	var released []int64
+	for _, b := range bodies {
+		ms, err := strconv.ParseInt(b, 10, 64)
+		if err != nil {
+			t.Fatalf("body %q", b)
+		}
+		released = append(released, ms)
+	}
+	slices.Sort(released)
+	var gaps []int64
+	for i := 1; i < len(released); i++ {
+		gaps = append(gaps, released[i]-released[i-1])
+		if gap := gaps[i-1]; gap < 450 || gap > 650 {
+			t.Fatalf("released at %v ms: a gap of %d ms, want 500 (one slot)", released, gap)
+		}
+	}
+	return gaps
 }

@@ -356,3 +356,34 @@ func releaseGaps(t *testing.T, bodies []string) []int64 {
 	}
 	return gaps
 }
+
+// fleetACL is the least a Redis 6+ ACL user needs, as docs/redis.md
+// gives it: its keys, the script calls, and the commands the script and
+// the client's connection set-up run.
+const fleetACL = "on >fleet-user-pass ~sluice:* resetchannels -@all +evalsha +eval +time +get +set +getrange +setrange +append +pexpire +pttl +del +client|setname"
+
+// A fleet logs in as an ACL user with only those rights, the credentials
+// read from the environment, and shares its limits.
+func TestRedisFleetACLUser(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	admin := goredis.NewClient(&goredis.Options{Addr: redis.Addr})
+	defer admin.Close()
+	args := []any{"ACL", "SETUSER", "sluice"}
+	for _, f := range strings.Fields(fleetACL) {
+		args = append(args, f)
+	}
+	if err := admin.Do(context.Background(), args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(context.Background(), "ACL", "SETUSER", "default", "off").Err(); err != nil {
+		t.Fatal(err)
+	}
+	algs := fleetAlgorithms
+	cfg := fleetGlobals("\trate_limit {\n\t\tbackend redis {\n\t\t\taddress "+redis.Addr+"\n\t\t\tusername {env.REDIS_USER}\n\t\t\tpassword {env.REDIS_PASSWORD}\n\t\t}\n\t}\n") + fleetSite(algs, "")
+	f := startFleet(t, fleetSize, cfg, "REDIS_USER=sluice", "REDIS_PASSWORD=fleet-user-pass")
+	for _, a := range algs {
+		t.Run(a, func(t *testing.T) {
+			expectExactly(t, f.flood(t, "/"+a, fleetRequests, nil))
+		})
+	}
+}

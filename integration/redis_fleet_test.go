@@ -73,9 +73,8 @@ type fleet struct {
 // environment.
 func startFleet(t *testing.T, n int, cfg string, env ...string) *fleet {
 	t.Helper()
-	bin := binary(t)
 	f := &fleet{}
-	for i := range n {
+	for range n {
 		admin, port := freePort(t), freePort(t)
 		dir := t.TempDir()
 		file := filepath.Join(dir, "Caddyfile")
@@ -83,25 +82,32 @@ func startFleet(t *testing.T, n int, cfg string, env ...string) *fleet {
 		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(bin, "run", "--adapter", "caddyfile", "--config", file)
-		cmd.Env = append(os.Environ(), append([]string{"XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir}, env...)...)
-		logs := &lockedBuilder{}
-		cmd.Stdout, cmd.Stderr = logs, logs
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			if t.Failed() {
-				t.Logf("caddy instance %d output:\n%s", i, logs.String())
-			}
-		})
+		startCaddy(t, file, append([]string{"XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir}, env...)...)
 		base := "http://127.0.0.1:" + strconv.Itoa(port)
 		waitUp(t, base+"/up")
 		f.bases = append(f.bases, base)
 	}
 	return f
+}
+
+// startCaddy runs the built binary on a config file until the test ends,
+// with env added to its environment; a failed test shows its output.
+func startCaddy(t *testing.T, file string, env ...string) {
+	t.Helper()
+	cmd := exec.Command(binary(t), "run", "--config", file)
+	cmd.Env = append(os.Environ(), env...)
+	logs := &lockedBuilder{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("caddy output (%s):\n%s", file, logs.String())
+		}
+	})
 }
 
 type lockedBuilder struct {

@@ -38,14 +38,15 @@ var fleetAlgorithms = []string{"sliding_window", "sliding_window_counter", "fixe
 
 // fleetSite is a site with one route per algorithm: /<algorithm> is
 // limited by a zone of that name, one key for every client, 100 per 10
-// minutes; more is added to the site (more routes).
-func fleetSite(algorithms []string, more string) string {
+// minutes. backend, when not empty, is each handler's own backend; more
+// is added to the site (more routes).
+func fleetSite(algorithms []string, backend, more string) string {
 	var b strings.Builder
 	// /up goes through the backend too, so that each instance has
 	// connected to Redis before a flood.
-	b.WriteString("http://127.0.0.1:@HTTP@ {\n" + fleetRoute("/up", "", "fleet_up", "key up\n\t\t\t\trate 1000000/1s"))
+	b.WriteString("http://127.0.0.1:@HTTP@ {\n" + fleetRoute("/up", backend, "fleet_up", "key up\n\t\t\t\trate 1000000/1s"))
 	for _, a := range algorithms {
-		b.WriteString(fleetRoute("/"+a, "", "fleet_"+a, "key one\n\t\t\t\trate 100/10m\n\t\t\t\talgorithm "+a))
+		b.WriteString(fleetRoute("/"+a, backend, "fleet_"+a, "key one\n\t\t\t\trate 100/10m\n\t\t\t\talgorithm "+a))
 	}
 	b.WriteString(more + "}\n")
 	return b.String()
@@ -62,6 +63,26 @@ func fleetRoute(path, backend, zone, options string) string {
 // the options block (a rate_limit default backend, say).
 func fleetGlobals(more string) string {
 	return "{\n\tadmin 127.0.0.1:@ADMIN@\n\thttp_port @HTTP@\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n" + more + "}\n"
+}
+
+// redisBackend is a `backend redis` block at depth tabs, of options and a
+// timeout of 2 s: the fleet tests count admissions on a machine that may
+// be busy, where a call can take longer than the default 100 ms (and be
+// refused for it).
+func redisBackend(depth int, options ...string) string {
+	in := strings.Repeat("\t", depth)
+	var b strings.Builder
+	b.WriteString("backend redis {\n")
+	for _, o := range append(options, "timeout 2s") {
+		b.WriteString(in + "\t" + o + "\n")
+	}
+	return b.String() + in + "}"
+}
+
+// globalBackend is the global option block that makes a redis backend
+// the default of every handler.
+func globalBackend(options ...string) string {
+	return "\trate_limit {\n\t\t" + redisBackend(2, options...) + "\n\t}\n"
 }
 
 type fleet struct {
@@ -214,6 +235,21 @@ func expectExactly(t *testing.T, r floodResult) {
 	t.Logf("admitted %d of %d in %v (per instance %v)", r.admitted, fleetRequests, r.elapsed.Round(time.Millisecond), r.perInstance)
 }
 
+// expectLimit floods the route of algorithm a and expects exactly the
+// limit through. The windows of fixed_window (and the weights of
+// sliding_window_counter) turn at multiples of 10 minutes since the
+// epoch, where a flood may rightly pass twice the limit: a flood that
+// would start within a second of such an edge waits until it has passed.
+func (f *fleet) expectLimit(t *testing.T, a string) {
+	t.Helper()
+	if a == "fixed_window" || a == "sliding_window_counter" {
+		if left := 10*time.Minute - time.Duration(time.Now().UnixNano())%(10*time.Minute); left < time.Second {
+			time.Sleep(left + 100*time.Millisecond)
+		}
+	}
+	expectExactly(t, f.flood(t, "/"+a, fleetRequests, nil))
+}
+
 const fleetPassword = "fleet-secret-7f3a9c"
 
 // Three instances, one standalone Redis with a password, the backend
@@ -224,8 +260,8 @@ const fleetPassword = "fleet-secret-7f3a9c"
 func TestRedisFleetStandalone(t *testing.T) {
 	redis := redistest.Standalone(t, fleetPassword)
 	prefix := fmt.Sprintf("fleet%d:", time.Now().UnixNano())
-	cfg := fleetGlobals("\trate_limit {\n\t\tbackend redis {\n\t\t\taddress "+redis.Addr+"\n\t\t\tpassword {env.REDIS_PASSWORD}\n\t\t\tkey_prefix "+prefix+"\n\t\t}\n\t}\n") +
-		fleetSite(fleetAlgorithms, fleetRoute("/memory", "backend memory", "fleet_memory", "key one\n\t\t\t\trate 100/10m")+
+	cfg := fleetGlobals(globalBackend("address "+redis.Addr, "password {env.REDIS_PASSWORD}", "key_prefix "+prefix)) +
+		fleetSite(fleetAlgorithms, "", fleetRoute("/memory", "backend memory", "fleet_memory", "key one\n\t\t\t\trate 100/10m")+
 			fleetQueueRoute)
 
 	// The secret stays in the environment: the adapted JSON holds the
@@ -244,7 +280,7 @@ func TestRedisFleetStandalone(t *testing.T) {
 	f := startFleet(t, fleetSize, cfg, "REDIS_PASSWORD="+fleetPassword)
 	for _, a := range fleetAlgorithms {
 		t.Run(a, func(t *testing.T) {
-			expectExactly(t, f.flood(t, "/"+a, fleetRequests, nil))
+			f.expectLimit(t, a)
 		})
 	}
 	t.Run("leaky_bucket_queue", func(t *testing.T) { expectFleetQueue(t, f) })
@@ -385,11 +421,95 @@ func TestRedisFleetACLUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	algs := fleetAlgorithms
-	cfg := fleetGlobals("\trate_limit {\n\t\tbackend redis {\n\t\t\taddress "+redis.Addr+"\n\t\t\tusername {env.REDIS_USER}\n\t\t\tpassword {env.REDIS_PASSWORD}\n\t\t}\n\t}\n") + fleetSite(algs, "")
+	cfg := fleetGlobals(globalBackend("address "+redis.Addr, "username {env.REDIS_USER}", "password {env.REDIS_PASSWORD}")) + fleetSite(algs, "", "")
 	f := startFleet(t, fleetSize, cfg, "REDIS_USER=sluice", "REDIS_PASSWORD=fleet-user-pass")
 	for _, a := range algs {
 		t.Run(a, func(t *testing.T) {
-			expectExactly(t, f.flood(t, "/"+a, fleetRequests, nil))
+			f.expectLimit(t, a)
+		})
+	}
+}
+
+// The same fleet against a Redis Cluster of three masters, the backend
+// named in each handler: every algorithm admits exactly 100, and a
+// request limited by a per-client zone and a global zone, whose keys live
+// in different slots, never passes either limit.
+func TestRedisFleetCluster(t *testing.T) {
+	nodes := redistest.Cluster(t)
+	prefix := fmt.Sprintf("fleet%d:", time.Now().UnixNano())
+	backend := redisBackend(3, "address "+strings.Join(nodes, " "), "cluster", "key_prefix "+prefix)
+	site := fleetSite(fleetAlgorithms, backend, `	handle /two_slots {
+		rate_limit {
+			`+backend+`
+			zone fleet_per_client {
+				key {http.request.header.X-Client}
+				rate 2/10m
+			}
+			zone fleet_all {
+				key everyone
+				rate 100/10m
+			}
+		}
+		respond ok
+	}
+`)
+	f := startFleet(t, fleetSize, fleetGlobals("")+site)
+	for _, a := range fleetAlgorithms {
+		t.Run(a, func(t *testing.T) {
+			f.expectLimit(t, a)
+		})
+	}
+	t.Run("two_slots", func(t *testing.T) {
+		// 64 clients of 2 each could take 128: the global zone stops them
+		// at 100. A request the per-client zone denies gives back what the
+		// global zone's slot took, so the 100 are all used.
+		total := 10 * fleetClients
+		r := f.flood(t, "/two_slots", total, func(c int) http.Header {
+			return http.Header{"X-Client": {"client-" + strconv.Itoa(c)}}
+		})
+		if len(r.other) > 0 || r.admitted != fleetLimit || r.denied != total-fleetLimit {
+			t.Fatalf("admitted %d, denied %d of %d, other %v (per instance %v), want exactly %d", r.admitted, r.denied, total, r.other, r.perInstance, fleetLimit)
+		}
+		for c, n := range r.perClient {
+			if n > 2 {
+				t.Fatalf("client %d was admitted %d times, over its 2", c, n)
+			}
+		}
+		t.Logf("two slots: admitted %d of %d in %v (per instance %v, %d clients admitted)", r.admitted, total, r.elapsed.Round(time.Millisecond), r.perInstance, len(r.perClient))
+		// The two zones' keys are spread over the masters: the requests
+		// were decided across slots, not by one node.
+		holding := 0
+		for _, addr := range nodes {
+			c := goredis.NewClient(&goredis.Options{Addr: addr})
+			n := 0
+			for _, zone := range []string{"fleet_per_client", "fleet_all"} {
+				keys, err := c.Keys(context.Background(), prefix+zone+"/*").Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				n += len(keys)
+			}
+			c.Close()
+			if n > 0 {
+				holding++
+			}
+		}
+		if holding < 2 {
+			t.Fatalf("the two zones' keys are on %d master(s), want them spread", holding)
+		}
+	})
+}
+
+// A fleet that finds its master through Sentinel shares it as well.
+func TestRedisFleetSentinel(t *testing.T) {
+	_, sentinel := redistest.Sentinel(t, "fleet-master")
+	prefix := fmt.Sprintf("fleet%d:", time.Now().UnixNano())
+	algs := []string{"sliding_window", "token_bucket"}
+	cfg := fleetGlobals(globalBackend("sentinel fleet-master "+sentinel.Addr, "key_prefix "+prefix)) + fleetSite(algs, "", "")
+	f := startFleet(t, fleetSize, cfg)
+	for _, a := range algs {
+		t.Run(a, func(t *testing.T) {
+			f.expectLimit(t, a)
 		})
 	}
 }

@@ -66,9 +66,9 @@ type Handler struct {
 	BackendRaw json.RawMessage `json:"backend,omitempty" caddy:"namespace=http.rate_limit.backends inline_key=name"`
 
 	// Distributed is mholt/caddy-ratelimit's approximate cluster sync
-	// through Caddy storage. Sluice accepts it so such configs load, but does
-	// not implement it: limits are enforced per instance, and a warning is
-	// logged at startup.
+	// through Caddy storage. Sluice accepts it so such configs load, and
+	// ignores it (a warning is logged at startup): to share limits across a
+	// fleet, use the redis backend.
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 
 	// StorageRaw is the storage mholt/caddy-ratelimit syncs through; it is
@@ -159,7 +159,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		return fmt.Errorf("sweep_interval must be from %v to %v, got %v", minSweepInterval, maxSweepInterval, si)
 	}
 	if len(h.Distributed) > 0 && string(h.Distributed) != "null" {
-		h.logger.Warn("the distributed option of mholt/caddy-ratelimit is accepted but not implemented: each instance enforces its zones on its own",
+		h.logger.Warn("the distributed option of mholt/caddy-ratelimit is ignored: the backend decides whether instances share limits (backend redis shares them across a fleet)",
 			zap.String("zones", strings.Join(slices.Sorted(maps.Keys(h.RateLimits)), ",")))
 	}
 

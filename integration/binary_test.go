@@ -116,7 +116,6 @@ func TestBinaryAdaptsExample(t *testing.T) {
 
 // The quick start: Caddy runs Caddyfile.example and limits as it says.
 func TestBinaryRunsExample(t *testing.T) {
-	bin := binary(t)
 	example, err := os.ReadFile("../Caddyfile.example")
 	if err != nil {
 		t.Fatal(err)
@@ -130,19 +129,7 @@ func TestBinaryRunsExample(t *testing.T) {
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "run", "--config", file)
-	var logs strings.Builder
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("caddy output:\n%s", logs.String())
-		}
-	})
+	startCaddy(t, file)
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	waitUp(t, base+"/")
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 func TestBreakerTripsAndProbes(t *testing.T) {
@@ -71,7 +72,7 @@ func TestBreakerTripsAndProbes(t *testing.T) {
 // A Redis that does not answer costs the first requests their timeout,
 // then the breaker answers at once.
 func TestModuleBreakerOnDeadRedis(t *testing.T) {
-	port, err := freePort()
+	port, err := redistest.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

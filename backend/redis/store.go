@@ -42,6 +42,12 @@ type Options struct {
 	// Timeout bounds each Decide and Refund (all their calls to Redis);
 	// default 100ms.
 	Timeout time.Duration
+	// NoCache turns off the over-limit cache: every request is decided
+	// by Redis, even for keys Redis just declared over their limit.
+	NoCache bool
+	// CacheSize is the most keys the over-limit cache remembers, each a
+	// few hundred bytes; the oldest makes room. Default: DefaultCacheSize.
+	CacheSize int
 
 	// Tests only: now, when set, is the clock the script decides with
 	// (instead of the Redis server's TIME) and that policy changes are
@@ -62,6 +68,7 @@ type Store struct {
 	prefix  string
 	timeout time.Duration
 	opts    Options
+	cache   *overCache // nil when off
 
 	mu   sync.Mutex
 	held []held
@@ -102,8 +109,28 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 		s.timeout = DefaultTimeout
 	}
 	_, s.cluster = client.(*goredis.ClusterClient)
+	if opts.CacheSize < 0 {
+		return nil, fmt.Errorf("redis backend: cache size must be positive, got %d", opts.CacheSize)
+	}
+	if !opts.NoCache {
+		size := opts.CacheSize
+		if size == 0 {
+			size = DefaultCacheSize
+		}
+		now := monotonic
+		if opts.now != nil {
+			now = opts.now
+		}
+		s.cache = newOverCache(size, now)
+	}
 	return s, nil
 }
+
+var started = time.Now()
+
+// monotonic reads the monotonic clock, so that a step of the wall clock
+// does not stretch what the over-limit cache remembers.
+func monotonic() int64 { return int64(time.Since(started)) }
 
 func contextTimeouts(c goredis.UniversalClient) bool {
 	switch c := c.(type) {
@@ -305,6 +332,32 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 	if err != nil || len(items) == 0 {
 		return err == nil, err
 	}
+	results := make([]algorithms.Result, len(items))
+	var sent int64
+	var probing []*overEntry
+	if s.cache != nil {
+		for {
+			ok, wait, p := s.cache.answer(items, results)
+			if ok {
+				for i := range reqs {
+					out[i] = results[of[i]]
+				}
+				return false, nil
+			}
+			if wait == nil {
+				probing = p
+				break
+			}
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return false, fmt.Errorf("redis backend: %w", ctx.Err())
+			}
+		}
+		// Released here unless learn got to it first (an error).
+		defer s.cache.release(probing)
+		sent = s.cache.now()
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 
@@ -322,7 +375,6 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 	})
 	runErr := s.run(ctx, gs)
 
-	results := make([]algorithms.Result, len(items))
 	allowed := true
 	var failed error
 	for g := range gs {
@@ -344,6 +396,9 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 		if failed != nil {
 			return false, fmt.Errorf("redis backend: %w", failed)
 		}
+	}
+	if s.cache != nil {
+		s.cache.learn(items, results, allowed, sent, probing)
 	}
 	for i := range reqs {
 		out[i] = results[of[i]]
@@ -458,6 +513,11 @@ func (s *Store) refund(ctx context.Context, mode string, items []item, which []i
 	sub := make([]item, len(which))
 	for k, i := range which {
 		sub[k] = items[i]
+	}
+	if s.cache != nil {
+		// Units come back: a denial remembered for these keys may no
+		// longer hold, whatever the call's fate.
+		s.cache.forget(sub)
 	}
 	gs := s.groups(sub)
 	s.prepare(ctx, mode, gs, sub, func(i int) (string, string) {

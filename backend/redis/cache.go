@@ -23,6 +23,7 @@ type overCache struct {
 	size int
 
 	mu    sync.Mutex
+	epoch uint64 // counts refunds: a denial sent before one may be stale
 	byKey map[string]*list.Element
 	order list.List // of *overEntry, oldest first
 }
@@ -107,6 +108,13 @@ func (e *overEntry) covers(cost, now int64) bool {
 	return now < e.until && cost == e.cost && e.res.Remaining == cost-1
 }
 
+// mark is read before a call: the clock, and the refunds so far.
+func (c *overCache) mark() (now int64, epoch uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now(), c.epoch
+}
+
 // release lets the requests waiting on probing go.
 func (c *overCache) release(probing []*overEntry) {
 	if len(probing) == 0 {
@@ -132,13 +140,17 @@ func (c *overCache) remove(el *list.Element) {
 }
 
 // learn records the items Redis denied and releases probing; took is
-// whether the request was allowed (its keys charged); sent is the
+// whether the request was allowed (its keys charged); epoch is mark's at
+// the call; sent is the
 // local clock read before the call, so the remembered retry time is never
 // later than the one Redis computed on its own clock.
-func (c *overCache) learn(items []item, results []algorithms.Result, took bool, sent int64, probing []*overEntry) {
+func (c *overCache) learn(items []item, results []algorithms.Result, took bool, sent int64, epoch uint64, probing []*overEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.releaseLocked(probing)
+	// A refund that ran while the call was under way may have made
+	// room after Redis denied: such a denial is not remembered.
+	fresh := epoch == c.epoch
 	for i := range items {
 		it, r := &items[i], results[i]
 		el, found := c.byKey[it.key]
@@ -160,7 +172,7 @@ func (c *overCache) learn(items []item, results []algorithms.Result, took bool, 
 			}
 			continue
 		}
-		if it.shadow || it.cost <= 0 || r.RetryAfter <= 0 {
+		if !fresh || it.shadow || it.cost <= 0 || r.RetryAfter <= 0 {
 			continue
 		}
 		if found {
@@ -174,10 +186,14 @@ func (c *overCache) learn(items []item, results []algorithms.Result, took bool, 
 	}
 }
 
-// forget drops the entries of keys whose units were given back.
+// forget drops the entries of keys whose units are given back, and makes
+// the denials of calls under way stale. It is called before the refund
+// and again after it: a call sent before the refund ran may learn a
+// denial that the refund has undone.
 func (c *overCache) forget(items []item) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.epoch++
 	for i := range items {
 		if el, ok := c.byKey[items[i].key]; ok {
 			c.remove(el)

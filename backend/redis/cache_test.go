@@ -17,21 +17,29 @@ import (
 	"github.com/sluicehq/sluice/backend"
 )
 
-// callCounter counts the commands a client sends, pipelined or not.
+// callCounter counts the script calls a client sends, pipelined or not.
 type callCounter struct{ n atomic.Int64 }
+
+func (c *callCounter) count(cmd goredis.Cmder) {
+	if n := cmd.Name(); n == "evalsha" || n == "eval" {
+		c.n.Add(1)
+	}
+}
 
 func (c *callCounter) DialHook(next goredis.DialHook) goredis.DialHook { return next }
 
 func (c *callCounter) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 	return func(ctx context.Context, cmd goredis.Cmder) error {
-		c.n.Add(1)
+		c.count(cmd)
 		return next(ctx, cmd)
 	}
 }
 
 func (c *callCounter) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []goredis.Cmder) error {
-		c.n.Add(int64(len(cmds)))
+		for _, cmd := range cmds {
+			c.count(cmd)
+		}
 		return next(ctx, cmds)
 	}
 }
@@ -322,7 +330,7 @@ func TestCacheWaitEndsWithContext(t *testing.T) {
 	defer s.Close()
 	z := mustZone(t, s, "cwait", algorithms.NameFixedWindow, policy(1, time.Hour))
 	it := item{key: z.(*zone).prefix + "k}", conf: z.(*zone).st.conf.Load(), cost: 1}
-	s.cache.learn([]item{it}, []algorithms.Result{{RetryAfter: 1}}, false, s.cache.now()-2, nil)
+	s.cache.learn([]item{it}, []algorithms.Result{{RetryAfter: 1}}, false, s.cache.now()-2, 0, nil)
 	ok, wait, probing := s.cache.answer([]item{it}, make([]algorithms.Result, 1))
 	if ok || wait != nil || len(probing) != 1 {
 		t.Fatalf("expired entry: ok=%v wait=%v probing=%d, want this request to probe", ok, wait, len(probing))
@@ -370,5 +378,24 @@ func TestModuleLocalCache(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "local_cache") && !strings.Contains(err.Error(), "argument") {
 			t.Fatalf("%q: error %v, want one naming local_cache", bad, err)
 		}
+	}
+}
+
+// A denial that Redis gave before a refund of this process ran is not
+// remembered: the refund may have made room.
+func TestCacheDenialRacingARefund(t *testing.T) {
+	c := newOverCache(10, func() int64 { return 1000 })
+	it := item{key: "k", conf: new(zoneConf), cost: 1}
+	denied := []algorithms.Result{{Limit: 1, RetryAfter: 500}}
+	sent, epoch := c.mark()
+	c.forget([]item{it}) // a refund of k, between the call and its answer
+	c.learn([]item{it}, denied, false, sent, epoch, nil)
+	if c.len() != 0 {
+		t.Fatal("a denial answered before a refund was remembered")
+	}
+	sent, epoch = c.mark()
+	c.learn([]item{it}, denied, false, sent, epoch, nil)
+	if ok, _, _ := c.answer([]item{it}, make([]algorithms.Result, 1)); !ok {
+		t.Fatal("a denial with no refund since was not remembered")
 	}
 }

@@ -45,6 +45,10 @@ type Options struct {
 	// NoCache turns off the over-limit cache: every request is decided
 	// by Redis, even for keys Redis just declared over their limit.
 	NoCache bool
+	// NoBatch sends each decision on a connection of its own instead of
+	// pipelining concurrent decisions together (go-redis automatic
+	// pipelining).
+	NoBatch bool
 	// CacheSize is the most keys the over-limit cache remembers, each a
 	// few hundred bytes; the oldest makes room. Default: DefaultCacheSize.
 	CacheSize int
@@ -68,7 +72,8 @@ type Store struct {
 	prefix  string
 	timeout time.Duration
 	opts    Options
-	cache   *overCache // nil when off
+	cache   *overCache             // nil when off
+	batch   *goredis.AutoPipeliner // nil when off; closed with the client
 
 	mu   sync.Mutex
 	held []held
@@ -109,6 +114,18 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 		s.timeout = DefaultTimeout
 	}
 	_, s.cluster = client.(*goredis.ClusterClient)
+	if !opts.NoBatch {
+		var err error
+		switch c := client.(type) {
+		case *goredis.Client:
+			s.batch, err = c.AsyncAutoPipeline()
+		case *goredis.ClusterClient:
+			s.batch, err = c.AsyncAutoPipeline()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("redis backend: pipelining: %w", err)
+		}
+	}
 	if opts.CacheSize < 0 {
 		return nil, fmt.Errorf("redis backend: cache size must be positive, got %d", opts.CacheSize)
 	}
@@ -334,6 +351,7 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 	}
 	results := make([]algorithms.Result, len(items))
 	var sent int64
+	var epoch uint64
 	var probing []*overEntry
 	if s.cache != nil {
 		for {
@@ -356,7 +374,7 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 		}
 		// Released here unless learn got to it first (an error).
 		defer s.cache.release(probing)
-		sent = s.cache.now()
+		sent, epoch = s.cache.mark()
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -398,7 +416,7 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 		}
 	}
 	if s.cache != nil {
-		s.cache.learn(items, results, allowed, sent, probing)
+		s.cache.learn(items, results, allowed, sent, epoch, probing)
 	}
 	for i := range reqs {
 		out[i] = results[of[i]]
@@ -516,7 +534,7 @@ func (s *Store) refund(ctx context.Context, mode string, items []item, which []i
 	}
 	if s.cache != nil {
 		// Units come back: a denial remembered for these keys may no
-		// longer hold, whatever the call's fate.
+		// longer hold, whatever the call's fate (again once it ran).
 		s.cache.forget(sub)
 	}
 	gs := s.groups(sub)
@@ -525,6 +543,9 @@ func (s *Store) refund(ctx context.Context, mode string, items []item, which []i
 		return strconv.FormatInt(r.At, 10), strconv.FormatInt(r.Delay, 10)
 	})
 	err := s.run(ctx, gs)
+	if s.cache != nil {
+		s.cache.forget(sub)
+	}
 	for g := range gs {
 		if e := gs[g].cmd.Err(); e != nil {
 			err = e
@@ -559,7 +580,16 @@ func evalCmd(ctx context.Context, keys []string, args []any) *goredis.Cmd {
 // pipeline. A call refused with NOSCRIPT did not run, so it is sent again
 // with the source.
 func (s *Store) run(ctx context.Context, gs []group) error {
-	if len(gs) == 1 {
+	if len(gs) == 1 && s.batch != nil {
+		// The call rides the next batch written to the connection;
+		// waiting for it ends at the call's deadline, and a call
+		// abandoned there is not read, since its reply may still come.
+		if err := s.batch.Submit(ctx, once{gs[0].cmd}).WaitContext(ctx); err != nil && ctx.Err() != nil {
+			gs[0].cmd = goredis.NewCmd(ctx)
+			gs[0].cmd.SetErr(err)
+			return err
+		}
+	} else if len(gs) == 1 {
 		_ = s.client.Process(ctx, once{gs[0].cmd})
 	} else {
 		pipe := s.client.Pipeline()

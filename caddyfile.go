@@ -119,8 +119,9 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        ipv4_prefix <bits>
 //	        ipv6_prefix <bits>
 //	        max_keys   <n>
+//	        fail       open|closed|local
 //	        scope <name> {
-//	            <the options above, from key to max_keys>
+//	            <the options above, from key to fail>
 //	        }
 //	        allow       <cidr...>
 //	        deny        <cidr...>
@@ -448,6 +449,10 @@ func (p *limitParser) option(opt string) error {
 		l.Normalize = append(l.Normalize, n)
 	case "hash":
 		l.Hash, err = oneArg(d)
+	case "fail":
+		if l.Fail, err = oneArg(d); err == nil && !validFail(l.Fail) {
+			return d.Errf("%s: fail must be open, closed or local, got %q", p.where, l.Fail)
+		}
 	case "missing":
 		if l.Missing, err = oneArg(d); err == nil {
 			switch l.Missing {

@@ -98,6 +98,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"negative jitter", "rate_limit {\n\tjitter -0.5\n}", `invalid jitter "-0.5"`, 3},
 		{"log_key with value", "rate_limit {\n\tlog_key yes\n}", "wrong argument count", 3},
 		{"bad distributed option", "rate_limit {\n\tdistributed {\n\t\tevery 5s\n\t}\n}", `distributed: unrecognized subdirective "every"`, 4},
+		{"bad fail", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tfail maybe\n\t}\n}", `zone "a": fail must be open, closed or local, got "maybe"`, 5},
 		{"bad max_delay", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tmax_delay soon\n\t}\n}", `invalid max_delay "soon"`, 5},
 		{"unknown by", "rate_limit {\n\tzone a {\n\t\tby magic\n\t\trate 1/s\n\t}\n}", `by "magic": want ip, subnet`, 4},
 		{"by header without name", "rate_limit {\n\tzone a {\n\t\tby header\n\t\trate 1/s\n\t}\n}", "by header takes 1 argument(s), got 0", 4},

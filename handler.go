@@ -128,9 +128,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !h.DisableMetrics {
 		start = h.now()
 	}
-	allowed, err := h.store.Decide(r.Context(), reqs, out)
+	store := h.store
+	allowed, err := store.Decide(r.Context(), reqs, out)
 	if err != nil {
-		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate_limit: %w", err))
+		if reqs, limits, out, allowed, err = h.failover(w, r, reqs, limits, out, fmt.Errorf("rate_limit: %w", err)); err != nil {
+			return err
+		}
+		if len(reqs) == 0 {
+			return next.ServeHTTP(w, r)
+		}
+		store = h.local
 	}
 	if !h.DisableMetrics {
 		elapsed := float64(h.now()-start) / 1e9
@@ -152,7 +159,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if i := tightest(limits, out); i >= 0 {
 		setPlaceholders(repl, limits[i], out[i])
 	}
-	if err := h.wait(r, limits, reqs, out); err != nil {
+	if err := h.wait(r, store, limits, reqs, out); err != nil {
 		return err
 	}
 	return next.ServeHTTP(w, r)
@@ -211,7 +218,7 @@ const statusClientClosed = 499
 // wait holds an admitted request until its slot in every leaky_bucket
 // queue it was given one in. A client that leaves first gives back what
 // the request took, so its slot goes to the next in line.
-func (h *Handler) wait(r *http.Request, limits []*Limit, reqs []backend.Request, out []algorithms.Result) error {
+func (h *Handler) wait(r *http.Request, store backend.Store, limits []*Limit, reqs []backend.Request, out []algorithms.Result) error {
 	var delay int64
 	for i, l := range limits {
 		if !l.zone.Shadow {
@@ -228,7 +235,7 @@ func (h *Handler) wait(r *http.Request, limits []*Limit, reqs []backend.Request,
 		return nil
 	case <-r.Context().Done():
 	}
-	if err := h.store.Refund(context.WithoutCancel(r.Context()), reqs, out); err != nil {
+	if err := store.Refund(context.WithoutCancel(r.Context()), reqs, out); err != nil {
 		h.logger.Error("giving back the slot of a request whose client left", zap.Error(err))
 	}
 	return caddyhttp.Error(statusClientClosed, r.Context().Err())

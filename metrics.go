@@ -24,6 +24,7 @@ type metricSet struct {
 	shadow   *prometheus.CounterVec
 	listed   *prometheus.CounterVec
 	missing  *prometheus.CounterVec
+	failures *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	state    stateCollector
 }
@@ -51,6 +52,10 @@ func newMetricSet() *metricSet {
 			Namespace: ns, Subsystem: sub, Name: "missing_key_requests_total",
 			Help: "Requests whose key could not be built, by the policy applied.",
 		}, []string{"zone", "scope", "policy"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "backend_failures_total",
+			Help: "Requests a limit could not decide because its backend was unavailable, by the fail policy applied.",
+		}, []string{"zone", "scope", "policy"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "process_time_seconds",
 			Help:    "Time taken to decide a request, for each zone it matched.",
@@ -73,7 +78,7 @@ func registerMetrics(reg *prometheus.Registry, store backend.Store) error {
 	if reg == nil {
 		return nil
 	}
-	collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.duration}
+	collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.duration}
 	if src, ok := store.(backend.StatsReporter); ok {
 		// The collectors of several handlers are one to the registry (the
 		// same descriptions): the first registered reports. A memory

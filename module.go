@@ -86,6 +86,7 @@ type Handler struct {
 
 	zones    []*Zone
 	store    backend.Store
+	local    backend.Store // decides "local" limits while store is unavailable
 	logger   *zap.Logger
 	denyLog  *zap.Logger
 	events   *caddyevents.App
@@ -205,7 +206,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 			z.denyC = metrics.listed.WithLabelValues(z.name, "deny")
 		}
 	}
-	return nil
+	return h.provisionFailover(ctx)
 }
 
 // loadStore loads the configured backend (the memory store by default) and
@@ -226,14 +227,21 @@ func (h *Handler) loadStore(ctx caddy.Context) (backend.Store, error) {
 		return nil, fmt.Errorf("backend: module %s is not a rate limit store", mod.(caddy.Module).CaddyModule().ID)
 	}
 	if c, ok := store.(backend.Configurable); ok {
-		c.Configure(backend.Setup{Now: h.now, SweepInterval: time.Duration(h.SweepInterval), Logger: h.logger})
+		c.Configure(h.setup())
 	}
 	return store, nil
+}
+
+func (h *Handler) setup() backend.Setup {
+	return backend.Setup{Now: h.now, SweepInterval: time.Duration(h.SweepInterval), Logger: h.logger}
 }
 
 // Cleanup releases the zones' state; state still used by another config
 // (the one replacing this one in a reload) stays.
 func (h *Handler) Cleanup() error {
+	if h.local != nil {
+		_ = h.local.Close()
+	}
 	if h.store != nil {
 		return h.store.Close()
 	}

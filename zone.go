@@ -221,6 +221,18 @@ type Limit struct {
 	// for sliding_window). At most 1,073,741,824 (2^30).
 	MaxKeys int `json:"max_keys,omitempty"`
 
+	// Fail is what the limit does when its backend cannot decide (Redis
+	// unreachable, slower than its timeout, or its circuit breaker open):
+	// "open" admits the request (counted in
+	// caddy_rate_limit_backend_failures_total), "closed" answers 503
+	// Service Unavailable with Retry-After, "local" limits on an
+	// in-process store of this instance alone. When a request's limits
+	// disagree, one "closed" limit refuses it; otherwise the "local" ones
+	// decide it and the "open" ones let it through. A scope without a
+	// policy takes its zone's. The memory backend never fails. Default:
+	// "open".
+	Fail string `json:"fail,omitempty"`
+
 	zone      *Zone
 	scope     string // "" for the zone's own limit
 	keyer     *keys.Keyer
@@ -228,6 +240,9 @@ type Limit struct {
 	algorithm string
 	maxCost   int64
 	metrics   zoneMetrics
+	cfg       backend.ZoneConfig // as registered with the store
+	local     backend.Zone       // the in-process fallback of a "local" limit
+	failC     prometheus.Counter
 	// Placeholders of the key and cost that an earlier handler must set.
 	keyEarlier, costEarlier []*earlierWatch
 }
@@ -273,6 +288,9 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 	// A scope without a key of its own counts the zone's key, processed the
 	// same way: a cooldown or a daily cap on the same identifier.
 	for _, l := range z.Scopes {
+		if l != nil {
+			l.Fail = cmp.Or(l.Fail, z.Fail)
+		}
 		if l != nil && l.Key == "" {
 			l.Key = z.Key
 			l.IPv4Prefix = cmp.Or(l.IPv4Prefix, z.IPv4Prefix)
@@ -350,7 +368,8 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	}
 	policy := l.policy()
 	var err error
-	l.handle, err = store.Zone(backend.ZoneConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Owner: owner})
+	l.cfg = backend.ZoneConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Owner: owner}
+	l.handle, err = store.Zone(l.cfg)
 	if err != nil {
 		return err
 	}
@@ -390,6 +409,8 @@ func (l *Limit) check() (string, error) {
 		return "", fmt.Errorf("burst must be at least 1, got %d", l.Burst)
 	case l.MaxDelay < 0:
 		return "", fmt.Errorf("max_delay must be positive, got %v", time.Duration(l.MaxDelay))
+	case !validFail(l.Fail):
+		return "", fmt.Errorf("fail must be open, closed or local, got %q", l.Fail)
 	}
 	switch l.Missing {
 	case "", MissingShared, MissingSkip, MissingDeny:
@@ -435,6 +456,7 @@ func (l *Limit) provision(logger *zap.Logger) error {
 		return err
 	}
 	l.Missing = cmp.Or(l.Missing, MissingShared)
+	l.Fail = cmp.Or(l.Fail, FailOpen)
 	l.algorithm = alg
 	l.maxCost = algorithms.MaxCost(alg, l.policy())
 

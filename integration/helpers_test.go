@@ -144,6 +144,7 @@ func adminRequest(t *testing.T, method, path, contentType, body string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	req.Close = true // a /load replaces the admin server: never reuse a connection to it
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
@@ -178,6 +179,7 @@ func assertLoadError(t *testing.T, cfg, kind, want string) {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", ctype)
+	req.Close = true
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

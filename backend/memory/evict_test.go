@@ -226,3 +226,28 @@ func TestEvictionSkipsDenyingWhileShardBusy(t *testing.T) {
 		t.Fatalf("%d denying keys evicted, %d keys; want 0 and %d", d, n, maxKeys)
 	}
 }
+
+// A zone whose logs are so long that the smallest default cap exceeds the
+// memory the default is sized for says so when it is registered.
+func TestDefaultCapOverBudgetWarns(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	s := New(Options{Logger: zap.New(core)})
+	t.Cleanup(func() { _ = s.Close() })
+	long := algorithms.Policy{Limit: 100_000, Window: 3600 * sec}
+	if _, err := s.Zone(backend.ZoneConfig{Name: t.Name() + "/long", Algorithm: algorithms.NameSlidingWindow, Policy: long}); err != nil {
+		t.Fatal(err)
+	}
+	if logs.Len() != 1 {
+		t.Fatalf("%d warnings for a default cap of 1,024 keys of 100,000 events, want 1", logs.Len())
+	}
+	if worst := logs.All()[0].ContextMap()["worst_case_bytes"].(int64); worst < 1024*100_000*8 {
+		t.Fatalf("worst case %d bytes, want at least 1,024 keys × 100,000 events × 8 bytes", worst)
+	}
+	short := algorithms.Policy{Limit: 1000, Window: 3600 * sec}
+	if _, err := s.Zone(backend.ZoneConfig{Name: t.Name() + "/short", Algorithm: algorithms.NameSlidingWindow, Policy: short, Cost: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if logs.Len() != 1 {
+		t.Fatalf("a zone within the budget warned: %v", logs.All()[1].Message)
+	}
+}

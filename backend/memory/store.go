@@ -173,6 +173,10 @@ func register[S any](s *Store, cfg backend.ZoneConfig, kind algorithms.Kind, alg
 	maxKeys := cfg.MaxKeys
 	if maxKeys == 0 {
 		maxKeys = defaultMaxKeys(kind, cfg.Policy, cfg.Cost)
+		if worst := int64(maxKeys) * bytesPerKey(kind, cfg.Policy, cfg.Cost); worst > defaultTargetBytes && s.logger != nil {
+			s.logger.Warn("this limit's default max_keys can hold more than 100 MB: each key's log holds up to max_events events; set max_keys, or use sliding_window_counter, whose keys take 24 bytes",
+				zap.String("zone", cfg.Name), zap.String("scope", cfg.Scope), zap.Int("max_keys", maxKeys), zap.Int64("worst_case_bytes", worst))
+		}
 	}
 	key := poolKey{cfg.Name, cfg.Scope, kind}
 	v, loaded, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {

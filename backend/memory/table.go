@@ -569,7 +569,19 @@ func (t *table[S]) DenyingEvictions() uint64 { return t.denying.Load() }
 // cost, at 8 bytes each; max_events for a cost that varies (0), at 12 bytes
 // each, since each event then records its own units.
 func defaultMaxKeys(kind algorithms.Kind, p algorithms.Policy, cost int64) int {
-	const targetBytes = 100 << 20
+	return int(max(defaultTargetBytes/bytesPerKey(kind, p, cost), minDefaultKeys))
+}
+
+// defaultTargetBytes is the heap a zone's default key cap is sized for.
+const defaultTargetBytes = 100 << 20
+
+// minDefaultKeys is the smallest default key cap: below it, a zone of
+// long exact logs would track too few clients to be useful, so it may use
+// more than defaultTargetBytes (the handler warns).
+const minDefaultKeys = 1024
+
+// bytesPerKey is the heap one key of a full window takes at most.
+func bytesPerKey(kind algorithms.Kind, p algorithms.Policy, cost int64) int64 {
 	var per int64
 	switch kind {
 	case algorithms.KindLog:
@@ -586,7 +598,7 @@ func defaultMaxKeys(kind algorithms.Kind, p algorithms.Policy, cost int64) int {
 	default:
 		per = bytesPerBucketKey
 	}
-	return int(max(targetBytes/per, 1024))
+	return per
 }
 
 func nextPow2(n int64) int64 {

@@ -73,13 +73,14 @@ type Module struct {
 
 	// LocalCache remembers, in this process, the keys Redis declared over
 	// their limit until their retry time, and denies further requests of
-	// the same or a larger cost on them without asking Redis (at most
+	// the same cost on them without asking Redis (at most
 	// 10,000 keys, the oldest making room). Default: true. docs/redis.md
 	// says when its answers can differ from Redis's.
 	LocalCache *bool `json:"local_cache,omitempty"`
 
 	*Store
 	poolKey string
+	breaker *breaker
 }
 
 // Sentinel names a master and the Sentinels that know it.
@@ -117,13 +118,16 @@ func (*Module) CaddyModule() caddy.ModuleInfo {
 // configs that name the same Redis.
 var clients = caddy.NewUsagePool()
 
-type sharedClient struct{ goredis.UniversalClient }
+type sharedClient struct {
+	goredis.UniversalClient
+	breaker *breaker
+}
 
 func (c sharedClient) Destruct() error { return c.Close() }
 
 // Provision connects (lazily: nothing is dialled until the first request,
 // so `caddy validate` needs no Redis) and makes the store.
-func (m *Module) Provision(caddy.Context) error {
+func (m *Module) Provision(ctx caddy.Context) error {
 	opts, err := m.clientOptions(caddy.NewReplacer())
 	if err != nil {
 		return err
@@ -133,12 +137,13 @@ func (m *Module) Provision(caddy.Context) error {
 		return err
 	}
 	v, _, err := clients.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return sharedClient{goredis.NewUniversalClient(opts)}, nil
+		return sharedClient{goredis.NewUniversalClient(opts), newBreaker(ctx.Logger(), breakerOpenFor)}, nil
 	})
 	if err != nil {
 		return err
 	}
 	m.poolKey = key
+	m.breaker = v.(sharedClient).breaker
 	m.Store, err = New(v.(sharedClient).UniversalClient, Options{
 		KeyPrefix: m.KeyPrefix, Timeout: time.Duration(m.Timeout),
 		NoCache: m.LocalCache != nil && !*m.LocalCache,

@@ -1,0 +1,125 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+func TestBreakerTripsAndProbes(t *testing.T) {
+	const openFor = 40 * time.Millisecond
+	b := newBreaker(zap.NewNop(), openFor)
+	calls := 0
+	down := errors.New("connection refused")
+	var fail error = down
+	call := func() (bool, error) { calls++; return fail == nil, fail }
+
+	// A caller that left is not Redis's failure.
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 10 {
+		if _, err := b.do(gone, call); errors.Is(err, backend.ErrUnavailable) || !errors.Is(err, down) {
+			t.Fatalf("a cancelled caller's error %v: want it as is, not unavailable", err)
+		}
+	}
+	ctx := context.Background()
+	for i := range breakerTrips {
+		_, err := b.do(ctx, call)
+		if ue, ok := errors.AsType[*backend.UnavailableError](err); !ok || !errors.Is(err, down) || ue.RetryAfter != 0 {
+			t.Fatalf("failure %d: %v, want unavailable wrapping the cause, no retry time yet", i, err)
+		}
+	}
+	before := calls
+	_, err := b.do(ctx, call)
+	ue, ok := errors.AsType[*backend.UnavailableError](err)
+	if !ok || calls != before || ue.RetryAfter <= 0 || ue.RetryAfter > openFor {
+		t.Fatalf("after %d failures: %v (%d calls made), want an open breaker with 0 < retry ≤ %v and no call", breakerTrips, err, calls-before, openFor)
+	}
+
+	// Once openFor has passed (a lower bound), one probe goes through; it
+	// fails, so the breaker opens again at once.
+	time.Sleep(openFor)
+	if _, err := b.do(ctx, call); calls != before+1 || !errors.Is(err, down) {
+		t.Fatalf("probe: %v after %d calls, want the probe made and failed", err, calls-before)
+	}
+	if _, err := b.do(ctx, call); calls != before+1 || !errors.Is(err, backend.ErrUnavailable) {
+		t.Fatalf("after a failed probe: %v, want open again without a call", err)
+	}
+	time.Sleep(openFor)
+	fail = nil
+	if ok, err := b.do(ctx, call); !ok || err != nil {
+		t.Fatalf("probe after recovery: %v %v", ok, err)
+	}
+	for range 5 {
+		if ok, err := b.do(ctx, call); !ok || err != nil {
+			t.Fatalf("closed again: %v %v", ok, err)
+		}
+	}
+	if calls != before+7 {
+		t.Fatalf("%d calls after recovery, want every request to reach Redis again", calls-before-1)
+	}
+}
+
+// A Redis that does not answer costs the first requests their timeout,
+// then the breaker answers at once.
+func TestModuleBreakerOnDeadRedis(t *testing.T) {
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := provisionModule(t, `{"addresses": ["127.0.0.1:`+strconv.Itoa(port)+`"], "timeout": "50ms", "key_prefix": "`+uniquePrefix(t)+`"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	z, err := m.Zone(backend.ZoneConfig{Name: "breaker_dead", Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: 2, Window: int64(time.Hour)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := []backend.Request{{Zone: z, Key: "k", Cost: 1}}
+	out := make([]algorithms.Result, 1)
+	for i := range breakerTrips + 100 {
+		start := time.Now()
+		_, err := m.Decide(context.Background(), reqs, out)
+		if !errors.Is(err, backend.ErrUnavailable) {
+			t.Fatalf("decision %d: %v, want unavailable", i, err)
+		}
+		if i >= breakerTrips && time.Since(start) > 5*time.Millisecond {
+			t.Fatalf("decision %d with the breaker open took %v", i, time.Since(start))
+		}
+	}
+	if err := m.Refund(context.Background(), reqs, []algorithms.Result{{Allowed: true}}); !errors.Is(err, backend.ErrUnavailable) {
+		t.Fatalf("refund: %v, want unavailable", err)
+	}
+}
+
+// The cost of a decision while Redis is down and the breaker open.
+func BenchmarkDecideBreakerOpen(b *testing.B) {
+	m := new(Module)
+	m.Store, _ = New(goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true}), Options{KeyPrefix: "bench:"})
+	m.breaker = newBreaker(zap.NewNop(), time.Hour)
+	z, err := m.Zone(backend.ZoneConfig{Name: "bench_breaker", Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: 2, Window: int64(time.Hour)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Store.Close()
+	reqs := []backend.Request{{Zone: z, Key: "k", Cost: 1}}
+	out := make([]algorithms.Result, 1)
+	for range breakerTrips {
+		_, _ = m.Decide(context.Background(), reqs, out)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := m.Decide(context.Background(), reqs, out); !errors.Is(err, backend.ErrUnavailable) {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,124 @@
+package sluice
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+// Fail policies: what a limit does when its backend cannot decide.
+const (
+	FailOpen   = "open"
+	FailClosed = "closed"
+	FailLocal  = "local"
+)
+
+// ErrBackendUnavailable is the error behind a 503 answer of a zone that
+// fails closed while its backend is unavailable.
+var ErrBackendUnavailable = errors.New("rate limit backend unavailable")
+
+func validFail(p string) bool {
+	return p == "" || p == FailOpen || p == FailClosed || p == FailLocal
+}
+
+// provisionFailover logs each limit's fail policy when the backend can
+// fail (a memory store decides in-process and cannot), and registers the
+// limits that fail "local" with an in-process memory store, so they limit
+// on their own while the backend is away.
+func (h *Handler) provisionFailover(ctx caddy.Context) error {
+	if m, ok := h.store.(caddy.Module); ok && m.CaddyModule().ID == backend.Namespace+".memory" {
+		return nil
+	}
+	for _, z := range h.zones {
+		for _, l := range z.limits {
+			h.logger.Info("rate limit zone's policy when its backend fails", zap.String("zone", z.name), zap.String("scope", l.scope), zap.String("fail", l.Fail))
+			if !h.DisableMetrics {
+				l.failC = metrics.failures.WithLabelValues(z.name, l.scope, l.Fail)
+			}
+			if l.Fail != FailLocal {
+				continue
+			}
+			if h.local == nil {
+				mod, err := ctx.LoadModuleByID(backend.Namespace+".memory", nil)
+				if err != nil {
+					return err
+				}
+				h.local = mod.(backend.Store)
+				h.local.(backend.Configurable).Configure(h.setup())
+			}
+			// The fallback's counts are this instance's alone: a scope
+			// name no config can spell (scopes hold no "/") keeps them
+			// apart from a memory-backed zone of the same name.
+			cfg := l.cfg
+			cfg.Scope = "/fallback/" + cfg.Scope
+			var err error
+			if l.local, err = h.local.Zone(cfg); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// failover decides a request whose backend failed with err, by the fail
+// policies of the limits it matched. One closed limit makes the whole
+// request 503: that zone promised never to admit unchecked. Otherwise the
+// local limits decide (all or nothing, on the in-process store) and the
+// open ones admit. Shadow limits never deny, whatever their policy. It
+// returns the requests and limits that the local store decided (possibly
+// none), compacted in place, and whether the request may proceed.
+func (h *Handler) failover(w http.ResponseWriter, r *http.Request, reqs []backend.Request, limits []*Limit, out []algorithms.Result, err error) ([]backend.Request, []*Limit, []algorithms.Result, bool, error) {
+	if !errors.Is(err, backend.ErrUnavailable) {
+		return nil, nil, nil, false, caddyhttp.Error(http.StatusInternalServerError, err)
+	}
+	closed := false
+	for _, l := range limits {
+		if l.failC != nil {
+			l.failC.Inc()
+		}
+		closed = closed || l.Fail == FailClosed && !l.zone.Shadow
+	}
+	if closed {
+		var wait time.Duration
+		if ue, ok := errors.AsType[*backend.UnavailableError](err); ok {
+			wait = ue.RetryAfter
+		}
+		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(wait), 10))
+		h.denyLog.Warn("rate limit backend unavailable: refusing the request of a zone that fails closed", h.failFields(r, limits, err)...)
+		return nil, nil, nil, false, caddyhttp.Error(http.StatusServiceUnavailable, ErrBackendUnavailable)
+	}
+	h.denyLog.Warn("rate limit backend unavailable: applying the zones' fail policy", h.failFields(r, limits, err)...)
+	n := 0
+	for i, l := range limits {
+		if l.Fail == FailLocal && l.local != nil {
+			reqs[n], limits[n] = reqs[i], l
+			reqs[n].Zone = l.local
+			n++
+		}
+	}
+	reqs, limits, out = reqs[:n], limits[:n], out[:n]
+	if n == 0 {
+		return reqs, limits, out, true, nil
+	}
+	allowed, err := h.local.Decide(r.Context(), reqs, out)
+	if err != nil {
+		return nil, nil, nil, false, caddyhttp.Error(http.StatusInternalServerError, err)
+	}
+	return reqs, limits, out, allowed, nil
+}
+
+func (h *Handler) failFields(r *http.Request, limits []*Limit, err error) []zap.Field {
+	names := make([]string, len(limits))
+	for i, l := range limits {
+		names[i] = l.displayName() + ":" + l.Fail
+	}
+	return []zap.Field{zap.Strings("limits", names), zap.String("client_ip", clientIP(r)), zap.Error(err)}
+}

@@ -1,0 +1,410 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// foRedis is a redis-server this test started on a fixed port, so it can
+// be killed and started again where Caddy expects it.
+type foRedis struct {
+	t    *testing.T
+	port int
+	cmd  *exec.Cmd
+}
+
+func foStartRedis(t *testing.T, port int) *foRedis {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("redis-server is not installed")
+		}
+		t.Skip("SKIPPING: redis-server is not installed")
+	}
+	r := &foRedis{t: t, port: port}
+	r.start()
+	t.Cleanup(r.kill)
+	return r
+}
+
+func (r *foRedis) start() {
+	r.t.Helper()
+	r.cmd = exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", r.t.TempDir())
+	if err := r.cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if out, err := r.cli("PING"); err == nil && strings.TrimSpace(out) == "PONG" {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r.t.Fatalf("redis-server on port %d did not answer", r.port)
+}
+
+func (r *foRedis) kill() {
+	if r.cmd != nil && r.cmd.Process != nil {
+		_ = r.cmd.Process.Signal(syscall.SIGCONT)
+		_ = r.cmd.Process.Kill()
+		_ = r.cmd.Wait()
+		r.cmd = nil
+	}
+}
+
+func (r *foRedis) cli(args ...string) (string, error) {
+	out, err := exec.Command("redis-cli", append([]string{"-p", strconv.Itoa(r.port)}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// clients is INFO clients' connected_clients, less redis-cli's own.
+func (r *foRedis) clients() int {
+	r.t.Helper()
+	out, err := r.cli("INFO", "clients")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	m := regexp.MustCompile(`connected_clients:(\d+)`).FindStringSubmatch(out)
+	if m == nil {
+		r.t.Fatalf("INFO clients: %q", out)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n - 1
+}
+
+// foCaddy is a Caddy process of the built binary.
+type foCaddy struct {
+	t                              *testing.T
+	base, admin                    string
+	adminPort, httpPort, redisPort int
+}
+
+// foConfig is one site with a rate_limit handler on Redis: /open,
+// /closed and /local are zones failing open, closed and local; /shared a
+// zone of 5 per hour for everyone (rate is varied to make reloads real).
+func foConfig(adminPort, httpPort, redisPort, sharedRate int) string {
+	zone := func(name, path, key string, events int, fail string) string {
+		return fmt.Sprintf(`%q: {"match": [{"path": [%q]}], "key": %q, "max_events": %d, "window": "1h", "fail": %q}`, name, path, key, events, fail)
+	}
+	zones := strings.Join([]string{
+		zone("fo_open", "/open", "global", 1000000, "open"),
+		zone("fo_closed", "/closed", "global", 1000000, "closed"),
+		zone("fo_local", "/local", "{http.request.header.X-Client}", 3, "local"),
+		zone("fo_shared", "/shared", "global", sharedRate, "open"),
+	}, ",")
+	return fmt.Sprintf(`{"admin": {"listen": "127.0.0.1:%d"},
+	  "logging": {"logs": {"default": {"level": "WARN"}}},
+	  "apps": {"http": {"servers": {"s": {"listen": ["127.0.0.1:%d"], "routes": [{"handle": [
+		{"handler": "rate_limit", "backend": {"name": "redis", "addresses": ["127.0.0.1:%d"], "timeout": "50ms"}, "rate_limits": {%s}},
+		{"handler": "static_response", "body": "ok"}]}]}}}}}`, adminPort, httpPort, redisPort, zones)
+}
+
+func foStartCaddy(t *testing.T, redisPort int) *foCaddy {
+	t.Helper()
+	adminPort, httpPort := freePort(t), freePort(t)
+	cfg := foConfig(adminPort, httpPort, redisPort, 5)
+	file := filepath.Join(t.TempDir(), "caddy.json")
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary(t), "run", "--config", file)
+	logs := new(strings.Builder)
+	var mu sync.Mutex
+	cmd.Stdout, cmd.Stderr = lockedWriter{&mu, logs}, lockedWriter{&mu, logs}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			mu.Lock()
+			t.Logf("caddy output:\n%s", logs.String())
+			mu.Unlock()
+		}
+	})
+	c := &foCaddy{t: t, base: fmt.Sprintf("http://127.0.0.1:%d", httpPort), admin: fmt.Sprintf("http://127.0.0.1:%d", adminPort),
+		adminPort: adminPort, httpPort: httpPort, redisPort: redisPort}
+	waitUp(t, c.base+"/")
+	return c
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+var foClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second}
+
+// get answers "status Retry-After".
+func (c *foCaddy) get(path, client string) string {
+	req, _ := http.NewRequest("GET", c.base+path, nil)
+	req.Header.Set("X-Client", client)
+	resp, err := foClient.Do(req)
+	if err != nil {
+		return "error " + err.Error()
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return strings.TrimSpace(fmt.Sprintf("%d %s", resp.StatusCode, resp.Header.Get("Retry-After")))
+}
+
+func (c *foCaddy) goroutines() int {
+	c.t.Helper()
+	resp, err := http.Get(c.admin + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+	var n int
+	if _, err := fmt.Sscanf(line, "goroutine profile: total %d", &n); err != nil {
+		c.t.Fatalf("goroutine profile %q: %v", line, err)
+	}
+	return n
+}
+
+func (c *foCaddy) load(cfg string) {
+	c.t.Helper()
+	resp, err := http.Post(c.admin+"/load", "application/json", strings.NewReader(cfg))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		c.t.Fatalf("POST /load: %d %s", resp.StatusCode, body)
+	}
+}
+
+// settle waits for the goroutine count to stop falling (connections and
+// timers of a finished reload wind down) and returns it.
+func (c *foCaddy) settle() int {
+	n := c.goroutines()
+	for range 20 {
+		time.Sleep(100 * time.Millisecond)
+		m := c.goroutines()
+		if m >= n {
+			return min(m, n)
+		}
+		n = m
+	}
+	return n
+}
+
+func foCount(answers []string) map[string]int {
+	m := map[string]int{}
+	for _, a := range answers {
+		m[a]++
+	}
+	return m
+}
+
+// foSetup starts a Redis and a Caddy of foConfig using it.
+func foSetup(t *testing.T) (*foRedis, *foCaddy) {
+	t.Helper()
+	redis := foStartRedis(t, freePort(t))
+	return redis, foStartCaddy(t, redis.port)
+}
+
+// Redis killed under load and started again on the same port, through
+// the built binary: each fail policy does what it says, the breaker makes
+// a dead Redis cheap, and shared limiting resumes within a second.
+func TestBinaryRedisFailover(t *testing.T) {
+	redis, c := foSetup(t)
+
+	// Shared limiting: 5 of 7 for everyone, counted in Redis.
+	var shared []string
+	for i := range 7 {
+		shared = append(shared, c.get("/shared", strconv.Itoa(i)))
+	}
+	if got := foCount(shared); got["200"] != 5 || got["429 3600"] != 2 {
+		t.Fatalf("shared zone with Redis up: %v", got)
+	}
+	if out, _ := redis.cli("DBSIZE"); strings.TrimSpace(out) == "0" {
+		t.Fatal("no key in Redis: the zone was not decided there")
+	}
+
+	// Load on /open across the kill: never anything but 200.
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	load := map[string]int{}
+	for w := range 8 {
+		wg.Go(func() {
+			for !stop.Load() {
+				a := c.get("/open", "w"+strconv.Itoa(w))
+				mu.Lock()
+				load[a]++
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond)
+	redis.kill()
+	time.Sleep(500 * time.Millisecond)
+
+	if got := c.get("/open", "a"); got != "200" {
+		t.Errorf("open zone with Redis dead: %q, want 200", got)
+	}
+	closed := c.get("/closed", "a")
+	if ra, _ := strconv.Atoi(strings.TrimPrefix(closed, "503 ")); !strings.HasPrefix(closed, "503 ") || ra < 1 {
+		t.Errorf("closed zone with Redis dead: %q, want 503 with Retry-After ≥ 1", closed)
+	}
+	var local []string
+	for range 5 {
+		local = append(local, c.get("/local", "l1"))
+	}
+	if got := strings.Join(local, "|"); got != "200|200|200|429 3600|429 3600" {
+		t.Errorf("local zone with Redis dead: %q, want exactly 3 admitted per client", got)
+	}
+	if got := c.get("/local", "l2"); got != "200" {
+		t.Errorf("local zone, another client: %q", got)
+	}
+
+	// With the breaker open, a request costs no timeout.
+	var open []time.Duration
+	for range 200 {
+		start := time.Now()
+		c.get("/open", "lat")
+		open = append(open, time.Since(start))
+	}
+	stop.Store(true)
+	wg.Wait()
+	if len(load) != 1 || load["200"] == 0 {
+		t.Errorf("answers on /open under load across the kill: %v, want only 200", load)
+	}
+	sort.Slice(open, func(i, j int) bool { return open[i] < open[j] })
+	t.Logf("with Redis dead (breaker open): median %v, p99 %v per request over HTTP; %d requests under load, all 200", open[100], open[198], load["200"])
+	if open[100] > 10*time.Millisecond {
+		t.Errorf("median request with the breaker open took %v", open[100])
+	}
+
+	// Restart on the same port: the breaker's probe finds it.
+	redis.start()
+	back := time.Now()
+	for c.get("/closed", "a") != "200" {
+		if time.Since(back) > 5*time.Second {
+			t.Fatal("the closed zone still fails 5s after Redis came back")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	noticed := time.Since(back)
+	t.Logf("Redis back: noticed after %v", noticed)
+	if noticed > 1500*time.Millisecond {
+		t.Errorf("Redis back noticed after %v, want about a second at most", noticed)
+	}
+	shared = shared[:0]
+	for i := range 7 {
+		shared = append(shared, c.get("/shared", strconv.Itoa(i)))
+	}
+	if got := foCount(shared); got["200"] != 5 || got["429 3600"] != 2 {
+		t.Fatalf("shared zone after Redis came back (empty): %v, want 5 of 7", got)
+	}
+}
+
+// A Redis that stops answering (not refusing: SIGSTOP) costs each request
+// the timeout only until the breaker opens.
+func TestBinaryRedisTimeoutTripsBreaker(t *testing.T) {
+	redis, c := foSetup(t)
+	if got := c.get("/open", "a"); got != "200" {
+		t.Fatalf("first request %q", got)
+	}
+	if err := redis.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var lat []time.Duration
+	for range 20 {
+		start := time.Now()
+		if got := c.get("/open", "a"); got != "200" {
+			t.Fatalf("open zone with Redis stopped: %q", got)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	slow := 0
+	for _, d := range lat {
+		if d >= 40*time.Millisecond {
+			slow++
+		}
+	}
+	t.Logf("with Redis stopped: per-request times %v", lat)
+	if slow > 4 || lat[0] < 40*time.Millisecond {
+		t.Errorf("%d of 20 requests paid the 50ms timeout, want the first few (3 trip the breaker), then none: %v", slow, lat)
+	}
+	if got := c.get("/closed", "a"); !strings.HasPrefix(got, "503 ") {
+		t.Errorf("closed zone with Redis stopped: %q", got)
+	}
+	_ = redis.cmd.Process.Signal(syscall.SIGCONT)
+	back := time.Now()
+	for c.get("/closed", "a") != "200" {
+		if time.Since(back) > 5*time.Second {
+			t.Fatal("the closed zone still fails 5s after Redis resumed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("Redis resumed: noticed after %v", time.Since(back))
+}
+
+// 50 reloads and a Redis restart leave no goroutine and no connection
+// behind.
+func TestBinaryRedisNoLeaks(t *testing.T) {
+	redis, c := foSetup(t)
+	warm := func() {
+		for _, p := range []string{"/open", "/closed", "/local", "/shared"} {
+			c.get(p, "a")
+		}
+	}
+	warm()
+	g0, c0 := c.settle(), redis.clients()
+	for i := range 50 {
+		c.load(foConfig(c.adminPort, c.httpPort, c.redisPort, 5+i%2))
+		warm()
+	}
+	g1, c1 := c.settle(), redis.clients()
+	t.Logf("50 reloads: goroutines %d → %d, Redis connections %d → %d", g0, g1, c0, c1)
+	if g1 > g0+5 || c1 > c0+2 {
+		t.Errorf("after 50 reloads: goroutines %d → %d, Redis connections %d → %d", g0, g1, c0, c1)
+	}
+
+	// Each restart may leave the pool a few idle connections (it dials
+	// while requests wait); across restarts that number must not grow.
+	g2, c2 := g1, c1
+	for i := range 3 {
+		redis.kill()
+		for range 20 {
+			warm()
+		}
+		redis.start()
+		deadline := time.Now().Add(5 * time.Second)
+		for c.get("/closed", "a") != "200" && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		warm()
+		g2, c2 = c.settle(), redis.clients()
+		t.Logf("Redis restart %d: goroutines %d → %d, Redis connections → %d", i+1, g1, g2, c2)
+	}
+	if g2 > g1+5 || c2 > c1+3 {
+		t.Errorf("after 3 Redis restarts: goroutines %d → %d, Redis connections %d → %d", g1, g2, c1, c2)
+	}
+}

@@ -134,38 +134,24 @@ func TestCacheFloodSkipsRedis(t *testing.T) {
 func TestCacheOnlyForSameCost(t *testing.T) {
 	r := newCacheRig(t, Options{})
 	z := mustZone(t, r.s, "ccost", algorithms.NameTokenBucket, policy(10, time.Hour))
-	if ok, _ := r.decide(t, backend.Request{Zone: z, Key: "k", Cost: 6}); !ok {
-		t.Fatal("first 6 denied")
-	}
-	if ok, _ := r.decide(t, backend.Request{Zone: z, Key: "k", Cost: 5}); ok {
-		t.Fatal("5 more of 10 allowed")
-	}
 	calls := r.calls.n.Load()
-	if ok, _ := r.decide(t, backend.Request{Zone: z, Key: "k", Cost: 5}); ok {
-		t.Fatal("5 again allowed")
-	}
-	if got := r.calls.n.Load() - calls; got != 0 {
-		t.Fatalf("cost 5 again: %d calls, want 0", got)
-	}
-	ok, res := r.decide(t, backend.Request{Zone: z, Key: "k", Cost: 9})
-	if ok || res[0].RetryAfter != int64(5*6*time.Minute) {
-		t.Fatalf("cost 9: allowed=%v retry=%v, want denied with Redis's retry of 30m", ok, time.Duration(res[0].RetryAfter))
-	}
-	if got := r.calls.n.Load() - calls; got != 1 {
-		t.Fatalf("cost 9: %d calls, want 1", got)
-	}
-	if ok, _ := r.decide(t, backend.Request{Zone: z, Key: "k", Cost: 3}); !ok {
-		t.Fatal("cost 3 with 4 units left was denied: the cache answered a smaller cost")
-	}
-	if got := r.calls.n.Load() - calls; got != 2 {
-		t.Fatalf("cost 3: %d calls, want 2", got)
-	}
-	// Taking 3 moved the retry time of cost 5: Redis decides it again.
-	if ok, _ := r.decide(t, backend.Request{Zone: z, Key: "k", Cost: 5}); ok {
-		t.Fatal("5 allowed with 1 unit left")
-	}
-	if got := r.calls.n.Load() - calls; got != 3 {
-		t.Fatalf("cost 5 after a take: %d calls, want 3", got)
+	for i, step := range []struct {
+		cost  int64
+		ok    bool
+		calls int64 // in all so far
+		why   string
+	}{
+		{6, true, 1, "6 of 10"},
+		{5, false, 2, "5 more of 10: Redis denies, the cache remembers cost 5"},
+		{5, false, 2, "cost 5 again: answered locally"},
+		{9, false, 3, "cost 9: a later retry time only Redis knows"},
+		{3, true, 4, "cost 3 with 4 units left: must not be answered by cost 5's denial"},
+		{5, false, 5, "cost 5 after taking 3: the retry time moved, Redis decides"},
+	} {
+		ok, _ := r.decide(t, backend.Request{Zone: z, Key: "k", Cost: step.cost})
+		if got := r.calls.n.Load() - calls; ok != step.ok || got != step.calls {
+			t.Fatalf("step %d (%s): allowed=%v after %d calls, want %v after %d", i, step.why, ok, got, step.ok, step.calls)
+		}
 	}
 }
 

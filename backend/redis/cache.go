@@ -201,6 +201,16 @@ func (c *overCache) forget(items []item) {
 	}
 }
 
+// clear forgets everything, and makes the denials of calls under way
+// stale: after a failed call, Redis may have lost its state.
+func (c *overCache) clear() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.epoch++
+	clear(c.byKey)
+	c.order.Init()
+}
+
 func (c *overCache) len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -385,3 +385,24 @@ func TestCacheDenialRacingARefund(t *testing.T) {
 		t.Fatal("a denial with no refund since was not remembered")
 	}
 }
+
+// A failed call empties the cache: Redis may have come back empty.
+func TestCacheClearedByFailedCall(t *testing.T) {
+	r := newCacheRig(t, Options{})
+	z := mustZone(t, r.s, "cfail", algorithms.NameFixedWindow, policy(1, time.Hour))
+	flooded := backend.Request{Zone: z, Key: "k", Cost: 1}
+	r.decide(t, flooded)
+	r.decide(t, flooded)
+	if r.s.cache.len() != 1 {
+		t.Fatal("the denial was not remembered")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	other := backend.Request{Zone: z, Key: "other", Cost: 1}
+	if _, err := r.s.Decide(ctx, []backend.Request{other}, make([]algorithms.Result, 1)); err == nil {
+		t.Fatal("a call under a cancelled context succeeded")
+	}
+	if n := r.s.cache.len(); n != 0 {
+		t.Fatalf("%d keys remembered after a failed call, want none", n)
+	}
+}

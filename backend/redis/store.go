@@ -412,6 +412,11 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 			s.giveBack(ctx, items, results, gs)
 		}
 		if failed != nil {
+			if s.cache != nil {
+				// Redis may have restarted empty, or failed over to a
+				// replica that missed writes: what it denied may be gone.
+				s.cache.clear()
+			}
 			return false, fmt.Errorf("redis backend: %w", failed)
 		}
 	}

@@ -349,6 +349,9 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 	if err != nil || len(items) == 0 {
 		return err == nil, err
 	}
+	// The deadline covers waiting for another request's answer too.
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
 	results := make([]algorithms.Result, len(items))
 	var sent int64
 	var epoch uint64
@@ -376,8 +379,6 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 		defer s.cache.release(probing)
 		sent, epoch = s.cache.mark()
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
 
 	gs := s.groups(items)
 	// Several calls may have to be taken back: ask for what that needs.

@@ -299,7 +299,8 @@ func TestCacheOff(t *testing.T) {
 	}
 }
 
-// A request waiting for another's answer gives up with its context.
+// A request waiting for another's answer gives up with its context or
+// at the timeout.
 func TestCacheWaitEndsWithContext(t *testing.T) {
 	// A server that accepts and never answers holds the probing request.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -325,6 +326,11 @@ func TestCacheWaitEndsWithContext(t *testing.T) {
 	defer cancel()
 	if _, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1)); err == nil {
 		t.Fatal("a request waiting on a probe that never ends returned no error")
+	}
+	// And with the store's own timeout.
+	s.timeout = 50 * time.Millisecond
+	if _, err := s.Decide(context.Background(), []backend.Request{{Zone: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1)); err == nil {
+		t.Fatal("a request waiting on a probe that never ends outlived the timeout")
 	}
 	s.cache.release(probing)
 	if _, wait, _ := s.cache.answer([]item{it}, make([]algorithms.Result, 1)); wait != nil {

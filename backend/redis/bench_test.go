@@ -38,8 +38,18 @@ func commandStats(b *testing.B, c *goredis.Client) (calls, usec float64) {
 }
 
 func benchDecide(b *testing.B, alg string, p algorithms.Policy, keys int) {
+	benchDecideWith(b, alg, p, keys, Options{}, 32)
+}
+
+func benchDecideWith(b *testing.B, alg string, p algorithms.Policy, keys int, opts Options, parallelism int) {
 	c := standaloneClient(b)
-	s := newStore(b, c)
+	opts.KeyPrefix = uniquePrefix(b)
+	opts.Timeout = 10 * time.Second
+	s, err := New(c, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
 	z := mustZone(b, s, "bench", alg, p)
 	names := make([]string, keys)
 	for i := range names {
@@ -54,7 +64,7 @@ func benchDecide(b *testing.B, alg string, p algorithms.Policy, keys int) {
 	}
 	calls0, usec0 := commandStats(b, c)
 	var next atomic.Int64
-	b.SetParallelism(32) // 32 × GOMAXPROCS goroutines, as many requests in flight
+	b.SetParallelism(parallelism) // × GOMAXPROCS goroutines, as many requests in flight
 	b.ResetTimer()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
@@ -96,6 +106,20 @@ func BenchmarkScript(b *testing.B) {
 		}
 		for _, keys := range []int{1, 10_000} {
 			b.Run(fmt.Sprintf("%s/keys=%d", alg, keys), func(b *testing.B) { benchDecide(b, alg, p, keys) })
+		}
+	}
+}
+
+// BenchmarkBatching compares pipelined decisions with one connection per
+// decision, at 64 and 2 requests in flight (GOMAXPROCS=2), 10,000 keys.
+func BenchmarkBatching(b *testing.B) {
+	p := policy(1_000_000, 1_000_000*time.Second)
+	for _, par := range []int{32, 1} {
+		for _, batch := range []bool{true, false} {
+			name := fmt.Sprintf("batched=%v/parallelism=%d", batch, par)
+			b.Run(name, func(b *testing.B) {
+				benchDecideWith(b, algorithms.NameTokenBucket, p, 10_000, Options{NoBatch: !batch, NoCache: true}, par)
+			})
 		}
 	}
 }

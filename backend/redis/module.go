@@ -71,6 +71,13 @@ type Module struct {
 	// 10 per CPU.
 	PoolSize int `json:"pool_size,omitempty"`
 
+	// LocalCache remembers, in this process, the keys Redis declared over
+	// their limit until their retry time, and denies further requests of
+	// the same cost on them without asking Redis (at most
+	// 10,000 keys, the oldest making room). Default: true. docs/redis.md
+	// says when its answers can differ from Redis's.
+	LocalCache *bool `json:"local_cache,omitempty"`
+
 	*Store
 	poolKey string
 	breaker *breaker
@@ -137,7 +144,10 @@ func (m *Module) Provision(ctx caddy.Context) error {
 	}
 	m.poolKey = key
 	m.breaker = v.(sharedClient).breaker
-	m.Store, err = New(v.(sharedClient).UniversalClient, Options{KeyPrefix: m.KeyPrefix, Timeout: time.Duration(m.Timeout)})
+	m.Store, err = New(v.(sharedClient).UniversalClient, Options{
+		KeyPrefix: m.KeyPrefix, Timeout: time.Duration(m.Timeout),
+		NoCache: m.LocalCache != nil && !*m.LocalCache,
+	})
 	if err != nil {
 		m.release()
 		return err
@@ -313,6 +323,7 @@ func serverName(c *tls.Config) string {
 //	    key_prefix <prefix>
 //	    timeout    <duration>
 //	    pool_size  <n>
+//	    local_cache on|off
 //	}
 func (m *Module) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the module name
@@ -380,6 +391,15 @@ func (m *Module) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "key_prefix":
 			m.KeyPrefix, err = oneArg(d)
+		case "local_cache":
+			var v string
+			if v, err = oneArg(d); err == nil {
+				if v != "on" && v != "off" {
+					return d.Errf("redis: local_cache must be on or off, got %q", v)
+				}
+				on := v == "on"
+				m.LocalCache = &on
+			}
 		case "timeout":
 			var v string
 			if v, err = oneArg(d); err == nil {

@@ -42,6 +42,16 @@ type Options struct {
 	// Timeout bounds each Decide and Refund (all their calls to Redis);
 	// default 100ms.
 	Timeout time.Duration
+	// NoCache turns off the over-limit cache: every request is decided
+	// by Redis, even for keys Redis just declared over their limit.
+	NoCache bool
+	// NoBatch sends each decision on a connection of its own instead of
+	// pipelining concurrent decisions together (go-redis automatic
+	// pipelining).
+	NoBatch bool
+	// CacheSize is the most keys the over-limit cache remembers, each a
+	// few hundred bytes; the oldest makes room. Default: DefaultCacheSize.
+	CacheSize int
 
 	// Tests only: now, when set, is the clock the script decides with
 	// (instead of the Redis server's TIME) and that policy changes are
@@ -62,6 +72,8 @@ type Store struct {
 	prefix  string
 	timeout time.Duration
 	opts    Options
+	cache   *overCache             // nil when off
+	batch   *goredis.AutoPipeliner // nil when off; closed with the client
 
 	mu   sync.Mutex
 	held []held
@@ -102,8 +114,40 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 		s.timeout = DefaultTimeout
 	}
 	_, s.cluster = client.(*goredis.ClusterClient)
+	if !opts.NoBatch {
+		var err error
+		switch c := client.(type) {
+		case *goredis.Client:
+			s.batch, err = c.AsyncAutoPipeline()
+		case *goredis.ClusterClient:
+			s.batch, err = c.AsyncAutoPipeline()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("redis backend: pipelining: %w", err)
+		}
+	}
+	if opts.CacheSize < 0 {
+		return nil, fmt.Errorf("redis backend: cache size must be positive, got %d", opts.CacheSize)
+	}
+	if !opts.NoCache {
+		size := opts.CacheSize
+		if size == 0 {
+			size = DefaultCacheSize
+		}
+		now := monotonic
+		if opts.now != nil {
+			now = opts.now
+		}
+		s.cache = newOverCache(size, now)
+	}
 	return s, nil
 }
+
+var started = time.Now()
+
+// monotonic reads the monotonic clock, so that a step of the wall clock
+// does not stretch what the over-limit cache remembers.
+func monotonic() int64 { return int64(time.Since(started)) }
 
 func contextTimeouts(c goredis.UniversalClient) bool {
 	switch c := c.(type) {
@@ -305,8 +349,36 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 	if err != nil || len(items) == 0 {
 		return err == nil, err
 	}
+	// The deadline covers waiting for another request's answer too.
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	results := make([]algorithms.Result, len(items))
+	var sent int64
+	var epoch uint64
+	var probing []*overEntry
+	if s.cache != nil {
+		for {
+			ok, wait, p := s.cache.answer(items, results)
+			if ok {
+				for i := range reqs {
+					out[i] = results[of[i]]
+				}
+				return false, nil
+			}
+			if wait == nil {
+				probing = p
+				break
+			}
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return false, fmt.Errorf("redis backend: %w", ctx.Err())
+			}
+		}
+		// Released here unless learn got to it first (an error).
+		defer s.cache.release(probing)
+		sent, epoch = s.cache.mark()
+	}
 
 	gs := s.groups(items)
 	// Several calls may have to be taken back: ask for what that needs.
@@ -322,7 +394,6 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 	})
 	runErr := s.run(ctx, gs)
 
-	results := make([]algorithms.Result, len(items))
 	allowed := true
 	var failed error
 	for g := range gs {
@@ -342,8 +413,16 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 			s.giveBack(ctx, items, results, gs)
 		}
 		if failed != nil {
+			if s.cache != nil {
+				// Redis may have restarted empty, or failed over to a
+				// replica that missed writes: what it denied may be gone.
+				s.cache.clear()
+			}
 			return false, fmt.Errorf("redis backend: %w", failed)
 		}
+	}
+	if s.cache != nil {
+		s.cache.learn(items, results, allowed, sent, epoch, probing)
 	}
 	for i := range reqs {
 		out[i] = results[of[i]]
@@ -459,12 +538,20 @@ func (s *Store) refund(ctx context.Context, mode string, items []item, which []i
 	for k, i := range which {
 		sub[k] = items[i]
 	}
+	if s.cache != nil {
+		// Units come back: a denial remembered for these keys may no
+		// longer hold, whatever the call's fate (again once it ran).
+		s.cache.forget(sub)
+	}
 	gs := s.groups(sub)
 	s.prepare(ctx, mode, gs, sub, func(i int) (string, string) {
 		r := granted[which[i]]
 		return strconv.FormatInt(r.At, 10), strconv.FormatInt(r.Delay, 10)
 	})
 	err := s.run(ctx, gs)
+	if s.cache != nil {
+		s.cache.forget(sub)
+	}
 	for g := range gs {
 		if e := gs[g].cmd.Err(); e != nil {
 			err = e
@@ -499,7 +586,16 @@ func evalCmd(ctx context.Context, keys []string, args []any) *goredis.Cmd {
 // pipeline. A call refused with NOSCRIPT did not run, so it is sent again
 // with the source.
 func (s *Store) run(ctx context.Context, gs []group) error {
-	if len(gs) == 1 {
+	if len(gs) == 1 && s.batch != nil {
+		// The call rides the next batch written to the connection;
+		// waiting for it ends at the call's deadline, and a call
+		// abandoned there is not read, since its reply may still come.
+		if err := s.batch.Submit(ctx, once{gs[0].cmd}).WaitContext(ctx); err != nil && ctx.Err() != nil {
+			gs[0].cmd = goredis.NewCmd(ctx)
+			gs[0].cmd.SetErr(err)
+			return err
+		}
+	} else if len(gs) == 1 {
 		_ = s.client.Process(ctx, once{gs[0].cmd})
 	} else {
 		pipe := s.client.Pipeline()

@@ -122,37 +122,11 @@ func foStartCaddy(t *testing.T, redisPort int) *foCaddy {
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(binary(t), "run", "--config", file)
-	logs := new(strings.Builder)
-	var mu sync.Mutex
-	cmd.Stdout, cmd.Stderr = lockedWriter{&mu, logs}, lockedWriter{&mu, logs}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			mu.Lock()
-			t.Logf("caddy output:\n%s", logs.String())
-			mu.Unlock()
-		}
-	})
+	startCaddy(t, file)
 	c := &foCaddy{t: t, base: fmt.Sprintf("http://127.0.0.1:%d", httpPort), admin: fmt.Sprintf("http://127.0.0.1:%d", adminPort),
 		adminPort: adminPort, httpPort: httpPort, redisPort: redisPort}
 	waitUp(t, c.base+"/")
 	return c
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 var foClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second}

@@ -88,7 +88,9 @@ func (k *Keyer) Key(r *http.Request, repl *caddy.Replacer, body *Body) (string, 
 		mac := hmac.New(sha256.New, k.secret)
 		mac.Write([]byte(key))
 		key = "hmac:" + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
-	case len(key) > MaxKeyLen:
+	case len(key) > MaxKeyLen || strings.HasPrefix(key, "sha256:"):
+		// A short key spelled like a long key's digest is hashed too, so a
+		// client cannot name the bucket of a key it could not send.
 		sum := sha256.Sum256([]byte(key))
 		key = "sha256:" + base64.RawURLEncoding.EncodeToString(sum[:])
 	}

@@ -116,3 +116,34 @@ func TestQueryAmbiguousAllocs(t *testing.T) {
 		t.Errorf("%v allocations per query", n)
 	}
 }
+
+// A key longer than MaxKeyLen is stored as its digest; a short key that
+// spells that digest is hashed as well, so it cannot share the long key's
+// quota.
+func TestKeySpellingADigestIsNotTheLongKey(t *testing.T) {
+	k, err := NewKeyer("{http.request.header.X-Key}", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyOf := func(v string) string {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-Key", v)
+		repl := caddy.NewReplacer()
+		repl.Set("http.request.header.X-Key", v)
+		key, err := k.Key(r, repl, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return key
+	}
+	long := keyOf(strings.Repeat("v", MaxKeyLen+1))
+	if !strings.HasPrefix(long, "sha256:") {
+		t.Fatalf("long key stored as %q", long)
+	}
+	if forged := keyOf(long); forged == long {
+		t.Fatalf("the literal %q is the long key's bucket", long)
+	}
+	if plain := keyOf("victim"); plain != "victim" {
+		t.Fatalf("a plain key became %q", plain)
+	}
+}

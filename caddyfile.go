@@ -106,7 +106,7 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        }
 //	        key        <string>
 //	        by         ip|subnet|global|path|header <name>|cookie <name>|query <name>|json <path>|form <field>|body <field>
-//	        normalize  trim|lower|path|email [aliases]|phone <region>
+//	        normalize  trim|lower|path|credentials|email [aliases]|phone <region>
 //	        hash       <secret>
 //	        missing    shared|skip|deny
 //	        rate       <events>/<duration>

@@ -183,10 +183,11 @@ type Limit struct {
 	// it is used, applied in order to every placeholder value of the key:
 	// "trim", "lower", "email" (the mailbox a mail server delivers to;
 	// with aliases, Gmail dots and +tags dropped too), "phone" (E.164,
-	// with a default region; digits of any script) and "path" (decoded,
-	// dot segments and ;params resolved). "email", "phone" and "path"
-	// refuse values with control or invisible characters and spellings
-	// that applications read in different ways. A value a normalizer
+	// with a default region; digits of any script), "path" (decoded,
+	// dot segments and ;params resolved) and "credentials" ("Bearer tok"
+	// and "bearer  tok" are one key). "email", "phone", "path" and
+	// "credentials" refuse values with control or invisible characters and
+	// spellings that applications read in different ways. A value a normalizer
 	// refuses counts as missing. Default: none.
 	Normalize []Normalize `json:"normalize,omitempty"`
 
@@ -249,7 +250,9 @@ type Limit struct {
 
 // Normalize is one normalizer of a key: its name and its options.
 type Normalize struct {
-	// Name is trim, lower, email, phone or path.
+	// Name is trim, lower, email, phone, path or credentials (an
+	// Authorization-style value: scheme in any case, any spaces before the
+	// token).
 	Name string `json:"name"`
 	// Region is the default region of phone numbers written without a
 	// country code, as an ISO 3166 code ("BD", "US"). Required for phone.

@@ -189,14 +189,19 @@ func (t *table[S]) unregister(r *registration[S], now int64) {
 		return
 	}
 	t.regs = slices.Delete(t.regs, i, i+1)
-	if i == len(t.regs) && len(t.regs) > 0 {
+	newest := i == len(t.regs)
+	if newest && len(t.regs) > 0 {
 		if n := t.regs[len(t.regs)-1]; !t.restore(n) {
 			t.apply(n, now)
 		}
 	}
-	// Whoever decides now is in force for good (an older config left) or
-	// again (a newer one was undone): a cap it set lower applies at once.
-	if t.count.Load() > t.maxKeys.Load() {
+	// Whoever decides now is in force for good (the oldest config left) or
+	// again (the newest was undone): a cap it set lower applies at once.
+	// One in the middle leaving (a handler of a config that is failing,
+	// cleaned up before the one registered after it) changes neither: a
+	// trim then would rebase keys under rates about to be undone, and
+	// evict for a cap that may never apply.
+	if (i == 0 || newest) && t.count.Load() > t.maxKeys.Load() {
 		go t.trim()
 	}
 }

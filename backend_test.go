@@ -41,9 +41,9 @@ func (s *recordingStore) Configure(st backend.Setup) {
 	s.Store.Configure(st)
 }
 
-func (s *recordingStore) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
+func (s *recordingStore) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	s.zones.Add(1)
-	return s.Store.Zone(cfg)
+	return s.Store.Register(cfg)
 }
 
 func (s *recordingStore) Decide(ctx context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {

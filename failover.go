@@ -60,7 +60,7 @@ func (h *Handler) provisionFailover(ctx caddy.Context) error {
 			cfg := l.cfg
 			cfg.Scope = "/fallback/" + cfg.Scope
 			var err error
-			if l.local, err = h.local.Zone(cfg); err != nil {
+			if l.local, err = h.local.Register(cfg); err != nil {
 				return err
 			}
 		}
@@ -100,7 +100,7 @@ func (h *Handler) failover(w http.ResponseWriter, r *http.Request, reqs []backen
 	for i, l := range limits {
 		if l.Fail == FailLocal && l.local != nil {
 			reqs[n], limits[n] = reqs[i], l
-			reqs[n].Zone = l.local
+			reqs[n].Limit = l.local
 			n++
 		}
 	}

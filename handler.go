@@ -111,7 +111,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				}
 				return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("rate_limit zone %q: %w", z.name, err))
 			}
-			reqs = append(reqs, backend.Request{Zone: l.handle, Key: key, Cost: cost, Shadow: z.Shadow})
+			reqs = append(reqs, backend.Request{Limit: l.handle, Key: key, Cost: cost, Shadow: z.Shadow})
 			limits = append(limits, l)
 		}
 	}

@@ -98,9 +98,9 @@ func registerMetrics(reg *prometheus.Registry, store backend.Store) error {
 	return nil
 }
 
-// zoneMetrics are one limit's series, looked up once at provision so the
+// limitMetrics are one limit's series, looked up once at provision so the
 // request path does no label hashing. The zero value records nothing.
-type zoneMetrics struct {
+type limitMetrics struct {
 	requests  prometheus.Counter
 	declinedC prometheus.Counter
 	shadowC   prometheus.Counter
@@ -108,8 +108,8 @@ type zoneMetrics struct {
 	missingC  map[string]prometheus.Counter
 }
 
-func newZoneMetrics(zone, scope string) zoneMetrics {
-	return zoneMetrics{
+func newLimitMetrics(zone, scope string) limitMetrics {
+	return limitMetrics{
 		requests:  metrics.requests.WithLabelValues(zone, scope, ""),
 		declinedC: metrics.declined.WithLabelValues(zone, scope, ""),
 		shadowC:   metrics.shadow.WithLabelValues(zone, scope),
@@ -122,26 +122,26 @@ func newZoneMetrics(zone, scope string) zoneMetrics {
 	}
 }
 
-func (m zoneMetrics) missing(policy string) {
+func (m limitMetrics) missing(policy string) {
 	if c := m.missingC[policy]; c != nil {
 		c.Inc()
 	}
 }
 
-func (m zoneMetrics) observe(seconds float64) {
+func (m limitMetrics) observe(seconds float64) {
 	if m.requests != nil {
 		m.requests.Inc()
 		m.duration.Observe(seconds)
 	}
 }
 
-func (m zoneMetrics) declined() {
+func (m limitMetrics) declined() {
 	if m.declinedC != nil {
 		m.declinedC.Inc()
 	}
 }
 
-func (m zoneMetrics) shadowDeny() {
+func (m limitMetrics) shadowDeny() {
 	if m.shadowC != nil {
 		m.shadowC.Inc()
 	}

@@ -200,7 +200,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		}
 		for _, z := range h.zones {
 			for _, l := range z.limits {
-				l.metrics = newZoneMetrics(z.name, l.scope)
+				l.metrics = newLimitMetrics(z.name, l.scope)
 			}
 			z.allowC = metrics.listed.WithLabelValues(z.name, "allow")
 			z.denyC = metrics.listed.WithLabelValues(z.name, "deny")

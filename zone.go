@@ -237,12 +237,12 @@ type Limit struct {
 	zone      *Zone
 	scope     string // "" for the zone's own limit
 	keyer     *keys.Keyer
-	handle    backend.Zone
+	handle    backend.Limit
 	algorithm string
 	maxCost   int64
-	metrics   zoneMetrics
-	cfg       backend.ZoneConfig // as registered with the store
-	local     backend.Zone       // the in-process fallback of a "local" limit
+	metrics   limitMetrics
+	cfg       backend.LimitConfig // as registered with the store
+	local     backend.Limit       // the in-process fallback of a "local" limit
 	failC     prometheus.Counter
 	// Placeholders of the key and cost that an earlier handler must set.
 	keyEarlier, costEarlier []*earlierWatch
@@ -371,8 +371,8 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	}
 	policy := l.policy()
 	var err error
-	l.cfg = backend.ZoneConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Owner: owner}
-	l.handle, err = store.Zone(l.cfg)
+	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Owner: owner}
+	l.handle, err = store.Register(l.cfg)
 	if err != nil {
 		return err
 	}

@@ -16,8 +16,9 @@ import (
 // names one of its modules ("memory", "redis").
 const Namespace = "http.rate_limit.backends"
 
-// ZoneConfig is what a store needs to hold the state of one zone.
-type ZoneConfig struct {
+// LimitConfig is what a store needs to hold the state of one limit: a zone's
+// own rate or one of its scopes.
+type LimitConfig struct {
 	// Name is the zone name. Zones of the same name and scope (and the
 	// same kind of state) share their state, across handlers and across
 	// config reloads.
@@ -42,17 +43,18 @@ type ZoneConfig struct {
 	Owner any
 }
 
-// Zone is a store's handle on one zone's state, made at provision time.
-type Zone interface {
+// Limit is a store's handle on one limit's state (a zone or one of its
+// scopes), made at provision time.
+type Limit interface {
 	// Name is the zone name.
 	Name() string
 }
 
-// Request asks for Cost units of Key in Zone.
+// Request asks for Cost units of Key in Limit.
 type Request struct {
-	Zone Zone
-	Key  string
-	Cost int64
+	Limit Limit
+	Key   string
+	Cost  int64
 	// Shadow requests are decided and counted but never make the request
 	// deny: they are taken only when they allow.
 	Shadow bool
@@ -60,9 +62,9 @@ type Request struct {
 
 // Store decides requests against stored state.
 type Store interface {
-	// Zone registers a zone and returns its handle. It fails when the
+	// Register registers a limit and returns its handle. It fails when the
 	// config cannot be served (for example an unknown algorithm).
-	Zone(cfg ZoneConfig) (Zone, error)
+	Register(cfg LimitConfig) (Limit, error)
 	// Decide answers every request in reqs into out (len(out) ≥ len(reqs)),
 	// all or nothing: when a non-shadow request is denied, no request is
 	// taken; otherwise every allowed request is taken. It reports whether the
@@ -77,9 +79,9 @@ type Store interface {
 	Close() error
 }
 
-// ZoneStats counts what a store holds for one limit (a zone or one of its
+// LimitStats counts what a store holds for one limit (a zone or one of its
 // scopes).
-type ZoneStats struct {
+type LimitStats struct {
 	Zone, Scope string
 	// Keys is how many keys the store tracks now.
 	Keys int64
@@ -93,7 +95,7 @@ type ZoneStats struct {
 // the metrics. A store whose state lives elsewhere (a shared server) may
 // not: counting its keys would cost a scan.
 type StatsReporter interface {
-	Stats() []ZoneStats
+	Stats() []LimitStats
 }
 
 // Setup is what the handler that loads a store passes on to it.

@@ -39,8 +39,8 @@ func (g *keyGen) key(i int) string {
 }
 
 // benchZone is a zone that never denies, so every decision also takes.
-func benchZone(b *testing.B, s *Store, alg string) backend.Zone {
-	z, err := s.Zone(backend.ZoneConfig{
+func benchZone(b *testing.B, s *Store, alg string) backend.Limit {
+	z, err := s.Register(backend.LimitConfig{
 		Name:      b.Name(),
 		Algorithm: alg,
 		Policy:    algorithms.Policy{Limit: 1 << 40, Window: int64(time.Hour)},
@@ -61,7 +61,7 @@ func BenchmarkDecide(b *testing.B) {
 				defer s.Close()
 				z := benchZone(b, s, alg)
 				var g keyGen
-				reqs := []backend.Request{{Zone: z, Cost: 1}}
+				reqs := []backend.Request{{Limit: z, Cost: 1}}
 				out := make([]algorithms.Result, 1)
 				ctx := context.Background()
 				for i := 0; i < n; i++ {
@@ -90,7 +90,7 @@ func BenchmarkDecideParallel(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				var g keyGen
-				reqs := []backend.Request{{Zone: z, Cost: 1}}
+				reqs := []backend.Request{{Limit: z, Cost: 1}}
 				out := make([]algorithms.Result, 1)
 				i := 0
 				for pb.Next() {
@@ -108,9 +108,9 @@ func BenchmarkDecideTwoZones(b *testing.B) {
 	s := New(Options{})
 	defer s.Close()
 	z1 := benchZone(b, s, algorithms.NameTokenBucket)
-	z2, _ := s.Zone(backend.ZoneConfig{Name: b.Name() + "2", Algorithm: algorithms.NameSlidingWindow,
+	z2, _ := s.Register(backend.LimitConfig{Name: b.Name() + "2", Algorithm: algorithms.NameSlidingWindow,
 		Policy: algorithms.Policy{Limit: 1 << 30, Window: int64(time.Millisecond)}})
-	reqs := []backend.Request{{Zone: z1, Key: "203.0.113.195", Cost: 1}, {Zone: z2, Key: "203.0.113.195", Cost: 1}}
+	reqs := []backend.Request{{Limit: z1, Key: "203.0.113.195", Cost: 1}, {Limit: z2, Key: "203.0.113.195", Cost: 1}}
 	out := make([]algorithms.Result, 2)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -130,12 +130,12 @@ func BenchmarkBytesPerKey(b *testing.B) {
 			var perKey float64
 			for i := 0; b.Loop(); i++ {
 				s := New(Options{})
-				z, err := s.Zone(backend.ZoneConfig{Name: fmt.Sprint(b.Name(), i), Algorithm: alg,
+				z, err := s.Register(backend.LimitConfig{Name: fmt.Sprint(b.Name(), i), Algorithm: alg,
 					Policy: algorithms.Policy{Limit: 10, Window: int64(time.Hour)}, MaxKeys: 2 * n})
 				if err != nil {
 					b.Fatal(err)
 				}
-				reqs[0].Zone = z
+				reqs[0].Limit = z
 				before := heapInUse()
 				for _, k := range keys {
 					reqs[0].Key = k

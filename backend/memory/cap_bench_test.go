@@ -23,13 +23,13 @@ func BenchmarkInsertAtCap(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/denying=%d%%", alg, denying), func(b *testing.B) {
 				s := New(Options{})
 				defer s.Close()
-				z, err := s.Zone(backend.ZoneConfig{Name: b.Name(), Algorithm: alg,
+				z, err := s.Register(backend.LimitConfig{Name: b.Name(), Algorithm: alg,
 					Policy: algorithms.Policy{Limit: 2, Window: int64(time.Hour)}, MaxKeys: maxKeys})
 				if err != nil {
 					b.Fatal(err)
 				}
 				var g keyGen
-				reqs := []backend.Request{{Zone: z, Cost: 1}}
+				reqs := []backend.Request{{Limit: z, Cost: 1}}
 				out := make([]algorithms.Result, 1)
 				ctx := context.Background()
 				for i := 0; i < maxKeys; i++ {
@@ -85,12 +85,12 @@ func BenchmarkHeapAtDefaultCap(b *testing.B) {
 				if len(c.costs) == 1 {
 					cost = c.costs[0]
 				}
-				z, err := s.Zone(backend.ZoneConfig{Name: fmt.Sprint(b.Name(), i), Algorithm: c.alg,
+				z, err := s.Register(backend.LimitConfig{Name: fmt.Sprint(b.Name(), i), Algorithm: c.alg,
 					Policy: algorithms.Policy{Limit: limit, Window: int64(time.Hour)}, Cost: cost})
 				if err != nil {
 					b.Fatal(err)
 				}
-				reqs := []backend.Request{{Zone: z}}
+				reqs := []backend.Request{{Limit: z}}
 				out := make([]algorithms.Result, 1)
 				var g keyGen
 				before, beforeSpans := heapNow()
@@ -142,12 +142,12 @@ func benchTakeOver(b *testing.B, newCap int) {
 	clock := newFakeClock()
 	old := New(Options{Now: clock.now})
 	defer old.Close()
-	oz, err := old.Zone(backend.ZoneConfig{Name: b.Name(), Algorithm: algorithms.NameTokenBucket, Policy: p, MaxKeys: 2 * n})
+	oz, err := old.Register(backend.LimitConfig{Name: b.Name(), Algorithm: algorithms.NameTokenBucket, Policy: p, MaxKeys: 2 * n})
 	if err != nil {
 		b.Fatal(err)
 	}
 	var g keyGen
-	reqs := []backend.Request{{Zone: oz, Cost: 3}}
+	reqs := []backend.Request{{Limit: oz, Cost: 3}}
 	out := make([]algorithms.Result, 1)
 	for i := 0; i < n; i++ {
 		reqs[0].Key = g.key(i)
@@ -155,7 +155,7 @@ func benchTakeOver(b *testing.B, newCap int) {
 	}
 	for b.Loop() {
 		s := New(Options{Now: clock.now})
-		if _, err := s.Zone(backend.ZoneConfig{Name: b.Name(), Algorithm: algorithms.NameFixedWindow, Policy: p, MaxKeys: newCap}); err != nil {
+		if _, err := s.Register(backend.LimitConfig{Name: b.Name(), Algorithm: algorithms.NameFixedWindow, Policy: p, MaxKeys: newCap}); err != nil {
 			b.Fatal(err)
 		}
 		_ = s.Close()

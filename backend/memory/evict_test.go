@@ -29,10 +29,10 @@ var evictionCases = []struct {
 	{"leaky_queue", algorithms.NameLeakyBucket, algorithms.Policy{Limit: 5, Window: 3600 * sec, MaxDelay: 720 * sec}, []int64{2}},
 }
 
-func spend(t *testing.T, s *Store, z backend.Zone, key string, costs []int64) {
+func spend(t *testing.T, s *Store, z backend.Limit, key string, costs []int64) {
 	t.Helper()
 	for i, c := range costs {
-		if ok, _ := decide(t, s, backend.Request{Zone: z, Key: key, Cost: c}); !ok {
+		if ok, _ := decide(t, s, backend.Request{Limit: z, Key: key, Cost: c}); !ok {
 			t.Fatalf("%s: request %d of %v denied", key, i+1, costs)
 		}
 	}
@@ -50,7 +50,7 @@ func TestEvictionNeverUnblocks(t *testing.T) {
 			z := testZone(t, s, tc.alg, tc.p, maxKeys)
 			tbl := tableStats(z)
 			spend(t, s, z, "victim", tc.spend)
-			ok, before := decide(t, s, backend.Request{Zone: z, Key: "victim", Cost: 1})
+			ok, before := decide(t, s, backend.Request{Limit: z, Key: "victim", Cost: 1})
 			if ok {
 				t.Fatal("the victim is not blocked")
 			}
@@ -58,14 +58,14 @@ func TestEvictionNeverUnblocks(t *testing.T) {
 				spend(t, s, z, fmt.Sprint("spent", i), tc.spend)
 			}
 			for i := 0; i < 100*maxKeys; i++ {
-				if ok, _ := decide(t, s, backend.Request{Zone: z, Key: fmt.Sprint("junk", i), Cost: 1}); !ok {
+				if ok, _ := decide(t, s, backend.Request{Limit: z, Key: fmt.Sprint("junk", i), Cost: 1}); !ok {
 					t.Fatalf("junk key %d denied", i)
 				}
 				if i%1000 == 0 {
 					c.advance(time.Millisecond)
 				}
 			}
-			ok, after := decide(t, s, backend.Request{Zone: z, Key: "victim", Cost: 1})
+			ok, after := decide(t, s, backend.Request{Limit: z, Key: "victim", Cost: 1})
 			if ok {
 				t.Fatal("the victim was let through after the flood: its state was evicted")
 			}
@@ -89,7 +89,7 @@ func TestEvictionTakesMostRemaining(t *testing.T) {
 		spend(t, s, z, fmt.Sprint("k", i), []int64{int64(i)})
 	}
 	for i := 1; i <= 7; i++ {
-		decide(t, s, backend.Request{Zone: z, Key: fmt.Sprint("new", i), Cost: 9})
+		decide(t, s, backend.Request{Limit: z, Key: fmt.Sprint("new", i), Cost: 9})
 		// The new keys have 1 left, k8 has 2: k1 … k7 go in order.
 		for j := 1; j <= 8; j++ {
 			h := tbl.hash(fmt.Sprint("k", j))
@@ -126,7 +126,7 @@ func TestEvictionLooksPastDenyingKeys(t *testing.T) {
 			for i := 0; i < tc.maxKeys-1; i++ {
 				spend(t, s, z, fmt.Sprint("spent", i), []int64{2})
 			}
-			decide(t, s, backend.Request{Zone: z, Key: "new", Cost: 1})
+			decide(t, s, backend.Request{Limit: z, Key: "new", Cost: 1})
 			h := tbl.hash(room)
 			if _, kept := tbl.shard(h).find(h); kept {
 				t.Fatal("the only key with room was kept")
@@ -135,7 +135,7 @@ func TestEvictionLooksPastDenyingKeys(t *testing.T) {
 				t.Fatalf("%d denying keys evicted", d)
 			}
 			// Now "new" is the one with room, as a recent insert.
-			decide(t, s, backend.Request{Zone: z, Key: "newer", Cost: 1})
+			decide(t, s, backend.Request{Limit: z, Key: "newer", Cost: 1})
 			if d := tbl.DenyingEvictions(); d != 0 || tbl.Keys() != int64(tc.maxKeys) {
 				t.Fatalf("%d denying keys evicted, %d keys", d, tbl.Keys())
 			}
@@ -177,7 +177,7 @@ func TestEvictionOfDenyingKeyIsCountedAndLogged(t *testing.T) {
 }
 
 // tableStats returns the counters of z's table, whatever its kind.
-func tableStats(z backend.Zone) interface {
+func tableStats(z backend.Limit) interface {
 	Keys() int64
 	Evictions() uint64
 	DenyingEvictions() uint64
@@ -234,7 +234,7 @@ func TestDefaultCapOverBudgetWarns(t *testing.T) {
 	s := New(Options{Logger: zap.New(core)})
 	t.Cleanup(func() { _ = s.Close() })
 	long := algorithms.Policy{Limit: 100_000, Window: 3600 * sec}
-	if _, err := s.Zone(backend.ZoneConfig{Name: t.Name() + "/long", Algorithm: algorithms.NameSlidingWindow, Policy: long}); err != nil {
+	if _, err := s.Register(backend.LimitConfig{Name: t.Name() + "/long", Algorithm: algorithms.NameSlidingWindow, Policy: long}); err != nil {
 		t.Fatal(err)
 	}
 	if logs.Len() != 1 {
@@ -244,7 +244,7 @@ func TestDefaultCapOverBudgetWarns(t *testing.T) {
 		t.Fatalf("worst case %d bytes, want at least 1,024 keys × 100,000 events × 8 bytes", worst)
 	}
 	short := algorithms.Policy{Limit: 1000, Window: 3600 * sec}
-	if _, err := s.Zone(backend.ZoneConfig{Name: t.Name() + "/short", Algorithm: algorithms.NameSlidingWindow, Policy: short, Cost: 1}); err != nil {
+	if _, err := s.Register(backend.LimitConfig{Name: t.Name() + "/short", Algorithm: algorithms.NameSlidingWindow, Policy: short, Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if logs.Len() != 1 {

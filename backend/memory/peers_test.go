@@ -13,10 +13,10 @@ import (
 
 // reloadTo registers name with alg in a new store, as a reload provisions
 // the new config while the old one still runs.
-func reloadTo(t *testing.T, c *fakeClock, name, alg string, p algorithms.Policy) (*Store, backend.Zone) {
+func reloadTo(t *testing.T, c *fakeClock, name, alg string, p algorithms.Policy) (*Store, backend.Limit) {
 	t.Helper()
 	s := New(Options{Now: c.now})
-	z, err := s.Zone(backend.ZoneConfig{Name: name, Algorithm: alg, Policy: p})
+	z, err := s.Register(backend.LimitConfig{Name: name, Algorithm: alg, Policy: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,11 +24,11 @@ func reloadTo(t *testing.T, c *fakeClock, name, alg string, p algorithms.Policy)
 }
 
 // admits sends n unit requests for key and requires want of them to pass.
-func admits(t *testing.T, s *Store, z backend.Zone, key string, n, want int, why string) {
+func admits(t *testing.T, s *Store, z backend.Limit, key string, n, want int, why string) {
 	t.Helper()
 	got := 0
 	for i := 0; i < n; i++ {
-		if ok, _ := decide(t, s, backend.Request{Zone: z, Key: key, Cost: 1}); ok {
+		if ok, _ := decide(t, s, backend.Request{Limit: z, Key: key, Cost: 1}); ok {
 			got++
 		}
 	}
@@ -77,8 +77,8 @@ func TestSwitchingKindDecidesTheOverlapByBoth(t *testing.T) {
 	spend(t, old, oz, "k", []int64{4})
 	cur, nz := reloadTo(t, c, name, algorithms.NameFixedWindow, p)
 	defer cur.Close()
-	spend(t, old, oz, "k", []int64{1, 1})                                                                         // one zone
-	decide(t, old, backend.Request{Zone: oz, Key: "k", Cost: 1}, backend.Request{Zone: other, Key: "k", Cost: 1}) // two
+	spend(t, old, oz, "k", []int64{1, 1})                                                                           // one zone
+	decide(t, old, backend.Request{Limit: oz, Key: "k", Cost: 1}, backend.Request{Limit: other, Key: "k", Cost: 1}) // two
 	spend(t, cur, nz, "k", []int64{2})
 	admits(t, old, oz, "k", 3, 1, "the old config, 4 + 3 + 2 of 10 taken")
 	admits(t, cur, nz, "k", 3, 0, "the new config after that")
@@ -119,11 +119,11 @@ func TestSwitchUnderConcurrentLoad(t *testing.T) {
 	defer old.Close()
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
-	hammer := func(s *Store, z backend.Zone, n int) {
+	hammer := func(s *Store, z backend.Limit, n int) {
 		defer wg.Done()
 		out := make([]algorithms.Result, 1)
 		for i := 0; i < n; i++ {
-			reqs := []backend.Request{{Zone: z, Key: fmt.Sprint("k", i%4), Cost: 1}}
+			reqs := []backend.Request{{Limit: z, Key: fmt.Sprint("k", i%4), Cost: 1}}
 			if ok, _ := s.Decide(context.Background(), reqs, out); ok {
 				admitted.Add(1)
 			}

@@ -130,7 +130,7 @@ func New(opts Options) *Store {
 
 // zoneOps is what Decide needs from a zone, whatever its kind of state.
 type zoneOps interface {
-	backend.Zone
+	backend.Limit
 	hash(key string) hkey
 	lock(h hkey) *shardBase
 	// decide and take run with the key's shard locked.
@@ -145,8 +145,8 @@ type zoneOps interface {
 	peers() []peerLink
 }
 
-// Zone registers cfg and returns its handle.
-func (s *Store) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
+// Register registers cfg and returns its handle.
+func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	name, err := algorithms.Check(cfg.Algorithm, cfg.Policy)
 	if err != nil {
 		return nil, err
@@ -169,7 +169,7 @@ func (s *Store) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
 }
 
 // register binds cfg to its table, creating the table on first use.
-func register[S any](s *Store, cfg backend.ZoneConfig, kind algorithms.Kind, alg algorithms.Algorithm[S]) (backend.Zone, error) {
+func register[S any](s *Store, cfg backend.LimitConfig, kind algorithms.Kind, alg algorithms.Algorithm[S]) (backend.Limit, error) {
 	maxKeys := cfg.MaxKeys
 	if maxKeys == 0 {
 		maxKeys = defaultMaxKeys(kind, cfg.Policy, cfg.Cost)
@@ -331,9 +331,9 @@ func locate(loc []located, z zoneOps, h hkey, cost int64, req int32) []located {
 func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
 	now := s.now()
 	if len(reqs) == 1 {
-		z, ok := reqs[0].Zone.(zoneOps)
+		z, ok := reqs[0].Limit.(zoneOps)
 		if !ok {
-			return false, fmt.Errorf("zone %q was not registered with the memory backend", reqs[0].Zone.Name())
+			return false, fmt.Errorf("zone %q was not registered with the memory backend", reqs[0].Limit.Name())
 		}
 		if len(z.peers()) == 0 {
 			out[0] = z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0))
@@ -348,9 +348,9 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		loc = make([]located, 0, len(reqs))
 	}
 	for i, r := range reqs {
-		z, ok := r.Zone.(zoneOps)
+		z, ok := r.Limit.(zoneOps)
 		if !ok {
-			return false, fmt.Errorf("zone %q was not registered with the memory backend", r.Zone.Name())
+			return false, fmt.Errorf("zone %q was not registered with the memory backend", r.Limit.Name())
 		}
 		h, cost := z.hash(r.Key), max(r.Cost, 0)
 		loc = locate(loc, z, h, cost, int32(i))
@@ -434,9 +434,9 @@ func stricter(a, b algorithms.Result) algorithms.Result {
 func (s *Store) Refund(_ context.Context, reqs []backend.Request, granted []algorithms.Result) error {
 	now := s.now()
 	for i, r := range reqs {
-		z, ok := r.Zone.(zoneOps)
+		z, ok := r.Limit.(zoneOps)
 		if !ok {
-			return fmt.Errorf("zone %q was not registered with the memory backend", r.Zone.Name())
+			return fmt.Errorf("zone %q was not registered with the memory backend", r.Limit.Name())
 		}
 		if r.Cost > 0 && granted[i].Allowed {
 			z.refund(z.hash(r.Key), now, granted[i], r.Cost)
@@ -474,10 +474,10 @@ var (
 // that names the same zones. They are summed by zone and scope (a limit
 // whose algorithm changed kind of state has two tables while a reload is
 // under way), in no particular order.
-func (s *Store) Stats() []backend.ZoneStats {
+func (s *Store) Stats() []backend.LimitStats {
 	type id struct{ zone, scope string }
-	sums := make(map[id]*backend.ZoneStats)
-	var all []backend.ZoneStats
+	sums := make(map[id]*backend.LimitStats)
+	var all []backend.LimitStats
 	tables.Range(func(k, v any) bool {
 		st, ok := v.(interface {
 			Keys() int64
@@ -490,7 +490,7 @@ func (s *Store) Stats() []backend.ZoneStats {
 		pk := k.(poolKey)
 		sum := sums[id{pk.name, pk.scope}]
 		if sum == nil {
-			sum = &backend.ZoneStats{Zone: pk.name, Scope: pk.scope}
+			sum = &backend.LimitStats{Zone: pk.name, Scope: pk.scope}
 			sums[id{pk.name, pk.scope}] = sum
 		}
 		sum.Keys += st.Keys()

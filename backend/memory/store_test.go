@@ -28,9 +28,9 @@ func (c *fakeClock) advance(d time.Duration) { c.t.Add(int64(d)) }
 
 // testZone registers a zone with a name unique to the test, so tests never
 // share pool entries.
-func testZone(t *testing.T, s *Store, alg string, p algorithms.Policy, maxKeys int) backend.Zone {
+func testZone(t *testing.T, s *Store, alg string, p algorithms.Policy, maxKeys int) backend.Limit {
 	t.Helper()
-	z, err := s.Zone(backend.ZoneConfig{Name: t.Name() + "/" + alg + fmt.Sprint(p), Algorithm: alg, Policy: p, MaxKeys: maxKeys})
+	z, err := s.Register(backend.LimitConfig{Name: t.Name() + "/" + alg + fmt.Sprint(p), Algorithm: alg, Policy: p, MaxKeys: maxKeys})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,15 +60,15 @@ func TestDecideSingle(t *testing.T) {
 		t.Run(alg, func(t *testing.T) {
 			z := testZone(t, s, alg, algorithms.Policy{Limit: 3, Window: 60 * sec}, 0)
 			for i := 0; i < 3; i++ {
-				if ok, _ := decide(t, s, backend.Request{Zone: z, Key: "k", Cost: 1}); !ok {
+				if ok, _ := decide(t, s, backend.Request{Limit: z, Key: "k", Cost: 1}); !ok {
 					t.Fatalf("request %d denied", i+1)
 				}
 			}
-			ok, out := decide(t, s, backend.Request{Zone: z, Key: "k", Cost: 1})
+			ok, out := decide(t, s, backend.Request{Limit: z, Key: "k", Cost: 1})
 			if ok || out[0].RetryAfter <= 0 {
 				t.Fatalf("4th request: allowed=%v %+v, want denied with a retry time", ok, out[0])
 			}
-			if ok, _ := decide(t, s, backend.Request{Zone: z, Key: "other", Cost: 1}); !ok {
+			if ok, _ := decide(t, s, backend.Request{Limit: z, Key: "other", Cost: 1}); !ok {
 				t.Fatal("a different key was denied")
 			}
 		})
@@ -83,7 +83,7 @@ func TestDecideAllOrNothing(t *testing.T) {
 	loose := testZone(t, s, algorithms.NameSlidingWindow, algorithms.Policy{Limit: 5, Window: 60 * sec}, 0)
 	tight := testZone(t, s, algorithms.NameTokenBucket, algorithms.Policy{Limit: 1, Window: 60 * sec}, 0)
 
-	both := []backend.Request{{Zone: loose, Key: "ip", Cost: 1}, {Zone: tight, Key: "ip", Cost: 1}}
+	both := []backend.Request{{Limit: loose, Key: "ip", Cost: 1}, {Limit: tight, Key: "ip", Cost: 1}}
 	if ok, _ := decide(t, s, both...); !ok {
 		t.Fatal("first request denied")
 	}
@@ -94,7 +94,7 @@ func TestDecideAllOrNothing(t *testing.T) {
 		}
 	}
 	// Had the loose zone been charged by the denied tries it would be full.
-	ok, out := decide(t, s, backend.Request{Zone: loose, Key: "ip", Cost: 1})
+	ok, out := decide(t, s, backend.Request{Limit: loose, Key: "ip", Cost: 1})
 	if !ok || out[0].Remaining != 3 {
 		t.Fatalf("loose zone: %+v, want allowed with 3 remaining (charged once)", out[0])
 	}
@@ -105,7 +105,7 @@ func TestDecideShadow(t *testing.T) {
 	s := newStore(t, c)
 	enforce := testZone(t, s, algorithms.NameSlidingWindow, algorithms.Policy{Limit: 10, Window: 60 * sec}, 0)
 	shadow := testZone(t, s, algorithms.NameSlidingWindow, algorithms.Policy{Limit: 1, Window: 60 * sec}, 0)
-	reqs := []backend.Request{{Zone: enforce, Key: "k", Cost: 1}, {Zone: shadow, Key: "k", Cost: 1, Shadow: true}}
+	reqs := []backend.Request{{Limit: enforce, Key: "k", Cost: 1}, {Limit: shadow, Key: "k", Cost: 1, Shadow: true}}
 	for i := 0; i < 5; i++ {
 		ok, out := decide(t, s, reqs...)
 		if !ok {
@@ -115,7 +115,7 @@ func TestDecideShadow(t *testing.T) {
 			t.Fatalf("request %d: shadow result %+v", i+1, out[1])
 		}
 	}
-	_, out := decide(t, s, backend.Request{Zone: enforce, Key: "k", Cost: 1})
+	_, out := decide(t, s, backend.Request{Limit: enforce, Key: "k", Cost: 1})
 	if out[0].Remaining != 4 {
 		t.Fatalf("enforcing zone remaining %d, want 4", out[0].Remaining)
 	}
@@ -125,11 +125,11 @@ func TestDecideSameKeyTwiceSumsCost(t *testing.T) {
 	c := newFakeClock()
 	s := newStore(t, c)
 	z := testZone(t, s, algorithms.NameSlidingWindow, algorithms.Policy{Limit: 3, Window: 60 * sec}, 0)
-	ok, _ := decide(t, s, backend.Request{Zone: z, Key: "k", Cost: 2}, backend.Request{Zone: z, Key: "k", Cost: 2})
+	ok, _ := decide(t, s, backend.Request{Limit: z, Key: "k", Cost: 2}, backend.Request{Limit: z, Key: "k", Cost: 2})
 	if ok {
 		t.Fatal("2+2 units allowed into a zone of 3")
 	}
-	ok, out := decide(t, s, backend.Request{Zone: z, Key: "k", Cost: 1}, backend.Request{Zone: z, Key: "k", Cost: 2})
+	ok, out := decide(t, s, backend.Request{Limit: z, Key: "k", Cost: 1}, backend.Request{Limit: z, Key: "k", Cost: 2})
 	if !ok || out[0].Remaining != 0 {
 		t.Fatalf("1+2 units: ok=%v %+v, want allowed with 0 remaining", ok, out)
 	}
@@ -144,7 +144,7 @@ func TestMaxKeysEvictsIdleFirst(t *testing.T) {
 
 	use := func(prefix string, n int) {
 		for i := 0; i < n; i++ {
-			decide(t, s, backend.Request{Zone: z, Key: fmt.Sprintf("%s%d", prefix, i), Cost: 1})
+			decide(t, s, backend.Request{Limit: z, Key: fmt.Sprintf("%s%d", prefix, i), Cost: 1})
 		}
 	}
 	use("idle", 60) // idle from +10 s
@@ -160,7 +160,7 @@ func TestMaxKeysEvictsIdleFirst(t *testing.T) {
 	}
 	// Every active key kept its state: its second request is still denied.
 	for i := 0; i < 40; i++ {
-		if ok, _ := decide(t, s, backend.Request{Zone: z, Key: fmt.Sprintf("active%d", i), Cost: 1}); ok {
+		if ok, _ := decide(t, s, backend.Request{Limit: z, Key: fmt.Sprintf("active%d", i), Cost: 1}); ok {
 			t.Fatalf("active%d lost its state to eviction", i)
 		}
 	}
@@ -185,8 +185,8 @@ func TestSweepDropsIdleKeys(t *testing.T) {
 	bucketZone := testZone(t, s, algorithms.NameTokenBucket, algorithms.Policy{Limit: 10, Window: 10 * sec}, 0)
 	logZone := testZone(t, s, algorithms.NameSlidingWindow, algorithms.Policy{Limit: 10, Window: 10 * sec}, 0)
 	for i := 0; i < 100; i++ {
-		decide(t, s, backend.Request{Zone: bucketZone, Key: fmt.Sprint(i), Cost: 5},
-			backend.Request{Zone: logZone, Key: fmt.Sprint(i), Cost: 5})
+		decide(t, s, backend.Request{Limit: bucketZone, Key: fmt.Sprint(i), Cost: 5},
+			backend.Request{Limit: logZone, Key: fmt.Sprint(i), Cost: 5})
 	}
 	bt := bucketZone.(*zone[algorithms.Bucket]).t
 	lt := logZone.(*zone[*algorithms.Log]).t
@@ -216,7 +216,7 @@ func TestShrinksAfterFlood(t *testing.T) {
 	z := testZone(t, s, algorithms.NameTokenBucket, algorithms.Policy{Limit: 10, Window: sec}, 0)
 	tbl := z.(*zone[algorithms.Bucket]).t
 	for i := 0; i < 200_000; i++ {
-		decide(t, s, backend.Request{Zone: z, Key: fmt.Sprint(i), Cost: 1})
+		decide(t, s, backend.Request{Limit: z, Key: fmt.Sprint(i), Cost: 1})
 	}
 	c.advance(time.Second)
 	tbl.sweep()
@@ -234,18 +234,18 @@ func TestStateOutlivesReload(t *testing.T) {
 	p := algorithms.Policy{Limit: 3, Window: 60 * sec}
 	name := t.Name()
 	old := New(Options{Now: c.now})
-	oz, err := old.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.NameSlidingWindow, Policy: p})
+	oz, err := old.Register(backend.LimitConfig{Name: name, Algorithm: algorithms.NameSlidingWindow, Policy: p})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 3; i++ {
-		decide(t, old, backend.Request{Zone: oz, Key: "k", Cost: 1})
+		decide(t, old, backend.Request{Limit: oz, Key: "k", Cost: 1})
 	}
 
 	// Reloaded with a raised limit: usage is kept and the raise applies.
 	raised := algorithms.Policy{Limit: 5, Window: 60 * sec}
 	cur := New(Options{Now: c.now})
-	nz, err := cur.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.NameSlidingWindow, Policy: raised})
+	nz, err := cur.Register(backend.LimitConfig{Name: name, Algorithm: algorithms.NameSlidingWindow, Policy: raised})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,11 +253,11 @@ func TestStateOutlivesReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 2; i++ {
-		if ok, _ := decide(t, cur, backend.Request{Zone: nz, Key: "k", Cost: 1}); !ok {
+		if ok, _ := decide(t, cur, backend.Request{Limit: nz, Key: "k", Cost: 1}); !ok {
 			t.Fatalf("request %d after the raise denied", i+1)
 		}
 	}
-	if ok, _ := decide(t, cur, backend.Request{Zone: nz, Key: "k", Cost: 1}); ok {
+	if ok, _ := decide(t, cur, backend.Request{Limit: nz, Key: "k", Cost: 1}); ok {
 		t.Fatal("usage was reset by the reload")
 	}
 	tbl := nz.(*zone[*algorithms.Log]).t
@@ -278,7 +278,7 @@ func TestRefund(t *testing.T) {
 	for _, alg := range algorithms.Names() {
 		t.Run(alg, func(t *testing.T) {
 			z := testZone(t, s, alg, algorithms.Policy{Limit: 2, Window: 3600 * sec}, 0)
-			req := backend.Request{Zone: z, Key: "k", Cost: 2}
+			req := backend.Request{Limit: z, Key: "k", Cost: 2}
 			ok, granted := decide(t, s, req)
 			if !ok {
 				t.Fatal("first request denied")
@@ -299,16 +299,16 @@ func TestRefund(t *testing.T) {
 func TestZoneErrors(t *testing.T) {
 	s := newStore(t, newFakeClock())
 	tests := []struct {
-		cfg  backend.ZoneConfig
+		cfg  backend.LimitConfig
 		want string
 	}{
-		{backend.ZoneConfig{Name: "a", Algorithm: "leaky", Policy: algorithms.Policy{Limit: 1, Window: sec}}, `unknown algorithm "leaky"`},
-		{backend.ZoneConfig{Name: "b", Policy: algorithms.Policy{Limit: 0, Window: sec}}, "max_events must be at least 1"},
-		{backend.ZoneConfig{Name: "c", Policy: algorithms.Policy{Limit: 1, Window: sec}, MaxKeys: -1}, "max_keys must be at least 1"},
-		{backend.ZoneConfig{Name: "d", Policy: algorithms.Policy{Limit: 1, Window: sec, Burst: 2}}, "burst does not apply to algorithm sliding_window"},
+		{backend.LimitConfig{Name: "a", Algorithm: "leaky", Policy: algorithms.Policy{Limit: 1, Window: sec}}, `unknown algorithm "leaky"`},
+		{backend.LimitConfig{Name: "b", Policy: algorithms.Policy{Limit: 0, Window: sec}}, "max_events must be at least 1"},
+		{backend.LimitConfig{Name: "c", Policy: algorithms.Policy{Limit: 1, Window: sec}, MaxKeys: -1}, "max_keys must be at least 1"},
+		{backend.LimitConfig{Name: "d", Policy: algorithms.Policy{Limit: 1, Window: sec, Burst: 2}}, "burst does not apply to algorithm sliding_window"},
 	}
 	for _, tt := range tests {
-		_, err := s.Zone(tt.cfg)
+		_, err := s.Register(tt.cfg)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("zone %s: error %v, want %q", tt.cfg.Name, err, tt.want)
 		}
@@ -331,8 +331,8 @@ func TestConcurrentUse(t *testing.T) {
 			out := make([]algorithms.Result, 2)
 			for i := 0; i < 2000; i++ {
 				reqs := []backend.Request{
-					{Zone: hot, Key: "all", Cost: 1},
-					{Zone: perKey, Key: fmt.Sprint(g, "-", i%300), Cost: 1},
+					{Limit: hot, Key: "all", Cost: 1},
+					{Limit: perKey, Key: fmt.Sprint(g, "-", i%300), Cost: 1},
 				}
 				ok, err := s.Decide(context.Background(), reqs, out)
 				if err != nil {
@@ -371,9 +371,9 @@ func TestConcurrentUse(t *testing.T) {
 func TestReloadChangesRateFromThenOn(t *testing.T) {
 	c := newFakeClock()
 	name := t.Name()
-	reload := func(old *Store, p algorithms.Policy) (*Store, backend.Zone) {
+	reload := func(old *Store, p algorithms.Policy) (*Store, backend.Limit) {
 		s := New(Options{Now: c.now})
-		z, err := s.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.NameTokenBucket, Policy: p})
+		z, err := s.Register(backend.LimitConfig{Name: name, Algorithm: algorithms.NameTokenBucket, Policy: p})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -384,10 +384,10 @@ func TestReloadChangesRateFromThenOn(t *testing.T) {
 		}
 		return s, z
 	}
-	allowed := func(s *Store, z backend.Zone, n int) int {
+	allowed := func(s *Store, z backend.Limit, n int) int {
 		ok := 0
 		for i := 0; i < n; i++ {
-			if pass, _ := decide(t, s, backend.Request{Zone: z, Key: "k", Cost: 1}); pass {
+			if pass, _ := decide(t, s, backend.Request{Limit: z, Key: "k", Cost: 1}); pass {
 				ok++
 			}
 		}
@@ -430,26 +430,26 @@ func TestReloadChangesRateFromThenOn(t *testing.T) {
 func TestFailedReloadKeepsRunningRate(t *testing.T) {
 	c := newFakeClock()
 	name := t.Name()
-	cfg := func(p algorithms.Policy) backend.ZoneConfig {
-		return backend.ZoneConfig{Name: name, Algorithm: algorithms.NameGCRA, Policy: p}
+	cfg := func(p algorithms.Policy) backend.LimitConfig {
+		return backend.LimitConfig{Name: name, Algorithm: algorithms.NameGCRA, Policy: p}
 	}
 	running := New(Options{Now: c.now})
-	z, err := running.Zone(cfg(algorithms.Policy{Limit: 2, Window: 60 * sec}))
+	z, err := running.Register(cfg(algorithms.Policy{Limit: 2, Window: 60 * sec}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer running.Close()
 	failed := New(Options{Now: c.now})
-	if _, err := failed.Zone(cfg(algorithms.Policy{Limit: 1000, Window: 60 * sec})); err != nil {
+	if _, err := failed.Register(cfg(algorithms.Policy{Limit: 1000, Window: 60 * sec})); err != nil {
 		t.Fatal(err)
 	}
 	_ = failed.Close() // the rest of that config did not provision
 	for i := 0; i < 2; i++ {
-		if ok, _ := decide(t, running, backend.Request{Zone: z, Key: "k", Cost: 1}); !ok {
+		if ok, _ := decide(t, running, backend.Request{Limit: z, Key: "k", Cost: 1}); !ok {
 			t.Fatalf("request %d denied", i+1)
 		}
 	}
-	if ok, _ := decide(t, running, backend.Request{Zone: z, Key: "k", Cost: 1}); ok {
+	if ok, _ := decide(t, running, backend.Request{Limit: z, Key: "k", Cost: 1}); ok {
 		t.Fatal("the failed config's rate of 1000/min is still in force")
 	}
 }
@@ -461,19 +461,19 @@ func TestSameNameTwiceInOneConfig(t *testing.T) {
 	a, b := New(Options{Now: c.now}), New(Options{Now: c.now})
 	defer a.Close()
 	defer b.Close()
-	cfg := backend.ZoneConfig{Name: t.Name(), Algorithm: algorithms.NameSlidingWindow, Policy: algorithms.Policy{Limit: 2, Window: 3600 * sec}, Owner: owner}
-	if _, err := a.Zone(cfg); err != nil {
+	cfg := backend.LimitConfig{Name: t.Name(), Algorithm: algorithms.NameSlidingWindow, Policy: algorithms.Policy{Limit: 2, Window: 3600 * sec}, Owner: owner}
+	if _, err := a.Register(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Zone(cfg); err != nil {
+	if _, err := b.Register(cfg); err != nil {
 		t.Fatalf("the same policy twice: %v", err)
 	}
 	cfg.Policy.Limit = 100
-	if _, err := b.Zone(cfg); err == nil || !strings.Contains(err.Error(), "defined twice in this config") {
+	if _, err := b.Register(cfg); err == nil || !strings.Contains(err.Error(), "defined twice in this config") {
 		t.Fatalf("two rates for one name in one config: %v", err)
 	}
 	cfg.Owner = new(int) // another config (a reload) may change it
-	if _, err := b.Zone(cfg); err != nil {
+	if _, err := b.Register(cfg); err != nil {
 		t.Fatalf("a reload with a new rate: %v", err)
 	}
 }
@@ -485,17 +485,17 @@ func TestLoweredMaxKeys(t *testing.T) {
 	name := t.Name()
 	p := algorithms.Policy{Limit: 10, Window: 3600 * sec}
 	old := New(Options{Now: c.now})
-	z, _ := old.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.NameTokenBucket, Policy: p, MaxKeys: 1_000_000})
+	z, _ := old.Register(backend.LimitConfig{Name: name, Algorithm: algorithms.NameTokenBucket, Policy: p, MaxKeys: 1_000_000})
 	for i := 0; i < 5000; i++ {
-		decide(t, old, backend.Request{Zone: z, Key: fmt.Sprint(i), Cost: 1})
+		decide(t, old, backend.Request{Limit: z, Key: fmt.Sprint(i), Cost: 1})
 	}
 	cur := New(Options{Now: c.now})
 	defer cur.Close()
-	z, _ = cur.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.NameTokenBucket, Policy: p, MaxKeys: 10})
+	z, _ = cur.Register(backend.LimitConfig{Name: name, Algorithm: algorithms.NameTokenBucket, Policy: p, MaxKeys: 10})
 	_ = old.Close()
 	tbl := z.(*zone[algorithms.Bucket]).t
 	for i := 0; i < 2000; i++ {
-		decide(t, cur, backend.Request{Zone: z, Key: fmt.Sprint("new", i), Cost: 1})
+		decide(t, cur, backend.Request{Limit: z, Key: fmt.Sprint("new", i), Cost: 1})
 	}
 	if got := tbl.Keys(); got > 10 {
 		t.Fatalf("%d keys after lowering max_keys to 10 and 2000 new keys", got)

@@ -13,13 +13,13 @@ import (
 // script sends requests of two keys every 4s (a third, new key after the
 // reload attempt) and records each answer; between the halves it calls
 // between.
-func script(t *testing.T, c *fakeClock, s *Store, z backend.Zone, between func()) []string {
+func script(t *testing.T, c *fakeClock, s *Store, z backend.Limit, between func()) []string {
 	t.Helper()
 	var got []string
 	send := func(keys, n int) {
 		for i := range n {
 			c.advance(4*time.Second + 1234567)
-			ok, out := decide(t, s, backend.Request{Zone: z, Key: fmt.Sprint("k", i%keys), Cost: 1})
+			ok, out := decide(t, s, backend.Request{Limit: z, Key: fmt.Sprint("k", i%keys), Cost: 1})
 			got = append(got, fmt.Sprintf("%v/%d/%d", ok, out[0].Remaining, out[0].RetryAfter))
 		}
 	}
@@ -44,7 +44,7 @@ func TestFailedReloadIsUndoneExactly(t *testing.T) {
 				c := newFakeClock()
 				s := New(Options{Now: c.now})
 				defer s.Close()
-				z, err := s.Zone(backend.ZoneConfig{Name: name, Algorithm: alg, Policy: running, MaxKeys: 100})
+				z, err := s.Register(backend.LimitConfig{Name: name, Algorithm: alg, Policy: running, MaxKeys: 100})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -58,7 +58,7 @@ func TestFailedReloadIsUndoneExactly(t *testing.T) {
 				owner := new(int)
 				first, second := New(Options{Now: c.now}), New(Options{Now: c.now})
 				for _, s := range []*Store{first, second} {
-					if _, err := s.Zone(backend.ZoneConfig{Name: name, Algorithm: alg, Policy: failed, MaxKeys: 1, Owner: owner}); err != nil {
+					if _, err := s.Register(backend.LimitConfig{Name: name, Algorithm: alg, Policy: failed, MaxKeys: 1, Owner: owner}); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -85,36 +85,36 @@ func TestFailedReloadIsUndoneExactly(t *testing.T) {
 func TestUndoAfterRequestsSwitchesBack(t *testing.T) {
 	c := newFakeClock()
 	name := t.Name()
-	cfg := func(limit int64) backend.ZoneConfig {
-		return backend.ZoneConfig{Name: name, Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: limit, Window: 60 * sec}, Owner: new(int)}
+	cfg := func(limit int64) backend.LimitConfig {
+		return backend.LimitConfig{Name: name, Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: limit, Window: 60 * sec}, Owner: new(int)}
 	}
 	running := New(Options{Now: c.now})
-	z, err := running.Zone(cfg(2))
+	z, err := running.Register(cfg(2))
 	if err != nil {
 		t.Fatal(err)
 	}
 	failed := New(Options{Now: c.now})
-	if _, err := failed.Zone(cfg(1000)); err != nil {
+	if _, err := failed.Register(cfg(1000)); err != nil {
 		t.Fatal(err)
 	}
-	decide(t, running, backend.Request{Zone: z, Key: "k", Cost: 1}) // under 1000/min
+	decide(t, running, backend.Request{Limit: z, Key: "k", Cost: 1}) // under 1000/min
 	_ = failed.Close()
-	if ok, _ := decide(t, running, backend.Request{Zone: z, Key: "k", Cost: 1}); !ok {
+	if ok, _ := decide(t, running, backend.Request{Limit: z, Key: "k", Cost: 1}); !ok {
 		t.Fatal("second request denied")
 	}
-	if ok, _ := decide(t, running, backend.Request{Zone: z, Key: "k", Cost: 1}); ok {
+	if ok, _ := decide(t, running, backend.Request{Limit: z, Key: "k", Cost: 1}); ok {
 		t.Fatal("the failed config's 1000/min is still in force")
 	}
 	// A reload that succeeds: 5/min from now on, and the old config leaves.
 	next := New(Options{Now: c.now})
 	defer next.Close()
-	nz, err := next.Zone(cfg(5))
+	nz, err := next.Register(cfg(5))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = running.Close()
 	c.advance(12 * time.Second) // one token at 5/min
-	if ok, _ := decide(t, next, backend.Request{Zone: nz, Key: "k", Cost: 1}); !ok {
+	if ok, _ := decide(t, next, backend.Request{Limit: nz, Key: "k", Cost: 1}); !ok {
 		t.Fatal("a token refilled at the new rate was denied")
 	}
 }
@@ -126,16 +126,16 @@ func TestLoweredMaxKeysTrimsOnceInForce(t *testing.T) {
 	name := t.Name()
 	p := algorithms.Policy{Limit: 10, Window: 3600 * sec}
 	old := New(Options{Now: c.now})
-	z, err := old.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.NameGCRA, Policy: p, MaxKeys: 10_000})
+	z, err := old.Register(backend.LimitConfig{Name: name, Algorithm: algorithms.NameGCRA, Policy: p, MaxKeys: 10_000})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 500 {
-		decide(t, old, backend.Request{Zone: z, Key: fmt.Sprint(i), Cost: 1})
+		decide(t, old, backend.Request{Limit: z, Key: fmt.Sprint(i), Cost: 1})
 	}
 	cur := New(Options{Now: c.now})
 	defer cur.Close()
-	if _, err := cur.Zone(backend.ZoneConfig{Name: name, Algorithm: algorithms.NameGCRA, Policy: p, MaxKeys: 100}); err != nil {
+	if _, err := cur.Register(backend.LimitConfig{Name: name, Algorithm: algorithms.NameGCRA, Policy: p, MaxKeys: 100}); err != nil {
 		t.Fatal(err)
 	}
 	tbl := tableOf(name, algorithms.NameGCRA)

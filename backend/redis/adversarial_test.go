@@ -166,7 +166,7 @@ func TestZoneRefusesInexactPolicies(t *testing.T) {
 		{"max_delay", algorithms.NameLeakyBucket, algorithms.Policy{Limit: 1, Window: sec, MaxDelay: MaxSpan}, "max_delay"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := s.Zone(backendZone(tc.name, tc.alg, tc.p))
+			_, err := s.Register(backendZone(tc.name, tc.alg, tc.p))
 			if err == nil || !contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want an error naming %q", err, tc.want)
 			}
@@ -174,21 +174,21 @@ func TestZoneRefusesInexactPolicies(t *testing.T) {
 	}
 	// A reload that would carry a debt past the bound is refused; one in
 	// range is not.
-	if _, err := s.Zone(backendZone("r", algorithms.NameTokenBucket, algorithms.Policy{Limit: 1000, Window: sec})); err != nil {
+	if _, err := s.Register(backendZone("r", algorithms.NameTokenBucket, algorithms.Policy{Limit: 1000, Window: sec})); err != nil {
 		t.Fatal(err)
 	}
 	s2, _ := New(standaloneClient(t), Options{KeyPrefix: s.prefix})
 	defer s2.Close()
-	if _, err := s2.Zone(backendZone("r", algorithms.NameTokenBucket, policy(1, 24*time.Hour))); err == nil || !contains(err.Error(), "smaller steps") {
+	if _, err := s2.Register(backendZone("r", algorithms.NameTokenBucket, policy(1, 24*time.Hour))); err == nil || !contains(err.Error(), "smaller steps") {
 		t.Fatalf("1000/s → 1/day: got %v", err)
 	}
-	if _, err := s2.Zone(backendZone("r", algorithms.NameTokenBucket, policy(1, time.Minute))); err != nil {
+	if _, err := s2.Register(backendZone("r", algorithms.NameTokenBucket, policy(1, time.Minute))); err != nil {
 		t.Fatalf("1000/s → 1/min: %v", err)
 	}
 }
 
-func backendZone(name, alg string, p algorithms.Policy) backend.ZoneConfig {
-	return backend.ZoneConfig{Name: name, Algorithm: alg, Policy: p}
+func backendZone(name, alg string, p algorithms.Policy) backend.LimitConfig {
+	return backend.LimitConfig{Name: name, Algorithm: alg, Policy: p}
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }

@@ -58,7 +58,7 @@ func benchDecideWith(b *testing.B, alg string, p algorithms.Policy, keys int, op
 	ctx := context.Background()
 	// Warm up: the script is loaded and the keys exist.
 	for _, k := range names {
-		if _, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: k, Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
+		if _, err := s.Decide(ctx, []backend.Request{{Limit: z, Key: k, Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -71,7 +71,7 @@ func benchDecideWith(b *testing.B, alg string, p algorithms.Policy, keys int, op
 		out := make([]algorithms.Result, 1)
 		for pb.Next() {
 			k := names[int(next.Add(1))%len(names)]
-			if _, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: k, Cost: 1}}, out); err != nil {
+			if _, err := s.Decide(ctx, []backend.Request{{Limit: z, Key: k, Cost: 1}}, out); err != nil {
 				b.Error(err)
 				return
 			}
@@ -147,7 +147,7 @@ func BenchmarkMemory(b *testing.B) {
 				before := usedMemory()
 				for i := range keys {
 					k := fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255)
-					if _, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: k, Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
+					if _, err := s.Decide(ctx, []backend.Request{{Limit: z, Key: k, Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -175,7 +175,7 @@ func BenchmarkMemory(b *testing.B) {
 					}
 					var first int64
 					for i := range events {
-						if _, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: "k", Cost: cost}}, make([]algorithms.Result, 1)); err != nil {
+						if _, err := s.Decide(ctx, []backend.Request{{Limit: z, Key: "k", Cost: cost}}, make([]algorithms.Result, 1)); err != nil {
 							b.Fatal(err)
 						}
 						if i == 0 {

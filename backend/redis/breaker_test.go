@@ -81,11 +81,11 @@ func TestModuleBreakerOnDeadRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	z, err := m.Zone(backend.ZoneConfig{Name: "breaker_dead", Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: 2, Window: int64(time.Hour)}})
+	z, err := m.Register(backend.LimitConfig{Name: "breaker_dead", Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: 2, Window: int64(time.Hour)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	reqs := []backend.Request{{Zone: z, Key: "k", Cost: 1}}
+	reqs := []backend.Request{{Limit: z, Key: "k", Cost: 1}}
 	out := make([]algorithms.Result, 1)
 	for i := range breakerTrips + 100 {
 		start := time.Now()
@@ -107,12 +107,12 @@ func BenchmarkDecideBreakerOpen(b *testing.B) {
 	m := new(Module)
 	m.Store, _ = New(goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true}), Options{KeyPrefix: "bench:"})
 	m.breaker = newBreaker(zap.NewNop(), time.Hour)
-	z, err := m.Zone(backend.ZoneConfig{Name: "bench_breaker", Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: 2, Window: int64(time.Hour)}})
+	z, err := m.Register(backend.LimitConfig{Name: "bench_breaker", Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: 2, Window: int64(time.Hour)}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer m.Store.Close()
-	reqs := []backend.Request{{Zone: z, Key: "k", Cost: 1}}
+	reqs := []backend.Request{{Limit: z, Key: "k", Cost: 1}}
 	out := make([]algorithms.Result, 1)
 	for range breakerTrips {
 		_, _ = m.Decide(context.Background(), reqs, out)

@@ -99,7 +99,7 @@ func (r *cacheRig) decide(t *testing.T, reqs ...backend.Request) (bool, []algori
 func TestCacheFloodSkipsRedis(t *testing.T) {
 	r := newCacheRig(t, Options{})
 	z := mustZone(t, r.s, "cflood", algorithms.NameTokenBucket, policy(10, time.Second))
-	req := backend.Request{Zone: z, Key: "k", Cost: 1}
+	req := backend.Request{Limit: z, Key: "k", Cost: 1}
 	for i := range 10 {
 		if ok, _ := r.decide(t, req); !ok {
 			t.Fatalf("request %d denied", i)
@@ -148,7 +148,7 @@ func TestCacheOnlyForSameCost(t *testing.T) {
 		{3, true, 4, "cost 3 with 4 units left: must not be answered by cost 5's denial"},
 		{5, false, 5, "cost 5 after taking 3: the retry time moved, Redis decides"},
 	} {
-		ok, _ := r.decide(t, backend.Request{Zone: z, Key: "k", Cost: step.cost})
+		ok, _ := r.decide(t, backend.Request{Limit: z, Key: "k", Cost: step.cost})
 		if got := r.calls.n.Load() - calls; ok != step.ok || got != step.calls {
 			t.Fatalf("step %d (%s): allowed=%v after %d calls, want %v after %d", i, step.why, ok, got, step.ok, step.calls)
 		}
@@ -160,7 +160,7 @@ func TestCacheOnlyForSameCost(t *testing.T) {
 func TestCacheRefundForgets(t *testing.T) {
 	r := newCacheRig(t, Options{})
 	z := mustZone(t, r.s, "crefund", algorithms.NameFixedWindow, policy(2, time.Hour))
-	req := backend.Request{Zone: z, Key: "k", Cost: 1}
+	req := backend.Request{Limit: z, Key: "k", Cost: 1}
 	_, granted := r.decide(t, req)
 	r.decide(t, req)
 	if ok, _ := r.decide(t, req); ok {
@@ -179,7 +179,7 @@ func TestCacheRefundForgets(t *testing.T) {
 func TestCachePolicyChangeForgets(t *testing.T) {
 	r := newCacheRig(t, Options{})
 	z := mustZone(t, r.s, "cpolicy", algorithms.NameFixedWindow, policy(2, time.Hour))
-	req := backend.Request{Zone: z, Key: "k", Cost: 1}
+	req := backend.Request{Limit: z, Key: "k", Cost: 1}
 	r.decide(t, req)
 	r.decide(t, req)
 	if ok, _ := r.decide(t, req); ok {
@@ -204,7 +204,7 @@ func TestCacheSeveralKeysAndShadow(t *testing.T) {
 	r := newCacheRig(t, Options{})
 	a := mustZone(t, r.s, "cmulti_a", algorithms.NameFixedWindow, policy(1, time.Hour))
 	b := mustZone(t, r.s, "cmulti_b", algorithms.NameFixedWindow, policy(100, time.Hour))
-	ra, rb := backend.Request{Zone: a, Key: "k", Cost: 1}, backend.Request{Zone: b, Key: "k", Cost: 1}
+	ra, rb := backend.Request{Limit: a, Key: "k", Cost: 1}, backend.Request{Limit: b, Key: "k", Cost: 1}
 	r.decide(t, ra)
 	r.decide(t, ra) // a is now remembered as over
 	calls := r.calls.n.Load()
@@ -231,7 +231,7 @@ func TestCacheSeveralKeysAndShadow(t *testing.T) {
 func TestCacheRetryTimeProbesOnce(t *testing.T) {
 	r := newCacheRig(t, Options{})
 	z := mustZone(t, r.s, "cprobe", algorithms.NameTokenBucket, policy(10, time.Second))
-	req := backend.Request{Zone: z, Key: "k", Cost: 1}
+	req := backend.Request{Limit: z, Key: "k", Cost: 1}
 	for range 11 {
 		r.decide(t, req)
 	}
@@ -267,18 +267,18 @@ func TestCacheBounded(t *testing.T) {
 	z := mustZone(t, r.s, "cbound", algorithms.NameFixedWindow, policy(1, time.Hour))
 	keys := []string{"a", "b", "c", "d", "e"}
 	for _, k := range keys {
-		r.decide(t, backend.Request{Zone: z, Key: k, Cost: 1})
-		r.decide(t, backend.Request{Zone: z, Key: k, Cost: 1})
+		r.decide(t, backend.Request{Limit: z, Key: k, Cost: 1})
+		r.decide(t, backend.Request{Limit: z, Key: k, Cost: 1})
 	}
 	if n := r.s.cache.len(); n != 3 {
 		t.Fatalf("cache holds %d keys, want its size 3", n)
 	}
 	calls := r.calls.n.Load()
-	r.decide(t, backend.Request{Zone: z, Key: "e", Cost: 1})
+	r.decide(t, backend.Request{Limit: z, Key: "e", Cost: 1})
 	if r.calls.n.Load() != calls {
 		t.Fatal("the newest key was not remembered")
 	}
-	r.decide(t, backend.Request{Zone: z, Key: "a", Cost: 1})
+	r.decide(t, backend.Request{Limit: z, Key: "a", Cost: 1})
 	if r.calls.n.Load() != calls+1 {
 		t.Fatal("the oldest key was still remembered past the size")
 	}
@@ -287,7 +287,7 @@ func TestCacheBounded(t *testing.T) {
 func TestCacheOff(t *testing.T) {
 	r := newCacheRig(t, Options{NoCache: true})
 	z := mustZone(t, r.s, "coff", algorithms.NameFixedWindow, policy(1, time.Hour))
-	req := backend.Request{Zone: z, Key: "k", Cost: 1}
+	req := backend.Request{Limit: z, Key: "k", Cost: 1}
 	for range 10 {
 		r.decide(t, req)
 	}
@@ -324,12 +324,12 @@ func TestCacheWaitEndsWithContext(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if _, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1)); err == nil {
+	if _, err := s.Decide(ctx, []backend.Request{{Limit: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1)); err == nil {
 		t.Fatal("a request waiting on a probe that never ends returned no error")
 	}
 	// And with the store's own timeout.
 	s.timeout = 50 * time.Millisecond
-	if _, err := s.Decide(context.Background(), []backend.Request{{Zone: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1)); err == nil {
+	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1)); err == nil {
 		t.Fatal("a request waiting on a probe that never ends outlived the timeout")
 	}
 	s.cache.release(probing)
@@ -396,7 +396,7 @@ func TestCacheDenialRacingARefund(t *testing.T) {
 func TestCacheClearedByFailedCall(t *testing.T) {
 	r := newCacheRig(t, Options{})
 	z := mustZone(t, r.s, "cfail", algorithms.NameFixedWindow, policy(1, time.Hour))
-	flooded := backend.Request{Zone: z, Key: "k", Cost: 1}
+	flooded := backend.Request{Limit: z, Key: "k", Cost: 1}
 	r.decide(t, flooded)
 	r.decide(t, flooded)
 	if r.s.cache.len() != 1 {
@@ -404,7 +404,7 @@ func TestCacheClearedByFailedCall(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	other := backend.Request{Zone: z, Key: "other", Cost: 1}
+	other := backend.Request{Limit: z, Key: "other", Cost: 1}
 	if _, err := r.s.Decide(ctx, []backend.Request{other}, make([]algorithms.Result, 1)); err == nil {
 		t.Fatal("a call under a cancelled context succeeded")
 	}

@@ -61,8 +61,8 @@ type zoneSpec struct {
 type config struct {
 	mem   *memory.Store
 	red   *Store
-	memZ  []backend.Zone
-	redZ  []backend.Zone
+	memZ  []backend.Limit
+	redZ  []backend.Limit
 	specs []zoneSpec
 }
 
@@ -191,16 +191,16 @@ func (tw *twin) load(specs []zoneSpec) *config {
 	cfg.red = red
 	owner := new(int)
 	for _, s := range specs {
-		zc := backend.ZoneConfig{Name: s.name, Scope: s.scope, Algorithm: s.alg, Policy: s.policy, Owner: owner}
+		zc := backend.LimitConfig{Name: s.name, Scope: s.scope, Algorithm: s.alg, Policy: s.policy, Owner: owner}
 		// Redis first: when its exactness check refuses the zone, memory
 		// must not register it either, or the two histories would differ.
-		rz, err := cfg.red.Zone(zc)
+		rz, err := cfg.red.Register(zc)
 		if err != nil {
 			cfg.mem.Close()
 			cfg.red.Close()
 			return nil
 		}
-		mz, err := cfg.mem.Zone(zc)
+		mz, err := cfg.mem.Register(zc)
 		if err != nil {
 			tw.t.Fatalf("memory zone %+v: %v", s, err)
 		}
@@ -243,8 +243,8 @@ func (tw *twin) do(asks ...ask) (bool, []algorithms.Result) {
 	tw.t.Helper()
 	var mr, rr []backend.Request
 	for _, a := range asks {
-		mr = append(mr, backend.Request{Zone: tw.cur.memZ[a.zone], Key: a.key, Cost: a.cost, Shadow: a.shadow})
-		rr = append(rr, backend.Request{Zone: tw.cur.redZ[a.zone], Key: a.key, Cost: a.cost, Shadow: a.shadow})
+		mr = append(mr, backend.Request{Limit: tw.cur.memZ[a.zone], Key: a.key, Cost: a.cost, Shadow: a.shadow})
+		rr = append(rr, backend.Request{Limit: tw.cur.redZ[a.zone], Key: a.key, Cost: a.cost, Shadow: a.shadow})
 	}
 	mo := make([]algorithms.Result, len(asks))
 	ro := make([]algorithms.Result, len(asks))
@@ -425,7 +425,7 @@ func (tw *twin) fail(format string, args ...any) {
 func describe(reqs []backend.Request) string {
 	var b strings.Builder
 	for _, r := range reqs {
-		fmt.Fprintf(&b, "[%s %q cost=%d shadow=%v]", r.Zone.Name(), r.Key, r.Cost, r.Shadow)
+		fmt.Fprintf(&b, "[%s %q cost=%d shadow=%v]", r.Limit.Name(), r.Key, r.Cost, r.Shadow)
 	}
 	return b.String()
 }

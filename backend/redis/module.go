@@ -156,7 +156,7 @@ func (m *Module) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Zone registers a limit, refusing what the script cannot decide in bounded
+// Register registers a limit, refusing what the script cannot decide in bounded
 // time: a sliding_window whose cost varies (a placeholder). Its log then
 // records each event's units, and a denied request's retry time walks the
 // log from its oldest event until enough units leave: with a cost the
@@ -165,11 +165,11 @@ func (m *Module) Provision(ctx caddy.Context) error {
 // and more at 469,000 events), and each new cost escapes the over-limit
 // cache. Until that walk is bounded, such zones use an algorithm whose
 // state is one value per key.
-func (m *Module) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
+func (m *Module) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	if algorithms.KindOf(cfg.Algorithm) == algorithms.KindLog && cfg.Cost == 0 {
 		return nil, errors.New("the redis backend cannot run sliding_window with a cost placeholder: a denied request could make Redis walk the whole log; use token_bucket, gcra or sliding_window_counter, or a constant cost")
 	}
-	return m.Store.Zone(cfg)
+	return m.Store.Register(cfg)
 }
 
 // Close lets go of the zones and of this config's share of the pool.

@@ -124,14 +124,14 @@ func TestModuleSharesClientAndDecides(t *testing.T) {
 		t.Fatalf("%d references to the shared client, want 2", refs)
 	}
 
-	z, err := a.Zone(backend.ZoneConfig{Name: "module_decides", Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: 2, Window: int64(3600e9)}})
+	z, err := a.Register(backend.LimitConfig{Name: "module_decides", Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: 2, Window: int64(3600e9)}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var allowed []bool
 	for range 3 {
 		out := make([]algorithms.Result, 1)
-		ok, err := a.Decide(context.Background(), []backend.Request{{Zone: z, Key: "k", Cost: 1}}, out)
+		ok, err := a.Decide(context.Background(), []backend.Request{{Limit: z, Key: "k", Cost: 1}}, out)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,14 +164,14 @@ func TestModuleRefusesVariableCostLogs(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := algorithms.Policy{Limit: 1_000_000, Window: int64(3600e9)}
-	if _, err := m.Zone(backend.ZoneConfig{Name: "varlog", Algorithm: algorithms.NameSlidingWindow, Policy: p, Cost: 0}); err == nil || !strings.Contains(err.Error(), "cannot run sliding_window with a cost placeholder") {
+	if _, err := m.Register(backend.LimitConfig{Name: "varlog", Algorithm: algorithms.NameSlidingWindow, Policy: p, Cost: 0}); err == nil || !strings.Contains(err.Error(), "cannot run sliding_window with a cost placeholder") {
 		t.Fatalf("sliding_window with a placeholder cost: %v", err)
 	}
 	for _, c := range []struct {
 		alg  string
 		cost int64
 	}{{algorithms.NameSlidingWindow, 1}, {algorithms.NameSlidingWindow, 5}, {algorithms.NameTokenBucket, 0}, {algorithms.NameSlidingCounter, 0}} {
-		if _, err := m.Zone(backend.ZoneConfig{Name: "varlog_" + c.alg, Algorithm: c.alg, Policy: p, Cost: c.cost}); err != nil {
+		if _, err := m.Register(backend.LimitConfig{Name: "varlog_" + c.alg, Algorithm: c.alg, Policy: p, Cost: c.cost}); err != nil {
 			t.Fatalf("%s with cost %d: %v", c.alg, c.cost, err)
 		}
 	}

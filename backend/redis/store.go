@@ -175,11 +175,11 @@ type zone struct {
 
 func (z *zone) Name() string { return z.name }
 
-// Zone registers cfg and returns its handle. Besides the checks every
+// Register registers cfg and returns its handle. Besides the checks every
 // store makes, it refuses policies whose spans the script cannot compute
 // exactly (MaxSpan). MaxKeys does not apply: Redis keys expire when idle
 // and Redis's own maxmemory bounds the rest.
-func (s *Store) Zone(cfg backend.ZoneConfig) (backend.Zone, error) {
+func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	alg, err := algorithms.Check(cfg.Algorithm, cfg.Policy)
 	if err != nil {
 		return nil, err
@@ -253,9 +253,9 @@ func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 	items := make([]item, 0, len(reqs))
 	of := make([]int, len(reqs)) // request → item
 	for i, r := range reqs {
-		z, ok := r.Zone.(*zone)
+		z, ok := r.Limit.(*zone)
 		if !ok {
-			return nil, nil, fmt.Errorf("zone %q was not registered with the redis backend", r.Zone.Name())
+			return nil, nil, fmt.Errorf("zone %q was not registered with the redis backend", r.Limit.Name())
 		}
 		key := z.prefix + r.Key + "}"
 		cost := min(max(r.Cost, 0), maxCost)
@@ -510,9 +510,9 @@ func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []al
 	results := make([]algorithms.Result, 0, len(reqs))
 	idx := make([]int, 0, len(reqs))
 	for i, r := range reqs {
-		z, ok := r.Zone.(*zone)
+		z, ok := r.Limit.(*zone)
 		if !ok {
-			return fmt.Errorf("zone %q was not registered with the redis backend", r.Zone.Name())
+			return fmt.Errorf("zone %q was not registered with the redis backend", r.Limit.Name())
 		}
 		if r.Cost <= 0 || !granted[i].Allowed {
 			continue

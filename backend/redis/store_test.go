@@ -29,9 +29,9 @@ func newStore(t testing.TB, client goredis.UniversalClient) *Store {
 	return s
 }
 
-func mustZone(t testing.TB, s *Store, name, alg string, p algorithms.Policy) backend.Zone {
+func mustZone(t testing.TB, s *Store, name, alg string, p algorithms.Policy) backend.Limit {
 	t.Helper()
-	z, err := s.Zone(backend.ZoneConfig{Name: name, Algorithm: alg, Policy: p})
+	z, err := s.Register(backend.LimitConfig{Name: name, Algorithm: alg, Policy: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func testExactUnderConcurrency(t *testing.T, client goredis.UniversalClient) {
 		t.Run(alg, func(t *testing.T) {
 			s := newStore(t, client)
 			z := mustZone(t, s, "hot", alg, p)
-			got := hammer(t, s, 300, func() []backend.Request { return []backend.Request{{Zone: z, Key: "one", Cost: 1}} })
+			got := hammer(t, s, 300, func() []backend.Request { return []backend.Request{{Limit: z, Key: "one", Cost: 1}} })
 			if got != 100 {
 				t.Fatalf("admitted %d of 300, want exactly 100", got)
 			}
@@ -126,13 +126,13 @@ func TestClusterCrossSlotUndo(t *testing.T) {
 				t.Fatal("the test needs keys in two slots")
 			}
 			got := hammer(t, s, 200, func() []backend.Request {
-				return []backend.Request{{Zone: loose, Key: a, Cost: 1}, {Zone: tight, Key: b, Cost: 1}}
+				return []backend.Request{{Limit: loose, Key: a, Cost: 1}, {Limit: tight, Key: b, Cost: 1}}
 			})
 			if got != 50 {
 				t.Fatalf("admitted %d, want exactly 50", got)
 			}
 			out := make([]algorithms.Result, 1)
-			if _, err := s.Decide(context.Background(), []backend.Request{{Zone: loose, Key: a, Cost: 0}}, out); err != nil {
+			if _, err := s.Decide(context.Background(), []backend.Request{{Limit: loose, Key: a, Cost: 0}}, out); err != nil {
 				t.Fatal(err)
 			}
 			if out[0].Remaining != 150 {
@@ -211,7 +211,7 @@ func TestNoScriptRecovers(t *testing.T) {
 				}
 				// Two keys in two slots: on the cluster, two calls in one
 				// pipeline, both refused with NOSCRIPT and sent again.
-				reqs := []backend.Request{{Zone: z, Key: "k", Cost: 1}, {Zone: z, Key: "other", Cost: 0}}
+				reqs := []backend.Request{{Limit: z, Key: "k", Cost: 1}, {Limit: z, Key: "other", Cost: 0}}
 				out := make([]algorithms.Result, 2)
 				ok, err := s.Decide(ctx, reqs, out)
 				if err != nil {
@@ -246,7 +246,7 @@ func TestKeysExpire(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.alg, func(t *testing.T) {
 			z := mustZone(t, s, "ttl-"+tc.alg, tc.alg, tc.p)
-			reqs := []backend.Request{{Zone: z, Key: "k", Cost: tc.cost}}
+			reqs := []backend.Request{{Limit: z, Key: "k", Cost: tc.cost}}
 			out := make([]algorithms.Result, 1)
 			if ok, err := s.Decide(ctx, reqs, out); !ok || err != nil {
 				t.Fatal(ok, err)
@@ -371,10 +371,10 @@ func TestAtMostOnce(t *testing.T) {
 	if err := script.Load(ctx, direct).Err(); err != nil {
 		t.Fatal(err)
 	}
-	remaining := func(s *Store, z backend.Zone) int64 {
+	remaining := func(s *Store, z backend.Limit) int64 {
 		t.Helper()
 		out := make([]algorithms.Result, 1)
-		if _, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: "k", Cost: 0}}, out); err != nil {
+		if _, err := s.Decide(ctx, []backend.Request{{Limit: z, Key: "k", Cost: 0}}, out); err != nil {
 			t.Fatal(err)
 		}
 		return out[0].Remaining
@@ -391,7 +391,7 @@ func TestAtMostOnce(t *testing.T) {
 	}
 	defer s.Close()
 	z := mustZone(t, s, "once", algorithms.NameTokenBucket, p)
-	_, err = s.Decide(ctx, []backend.Request{{Zone: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1))
+	_, err = s.Decide(ctx, []backend.Request{{Limit: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1))
 	if err == nil || !proxy.dropped.Load() {
 		t.Fatalf("the proxy should have broken the call: err %v, dropped %v", err, proxy.dropped.Load())
 	}
@@ -454,7 +454,7 @@ func TestTimeout(t *testing.T) {
 	defer s.Close()
 	z := mustZone(t, s, "slow", algorithms.NameTokenBucket, policy(1, time.Second))
 	start := time.Now()
-	_, err = s.Decide(context.Background(), []backend.Request{{Zone: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1))
+	_, err = s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1))
 	if err == nil {
 		t.Fatal("want a timeout")
 	}
@@ -500,7 +500,7 @@ func TestPassword(t *testing.T) {
 		c := goredis.NewClient(&goredis.Options{Addr: addr, Password: pass, ContextTimeoutEnabled: true})
 		s := newStore(t, c)
 		z := mustZone(t, s, "pw", algorithms.NameTokenBucket, policy(2, time.Minute))
-		ok, err := s.Decide(ctx, []backend.Request{{Zone: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1))
+		ok, err := s.Decide(ctx, []backend.Request{{Limit: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1))
 		if pass == "wrong" {
 			if err == nil {
 				t.Fatal("a wrong password should fail")
@@ -532,7 +532,7 @@ func TestSentinel(t *testing.T) {
 	defer c.Close()
 	s := newStore(t, c)
 	z := mustZone(t, s, "sentinel", algorithms.NameSlidingWindow, policy(3, time.Minute))
-	got := hammer(t, s, 20, func() []backend.Request { return []backend.Request{{Zone: z, Key: "k", Cost: 1}} })
+	got := hammer(t, s, 20, func() []backend.Request { return []backend.Request{{Limit: z, Key: "k", Cost: 1}} })
 	if got != 3 {
 		t.Fatalf("admitted %d through the sentinel's master, want 3", got)
 	}

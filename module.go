@@ -84,15 +84,14 @@ type Handler struct {
 	// much.
 	BodyLimit int64 `json:"body_limit,omitempty"`
 
-	zones    []*Zone
-	store    backend.Store
-	local    backend.Store // decides "local" limits while store is unavailable
-	logger   *zap.Logger
-	denyLog  *zap.Logger
-	events   *caddyevents.App
-	ctx      caddy.Context
-	now      func() int64
-	jitterFn func() float64
+	zones   []*Zone
+	store   backend.Store
+	local   backend.Store // decides "local" limits while store is unavailable
+	logger  *zap.Logger
+	denyLog *zap.Logger
+	events  *caddyevents.App
+	ctx     caddy.Context
+	now     func() int64
 
 	// bodyFields are the JSON paths found in one pass over a body.
 	bodyFields *keys.BodyFields
@@ -253,6 +252,4 @@ var (
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
-	_ json.Marshaler              = Cost{}
-	_ json.Unmarshaler            = (*Cost)(nil)
 )

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"time"
 )
 
@@ -79,7 +80,7 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("max_delay must be between 0 and %v, got %dns", spanText, p.MaxDelay)
 	}
 	// The bucket algorithms store burst × interval as a time span.
-	if hi, lo := mul64(uint64(p.burst()), uint64(p.Interval())); hi != 0 || lo > uint64(MaxSpan) {
+	if hi, lo := bits.Mul64(uint64(p.burst()), uint64(p.Interval())); hi != 0 || lo > uint64(MaxSpan) {
 		return fmt.Errorf("burst %d × interval %dns exceeds %v: lower burst or raise max_events", p.burst(), p.Interval(), spanText)
 	}
 	// A queued request can wait max_delay for its slot and then hold the

@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -158,10 +157,6 @@ func adminRequest(t *testing.T, method, path, contentType, body string) string {
 		t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, out)
 	}
 	return string(out)
-}
-
-func zoneJSON(name, body string) string {
-	return fmt.Sprintf("%q: {%s}", name, body)
 }
 
 // assertLoadError loads cfg (of kind "json" or "caddyfile") into the

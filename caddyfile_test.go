@@ -136,6 +136,11 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"huge scope events", "rate_limit {\n\tzone a {\n\t\tscope s {\n\t\t\tevents 4611686018427387904\n\t\t\twindow 1m\n\t\t\talgorithm sliding_window_counter\n\t\t}\n\t}\n}", `zone "a" scope "s": max_events must be at most 1000000000000000`, 4},
 		{"zone name quoted once", "rate_limit {\n\tzone a {\n\t\tevents 0\n\t\twindow 1m\n\t}\n}", `zone "a": events must be`, 4},
 		{"allow not an address", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tallow 10.0.0.300\n\t}\n}", `"10.0.0.300" is not an address or a network`, 5},
+		{"max_delay on a zone of scopes", "rate_limit {\n\tzone a {\n\t\tscope s {\n\t\t\trate 1/s\n\t\t\talgorithm leaky_bucket\n\t\t}\n\t\tmax_delay 1s\n\t}\n}", `zone "a": max_delay would do nothing on a zone without a rate of its own`, 8},
+		{"max_keys on a zone of scopes", "rate_limit {\n\tzone a {\n\t\tmax_keys 10\n\t\tscope s {\n\t\t\trate 1/s\n\t\t}\n\t}\n}", `zone "a": max_keys would do nothing`, 4},
+		{"by on a zone of scopes", "rate_limit {\n\tzone a {\n\t\tscope s {\n\t\t\trate 1/s\n\t\t}\n\t\tby subnet\n\t}\n}", `zone "a": key, ipv4_prefix, ipv6_prefix would do nothing`, 7},
+		{"missing on a zone of scopes", "rate_limit {\n\tzone a {\n\t\tscope s {\n\t\t\trate 1/s\n\t\t}\n\t\tmissing deny\n\t}\n}", `zone "a": missing would do nothing`, 7},
+		{"missing with by global", "rate_limit {\n\tzone a {\n\t\tby global\n\t\trate 1/s\n\t\tmissing deny\n\t}\n}", `zone "a": missing would do nothing: the key "global" has no placeholder`, 3},
 		{"shadow with value", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tshadow yes\n\t}\n}", "wrong argument count", 5},
 	}
 	for _, tt := range tests {

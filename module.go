@@ -151,6 +151,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if h.BodyLimit < 0 || h.BodyLimit > MaxBodyLimit {
 		return fmt.Errorf("body_limit must be from 1 to %d bytes (16MiB), got %d", MaxBodyLimit, h.BodyLimit)
 	}
+	bodyLimitSet := h.BodyLimit != 0
 	if h.BodyLimit == 0 {
 		h.BodyLimit = keys.DefaultBodyLimit
 	}
@@ -185,6 +186,9 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		h.zones = append(h.zones, z)
 	}
 	h.bodyFields = collectBodyFields(h.zones)
+	if bodyLimitSet && !readsBody(h.zones) {
+		return fmt.Errorf("body_limit would do nothing: no key or cost reads the request body")
+	}
 	earlier := map[string]*earlierWatch{}
 	for _, z := range h.zones {
 		for _, l := range z.limits {
@@ -206,6 +210,17 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		}
 	}
 	return h.provisionFailover(ctx)
+}
+
+func readsBody(zones []*Zone) bool {
+	for _, z := range zones {
+		for _, l := range z.limits {
+			if l.keyer.NeedsBody() || l.Cost.needsBody() {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // loadStore loads the configured backend (the memory store by default) and

@@ -313,8 +313,8 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 		if err := z.addLimit(&z.Limit, "", store, logger, configID(ctx)); err != nil {
 			return err
 		}
-	} else if own.Key != "" || own.Burst != 0 || own.Algorithm != "" || own.Cost != nil || len(own.Normalize) > 0 || own.Hash != "" {
-		return fmt.Errorf("the zone's key, burst, algorithm, cost, normalize or hash need a rate: set max_events and window, or move them into a scope")
+	} else if unused := own.ownOnly(); len(unused) > 0 {
+		return ownOnlyError(unused)
 	}
 	for _, scope := range slices.Sorted(maps.Keys(z.Scopes)) {
 		l := z.Scopes[scope]
@@ -329,6 +329,58 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 		}
 	}
 	return nil
+}
+
+// ownOnly names the options set on l that only a limit of its own reads:
+// on a zone made only of scopes (no rate of its own) they would do nothing,
+// since a scope inherits only fail (and, when it has no key of its own,
+// the zone's key with its processing, which such a zone cannot have).
+func (l *Limit) ownOnly() []string {
+	var set []string
+	for _, o := range []struct {
+		on   bool
+		name string
+	}{
+		{l.Key != "", "key"}, {l.Burst != 0, "burst"}, {l.Algorithm != "", "algorithm"},
+		{l.MaxDelay != 0, "max_delay"}, {l.Cost != nil, "cost"}, {len(l.Normalize) > 0, "normalize"},
+		{l.Hash != "", "hash"}, {l.IPv4Prefix != 0, "ipv4_prefix"}, {l.IPv6Prefix != 0, "ipv6_prefix"},
+		{l.Missing != "", "missing"}, {l.MaxKeys != 0, "max_keys"},
+	} {
+		if o.on {
+			set = append(set, o.name)
+		}
+	}
+	return set
+}
+
+// placeholderOnly names the options set on l that act on the values of the
+// key's placeholders (which a key without placeholders has none of).
+func (l *Limit) placeholderOnly() []string {
+	var set []string
+	for _, o := range []struct {
+		on   bool
+		name string
+	}{
+		{len(l.Normalize) > 0, "normalize"}, {l.Hash != "", "hash"}, {l.IPv4Prefix != 0, "ipv4_prefix"},
+		{l.IPv6Prefix != 0, "ipv6_prefix"}, {l.Missing != "", "missing"},
+	} {
+		if o.on {
+			set = append(set, o.name)
+		}
+	}
+	return set
+}
+
+func ownOnlyError(unused []string) error {
+	return fmt.Errorf("%s would do nothing on a zone without a rate of its own (only scopes): set max_events and window, or move %s into a scope",
+		strings.Join(unused, ", "), itOrThem(unused))
+}
+
+func itOrThem(s []string) string {
+	if len(s) == 1 {
+		return "it"
+	}
+	return "them"
 }
 
 func loadMatchers(ctx caddy.Context, z *Zone, field string, sets *caddyhttp.MatcherSets) error {
@@ -440,8 +492,13 @@ func (l *Limit) check() (string, error) {
 	if l.Hash != "" && !strings.Contains(l.Hash, "{") && len(l.Hash) < minSecret {
 		return "", fmt.Errorf("hash: the secret must be at least %d bytes, got %d", minSecret, len(l.Hash))
 	}
-	if _, err := keys.ParseTemplate(l.Key); err != nil {
+	tmpl, err := keys.ParseTemplate(l.Key)
+	if err != nil {
 		return "", fmt.Errorf("key: %v", err)
+	}
+	if unused := l.placeholderOnly(); len(unused) > 0 && len(tmpl.Placeholders()) == 0 {
+		return "", fmt.Errorf("%s would do nothing: the key %q has no placeholder, so it is the same for every request (use a placeholder such as {http.vars.client_ip}, or remove %s)",
+			strings.Join(unused, ", "), l.Key, itOrThem(unused))
 	}
 	return alg, nil
 }

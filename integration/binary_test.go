@@ -124,6 +124,7 @@ func TestBinaryRunsExample(t *testing.T) {
 	cfg := strings.NewReplacer(
 		"localhost:2019", "localhost:"+strconv.Itoa(adminPort),
 		"8080", strconv.Itoa(httpPort),
+		"auto_https off", "auto_https off\n\tdefault_bind 127.0.0.1", // loopback only
 	).Replace(string(example))
 	file := filepath.Join(t.TempDir(), "Caddyfile")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {

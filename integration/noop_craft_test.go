@@ -28,9 +28,10 @@ func TestNoOpOptionsAreRefused(t *testing.T) {
 			max_delay 2s
 		}
 	}
-	respond ok`), "caddyfile", `zone \"noop_cf\": max_delay would do nothing on a zone without a rate of its own (only scopes): set max_events and window, or move it into a scope, at Caddyfile:16`},
+	respond ok`), "caddyfile", `zone \"noop_cf\": max_delay would do nothing on a zone without a rate of its own (only scopes): set max_events and window, or move it into a scope, at Caddyfile:17`},
 	}
 	// The error comes back inside the admin API's JSON: quotes are escaped.
+	// Lines count the default_bind line withPorts adds to the globals.
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { assertLoadError(t, tt.cfg, tt.kind, tt.want) })
 	}

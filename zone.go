@@ -25,8 +25,9 @@ import (
 //
 // The zone's own fields (key, max_events, window, …) are its first limit,
 // the one mholt/caddy-ratelimit configs use. Scopes add limits over other
-// keys for the same requests: seed part 2.1's defense in depth, where one
-// endpoint is limited per identifier, per IP, per subnet and globally.
+// keys for the same requests, for defense in depth: one endpoint limited per
+// identifier, per IP, per subnet and globally, so that an attacker who
+// rotates one of them still meets the others.
 type Zone struct {
 	// MatcherSetsRaw selects the requests this zone applies to; all of them
 	// when empty.
@@ -175,7 +176,8 @@ type Limit struct {
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
 
 	// IPv6Prefix masks key values that are IPv6 addresses to their network
-	// of this many bits; 64 is one customer's network (seed part 10.2).
+	// of this many bits; 64 is one customer's network (an ISP hands each
+	// customer a /64, whose 2^64 addresses one client can rotate through).
 	// From 0 to 128. Default: 0, the address itself.
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 

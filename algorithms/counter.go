@@ -9,7 +9,7 @@ type Counter struct {
 	Curr  int64
 }
 
-// SlidingCounter is the sliding window counter of seed part 3.3: the count
+// SlidingCounter is the sliding window counter: the count
 // of the sliding window is estimated as the previous fixed window's count,
 // weighted by how much of it the sliding window still overlaps, plus the
 // current window's count, rounded down:

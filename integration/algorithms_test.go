@@ -145,7 +145,7 @@ func TestLeakyQueueCancelFreesSlot(t *testing.T) {
 }
 
 // Clients that give up in the middle of the queue do not make it release
-// two requests at once (review: five cancellations released five requests
+// two requests at once (five cancellations once released five requests
 // in one millisecond). Release times are stamped by the server.
 func TestLeakyQueueCancellationsNeverBurst(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`

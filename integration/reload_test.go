@@ -33,7 +33,7 @@ func TestReloadKeepsUsage(t *testing.T) {
 }
 
 // A reload that raises a token bucket's rate: the new rate refills from the
-// reload on (the review found the first config's rate kept refilling).
+// reload on (once the first config's rate kept refilling it).
 func TestReloadChangesBucketRate(t *testing.T) {
 	cfg := func(rate string) string {
 		return jsonServer(`{

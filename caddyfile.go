@@ -197,8 +197,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return err
 			}
-			if dur < minSweepInterval || dur > maxSweepInterval {
-				return d.Errf("sweep_interval must be from %v to %v, got %v", minSweepInterval, maxSweepInterval, dur)
+			if err := checkSweepInterval(dur); err != nil {
+				return d.Errf("%v", err)
 			}
 			h.SweepInterval = caddy.Duration(dur)
 

@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -465,7 +464,7 @@ func (l *Limit) check() (string, error) {
 	case l.Burst < 0:
 		return "", fmt.Errorf("burst must be at least 1, got %d", l.Burst)
 	case l.MaxDelay < 0:
-		return "", fmt.Errorf("max_delay must be positive, got %v", time.Duration(l.MaxDelay))
+		return "", fmt.Errorf("max_delay must be positive, got %s", algorithms.FormatSpan(int64(l.MaxDelay)))
 	case !validFail(l.Fail):
 		return "", fmt.Errorf("fail must be open, closed or local, got %q", l.Fail)
 	}

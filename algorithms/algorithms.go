@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"time"
 )
 
 // MaxSpan bounds every duration an algorithm may store or add to a time
@@ -51,14 +50,14 @@ type Policy struct {
 	MaxDelay int64
 }
 
-// String writes p as a Caddyfile would: "10 per 1m0s, burst 20".
+// String writes p as a Caddyfile would: "10 per 1m, burst 20".
 func (p Policy) String() string {
-	s := fmt.Sprintf("%d per %v", p.Limit, time.Duration(p.Window))
+	s := fmt.Sprintf("%d per %s", p.Limit, FormatSpan(p.Window))
 	if p.Burst > 0 {
 		s += fmt.Sprintf(", burst %d", p.Burst)
 	}
 	if p.MaxDelay > 0 {
-		s += fmt.Sprintf(", max_delay %v", time.Duration(p.MaxDelay))
+		s += fmt.Sprintf(", max_delay %s", FormatSpan(p.MaxDelay))
 	}
 	return s
 }
@@ -71,24 +70,24 @@ func (p Policy) Validate() error {
 	case p.Limit > MaxEvents:
 		return fmt.Errorf("max_events must be at most %d, got %d", MaxEvents, p.Limit)
 	case p.Window <= 0:
-		return fmt.Errorf("window must be positive, got %dns", p.Window)
+		return fmt.Errorf("window must be positive, got %s", FormatSpan(p.Window))
 	case p.Window > MaxSpan:
-		return fmt.Errorf("window must be at most %v, got %dns", spanText, p.Window)
+		return fmt.Errorf("window must be at most %v, got %s", spanText, FormatSpan(p.Window))
 	case p.Burst < 0:
 		return fmt.Errorf("burst must be at least 1, got %d", p.Burst)
 	case p.Burst > MaxEvents:
 		return fmt.Errorf("burst must be at most %d, got %d", MaxEvents, p.Burst)
 	case p.MaxDelay < 0 || p.MaxDelay > MaxSpan:
-		return fmt.Errorf("max_delay must be between 0 and %v, got %dns", spanText, p.MaxDelay)
+		return fmt.Errorf("max_delay must be between 0 and %v, got %s", spanText, FormatSpan(p.MaxDelay))
 	}
 	// The bucket algorithms store burst × interval as a time span.
 	if hi, lo := bits.Mul64(uint64(p.burst()), uint64(p.Interval())); hi != 0 || lo > uint64(MaxSpan) {
-		return fmt.Errorf("burst %d × interval %dns exceeds %v: lower burst or raise max_events", p.burst(), p.Interval(), spanText)
+		return fmt.Errorf("burst %d × interval %s exceeds %v: lower burst or raise max_events", p.burst(), FormatSpan(p.Interval()), spanText)
 	}
 	// A queued request can wait max_delay for its slot and then hold the
 	// queue for up to one more interval per unit.
 	if p.MaxDelay > 0 && p.MaxDelay+p.Interval() > MaxSpan {
-		return fmt.Errorf("max_delay %v + interval %dns exceeds %v: lower max_delay or raise max_events", time.Duration(p.MaxDelay), p.Interval(), spanText)
+		return fmt.Errorf("max_delay %s + interval %s exceeds %v: lower max_delay or raise max_events", FormatSpan(p.MaxDelay), FormatSpan(p.Interval()), spanText)
 	}
 	return nil
 }

@@ -319,7 +319,7 @@ func TestPolicyValidate(t *testing.T) {
 	}{
 		{"zero events", Policy{Limit: 0, Window: s}, "max_events must be at least 1, got 0"},
 		{"negative events", Policy{Limit: -1, Window: s}, "max_events must be at least 1, got -1"},
-		{"zero window", Policy{Limit: 1}, "window must be positive, got 0ns"},
+		{"zero window", Policy{Limit: 1}, "window must be positive, got 0s"},
 		{"negative burst", Policy{Limit: 1, Window: s, Burst: -1}, "burst must be at least 1, got -1"},
 		{"burst span overflow", Policy{Limit: 1, Window: 24 * 3600 * s, Burst: 1 << 40}, "exceeds 73 years"},
 		{"fine", Policy{Limit: 100, Window: 60 * s, Burst: 200}, ""},

@@ -36,3 +36,26 @@ func TestNoOpOptionsAreRefused(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) { assertLoadError(t, tt.cfg, tt.kind, tt.want) })
 	}
 }
+
+// Durations in errors are written as a config writes them ("24h", "500000h"),
+// not as Go prints them ("24h0m0s") nor in nanoseconds.
+func TestDurationsInErrorsAsWritten(t *testing.T) {
+	tests := []struct{ name, cfg, kind, want string }{
+		{"queue past 73 years", jsonServer(`{"handler": "rate_limit", "rate_limits": {"dur_queue": {"key": "{http.vars.client_ip}", "window": "500000h", "max_events": 1, "algorithm": "leaky_bucket", "max_delay": "400000h"}}}`, ""), "json",
+			`zone \"dur_queue\": max_delay 400000h + interval 500000h exceeds 73 years`},
+		{"no window", jsonServer(`{"handler": "rate_limit", "rate_limits": {"dur_window": {"key": "{http.vars.client_ip}", "max_events": 1}}}`, ""), "json",
+			`zone \"dur_window\": window must be positive, got 0s`},
+		{"Caddyfile sweep_interval", caddyfileServer(`
+	rate_limit {
+		sweep_interval 25h
+		zone dur_sweep {
+			by ip
+			rate 1/s
+		}
+	}
+	respond ok`), "caddyfile", `sweep_interval must be from 1s to 24h, got 25h, at Caddyfile:11`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { assertLoadError(t, tt.cfg, tt.kind, tt.want) })
+	}
+}

@@ -114,10 +114,3 @@ func (b *bucket) Refund(s Bucket, now int64, _ Result, cost int64) Bucket {
 
 // IdleAt is the TAT itself: from then on the bucket is full.
 func (b *bucket) IdleAt(s Bucket) int64 { return s.TAT }
-
-// Tokens returns the exact (fractional) number of tokens in s at now, for
-// inspection and tests.
-func (b *bucket) Tokens(s Bucket, now int64) float64 {
-	d := b.debt(s, now)
-	return float64(b.capacity-d) / float64(b.interval)
-}

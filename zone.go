@@ -337,39 +337,38 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 // since a scope inherits only fail (and, when it has no key of its own,
 // the zone's key with its processing, which such a zone cannot have).
 func (l *Limit) ownOnly() []string {
-	var set []string
-	for _, o := range []struct {
-		on   bool
-		name string
-	}{
-		{l.Key != "", "key"}, {l.Burst != 0, "burst"}, {l.Algorithm != "", "algorithm"},
-		{l.MaxDelay != 0, "max_delay"}, {l.Cost != nil, "cost"}, {len(l.Normalize) > 0, "normalize"},
-		{l.Hash != "", "hash"}, {l.IPv4Prefix != 0, "ipv4_prefix"}, {l.IPv6Prefix != 0, "ipv6_prefix"},
-		{l.Missing != "", "missing"}, {l.MaxKeys != 0, "max_keys"},
-	} {
-		if o.on {
-			set = append(set, o.name)
-		}
-	}
-	return set
+	return setOptions(
+		option{l.Key != "", "key"}, option{l.Burst != 0, "burst"}, option{l.Algorithm != "", "algorithm"},
+		option{l.MaxDelay != 0, "max_delay"}, option{l.Cost != nil, "cost"}, option{len(l.Normalize) > 0, "normalize"},
+		option{l.Hash != "", "hash"}, option{l.IPv4Prefix != 0, "ipv4_prefix"}, option{l.IPv6Prefix != 0, "ipv6_prefix"},
+		option{l.Missing != "", "missing"}, option{l.MaxKeys != 0, "max_keys"},
+	)
 }
 
 // placeholderOnly names the options set on l that act on the values of the
 // key's placeholders (which a key without placeholders has none of).
 func (l *Limit) placeholderOnly() []string {
-	var set []string
-	for _, o := range []struct {
-		on   bool
-		name string
-	}{
-		{len(l.Normalize) > 0, "normalize"}, {l.Hash != "", "hash"}, {l.IPv4Prefix != 0, "ipv4_prefix"},
-		{l.IPv6Prefix != 0, "ipv6_prefix"}, {l.Missing != "", "missing"},
-	} {
-		if o.on {
-			set = append(set, o.name)
+	return setOptions(
+		option{len(l.Normalize) > 0, "normalize"}, option{l.Hash != "", "hash"}, option{l.IPv4Prefix != 0, "ipv4_prefix"},
+		option{l.IPv6Prefix != 0, "ipv6_prefix"}, option{l.Missing != "", "missing"},
+	)
+}
+
+// option is whether an option is set, and its name.
+type option struct {
+	set  bool
+	name string
+}
+
+// setOptions names the options that are set, in order.
+func setOptions(opts ...option) []string {
+	var names []string
+	for _, o := range opts {
+		if o.set {
+			names = append(names, o.name)
 		}
 	}
-	return set
+	return names
 }
 
 func ownOnlyError(unused []string) error {

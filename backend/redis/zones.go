@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
 )
 
 // MaxSpan is the longest span, in nanoseconds, that the script computes
@@ -76,6 +77,9 @@ type registration struct {
 	owner  any
 	last   *zoneConf // the conf it last made current
 }
+
+func (r *registration) RegisteredBy() any                   { return r.owner }
+func (r *registration) RegisteredPolicy() algorithms.Policy { return r.policy }
 
 type change struct {
 	at    int64
@@ -205,12 +209,8 @@ func rebased(d, from, to int64) int64 {
 func (z *zoneState) register(r *registration, now int64) error {
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	if r.owner != nil {
-		for _, o := range z.regs {
-			if o.owner == r.owner && o.policy != r.policy {
-				return fmt.Errorf("defined twice in this config with different rates (%v and %v): zones of one name share one state, so give them different names or the same rate", o.policy, r.policy)
-			}
-		}
+	if err := backend.CheckRates(z.regs, r); err != nil {
+		return err
 	}
 	if stateKind(r.alg) == kindBucket {
 		if err := z.checkRebase(r); err != nil {

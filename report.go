@@ -83,11 +83,11 @@ func parseReport(scrape []byte) ([]reportRow, float64, error) {
 		return rows[k]
 	}
 	fields := map[string]func(*reportRow) *float64{
-		"caddy_rate_limit_requests_total":                func(r *reportRow) *float64 { return &r.requests },
-		"caddy_rate_limit_declined_requests_total":       func(r *reportRow) *float64 { return &r.declined },
+		"caddy_rate_limit_requests_total":                 func(r *reportRow) *float64 { return &r.requests },
+		"caddy_rate_limit_declined_requests_total":        func(r *reportRow) *float64 { return &r.declined },
 		"caddy_rate_limit_shadow_declined_requests_total": func(r *reportRow) *float64 { return &r.shadow },
-		"caddy_rate_limit_missing_key_requests_total":    func(r *reportRow) *float64 { return &r.missing },
-		"caddy_rate_limit_denying_evictions_total":       func(r *reportRow) *float64 { return &r.denyingEvictions },
+		"caddy_rate_limit_missing_key_requests_total":     func(r *reportRow) *float64 { return &r.missing },
+		"caddy_rate_limit_denying_evictions_total":        func(r *reportRow) *float64 { return &r.denyingEvictions },
 	}
 	for name, field := range fields {
 		for _, m := range families[name].GetMetric() {

@@ -800,6 +800,8 @@ if mode == 'r' then
 	return {}
 end
 
+-- ADMIN MODES: the admin script (admin.lua) is inserted here.
+
 -- An undo takes back a decision that other slots of the same request
 -- denied: a key nobody wrote since gets its value from before the decision
 -- back, exactly; any other key (and every sliding log, whose refund is

@@ -1,0 +1,127 @@
+-- Sluice: an operator's operations on keys, inserted into decide.lua where
+-- it marks them, so that they load, rebase and store states with its
+-- functions. Modes:
+--   'p' peek: decides each key for its cost and replies as a decision
+--       does, writing nothing (the same key is sent with cost 0 for its
+--       state, and cost 1 for its retry time).
+--   'g' grant: gives each key cost units back, whatever took them, never
+--       more than it holds (algorithms/grant.go, line for line).
+-- Reset needs no script: it deletes the key.
+
+if mode == 'p' then
+	local out = {NS, NN, 1}
+	for i = 1, n do
+		local a = args[i]
+		local s = load(a.kind, KEYS[i], a.p1, a.lin, a.gen, a.hist)
+		local k, r = a.kind
+		if k == 'b' then
+			r = libB().decide(s, a.p1, a.p2, a.cost)
+		elseif k == 'q' then
+			r = libB().qdecide(s, a.p1, a.p2, a.cost)
+		elseif k == 'w' then
+			r = libW().decide(s, a.p1, a.p2, a.cost)
+		elseif k == 'c' then
+			r = libC().decide(s, a.p1, a.p2, a.cost)
+		else
+			r = libL().decide(s, a.p1, a.p2, a.cost)
+		end
+		for j = 1, 6 do out[3 + (i - 1) * 7 + j] = r[j] end
+		out[3 + i * 7] = 0
+	end
+	return out
+end
+
+-- grantCounter takes units out of the current window's count, then lowers
+-- the previous window's count until its weighted share is that much
+-- smaller: ⌊p·m/W⌋ ≤ t ⇔ p ≤ ⌈(t+1)·W/m⌉ − 1, with m = W − elapsed.
+local function grantCounter(s, W, units)
+	if not s.start then return s end
+	local M = libM()
+	local start = now - M.absmod(now, W)
+	local c, e
+	if start <= s.start then
+		c = {start = s.start, prev = s.prev, curr = s.curr}
+		e = max(now - s.start, 0)
+	elseif start == s.start + W then
+		c = {start = start, prev = s.curr, curr = 0}
+		e = now - start
+	else
+		return s -- nothing counted any more
+	end
+	local take = units
+	if take > c.curr then take = c.curr end
+	c.curr = c.curr - take
+	units = units - take
+	if units > 0 and c.prev > 0 then
+		local t = M.muldiv(c.prev, W - e, W) - units
+		if t < 0 then
+			c.prev = 0
+		else
+			local p = M.muldivceil(t + 1, W, W - e) - 1
+			if p < c.prev then c.prev = p end
+		end
+	end
+	return c
+end
+
+-- grantLog gives back the newest live units: events given back whole are
+-- marked as a refund marks them, and an event holding more units than are
+-- left to give keeps the rest.
+local function grantLog(l, units, key, W)
+	if not l.n then return end
+	libL().decide(l, W, 1, 0) -- prunes what has left the window
+	local HDR = 26
+	local newest
+	for i = l.n, l.h + 1, -1 do
+		local pos = HDR + (i - 1) * l.stride
+		local ev = redis.call('GETRANGE', key, pos, pos + l.stride - 1)
+		local off = struct.unpack('<d', ev)
+		if off >= 0 then
+			local u = 1
+			if l.wide == 1 then u = struct.unpack('<I4', ev, 9) end
+			if units <= 0 then
+				newest = l.base + off
+				break
+			elseif u <= units then
+				redis.call('SETRANGE', key, pos, struct.pack('<d', -off - 1))
+				l.sum = l.sum - u
+				l.tombs = 1
+				units = units - u
+			else
+				redis.call('SETRANGE', key, pos + 8, struct.pack('<I4', u - units))
+				l.sum = l.sum - units
+				units = 0
+				newest = l.base + off
+				break
+			end
+		end
+	end
+	if not newest then
+		redis.call('DEL', key)
+		return
+	end
+	redis.call('SETRANGE', key, 0, struct.pack('<ddBBI4I4', NS + l.base / E9, l.sum, l.wide, l.tombs, l.h, l.n))
+	redis.call('PEXPIRE', key, px(newest + W))
+end
+
+if mode == 'g' then
+	for i = 1, n do
+		local a, key = args[i], KEYS[i]
+		local s, exists = load(a.kind, key, a.p1, a.lin, a.gen, a.hist)
+		local k = a.kind
+		if k == 'l' then
+			grantLog(s, a.cost, key, a.p1)
+		elseif exists then
+			local r
+			if k == 'b' or k == 'q' then
+				r = libB().refund(s, a.p1, a.cost)
+			elseif k == 'w' then
+				r = libW().refund(s, a.p1, a.cost, now)
+			else
+				r = grantCounter(s, a.p1, a.cost)
+			end
+			if r ~= s then store(k, key, r, a.p1, a.lin, a.gen, a.p1) end
+		end
+	end
+	return {}
+end

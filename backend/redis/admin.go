@@ -135,4 +135,3 @@ func (s *Store) forget(it item) {
 }
 
 var _ backend.Admin = (*Store)(nil)
-

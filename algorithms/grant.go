@@ -14,10 +14,10 @@ type Granter[S any] interface {
 
 // Grant pays units tokens of the bucket's debt back: units × T.
 func (b *bucket) Grant(s Bucket, now, units int64) Bucket {
-	d := b.debt(s, now)
-	if units <= 0 || d == 0 {
+	if units <= 0 {
 		return s
 	}
+	d := b.debt(s, now)
 	if units >= (d+b.interval-1)/b.interval { // units × T ≥ d, without overflow
 		return Bucket{}
 	}
@@ -41,6 +41,9 @@ func (a *SlidingCounter) Grant(s Counter, now, units int64) Counter {
 		return s
 	}
 	c, e := a.roll(s, now)
+	if c.Curr == 0 && c.Prev == 0 {
+		return s // nothing in use: the key keeps its window
+	}
 	take := min(units, c.Curr)
 	c.Curr -= take
 	units -= take
@@ -106,3 +109,19 @@ var (
 	_ Granter[Counter] = (*SlidingCounter)(nil)
 	_ Granter[*Log]    = (*SlidingLog)(nil)
 )
+
+// Clone returns a copy of l that shares nothing with it, for reading a
+// log's usage without pruning it: a read by an operator must leave the
+// state exactly as it was (a later, longer window would count events a
+// prune dropped).
+func (l *Log) Clone() *Log {
+	if l == nil {
+		return nil
+	}
+	c := *l
+	c.at = append([]int64(nil), l.at...)
+	if l.units != nil {
+		c.units = append([]uint32(nil), l.units...)
+	}
+	return &c
+}

@@ -20,7 +20,14 @@ func (z *zone[S]) inspect(h hkey, now int64) algorithms.Usage {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return z.t.current(sh).alg.Usage(sh.get(h), now)
+	alg := z.t.current(sh).alg // first: it rebases the shard's states
+	s := sh.get(h)
+	if l, ok := any(s).(*algorithms.Log); ok {
+		// Reading a log prunes it: read a copy, so inspecting changes
+		// nothing, as in the Redis store.
+		s = any(l.Clone()).(S)
+	}
+	return alg.Usage(s, now)
 }
 
 func (z *zone[S]) reset(h hkey) {

@@ -48,6 +48,7 @@ local function grantCounter(s, W, units)
 	else
 		return s -- nothing counted any more
 	end
+	if c.curr == 0 and c.prev == 0 then return s end
 	local take = units
 	if take > c.curr then take = c.curr end
 	c.curr = c.curr - take
@@ -116,7 +117,9 @@ if mode == 'g' then
 			if k == 'b' or k == 'q' then
 				r = libB().refund(s, a.p1, a.cost)
 			elseif k == 'w' then
-				r = libW().refund(s, a.p1, a.cost, now)
+				-- As a refund of a request taken in the window the key is
+				-- in, even if the clock stepped back out of it.
+				r = libW().refund(s, a.p1, a.cost, P53)
 			else
 				r = grantCounter(s, a.p1, a.cost)
 			end

@@ -134,7 +134,7 @@ func writeReport(w io.Writer, rows []reportRow, shadow map[string]bool, start fl
 		fmt.Fprintln(w, "The scrape has no process_start_time_seconds: no shadow zone can be called ready.")
 	}
 	if shadow == nil {
-		fmt.Fprintln(w, "Which zones are shadow zones is unknown (admin API unreachable): a zone that would have denied and never denied is taken for one.")
+		fmt.Fprintln(w, "Which zones are shadow zones is unknown (no admin API answered; give --address): a zone that would have denied and never denied is taken for one.")
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ZONE\tSCOPE\tMODE\tREQUESTS\tDENIED\tWOULD DENY\tMISSING KEY\tVERDICT")

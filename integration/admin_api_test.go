@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -229,4 +230,24 @@ func TestRateLimitCommand(t *testing.T) {
 		t.Fatalf("unknown zone: %v\n%s", err, out)
 	}
 	run("admin_cli", "report", "--metrics", "http://"+adminAddr+"/metrics")
+}
+
+// TestAdminOddNames: a zone name and a key holding "/", spaces and
+// percent signs reach the right zone and key when escaped; the path key is
+// normalized as the zone does.
+func TestAdminOddNames(t *testing.T) {
+	tester := newTester(t, jsonServer(`{
+		"handler": "rate_limit",
+		"rate_limits": {"admin odd/zone%": {"key": "{http.request.uri.path}", "normalize": [{"name": "path"}], "window": "1h", "max_events": 2}}
+	}, `+okHandler, ""), "json")
+	expectN(t, tester, 2, http.StatusOK, "GET", "/api/x")
+	expect429(t, tester, 3599, 3600, "GET", "/api/./x")
+	base := "/rate_limit/zones/" + url.PathEscape("admin odd/zone%") + "/keys/"
+	if ls := keyOp(t, "GET", base+url.PathEscape("/api/y/../x")); ls[0].Remaining != 0 || ls[0].Key != "/api/x" {
+		t.Fatalf("path key: %+v", ls)
+	}
+	if ls := keyOp(t, "DELETE", base+url.PathEscape("/api/x")); ls[0].Remaining != 2 {
+		t.Fatalf("reset: %+v", ls)
+	}
+	expectN(t, tester, 2, http.StatusOK, "GET", "/api/x")
 }

@@ -1,35 +1,16 @@
 -- Sluice: an operator's operations on keys, inserted into decide.lua where
--- it marks them, so that they load, rebase and store states with its
--- functions. Modes:
---   'p' peek: decides each key for its cost and replies as a decision
---       does, writing nothing (the same key is sent with cost 0 for its
---       state, and cost 1 for its retry time).
+-- it marks them (after every key is loaded and decided, before anything
+-- is written), so that they read and store states with its functions.
+-- Modes:
+--   'p' peek: replies as a decision does, writing nothing (the same key
+--       is sent with cost 0 for its state, and cost 1 for its retry time).
 --   'g' grant: gives each key cost units back, whatever took them, never
 --       more than it holds (algorithms/grant.go, line for line).
 -- Reset needs no script: it deletes the key.
 
-if mode == 'p' then
-	local out = {NS, NN, 1}
-	for i = 1, n do
-		local a = args[i]
-		local s = load(a.kind, KEYS[i], a.p1, a.lin, a.gen, a.hist)
-		local k, r = a.kind
-		if k == 'b' then
-			r = libB().decide(s, a.p1, a.p2, a.cost)
-		elseif k == 'q' then
-			r = libB().qdecide(s, a.p1, a.p2, a.cost)
-		elseif k == 'w' then
-			r = libW().decide(s, a.p1, a.p2, a.cost)
-		elseif k == 'c' then
-			r = libC().decide(s, a.p1, a.p2, a.cost)
-		else
-			r = libL().decide(s, a.p1, a.p2, a.cost)
-		end
-		for j = 1, 6 do out[3 + (i - 1) * 7 + j] = r[j] end
-		out[3 + i * 7] = 0
-	end
-	return out
-end
+-- A peek is a decision that writes nothing: the states are loaded and
+-- decided above, and nothing is stored.
+if mode == 'p' then return out end
 
 -- grantCounter takes units out of the current window's count, then lowers
 -- the previous window's count until its weighted share is that much
@@ -113,14 +94,15 @@ local function grantLog(l, units, key, W)
 	redis.call('PEXPIRE', key, px(newest + W))
 end
 
+-- A grant reads the states loaded (and rebased) above; a key that does
+-- not exist has nothing to give back.
 if mode == 'g' then
 	for i = 1, n do
-		local a, key = args[i], KEYS[i]
-		local s, exists = load(a.kind, key, a.p1, a.lin, a.gen, a.hist)
+		local a, key, s = args[i], KEYS[i], states[i]
 		local k = a.kind
 		if k == 'l' then
 			grantLog(s, a.cost, key, a.p1)
-		elseif exists then
+		elseif next(s) ~= nil then
 			local r
 			if k == 'b' or k == 'q' then
 				r = libB().refund(s, a.p1, a.cost)

@@ -800,8 +800,6 @@ if mode == 'r' then
 	return {}
 end
 
--- ADMIN MODES: the admin script (admin.lua) is inserted here.
-
 -- An undo takes back a decision that other slots of the same request
 -- denied: a key nobody wrote since gets its value from before the decision
 -- back, exactly; any other key (and every sliding log, whose refund is
@@ -868,6 +866,8 @@ for i = 1, n do
 end
 
 if not allowed then out[3] = 0 end
+
+-- ADMIN MODES: the admin script (admin.lua) is inserted here.
 
 for i = 1, n do
 	local a, s, key = args[i], states[i], KEYS[i]

@@ -121,6 +121,35 @@ func zoneNamed(name string) (found zoneUse) {
 	return found
 }
 
+// othersForget tells every running use of the zone other than use, whose
+// store changed key in the limit of that scope, to forget what it
+// remembers of the key: a site (or an old config still draining) with a
+// store of its own would otherwise keep refusing it from its cache.
+func othersForget(use zoneUse, scope, key string) {
+	var others []zoneUse
+	publishedZones.Range(func(k, v any) bool {
+		if k.(string) != use.z.name {
+			return true
+		}
+		u := v.(*zoneUses)
+		u.mu.Lock()
+		others = append(others, u.uses...)
+		u.mu.Unlock()
+		return false
+	})
+	for _, o := range others {
+		f, ok := o.h.store.(backend.Forgetter)
+		if !ok || o.h.store == use.h.store {
+			continue
+		}
+		for _, l := range o.z.limits {
+			if l.scope == scope {
+				f.Forget(l.handle, key)
+			}
+		}
+	}
+}
+
 // allZones returns the newest running zone of each name, by name.
 func allZones() []zoneUse {
 	var zones []zoneUse
@@ -254,6 +283,9 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, zoneName, ra
 		}
 		if err != nil {
 			return apiError(http.StatusServiceUnavailable, "%s: %v", l.displayName(), err)
+		}
+		if r.Method != http.MethodGet {
+			othersForget(use, l.scope, key)
 		}
 		states = append(states, keyState{
 			Zone: z.name, Scope: l.scope, Key: key, Algorithm: l.algorithm,

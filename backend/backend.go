@@ -130,3 +130,11 @@ type Admin interface {
 	// and returns its state after.
 	Grant(ctx context.Context, l Limit, key string, units int64) (algorithms.Usage, error)
 }
+
+// Forgetter is implemented by stores that remember answers in this process
+// (the Redis store's cache of denied keys). After an operator changed a key
+// through one store, Forget is called on every other store of the zone, so
+// that none keeps refusing the key from what it remembers.
+type Forgetter interface {
+	Forget(l Limit, key string)
+}

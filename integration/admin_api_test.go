@@ -251,3 +251,51 @@ func TestAdminOddNames(t *testing.T) {
 	}
 	expectN(t, tester, 2, http.StatusOK, "GET", "/api/x")
 }
+
+// TestAdminResetReachesEverySite: two sites name one zone on Redis, each
+// with a store and an over-limit cache of its own. A reset through the API
+// unblocks the key on both at once: the store that did not reset forgets
+// the denial it remembered.
+func TestAdminResetReachesEverySite(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	handler := `{"handler": "rate_limit",
+		"backend": {"name": "redis", "addresses": ["` + redis.Addr + `"], "key_prefix": "admin-sites:", "timeout": "2s"},
+		"rate_limits": {"admin_shared": {"key": "{http.request.header.X-User}", "window": "1h", "max_events": 3}}
+	}, ` + okHandler
+	cfg := withPorts(`{
+	"admin": {"listen": "` + adminAddr + `"},
+	"logging": {"logs": {"default": {"level": "ERROR"}}},
+	"apps": {"http": {"http_port": 9080, "servers": {
+		"a": {"listen": [":9080"], "routes": [{"handle": [` + handler + `]}]},
+		"b": {"listen": ["127.0.0.1:9081"], "routes": [{"handle": [` + handler + `]}]}
+	}}}
+}`)
+	tester := newTester(t, cfg, "json")
+	siteB := strings.Replace(httpBase, fmt.Sprint(httpPort), fmt.Sprint(httpPort+1), 1)
+	get := func(base string) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", base+"/", nil)
+		req.Header.Set("X-User", "u")
+		resp, err := tester.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i := range 3 {
+		if code := get(httpBase); code != http.StatusOK {
+			t.Fatalf("request %d: %d", i+1, code)
+		}
+	}
+	// Both sites are refused, and both stores' caches learn it.
+	for range 2 {
+		if a, b := get(httpBase), get(siteB); a != http.StatusTooManyRequests || b != http.StatusTooManyRequests {
+			t.Fatalf("over the limit: site a %d, site b %d; want 429 from both", a, b)
+		}
+	}
+	keyOp(t, "DELETE", "/rate_limit/zones/admin_shared/keys/u")
+	if a, b := get(httpBase), get(siteB); a != http.StatusOK || b != http.StatusOK {
+		t.Fatalf("after a reset: site a %d, site b %d; want 200 from both", a, b)
+	}
+}

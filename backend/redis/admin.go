@@ -93,8 +93,9 @@ func (s *Store) Inspect(ctx context.Context, l backend.Limit, key string) (algor
 }
 
 // Reset deletes the key's state (backend.Admin). Other instances of a
-// fleet that remember the key as over its limit (the over-limit cache)
-// keep refusing it until the retry time they were told.
+// fleet that remember the key as over its limit (their over-limit caches)
+// keep refusing it until the retry time they were told; other stores of
+// this process are told to forget it (Forget).
 func (s *Store) Reset(ctx context.Context, l backend.Limit, key string) error {
 	it, err := adminItem(l, key, 0)
 	if err != nil {
@@ -126,6 +127,14 @@ func (s *Store) Grant(ctx context.Context, l backend.Limit, key string, units in
 	return s.Inspect(ctx, l, key)
 }
 
+// Forget drops what this store's over-limit cache remembers of the key
+// (backend.Forgetter), after another store changed it.
+func (s *Store) Forget(l backend.Limit, key string) {
+	if it, err := adminItem(l, key, 0); err == nil {
+		s.forget(it)
+	}
+}
+
 // forget drops what the over-limit cache remembers of the key: it has
 // room again.
 func (s *Store) forget(it item) {
@@ -134,4 +143,8 @@ func (s *Store) forget(it item) {
 	}
 }
 
-var _ backend.Admin = (*Store)(nil)
+// Interface guards.
+var (
+	_ backend.Admin     = (*Store)(nil)
+	_ backend.Forgetter = (*Store)(nil)
+)

@@ -96,6 +96,12 @@ func (k *Keyer) Key(r *http.Request, repl *caddy.Replacer, body *Body) (string, 
 	if len(k.tmpl.parts) > 1 {
 		key = sb.String()
 	}
+	return k.final(key), missing
+}
+
+// final is key as stored: its HMAC under the secret, or its SHA-256 when
+// it is too long.
+func (k *Keyer) final(key string) string {
 	switch {
 	case k.secret != nil:
 		mac := hmac.New(sha256.New, k.secret)
@@ -107,7 +113,7 @@ func (k *Keyer) Key(r *http.Request, repl *caddy.Replacer, body *Body) (string, 
 		sum := sha256.Sum256([]byte(key))
 		key = "sha256:" + base64.RawURLEncoding.EncodeToString(sum[:])
 	}
-	return key, missing
+	return key
 }
 
 func (k *Keyer) value(r *http.Request, repl *caddy.Replacer, body *Body, name string) (string, error) {
@@ -115,6 +121,12 @@ func (k *Keyer) value(r *http.Request, repl *caddy.Replacer, body *Body, name st
 	if err != nil {
 		return "", err
 	}
+	return k.transform(v)
+}
+
+// transform is what the keyer does to one placeholder value: IP addresses
+// canonical and masked, then the normalizers.
+func (k *Keyer) transform(v string) (string, error) {
 	if v == "" {
 		return "", fmt.Errorf("%w: empty", ErrAbsent)
 	}

@@ -15,6 +15,8 @@ mode=memory
 if [ "${1:-}" = redis ]; then mode=redis; shift; fi
 secs=${1:-10}
 rounds=${2:-3}
+# Caddy's port; another free one lets two runs share the machine.
+port=${SLUICE_BENCH_PORT:-18080}
 command -v wrk >/dev/null || { echo "needs wrk (apt-get install wrk)"; exit 1; }
 go build -o bench/caddy ./cmd/caddy
 tmp=$(mktemp -d)
@@ -27,7 +29,7 @@ site() { # name, handler block[, global rate_limit block]
 	auto_https off
 ${3:-}
 }
-:18080 {
+:$port {
 $2
 	respond "ok"
 }
@@ -70,8 +72,8 @@ fi
 run() { # name [wrk script] -> requests/s
 	bench/caddy run --config "$tmp/$1.Caddyfile" --adapter caddyfile >/dev/null 2>&1 &
 	local pid=$!
-	for _ in $(seq 50); do curl -s -o /dev/null localhost:18080/ && break; sleep 0.1; done
-	wrk -t1 -c32 -d"${secs}s" ${2:+-s "$2"} http://127.0.0.1:18080/ >"$tmp/wrk.out"
+	for _ in $(seq 50); do curl -s -o /dev/null localhost:$port/ && break; sleep 0.1; done
+	wrk -t1 -c32 -d"${secs}s" ${2:+-s "$2"} http://127.0.0.1:$port/ >"$tmp/wrk.out"
 	awk '/Requests\/sec/ {print $2}' "$tmp/wrk.out"
 	kill $pid; wait $pid 2>/dev/null || true
 }

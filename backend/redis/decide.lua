@@ -638,27 +638,17 @@ end
 
 -- parse reads a stored value: the state, the rate parameter it was written
 -- under, and its lineage and generation.
+-- (One match, no table of fields: this runs for every key of every call.)
 local function parse(kind, raw)
-	local f = {}
-	for x in string.gmatch(raw, '[^:]+') do f[#f + 1] = x end
-	local s, i
+	local f1, f2, f3, f4, f5, f6 = string.match(raw, '^([^:]*):?([^:]*):?([^:]*):?([^:]*):?([^:]*):?([^:]*)')
+	local t = rel(f1)
+	if not t then return nil end
 	if kind == 'b' or kind == 'q' then
-		local tat = rel(f[1])
-		if not tat then return nil end
-		s = {tat = tat}
-		i = 2
+		return {tat = t}, tonumber(f2), f3 ~= '' and f3 or nil, tonumber(f4) or 0
 	elseif kind == 'w' then
-		local start = rel(f[1])
-		if not start then return nil end
-		s = {start = start, count = tonumber(f[2])}
-		i = 3
-	else
-		local start = rel(f[1])
-		if not start then return nil end
-		s = {start = start, prev = tonumber(f[2]), curr = tonumber(f[3])}
-		i = 4
+		return {start = t, count = tonumber(f2)}, tonumber(f3), f4 ~= '' and f4 or nil, tonumber(f5) or 0
 	end
-	return s, tonumber(f[i]), f[i + 1], tonumber(f[i + 2] or '0')
+	return {start = t, prev = tonumber(f2), curr = tonumber(f3)}, tonumber(f4), f5 ~= '' and f5 or nil, tonumber(f6) or 0
 end
 
 local hists = {}
@@ -711,14 +701,36 @@ local function load(kind, key, param, lin, gen, hist)
 	return s, true
 end
 
+-- metaOf is the suffix of a stored value: the rate parameter and, after a
+-- policy change, the lineage and generation. Numbers are written with %d:
+-- Lua's own conversion keeps only 14 significant digits. The suffix is the
+-- same for every key of a zone: it is made once per call.
+local metas = {}
+local function metaOf(param, lin, gen)
+	local byLin = metas[param]
+	if not byLin then
+		byLin = {}
+		metas[param] = byLin
+	end
+	local byGen = byLin[lin]
+	if not byGen then
+		byGen = {}
+		byLin[lin] = byGen
+	end
+	local m = byGen[gen]
+	if not m then
+		m = string.format(':%d', param)
+		if gen > 0 then m = m .. string.format(':%s:%d', lin, gen) end
+		byGen[gen] = m
+	end
+	return m
+end
+
 -- store writes s with its expiry, or deletes the key when s is the zero
 -- state.
 local function store(kind, key, s, param, lin, gen, p1)
 	local v, idle
-	-- Numbers are written with %d: Lua's own conversion keeps only 14
-	-- significant digits.
-	local meta = string.format(':%d', param)
-	if gen > 0 then meta = meta .. string.format(':%s:%d', lin, gen) end
+	local meta = metaOf(param, lin, gen)
 	if kind == 'b' or kind == 'q' then
 		if s.tat then
 			idle = s.tat

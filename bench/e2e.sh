@@ -69,12 +69,23 @@ site denying "	rate_limit {
 	}"
 fi
 
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # user + system CPU of a process
+
 run() { # name [wrk script] -> requests/s
 	bench/caddy run --config "$tmp/$1.Caddyfile" --adapter caddyfile >/dev/null 2>"$tmp/caddy.log" &
 	local pid=$!
 	for _ in $(seq 50); do curl -s -o /dev/null localhost:$port/ && break; sleep 0.1; done
+	local c0 r0=0 c1 r1=0
+	c0=$(ticks $pid)
+	[ -z "${rpid:-}" ] || r0=$(ticks "$rpid")
 	wrk -t1 -c32 -d"${secs}s" ${2:+-s "$2"} http://127.0.0.1:$port/ >"$tmp/wrk.out"
+	c1=$(ticks $pid)
+	[ -z "${rpid:-}" ] || r1=$(ticks "$rpid")
 	awk '/Requests\/sec/ {print $2}' "$tmp/wrk.out"
+	# CPU per request (clock ticks of 10 ms over the requests wrk sent):
+	# the work each request costs, whatever share of the cores the
+	# processes got on a shared machine.
+	awk -v c=$((c1 - c0)) -v r=$((r1 - r0)) '/requests in/ {printf "%.1f %.1f\n", c * 1e4 / $1, r * 1e4 / $1}' "$tmp/wrk.out" >>"$tmp/cpu.$1"
 	kill $pid; wait $pid 2>/dev/null || true
 	# A run whose calls timed out opened the circuit breaker: for a while
 	# the zone admitted without asking Redis, which flatters its figure.
@@ -91,6 +102,7 @@ if [ "$mode" = redis ]; then
 	command -v redis-server >/dev/null || { echo "needs redis-server (apt-get install redis-server)"; exit 1; }
 	rport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 	redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no >"$tmp/redis.log" 2>&1 &
+	rpid=$!
 	for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
 	rcli() { redis-cli -p "$rport" "$@"; }
 	# Each connection walks its own stride of 10,000 keys, one per request.
@@ -142,6 +154,11 @@ done
 for name in "${names[@]}"; do
 	median=$(tr ' ' '\n' <<<"${results[$name]}" | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
 	printf '%-13s median %9s req/s   runs: %s\n' "$name" "$median" "${results[$name]}"
+done
+for name in "${names[@]}"; do
+	c=$(awk '{print $1}' "$tmp/cpu.$name" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
+	r=$(awk '{print $2}' "$tmp/cpu.$name" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
+	printf '%-13s CPU per request (medians): Caddy %5s µs, Redis %5s µs\n' "$name" "$c" "$r"
 done
 
 [ ! -s "$tmp/notes" ] || { cat "$tmp/notes"; : >"$tmp/notes"; }

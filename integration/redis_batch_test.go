@@ -10,18 +10,21 @@ import (
 
 // 64 clients at once through one Caddy: their decisions are gathered into
 // shared script calls (far fewer calls than requests), and each key still
-// admits exactly its limit.
+// admits exactly its limit. (A long timeout and fail closed: on a loaded
+// machine a timed-out call must show as a failure, not as an admission.)
 func TestRedisBatchedDecisions(t *testing.T) {
 	addr, c := perfRedis(t)
 	tester := newTester(t, caddyfileServerWith(fmt.Sprintf(`	rate_limit {
 		backend redis {
 			address %s
 			local_cache off
+			timeout 10s
 		}
 	}`, addr), `	rate_limit {
 		zone batch_exact {
 			by header X-Key
 			rate 100/1h
+			fail closed
 		}
 	}
 	respond "ok"`), "caddyfile")

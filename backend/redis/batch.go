@@ -86,7 +86,12 @@ func (b *batcher) decide(ctx context.Context, items []item, results []algorithms
 	case <-p.done:
 		return p.allowed, p.err
 	case <-ctx.Done():
-		return false, ctx.Err()
+		select {
+		case <-p.done: // answered just in time: the answer, not the deadline
+			return p.allowed, p.err
+		default:
+			return false, ctx.Err()
+		}
 	}
 }
 

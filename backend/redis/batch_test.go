@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 )
@@ -55,15 +57,21 @@ func waitQueued(t *testing.T, queued func() int, n int) {
 	}
 }
 
-// Decisions that arrive while calls are in flight go together in one
-// script call, decided in the order they came, each on its own.
-func TestBatchDecidesQueuedRequestsInOneCall(t *testing.T) {
-	c := standaloneClient(t)
-	s, err := New(c, Options{KeyPrefix: uniquePrefix(t), Timeout: 10 * time.Second, NoCache: true})
+func uncachedStore(t *testing.T, c goredis.UniversalClient, timeout time.Duration) *Store {
+	t.Helper()
+	s, err := New(c, Options{KeyPrefix: uniquePrefix(t), Timeout: timeout, NoCache: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// Decisions that arrive while calls are in flight go together in one
+// script call, decided in the order they came, each on its own.
+func TestBatchDecidesQueuedRequestsInOneCall(t *testing.T) {
+	c := standaloneClient(t)
+	s := uncachedStore(t, c, 10*time.Second)
 	z := mustZone(t, s, "gather", algorithms.NameFixedWindow, policy(3, time.Hour))
 	other := mustZone(t, s, "gather_other", algorithms.NameTokenBucket, policy(10, time.Hour))
 	// The script is loaded (a first EVALSHA may find it missing).
@@ -121,15 +129,11 @@ func TestBatchDecidesQueuedRequestsInOneCall(t *testing.T) {
 // sent: it cannot be charged after its caller was told it failed.
 func TestBatchDropsRequestPastItsDeadline(t *testing.T) {
 	c := standaloneClient(t)
-	s, err := New(c, Options{KeyPrefix: uniquePrefix(t), Timeout: 30 * time.Millisecond, NoCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := uncachedStore(t, c, 30*time.Millisecond)
 	z := mustZone(t, s, "late", algorithms.NameTokenBucket, policy(5, time.Hour))
 	_, _, release := holdBatcher(t, s, z)
 	start := time.Now()
-	_, err = s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1))
+	_, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1))
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err %v, want the deadline", err)
 	}

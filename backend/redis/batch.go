@@ -16,11 +16,13 @@ import (
 // Concurrent decisions are gathered into one script call (mode m) that
 // decides each request on its own: the call's fixed cost (EVALSHA, TIME,
 // the script's set-up, a round trip) is paid once per batch. The batching
-// is a group commit, with no timer: a decision that finds no call in
-// flight is sent at once, by its own goroutine; decisions that arrive
-// while a call is in flight wait for it to return and then go together in
-// the next one. So an idle store adds no latency, and under load a
-// decision waits at most for the call before its own.
+// is a group commit, with no timer: a decision that finds fewer than
+// maxInFlight calls in flight is sent at once, by its own goroutine;
+// decisions that arrive while maxInFlight calls are in flight wait for one
+// to return and then go together in the next call. So an idle store adds
+// no latency, and under load a decision waits for one call before its own
+// (more while over maxInFlight × maxBatch decisions wait), never past its
+// deadline.
 
 // maxBatch bounds the requests of one script call, so that one call does
 // not hold Redis (which runs one script at a time) for long: 64 token
@@ -72,8 +74,8 @@ func (b *batcher) decide(ctx context.Context, items []item, results []algorithms
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
 	if b.inFlight < maxInFlight {
-		// Nothing waits for a free call: this goroutine sends the
-		// queue (its own request last, since it came last) at once.
+		// A call is free, so nothing else waits (a call that returns
+		// takes the queue): this goroutine sends its request at once.
 		b.inFlight++
 		batch := b.take()
 		b.mu.Unlock()

@@ -158,7 +158,9 @@ done
 for name in "${names[@]}"; do
 	c=$(awk '{print $1}' "$tmp/cpu.$name" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
 	r=$(awk '{print $2}' "$tmp/cpu.$name" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
-	printf '%-13s CPU per request (medians): Caddy %5s µs, Redis %5s µs\n' "$name" "$c" "$r"
+	printf '%-13s CPU per request (medians): Caddy %5s µs' "$name" "$c"
+	if [ "$mode" = redis ]; then printf ', Redis %5s µs' "$r"; fi
+	echo
 done
 
 [ ! -s "$tmp/notes" ] || { cat "$tmp/notes"; : >"$tmp/notes"; }

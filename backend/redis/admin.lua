@@ -1,6 +1,8 @@
 -- Sluice: an operator's operations on keys, inserted into decide.lua where
 -- it marks them (after every key is loaded and decided, before anything
 -- is written), so that they read and store states with its functions.
+-- It runs inside decideKeys: a `return` here ends that request's decision
+-- before its writes, and the script replies the decision made so far.
 -- Modes:
 --   'p' peek: replies as a decision does, writing nothing (the same key
 --       is sent with cost 0 for its state, and cost 1 for its retry time).

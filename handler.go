@@ -296,7 +296,9 @@ func (h *Handler) refuse(r *http.Request, repl *caddy.Replacer, z *Zone) error {
 	if z.denyC != nil {
 		z.denyC.Inc()
 	}
-	h.denyLog.Info("request refused by deny list", zap.String("zone", z.name), zap.String("remote_ip", remoteIP(r)), zap.String("client_ip", clientIP(r)))
+	if ce := h.denyLog.Check(zapcore.InfoLevel, "request refused by deny list"); ce != nil {
+		ce.Write(zap.String("zone", z.name), zap.String("remote_ip", remoteIP(r)), zap.String("client_ip", clientIP(r)))
+	}
 	return caddyhttp.Error(http.StatusForbidden, ErrDenylisted)
 }
 

@@ -51,7 +51,14 @@ func hotPathCases() []hotPathCase {
 		{"allowed/by_ip_v6", `{"rate_limits": {"hot_ip6": {"key": "{http.vars.client_ip}", "ipv6_prefix": 64, "max_events": 100, "window": "1m", "algorithm": "token_bucket"}}}`,
 			tick, "http://example.com/", "[2001:db8::7]:4242", false, 2},
 		{"allowed/by_query", `{"rate_limits": {"hot_query": {"key": "{http.request.uri.query.user}", "max_events": 100, "window": "1m", "algorithm": "token_bucket"}}}`,
-			tick, "http://example.com/search?q=caddy&page=2&user=alice&lang=en", "192.0.2.7:4242", false, 8},
+			tick, "http://example.com/search?q=caddy&page=2&user=alice&lang=en", "192.0.2.7:4242", false, 0},
+		// A key that cannot be built: its errors are made once.
+		{"allowed/missing_shared", `{"rate_limits": {"hot_missing": {"key": "{http.request.header.X-User}", "max_events": 100, "window": "1m", "algorithm": "token_bucket"}}}`,
+			tick, "http://example.com/", "192.0.2.7:4242", false, 0},
+		{"allowed/missing_skip", `{"rate_limits": {"hot_skip": {"key": "{http.request.header.X-User}", "missing": "skip", "max_events": 1, "window": "1h"}}}`,
+			frozen, "http://example.com/", "192.0.2.7:4242", false, 0},
+		{"allowed/ambiguous_shared", `{"rate_limits": {"hot_ambiguous": {"key": "{http.request.uri.query.user}", "max_events": 100, "window": "1m", "algorithm": "token_bucket"}}}`,
+			tick, "http://example.com/?user=a&user=b", "192.0.2.7:4242", false, 0},
 		// Retry-After (a header holds a []string) and the key placeholder
 		// (a string in an interface value).
 		{"denied/by_ip", `{"rate_limits": {"hot_ip_deny": {"key": "{http.vars.client_ip}", "ipv6_prefix": 64, "max_events": 1, "window": "1h", "algorithm": "token_bucket"}}}`,

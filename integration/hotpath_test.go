@@ -2,6 +2,7 @@ package integration
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -46,4 +47,24 @@ func TestDecisionPlaceholdersSmallAndLarge(t *testing.T) {
 	if code != http.StatusTooManyRequests || ra != "7200" || body != want {
 		t.Fatalf("over the limit: %d, Retry-After %q, %q; want 429, 7200, %q", code, ra, body, want)
 	}
+}
+
+// A query of more than 10,000 parameters is one Go (and so Caddy's
+// placeholder) reads nothing of, while the application may read all of
+// it: the key is still the parameter's value, never an absent key that
+// "missing skip" would let through.
+func TestQueryKeyBeyondGoParameterLimit(t *testing.T) {
+	tester := newTester(t, jsonServer(`{
+		"handler": "rate_limit",
+		"rate_limits": {"hotpath_query": {"key": "{http.request.uri.query.user}", "missing": "skip", "window": "1h", "max_events": 1}}
+	}, `+okHandler, ""), "json")
+	// 10,000 empty pairs: Go counts the separators.
+	padded := "/?" + strings.Repeat("&", 10000) + "user=victim"
+	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+		if code, _, _ := do(t, tester, "GET", padded); code != want {
+			t.Fatalf("padded query #%d: status %d, want %d", i+1, code, want)
+		}
+	}
+	expect429(t, tester, 3599, 3600, "GET", "/?user=victim")
+	expectN(t, tester, 2, http.StatusOK, "GET", "/?other=1")
 }

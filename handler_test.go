@@ -303,8 +303,8 @@ func TestDenyReportsTheLongestWait(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			u := newUnitHandler(t, threeZones, byZone(tt.results))
 			a := u.serve(t.Context(), nil)
-			if a.passed || a.code != http.StatusTooManyRequests || !errors.Is(a.err, ErrRateLimited) {
-				t.Fatalf("passed %v, status %d, %v; want 429", a.passed, a.code, a.err)
+			if a.passed || a.code != http.StatusTooManyRequests || !errors.Is(a.err, ErrRateLimited) || len(u.timers) != 0 {
+				t.Fatalf("passed %v, status %d, %v, %d timers; want 429 at once", a.passed, a.code, a.err, len(u.timers))
 			}
 			if got := a.header.Get("Retry-After"); got != tt.header {
 				t.Errorf("Retry-After %q, want %q", got, tt.header)

@@ -71,7 +71,13 @@ run() { # name [wrk script] -> requests/s
 	bench/caddy run --config "$tmp/$1.Caddyfile" --adapter caddyfile >/dev/null 2>&1 &
 	local pid=$!
 	for _ in $(seq 50); do curl -s -o /dev/null localhost:18080/ && break; sleep 0.1; done
+	local ticks
+	ticks=$(awk '{print $14 + $15}' /proc/$pid/stat)
 	wrk -t1 -c32 -d"${secs}s" ${2:+-s "$2"} http://127.0.0.1:18080/ >"$tmp/wrk.out"
+	# Caddy's CPU time per request (user + system, in clock ticks), which
+	# other load on the machine disturbs far less than throughput.
+	awk -v t="$(($(awk '{print $14 + $15}' /proc/$pid/stat) - ticks))" -v hz="$(getconf CLK_TCK)" \
+		'/requests in/ {printf "%.1f\n", t * 1e6 / hz / $1}' "$tmp/wrk.out" >"$tmp/cpu.out"
 	awk '/Requests\/sec/ {print $2}' "$tmp/wrk.out"
 	kill $pid; wait $pid 2>/dev/null || true
 }
@@ -118,17 +124,19 @@ LUA
 fi
 
 # Rounds interleave the configs so that a noisy moment hits all of them.
-declare -A results
+declare -A results cpu
 for _ in $(seq "$rounds"); do
 	for name in "${names[@]}"; do
 		s=
 		[ "$name" = baseline ] || s=$script
 		results[$name]+="$(run "$name" "$s") "
+		cpu[$name]+="$(cat "$tmp/cpu.out") "
 	done
 done
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 for name in "${names[@]}"; do
-	median=$(tr ' ' '\n' <<<"${results[$name]}" | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-	printf '%-13s median %9s req/s   runs: %s\n' "$name" "$median" "${results[$name]}"
+	printf '%-13s median %9s req/s   runs: %s\n' "$name" "$(median "${results[$name]}")" "${results[$name]}"
+	printf '%-13s median %9s µs of Caddy CPU per request   runs: %s\n' "" "$(median "${cpu[$name]}")" "${cpu[$name]}"
 done
 
 [ "$mode" = redis ] || exit 0

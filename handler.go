@@ -296,7 +296,9 @@ func (h *Handler) refuse(r *http.Request, repl *caddy.Replacer, z *Zone) error {
 	if z.denyC != nil {
 		z.denyC.Inc()
 	}
-	h.denyLog.Info("request refused by deny list", zap.String("zone", z.name), zap.String("remote_ip", remoteIP(r)), zap.String("client_ip", clientIP(r)))
+	if ce := h.denyLog.Check(zapcore.InfoLevel, "request refused by deny list"); ce != nil {
+		ce.Write(zap.String("zone", z.name), zap.String("remote_ip", remoteIP(r)), zap.String("client_ip", clientIP(r)))
+	}
 	return caddyhttp.Error(http.StatusForbidden, ErrDenylisted)
 }
 
@@ -317,10 +319,14 @@ func (h *Handler) wait(r *http.Request, store backend.Store, limits []*Limit, re
 	if delay <= 0 {
 		return nil
 	}
-	timer := time.NewTimer(time.Duration(delay))
-	defer timer.Stop()
+	newTimer := h.newTimer
+	if newTimer == nil {
+		newTimer = systemTimer
+	}
+	fired, stop := newTimer(time.Duration(delay))
+	defer stop()
 	select {
-	case <-timer.C:
+	case <-fired:
 		return nil
 	case <-r.Context().Done():
 	}
@@ -328,6 +334,11 @@ func (h *Handler) wait(r *http.Request, store backend.Store, limits []*Limit, re
 		h.logger.Error("giving back the slot of a request whose client left", zap.Error(err))
 	}
 	return caddyhttp.Error(statusClientClosed, r.Context().Err())
+}
+
+func systemTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
 }
 
 // tightest is the index of the enforcing limit with the least room left,
@@ -371,7 +382,11 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	wait := time.Duration(res.RetryAfter)
 	if res.RetryAfter != algorithms.Never {
 		if h.Jitter > 0 {
-			wait += time.Duration(min(rand.Float64()*h.Jitter*float64(wait), float64(algorithms.MaxSpan)))
+			random := h.jitterFn
+			if random == nil {
+				random = rand.Float64
+			}
+			wait += time.Duration(min(random()*h.Jitter*float64(wait), float64(algorithms.MaxSpan)))
 		}
 		secs := retryAfterSeconds(wait)
 		w.Header().Set("Retry-After", intText(secs))

@@ -92,7 +92,10 @@ type Handler struct {
 	events   *caddyevents.App
 	ctx      caddy.Context
 	now      func() int64
-	jitterFn func() float64
+	jitterFn func() float64 // in [0, 1); rand.Float64 unless a test sets it
+	// newTimer makes the timer a queued request waits on (time.NewTimer's
+	// channel and Stop unless a test sets it).
+	newTimer func(time.Duration) (<-chan time.Time, func() bool)
 
 	// bodyFields are the JSON paths found in one pass over a body.
 	bodyFields *keys.BodyFields

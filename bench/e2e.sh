@@ -151,9 +151,9 @@ for _ in $(seq "$rounds"); do
 		results[$name]+="$(run "$name" "$s") "
 	done
 done
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 for name in "${names[@]}"; do
-	median=$(tr ' ' '\n' <<<"${results[$name]}" | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-	printf '%-13s median %9s req/s   runs: %s\n' "$name" "$median" "${results[$name]}"
+	printf '%-13s median %9s req/s   runs: %s\n' "$name" "$(median "${results[$name]}")" "${results[$name]}"
 done
 for name in "${names[@]}"; do
 	c=$(awk '{print $1}' "$tmp/cpu.$name" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')

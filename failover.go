@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
@@ -92,10 +93,10 @@ func (h *Handler) failover(w http.ResponseWriter, r *http.Request, reqs []backen
 			wait = ue.RetryAfter
 		}
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(wait), 10))
-		h.denyLog.Warn("rate limit backend unavailable: refusing the request of a zone that fails closed", h.failFields(r, limits, err)...)
+		h.warnFailure("rate limit backend unavailable: refusing the request of a zone that fails closed", r, limits, err)
 		return nil, nil, nil, false, caddyhttp.Error(http.StatusServiceUnavailable, ErrBackendUnavailable)
 	}
-	h.denyLog.Warn("rate limit backend unavailable: applying the zones' fail policy", h.failFields(r, limits, err)...)
+	h.warnFailure("rate limit backend unavailable: applying the zones' fail policy", r, limits, err)
 	n := 0
 	for i, l := range limits {
 		if l.Fail == FailLocal && l.local != nil {
@@ -115,10 +116,17 @@ func (h *Handler) failover(w http.ResponseWriter, r *http.Request, reqs []backen
 	return reqs, limits, out, allowed, nil
 }
 
-func (h *Handler) failFields(r *http.Request, limits []*Limit, err error) []zap.Field {
+// warnFailure logs a request decided by the fail policies. Its fields are
+// built only when the sampler keeps the line: while a backend is down,
+// every request comes here.
+func (h *Handler) warnFailure(msg string, r *http.Request, limits []*Limit, err error) {
+	ce := h.denyLog.Check(zapcore.WarnLevel, msg)
+	if ce == nil {
+		return
+	}
 	names := make([]string, len(limits))
 	for i, l := range limits {
 		names[i] = l.displayName() + ":" + l.Fail
 	}
-	return []zap.Field{zap.Strings("limits", names), zap.String("client_ip", clientIP(r)), zap.Error(err)}
+	ce.Write(zap.Strings("limits", names), zap.String("client_ip", clientIP(r)), zap.Error(err))
 }

@@ -85,14 +85,18 @@ type Handler struct {
 	// much.
 	BodyLimit int64 `json:"body_limit,omitempty"`
 
-	zones   []*Zone
-	store   backend.Store
-	local   backend.Store // decides "local" limits while store is unavailable
-	logger  *zap.Logger
-	denyLog *zap.Logger
-	events  *caddyevents.App
-	ctx     caddy.Context
-	now     func() int64
+	zones    []*Zone
+	store    backend.Store
+	local    backend.Store // decides "local" limits while store is unavailable
+	logger   *zap.Logger
+	denyLog  *zap.Logger
+	events   *caddyevents.App
+	ctx      caddy.Context
+	now      func() int64
+	jitterFn func() float64 // in [0, 1); rand.Float64 unless a test sets it
+	// newTimer makes the timer a queued request waits on (time.NewTimer's
+	// channel and Stop unless a test sets it).
+	newTimer func(time.Duration) (<-chan time.Time, func() bool)
 
 	// bodyFields are the JSON paths found in one pass over a body.
 	bodyFields *keys.BodyFields
@@ -219,7 +223,11 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 			z.denyC = metrics.listed.WithLabelValues(z.name, "deny")
 		}
 	}
-	return h.provisionFailover(ctx)
+	if err := h.provisionFailover(ctx); err != nil {
+		return err
+	}
+	h.publish() // to the admin API
+	return nil
 }
 
 func readsBody(zones []*Zone) bool {
@@ -263,6 +271,7 @@ func (h *Handler) setup() backend.Setup {
 // Cleanup releases the zones' state; state still used by another config
 // (the one replacing this one in a reload) stays.
 func (h *Handler) Cleanup() error {
+	h.unpublish()
 	if h.local != nil {
 		_ = h.local.Close()
 	}

@@ -7,10 +7,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
@@ -123,30 +121,6 @@ func newTester(t *testing.T, cfg, kind string) *caddytest.Tester {
 	unloadZones(t)
 	tester.InitServer(withPorts(cfg), kind)
 	return tester
-}
-
-// runs lists, per test name, the runs of that test in this process.
-var runs = struct {
-	sync.Mutex
-	of map[string][]*testing.T
-}{of: map[string][]*testing.T{}}
-
-// perRun is name on a test's first run in this process and name_runN on
-// its Nth (go test -count=N), for a test that reads values that outlive
-// every config: Prometheus counters are the process's.
-func perRun(t *testing.T, name string) string {
-	runs.Lock()
-	defer runs.Unlock()
-	seen := runs.of[t.Name()]
-	i := slices.Index(seen, t)
-	if i < 0 {
-		i = len(seen)
-		runs.of[t.Name()] = append(seen, t)
-	}
-	if i == 0 {
-		return name
-	}
-	return name + "_run" + strconv.Itoa(i+1)
 }
 
 // unloadZones loads a config without zones into the running Caddy, if one

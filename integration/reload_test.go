@@ -52,7 +52,7 @@ func TestReloadChangesBucketRate(t *testing.T) {
 // After a reload, /metrics must still move (mholt/caddy-ratelimit #100:
 // collectors bound to the first config's registry froze at 0).
 func TestMetricsAfterReload(t *testing.T) {
-	zone := perRun(t, "metrics_zone")
+	zone := freshZone("metrics_zone") // Prometheus counters are the process's
 	cfg := func(body string) string {
 		return jsonServer(`{
 			"handler": "rate_limit",

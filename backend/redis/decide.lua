@@ -3,7 +3,8 @@
 -- why every number below is exact in Lua's doubles.
 --
 -- KEYS[i]   the state of one (zone, scope, key).
--- ARGV[1]   "d" decide, "u" decide for an undo, "r" refund, "x" undo.
+-- ARGV[1]   "d" decide, "u" decide for an undo, "r" refund, "x" undo,
+--           "m" decide many requests, each on its own (see the end).
 -- ARGV[2,3] "" and "" to read the clock with TIME; tests pass seconds and
 --           nanoseconds instead so that Redis and the memory store see the
 --           same instants.
@@ -637,27 +638,17 @@ end
 
 -- parse reads a stored value: the state, the rate parameter it was written
 -- under, and its lineage and generation.
+-- (One match, no table of fields: this runs for every key of every call.)
 local function parse(kind, raw)
-	local f = {}
-	for x in string.gmatch(raw, '[^:]+') do f[#f + 1] = x end
-	local s, i
+	local f1, f2, f3, f4, f5, f6 = string.match(raw, '^([^:]*):?([^:]*):?([^:]*):?([^:]*):?([^:]*):?([^:]*)')
+	local t = rel(f1)
+	if not t then return nil end
 	if kind == 'b' or kind == 'q' then
-		local tat = rel(f[1])
-		if not tat then return nil end
-		s = {tat = tat}
-		i = 2
+		return {tat = t}, tonumber(f2), f3 ~= '' and f3 or nil, tonumber(f4) or 0
 	elseif kind == 'w' then
-		local start = rel(f[1])
-		if not start then return nil end
-		s = {start = start, count = tonumber(f[2])}
-		i = 3
-	else
-		local start = rel(f[1])
-		if not start then return nil end
-		s = {start = start, prev = tonumber(f[2]), curr = tonumber(f[3])}
-		i = 4
+		return {start = t, count = tonumber(f2)}, tonumber(f3), f4 ~= '' and f4 or nil, tonumber(f5) or 0
 	end
-	return s, tonumber(f[i]), f[i + 1], tonumber(f[i + 2] or '0')
+	return {start = t, prev = tonumber(f2), curr = tonumber(f3)}, tonumber(f4), f5 ~= '' and f5 or nil, tonumber(f6) or 0
 end
 
 local hists = {}
@@ -710,14 +701,36 @@ local function load(kind, key, param, lin, gen, hist)
 	return s, true
 end
 
+-- metaOf is the suffix of a stored value: the rate parameter and, after a
+-- policy change, the lineage and generation. Numbers are written with %d:
+-- Lua's own conversion keeps only 14 significant digits. The suffix is the
+-- same for every key of a zone: it is made once per call.
+local metas = {}
+local function metaOf(param, lin, gen)
+	local byLin = metas[param]
+	if not byLin then
+		byLin = {}
+		metas[param] = byLin
+	end
+	local byGen = byLin[lin]
+	if not byGen then
+		byGen = {}
+		byLin[lin] = byGen
+	end
+	local m = byGen[gen]
+	if not m then
+		m = string.format(':%d', param)
+		if gen > 0 then m = m .. string.format(':%s:%d', lin, gen) end
+		byGen[gen] = m
+	end
+	return m
+end
+
 -- store writes s with its expiry, or deletes the key when s is the zero
 -- state.
 local function store(kind, key, s, param, lin, gen, p1)
 	local v, idle
-	-- Numbers are written with %d: Lua's own conversion keeps only 14
-	-- significant digits.
-	local meta = string.format(':%d', param)
-	if gen > 0 then meta = meta .. string.format(':%s:%d', lin, gen) end
+	local meta = metaOf(param, lin, gen)
 	if kind == 'b' or kind == 'q' then
 		if s.tat then
 			idle = s.tat
@@ -750,27 +763,31 @@ end
 
 ------------------------------------------------------------------------
 
-local n = #KEYS
-local args = {}
-for i = 1, n do
-	local o = 4 + (i - 1) * F
-	local a = {
-		kind = ARGV[o + 1],
-		p1 = tonumber(ARGV[o + 2]),
-		p2 = tonumber(ARGV[o + 3]),
-		cost = tonumber(ARGV[o + 4]),
-		x1 = ARGV[o + 5],
-		x2 = ARGV[o + 6],
-		lin = ARGV[o + 7],
-		gen = tonumber(ARGV[o + 8]),
-		hist = ARGV[o + 9],
-	}
-	args[i] = a
+-- readArgs reads the arguments of n keys, KEYS[k0 + 1 .. k0 + n], from
+-- ARGV[o0 + 1] on.
+local function readArgs(k0, o0, n)
+	local args = {}
+	for i = 1, n do
+		local o = o0 + (i - 1) * F
+		args[i] = {
+			key = KEYS[k0 + i],
+			kind = ARGV[o + 1],
+			p1 = tonumber(ARGV[o + 2]),
+			p2 = tonumber(ARGV[o + 3]),
+			cost = tonumber(ARGV[o + 4]),
+			x1 = ARGV[o + 5],
+			x2 = ARGV[o + 6],
+			lin = ARGV[o + 7],
+			gen = tonumber(ARGV[o + 8]),
+			hist = ARGV[o + 9],
+		}
+	end
+	return args
 end
 
--- refundOne gives back what a granted decision took from key i.
-local function refundOne(i)
-	local a, key = args[i], KEYS[i]
+-- refundOne gives back what a granted decision took from the key of a.
+local function refundOne(a)
+	local key = a.key
 	local s, exists = load(a.kind, key, a.p1, a.lin, a.gen, a.hist)
 	local at = rel(a.x1) or -P53
 	local k = a.kind
@@ -793,10 +810,124 @@ local function refundOne(i)
 	end
 end
 
+-- decideKeys decides the keys of one request, all or nothing, and writes
+-- the reply from out[o + 1] on: 1 if the request may proceed, then 7
+-- values per key; with undo, then 3 more per key (see the top).
+local function decideKeys(args, undo, out, o)
+	local n = #args
+	local states = {}
+	local before = {}
+	for i = 1, n do
+		local a = args[i]
+		states[i] = load(a.kind, a.key, a.p1, a.lin, a.gen, a.hist)
+		-- (A log is given back by its refund, which is exact: no copy.)
+		if undo and a.kind ~= 'l' then
+			before[i] = {redis.call('GET', a.key) or '', redis.call('PTTL', a.key)}
+		elseif undo then
+			before[i] = {'', 0}
+		end
+	end
+
+	local results = {}
+	local allowed = true
+	out[o + 1] = 1
+	for i = 1, n do
+		local a, s = args[i], states[i]
+		local k = a.kind
+		local r
+		if k == 'b' then
+			r = libB().decide(s, a.p1, a.p2, a.cost)
+		elseif k == 'q' then
+			r = libB().qdecide(s, a.p1, a.p2, a.cost)
+		elseif k == 'w' then
+			r = libW().decide(s, a.p1, a.p2, a.cost)
+		elseif k == 'c' then
+			r = libC().decide(s, a.p1, a.p2, a.cost)
+		else
+			r = libL().decide(s, a.p1, a.p2, a.cost)
+		end
+		results[i] = r
+		if r[1] == 0 and a.x1 ~= '1' then allowed = false end
+		local b = o + 1 + (i - 1) * 7
+		for j = 1, 6 do out[b + j] = r[j] end
+		out[b + 7] = 0
+	end
+	if not allowed then out[o + 1] = 0 end
+
+	-- ADMIN MODES: the admin script (admin.lua) is inserted here.
+
+	for i = 1, n do
+		local a, s, key = args[i], states[i], args[i].key
+		if not allowed or results[i][1] == 0 or a.cost == 0 then
+			if a.kind == 'l' then libL().keep(s, key) end
+		else
+			local k = a.kind
+			if k == 'l' then
+				local t = libL().take(s, a.p1, a.cost, key)
+				-- A clock that stepped back logs the event at the newest
+				-- time; the caller needs that time to give the event back.
+				out[o + 1 + i * 7] = t - now
+			else
+				if k == 'b' or k == 'q' then
+					s = libB().take(s, a.p1, a.cost)
+				elseif k == 'w' then
+					s = libW().take(s, a.p1, a.cost)
+				else
+					s = libC().take(s, a.p1, a.cost)
+				end
+				store(k, key, s, a.p1, a.lin, a.gen, a.p1)
+			end
+		end
+	end
+	if undo then
+		for i = 1, n do
+			local b = before[i]
+			local new = ''
+			if allowed and results[i][1] == 1 and args[i].cost > 0 and args[i].kind ~= 'l' then
+				new = redis.call('GET', args[i].key) or ''
+			end
+			local u = o + 1 + n * 7 + (i - 1) * 3
+			out[u + 1] = b[1]
+			out[u + 2] = b[2]
+			out[u + 3] = new
+		end
+	end
+end
+
+-- Many requests ('m'): each is decided on its own, all or nothing over its
+-- own keys, in the order given, as if each were a call of its own at the
+-- same instant. After the header, each request is the number of its keys
+-- then their arguments; KEYS holds the requests' keys in the same order.
+-- The reply is the clock, then per request its decision as in mode 'd'
+-- (without the clock), or an error message alone: a request that fails
+-- does not fail the others.
+if mode == 'm' then
+	local out = {NS, NN}
+	local k0, o = 0, 5
+	local last = #ARGV
+	while o <= last do
+		local n = tonumber(ARGV[o])
+		local args = readArgs(k0, o, n)
+		local at = #out
+		local ok, err = pcall(decideKeys, args, false, out, at)
+		if not ok then
+			for j = #out, at + 1, -1 do out[j] = nil end
+			if type(err) == 'table' then err = err.err end
+			out[at + 1] = tostring(err)
+		end
+		k0 = k0 + n
+		o = o + 1 + n * F
+	end
+	return out
+end
+
+local n = #KEYS
+local args = readArgs(0, 4, n)
+
 -- A refund gives back each key in turn (one key may be refunded twice in
 -- one request), so each state is read just before its refund.
 if mode == 'r' then
-	for i = 1, n do refundOne(i) end
+	for i = 1, n do refundOne(args[i]) end
 	return {}
 end
 
@@ -819,7 +950,7 @@ if mode == 'x' then
 				redis.call('SET', KEYS[i], old, 'PX', ttl)
 			end
 		else
-			refundOne(i)
+			refundOne(args[i])
 		end
 	end
 	return {}
@@ -827,80 +958,6 @@ end
 
 -- Decide ('d'), or decide and reply what an undo needs ('u': the caller
 -- sends several slots' calls and may have to take this one back).
-local undo = mode == 'u'
-local states = {}
-local before = {}
-for i = 1, n do
-	local a = args[i]
-	states[i] = load(a.kind, KEYS[i], a.p1, a.lin, a.gen, a.hist)
-	-- (A log is given back by its refund, which is exact: no copy.)
-	if undo and a.kind ~= 'l' then
-		before[i] = {redis.call('GET', KEYS[i]) or '', redis.call('PTTL', KEYS[i])}
-	elseif undo then
-		before[i] = {'', 0}
-	end
-end
-
-local out = {NS, NN, 1}
-local results = {}
-local allowed = true
-for i = 1, n do
-	local a, s = args[i], states[i]
-	local k = a.kind
-	local r
-	if k == 'b' then
-		r = libB().decide(s, a.p1, a.p2, a.cost)
-	elseif k == 'q' then
-		r = libB().qdecide(s, a.p1, a.p2, a.cost)
-	elseif k == 'w' then
-		r = libW().decide(s, a.p1, a.p2, a.cost)
-	elseif k == 'c' then
-		r = libC().decide(s, a.p1, a.p2, a.cost)
-	else
-		r = libL().decide(s, a.p1, a.p2, a.cost)
-	end
-	results[i] = r
-	if r[1] == 0 and a.x1 ~= '1' then allowed = false end
-	for j = 1, 6 do out[3 + (i - 1) * 7 + j] = r[j] end
-	out[3 + i * 7] = 0
-end
-
-if not allowed then out[3] = 0 end
-
-for i = 1, n do
-	local a, s, key = args[i], states[i], KEYS[i]
-	if not allowed or results[i][1] == 0 or a.cost == 0 then
-		if a.kind == 'l' then libL().keep(s, key) end
-	elseif results[i][1] == 1 and a.cost > 0 then
-		local k = a.kind
-		if k == 'l' then
-			local t = libL().take(s, a.p1, a.cost, key)
-			-- A clock that stepped back logs the event at the newest time;
-			-- the caller needs that time to give the event back.
-			out[3 + i * 7] = t - now
-		else
-			if k == 'b' or k == 'q' then
-				s = libB().take(s, a.p1, a.cost)
-			elseif k == 'w' then
-				s = libW().take(s, a.p1, a.cost)
-			else
-				s = libC().take(s, a.p1, a.cost)
-			end
-			store(k, key, s, a.p1, a.lin, a.gen, a.p1)
-		end
-	end
-end
-if undo then
-	for i = 1, n do
-		local b = before[i]
-		local new = ''
-		if allowed and results[i][1] == 1 and args[i].cost > 0 and args[i].kind ~= 'l' then
-			new = redis.call('GET', KEYS[i]) or ''
-		end
-		local o = 3 + n * 7 + (i - 1) * 3
-		out[o + 1] = b[1]
-		out[o + 2] = b[2]
-		out[o + 3] = new
-	end
-end
+local out = {NS, NN}
+decideKeys(args, mode == 'u', out, 2)
 return out

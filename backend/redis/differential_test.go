@@ -355,15 +355,103 @@ func (tw *twin) advance() {
 	tw.clock += step
 }
 
-func (tw *twin) decide() {
+func (tw *twin) asks() []ask {
 	asks := make([]ask, 1+tw.c.intn(3))
 	for i := range asks {
 		asks[i] = ask{zone: tw.c.intn(len(tw.zones)), key: keyNames[tw.c.intn(len(keyNames))], cost: tw.costOf(), shadow: tw.c.intn(8) == 0}
 	}
-	tw.do(asks...)
-	if len(tw.granted) > 8 {
-		tw.granted = tw.granted[1:]
+	return asks
+}
+
+func (tw *twin) decide() {
+	if tw.c.intn(5) == 0 {
+		reqs := make([][]ask, 2+tw.c.intn(6))
+		for i := range reqs {
+			reqs[i] = tw.asks()
+		}
+		tw.doBatch(reqs)
+	} else {
+		tw.do(tw.asks()...)
 	}
+	if len(tw.granted) > 8 {
+		tw.granted = tw.granted[len(tw.granted)-8:]
+	}
+}
+
+// doBatch decides reqs in one script call, as concurrent requests are
+// batched, and in the memory store one after another in the same order:
+// each request must get the answer it would get alone. A request whose
+// keys span slots (never batched) or that falls to another slot's batch
+// is decided on its own, in its turn.
+func (tw *twin) doBatch(reqs [][]ask) {
+	tw.t.Helper()
+	red := tw.cur.red
+	type one struct {
+		mr, rr []backend.Request
+		of     []int
+		p      *pending
+	}
+	var batch []one
+	var b *batcher
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		ps := make([]*pending, len(batch))
+		for i := range batch {
+			ps[i] = batch[i].p
+		}
+		b.send(ps)
+		for _, o := range batch {
+			<-o.p.done
+			mo := make([]algorithms.Result, len(o.mr))
+			ma, merr := tw.cur.mem.Decide(context.Background(), o.mr, mo)
+			tw.log = append(tw.log, fmt.Sprintf("t=%d batched decide %s → %v %v", tw.clock, describe(o.mr), ma, mo))
+			if merr != nil || o.p.err != nil {
+				tw.fail("errors: memory %v, redis %v", merr, o.p.err)
+			}
+			ro := make([]algorithms.Result, len(o.mr))
+			for i := range ro {
+				ro[i] = o.p.results[o.of[i]]
+			}
+			if ma != o.p.allowed {
+				tw.fail("batched, allowed: memory %v, redis %v\nmemory %+v\nredis  %+v", ma, o.p.allowed, mo, ro)
+			}
+			for i := range mo {
+				if mo[i] != ro[i] {
+					tw.fail("batched request %d: memory %+v\n            redis  %+v", i, mo[i], ro[i])
+				}
+			}
+			if ma {
+				tw.granted = append(tw.granted, grant{memReqs: o.mr, redReqs: o.rr, out: mo})
+			}
+		}
+		batch, b = nil, nil
+	}
+	for _, asks := range reqs {
+		var o one
+		for _, a := range asks {
+			o.mr = append(o.mr, backend.Request{Limit: tw.cur.memZ[a.zone], Key: a.key, Cost: a.cost, Shadow: a.shadow})
+			o.rr = append(o.rr, backend.Request{Limit: tw.cur.redZ[a.zone], Key: a.key, Cost: a.cost, Shadow: a.shadow})
+		}
+		items, of, err := red.resolve(o.rr)
+		if err != nil {
+			tw.t.Fatal(err)
+		}
+		if len(red.groups(items)) > 1 {
+			flush()
+			tw.do(asks...)
+			continue
+		}
+		if nb := red.batcherFor(items); nb != b {
+			flush()
+			b = nb
+		}
+		o.of = of
+		o.p = &pending{ctx: context.Background(), items: items, results: make([]algorithms.Result, len(items)), done: make(chan struct{})}
+		batch = append(batch, o)
+	}
+	flush()
 }
 
 func (tw *twin) refund() {

@@ -1,0 +1,180 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+// holdBatcher makes s's (only) batcher believe its calls are all in
+// flight, so that decisions queue; release sends the queue as one batch,
+// in this goroutine, and lets the batcher go.
+func holdBatcher(t *testing.T, s *Store, z backend.Limit) (b *batcher, queued func() int, release func()) {
+	t.Helper()
+	items, _, err := s.resolve([]backend.Request{{Limit: z, Key: "any"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = s.batcherFor(items)
+	b.mu.Lock()
+	b.inFlight += maxInFlight
+	b.mu.Unlock()
+	queued = func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue)
+	}
+	release = func() {
+		b.mu.Lock()
+		batch := b.take()
+		b.inFlight -= maxInFlight
+		b.mu.Unlock()
+		if len(batch) > 0 {
+			b.send(batch)
+		}
+	}
+	return b, queued, release
+}
+
+// waitQueued yields until the batcher holds n decisions (each decision's
+// goroutine queues it and then blocks).
+func waitQueued(t *testing.T, queued func() int, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for queued() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d decisions queued, want %d", queued(), n)
+		}
+		runtime.Gosched()
+	}
+}
+
+func uncachedStore(t *testing.T, c goredis.UniversalClient, timeout time.Duration) *Store {
+	t.Helper()
+	s, err := New(c, Options{KeyPrefix: uniquePrefix(t), Timeout: timeout, NoCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// Decisions that arrive while calls are in flight go together in one
+// script call, decided in the order they came, each on its own.
+func TestBatchDecidesQueuedRequestsInOneCall(t *testing.T) {
+	c := standaloneClient(t)
+	s := uncachedStore(t, c, 10*time.Second)
+	z := mustZone(t, s, "gather", algorithms.NameFixedWindow, policy(3, time.Hour))
+	other := mustZone(t, s, "gather_other", algorithms.NameTokenBucket, policy(10, time.Hour))
+	// The script is loaded (a first EVALSHA may find it missing).
+	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: other, Key: "warm", Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	_, queued, release := holdBatcher(t, s, z)
+
+	type answer struct {
+		ok  bool
+		out []algorithms.Result
+		err error
+	}
+	reqs := [][]backend.Request{
+		{{Limit: z, Key: "k", Cost: 2}},
+		{{Limit: z, Key: "k", Cost: 1}, {Limit: other, Key: "k", Cost: 4}},
+		{{Limit: z, Key: "k", Cost: 1}},                                     // over: denied
+		{{Limit: z, Key: "j", Cost: 1}, {Limit: other, Key: "j", Cost: 11}}, // the second key denies: nothing taken
+		{{Limit: z, Key: "j", Cost: 3}},
+	}
+	answers := make([]chan answer, len(reqs))
+	calls0, _ := commandStats(t, c)
+	for i, r := range reqs {
+		answers[i] = make(chan answer, 1)
+		go func() {
+			out := make([]algorithms.Result, len(r))
+			ok, err := s.Decide(context.Background(), r, out)
+			answers[i] <- answer{ok, out, err}
+		}()
+		waitQueued(t, queued, i+1)
+	}
+	release()
+	wantOK := []bool{true, true, false, false, true}
+	wantRemaining := [][]int64{{1}, {0, 6}, {0}, {2, 10}, {0}}
+	for i := range reqs {
+		a := <-answers[i]
+		if a.err != nil {
+			t.Fatalf("request %d: %v", i, a.err)
+		}
+		if a.ok != wantOK[i] {
+			t.Errorf("request %d: allowed %v, want %v", i, a.ok, wantOK[i])
+		}
+		for k, r := range a.out {
+			if r.Remaining != wantRemaining[i][k] {
+				t.Errorf("request %d key %d: remaining %d, want %d", i, k, r.Remaining, wantRemaining[i][k])
+			}
+		}
+	}
+	if calls, _ := commandStats(t, c); calls-calls0 != 1 {
+		t.Fatalf("%v script calls for %d queued requests, want 1", calls-calls0, len(reqs))
+	}
+}
+
+// A decision whose deadline passes while it waits for a batch is never
+// sent: it cannot be charged after its caller was told it failed.
+func TestBatchDropsRequestPastItsDeadline(t *testing.T) {
+	c := standaloneClient(t)
+	s := uncachedStore(t, c, 30*time.Millisecond)
+	z := mustZone(t, s, "late", algorithms.NameTokenBucket, policy(5, time.Hour))
+	_, _, release := holdBatcher(t, s, z)
+	start := time.Now()
+	_, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err %v, want the deadline", err)
+	}
+	if waited := time.Since(start); waited > time.Second {
+		t.Fatalf("waited %v past a 30ms timeout", waited)
+	}
+	calls0, _ := commandStats(t, c)
+	release()
+	if calls, _ := commandStats(t, c); calls != calls0 {
+		t.Fatalf("the late request was sent (%v calls)", calls-calls0)
+	}
+	if n, _ := c.Exists(context.Background(), z.(*zone).prefix+"k}").Result(); n != 0 {
+		t.Fatal("the late request was charged")
+	}
+}
+
+// A request that fails in Redis (its key holds another type) fails alone:
+// the others of its batch are decided.
+func TestBatchFailingRequestFailsAlone(t *testing.T) {
+	c := standaloneClient(t)
+	s := newStore(t, c)
+	z := mustZone(t, s, "wrongtype", algorithms.NameTokenBucket, policy(5, time.Hour))
+	ctx := context.Background()
+	if err := c.LPush(ctx, z.(*zone).prefix+"bad}", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var ps []*pending
+	for _, key := range []string{"good1", "bad", "good2"} {
+		items, _, err := s.resolve([]backend.Request{{Limit: z, Key: key, Cost: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, &pending{ctx: ctx, items: items, results: make([]algorithms.Result, 1), done: make(chan struct{})})
+	}
+	s.batcherFor(ps[0].items).send(ps)
+	if ps[1].err == nil || !strings.Contains(ps[1].err.Error(), "WRONGTYPE") {
+		t.Fatalf("bad key: err %v, want WRONGTYPE", ps[1].err)
+	}
+	for _, i := range []int{0, 2} {
+		if ps[i].err != nil || !ps[i].allowed || ps[i].results[0].Remaining != 4 {
+			t.Fatalf("request %d: err %v allowed %v %+v", i, ps[i].err, ps[i].allowed, ps[i].results[0])
+		}
+	}
+}

@@ -16,7 +16,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 )
 
@@ -154,22 +153,6 @@ func (m *Module) Provision(ctx caddy.Context) error {
 		return err
 	}
 	return nil
-}
-
-// Register registers a limit, refusing what the script cannot decide in bounded
-// time: a sliding_window whose cost varies (a placeholder). Its log then
-// records each event's units, and a denied request's retry time walks the
-// log from its oldest event until enough units leave: with a cost the
-// client chooses, one call can walk the whole log, holding Redis, which
-// serves the whole fleet, for a time that grows with max_events (120 ms
-// and more at 469,000 events), and each new cost escapes the over-limit
-// cache. Until that walk is bounded, such zones use an algorithm whose
-// state is one value per key.
-func (m *Module) Register(cfg backend.LimitConfig) (backend.Limit, error) {
-	if algorithms.KindOf(cfg.Algorithm) == algorithms.KindLog && cfg.Cost == 0 {
-		return nil, errors.New("the redis backend cannot run sliding_window with a cost placeholder: a denied request could make Redis walk the whole log; use token_bucket, gcra or sliding_window_counter, or a constant cost")
-	}
-	return m.Store.Register(cfg)
 }
 
 // Close lets go of the zones and of this config's share of the pool.

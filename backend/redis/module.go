@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -81,6 +82,7 @@ type Module struct {
 	*Store
 	poolKey string
 	breaker *breaker
+	leases  *leaser // nil until a limit leases
 }
 
 // Sentinel names a master and the Sentinels that know it.
@@ -158,6 +160,7 @@ func (m *Module) Provision(ctx caddy.Context) error {
 // Close lets go of the zones and of this config's share of the pool.
 func (m *Module) Close() error {
 	var err error
+	m.leases.close(context.Background(), viaBreaker{m})
 	if m.Store != nil {
 		err = m.Store.Close()
 	}

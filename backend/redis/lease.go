@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -54,8 +55,9 @@ type leasePool struct {
 	alg    string
 	window int64
 
-	mu   sync.Mutex
-	keys map[string]*lease
+	mu    sync.Mutex
+	keys  map[string]*lease
+	swept int64 // when a full pool was last swept
 }
 
 func (*leasePool) Destruct() error { return nil }
@@ -65,6 +67,10 @@ type lease struct {
 	units   int64         // taken from Redis, not yet spent
 	expires int64         // monotonic time at which units are dropped
 	taking  chan struct{} // closed when the take in flight (if any) ends
+	// Until noTake, Redis would refuse a take (it said when N units come
+	// back): requests go to Redis as asked, where the over-limit cache can
+	// answer them, instead of a take and then the request each time.
+	noTake int64
 	// The take's answer, which local decisions report from.
 	limit, remaining, reset int64
 	at, mono                int64 // the take's Redis time and monotonic time
@@ -185,9 +191,13 @@ func (l *leaser) decide(ctx context.Context, reqs []backend.Request, out []algor
 		return false, err
 	}
 	takeDenied := false
+	now := l.now()
 	for i := range reqs {
-		if steps[i].kind == 't' && !subOut[idx[i]].Allowed {
+		if s := steps[i]; s.kind == 't' && !subOut[idx[i]].Allowed {
 			takeDenied = true
+			s.pool.mu.Lock()
+			s.e.noTake = now + max(subOut[idx[i]].RetryAfter, 0)
+			s.pool.mu.Unlock()
 		}
 	}
 	if takeDenied {
@@ -197,19 +207,16 @@ func (l *leaser) decide(ctx context.Context, reqs []backend.Request, out []algor
 			direct[i] = backend.Request{Limit: steps[i].inner, Key: r.Key, Cost: r.Cost, Shadow: r.Shadow}
 		}
 		ok, err := next.Decide(ctx, direct, out)
-		// What is left includes the units held here.
-		for i := range reqs {
-			if s := steps[i]; s.e != nil && err == nil {
-				s.pool.mu.Lock()
-				out[i].Remaining = min(out[i].Remaining+s.e.units, out[i].Limit)
-				s.pool.mu.Unlock()
+		if err == nil {
+			for i := range reqs {
+				out[i] = steps[i].withHeld(out[i])
 			}
 		}
 		return ok, err
 	}
 	for i := range reqs {
 		if idx[i] >= 0 {
-			out[i] = subOut[idx[i]]
+			out[i] = steps[i].withHeld(subOut[idx[i]])
 		} else {
 			out[i] = l.report(steps[i].e, l.now())
 		}
@@ -262,6 +269,8 @@ func (l *leaser) reserve(reqs []backend.Request, steps []step) <-chan struct{} {
 		case e != nil && e.units >= r.Cost:
 			e.units -= r.Cost
 			steps[i] = step{kind: 'l', e: e, pool: p, inner: ll.Limit}
+		case e != nil && now < e.noTake:
+			steps[i].e, steps[i].pool = e, p // decided by Redis; reports the units held
 		default:
 			if e == nil {
 				if len(p.keys) >= maxLeasedKeys {
@@ -313,6 +322,18 @@ func (l *leaser) release(reqs []backend.Request, steps []step) {
 	}
 }
 
+// withHeld adds the units this process holds of a leased key to what
+// Redis said is left of it: they are left too.
+func (s step) withHeld(r algorithms.Result) algorithms.Result {
+	if s.e == nil {
+		return r
+	}
+	s.pool.mu.Lock()
+	r.Remaining = min(r.Remaining+s.e.units, r.Limit)
+	s.pool.mu.Unlock()
+	return r
+}
+
 // commit records the takes Redis granted and writes every answer.
 func (l *leaser) commit(reqs []backend.Request, steps []step, out, subOut []algorithms.Result, idx []int) {
 	now := l.now()
@@ -320,7 +341,7 @@ func (l *leaser) commit(reqs []backend.Request, steps []step, out, subOut []algo
 		s := &steps[i]
 		switch s.kind {
 		case 'd':
-			out[i] = subOut[idx[i]]
+			out[i] = s.withHeld(subOut[idx[i]])
 		case 'l':
 			s.pool.mu.Lock()
 			out[i] = l.report(s.e, now)
@@ -369,8 +390,13 @@ func (p *leasePool) validity(at int64) int64 {
 	return p.window
 }
 
-// sweep drops the keys whose units expired (p.mu held).
+// sweep drops the keys whose units expired (p.mu held), at most once a
+// second: a flood of new keys into a full pool must not walk it each time.
 func (p *leasePool) sweep(now int64) {
+	if p.swept != 0 && now-p.swept < int64(time.Second) {
+		return
+	}
+	p.swept = now
 	for k, e := range p.keys {
 		if e.taking == nil && now >= e.expires {
 			delete(p.keys, k)

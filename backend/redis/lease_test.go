@@ -168,12 +168,22 @@ func TestLeaseNearTheLimit(t *testing.T) {
 			l, h := w.instance(alg, policy(1000, time.Hour), 10)
 			admitted := 0
 			var last algorithms.Result
-			for range 1100 {
+			var calls int64
+			for i := range 1100 {
+				if i == 1000 {
+					calls = w.red.calls.Load()
+				}
 				ok, out := w.ask(l, backend.Request{Limit: h, Key: "k", Cost: 3})
 				if ok {
 					admitted += 3
 				}
 				last = out[0]
+			}
+			// Once a take was refused, none is tried again before Redis's
+			// retry time: one call per request (which the over-limit cache
+			// can then answer), not a take and the request.
+			if n := w.red.calls.Load() - calls; n != 100 {
+				t.Fatalf("%d calls for 100 requests past the limit, want 100", n)
 			}
 			if admitted != 999 {
 				t.Fatalf("admitted %d units, want 999 (333 requests of 3)", admitted)
@@ -395,5 +405,33 @@ func TestLeaseable(t *testing.T) {
 	}
 	if err := leaseable(backend.LimitConfig{Name: "z", Algorithm: algorithms.NameGCRA, Policy: p, Lease: 10}); err != nil {
 		t.Errorf("gcra: %v", err)
+	}
+}
+
+// A pool holds leases for at most maxLeasedKeys keys: a flood of new keys
+// beyond is decided by the shared store, one call each, and a full pool is
+// swept of expired leases at most once a second.
+func TestLeaseKeysBounded(t *testing.T) {
+	w := newLeaseWorld(t)
+	l, h := w.instance(algorithms.NameTokenBucket, policy(1000, time.Minute), 10)
+	pool := h.(*leasedLimit).pool
+	for i := range maxLeasedKeys + 100 {
+		if ok, _ := w.ask(l, backend.Request{Limit: h, Key: fmt.Sprint(i), Cost: 1}); !ok {
+			t.Fatalf("key %d denied", i)
+		}
+	}
+	if len(pool.keys) != maxLeasedKeys {
+		t.Fatalf("%d keys leased, want the cap %d", len(pool.keys), maxLeasedKeys)
+	}
+	calls := w.red.calls.Load()
+	w.ask(l, backend.Request{Limit: h, Key: "9", Cost: 1}) // leased: local
+	w.ask(l, backend.Request{Limit: h, Key: "new", Cost: 1})
+	if n := w.red.calls.Load() - calls; n != 1 {
+		t.Fatalf("%d calls for a leased key and a new one, want 1", n)
+	}
+	w.clock += int64(time.Minute) // every lease expires
+	w.ask(l, backend.Request{Limit: h, Key: "new", Cost: 1})
+	if len(pool.keys) != 1 {
+		t.Fatalf("%d keys after the leases expired, want 1 (the new one)", len(pool.keys))
 	}
 }

@@ -1,11 +1,15 @@
 package integration
 
 import (
+	"context"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // A sliding_window whose cost a placeholder sets loads on the redis backend
@@ -137,4 +141,45 @@ func TestRedisLeaseRefused(t *testing.T) {
 	respond "ok"`), "caddyfile", c.want)
 		})
 	}
+}
+
+// A leased limit that fails local loads (its in-process fallback takes no
+// lease) and spends its units with one script call per lease.
+func TestRedisLeaseFailLocal(t *testing.T) {
+	addr, c := perfRedis(t)
+	tester := newTester(t, caddyfileServer(`	rate_limit {
+		backend redis {
+			address `+addr+`
+		}
+		zone lease_fail_local {
+			key one
+			rate 1000/1m
+			algorithm gcra
+			fail local
+			lease 10
+		}
+	}
+	respond "ok"`), "caddyfile")
+	before := scriptRuns(t, c)
+	expectN(t, tester, 25, 200, "GET", "/")
+	if n := scriptRuns(t, c) - before; n != 3 {
+		t.Fatalf("%d script runs for 25 requests with lease 10, want 3", n)
+	}
+}
+
+// scriptRuns is how many times Redis ran the decision script: the calls
+// less those refused (NOSCRIPT: a fresh Redis has not loaded it yet).
+func scriptRuns(t *testing.T, c *goredis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, m := range regexp.MustCompile(`cmdstat_eval(?:sha)?:calls=(\d+),.*failed_calls=(\d+)`).FindAllStringSubmatch(info, -1) {
+		calls, _ := strconv.Atoi(m[1])
+		failed, _ := strconv.Atoi(m[2])
+		n += calls - failed
+	}
+	return n
 }

@@ -218,7 +218,10 @@ func (l *leaser) decide(ctx context.Context, reqs []backend.Request, out []algor
 		if idx[i] >= 0 {
 			out[i] = steps[i].withHeld(subOut[idx[i]])
 		} else {
-			out[i] = l.report(steps[i].e, l.now())
+			s := steps[i]
+			s.pool.mu.Lock()
+			out[i] = l.report(s.e, now)
+			s.pool.mu.Unlock()
 		}
 	}
 	return false, nil

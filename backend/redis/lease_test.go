@@ -435,3 +435,51 @@ func TestLeaseKeysBounded(t *testing.T) {
 		t.Fatalf("%d keys after the leases expired, want 1 (the new one)", len(pool.keys))
 	}
 }
+
+// Under concurrency, with requests that also match a tight limit (some
+// denied by it) and costs of every size, the units add up: what the
+// shared store charged is what was admitted plus what is held.
+func TestLeaseConservesUnits(t *testing.T) {
+	w := newLeaseWorld(t)
+	l, h := w.instance(algorithms.NameTokenBucket, policy(100_000, time.Hour), 50)
+	tight, err := w.red.Register(backend.LimitConfig{Name: "lease_conserve_tight", Algorithm: algorithms.NameTokenBucket, Policy: policy(300, time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"a", "b", "c"}
+	var admitted [3]atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			out := make([]algorithms.Result, 2)
+			for i := range 400 {
+				k := (g + i) % 3
+				cost := int64((g*7 + i) % 60) // 0 to 59: some above the lease
+				reqs := []backend.Request{{Limit: h, Key: keys[k], Cost: cost}}
+				if i%4 == 0 {
+					reqs = append(reqs, backend.Request{Limit: tight, Key: keys[k], Cost: 1})
+				}
+				ok, err := l.decide(context.Background(), reqs, out, w.red)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if ok {
+					admitted[k].Add(cost)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	pool := h.(*leasedLimit).pool
+	for k, key := range keys {
+		held := int64(0)
+		if e := pool.keys[key]; e != nil {
+			held = e.units
+		}
+		charged := 100_000 - w.peek(h, key)
+		if charged != admitted[k].Load()+held {
+			t.Errorf("key %s: the shared store charged %d, admitted %d + held %d", key, charged, admitted[k].Load(), held)
+		}
+	}
+}

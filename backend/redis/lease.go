@@ -177,13 +177,16 @@ func (l *leaser) decide(ctx context.Context, reqs []backend.Request, out []algor
 		}
 	}
 	if len(sub) == 0 {
-		l.commit(reqs, steps, out, nil, idx)
+		l.commit(reqs, steps, out, nil, idx, l.now())
 		return true, nil
 	}
 	subOut := make([]algorithms.Result, len(sub))
+	// A take's units are counted from when it was sent, not answered: in a
+	// window algorithm they then expire no later than Redis's window ends.
+	sent := l.now()
 	ok, err := next.Decide(ctx, sub, subOut)
 	if err == nil && ok {
-		l.commit(reqs, steps, out, subOut, idx)
+		l.commit(reqs, steps, out, subOut, idx, sent)
 		return true, nil
 	}
 	l.release(reqs, steps)
@@ -337,8 +340,9 @@ func (s step) withHeld(r algorithms.Result) algorithms.Result {
 	return r
 }
 
-// commit records the takes Redis granted and writes every answer.
-func (l *leaser) commit(reqs []backend.Request, steps []step, out, subOut []algorithms.Result, idx []int) {
+// commit records the takes Redis granted, sent at the monotonic time sent,
+// and writes every answer.
+func (l *leaser) commit(reqs []backend.Request, steps []step, out, subOut []algorithms.Result, idx []int, sent int64) {
 	now := l.now()
 	for i := range reqs {
 		s := &steps[i]
@@ -354,8 +358,8 @@ func (l *leaser) commit(reqs []backend.Request, steps []step, out, subOut []algo
 			s.pool.mu.Lock()
 			e := s.e
 			e.units = s.had + s.take - reqs[i].Cost
-			e.limit, e.remaining, e.reset, e.at, e.mono = r.Limit, r.Remaining, r.ResetAfter, r.At, now
-			e.expires = now + s.pool.validity(r.At)
+			e.limit, e.remaining, e.reset, e.at, e.mono = r.Limit, r.Remaining, r.ResetAfter, r.At, sent
+			e.expires = sent + s.pool.validity(r.At)
 			close(e.taking)
 			e.taking = nil
 			out[i] = l.report(e, now)

@@ -22,6 +22,7 @@ type shared struct {
 	*memory.Store
 	calls atomic.Int64
 	gate  chan struct{} // when set, each Decide waits for it: concurrency
+	after func()        // when set, runs after each Decide: the reply's way back
 }
 
 func (s *shared) Decide(ctx context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
@@ -29,7 +30,11 @@ func (s *shared) Decide(ctx context.Context, reqs []backend.Request, out []algor
 	if s.gate != nil {
 		<-s.gate
 	}
-	return s.Store.Decide(ctx, reqs, out)
+	ok, err := s.Store.Decide(ctx, reqs, out)
+	if s.after != nil {
+		s.after()
+	}
+	return ok, err
 }
 
 type leaseWorld struct {
@@ -481,5 +486,22 @@ func TestLeaseConservesUnits(t *testing.T) {
 		if charged != admitted[k].Load()+held {
 			t.Errorf("key %s: the shared store charged %d, admitted %d + held %d", key, charged, admitted[k].Load(), held)
 		}
+	}
+}
+
+// A take's units are timed from when it was sent: an answer that takes
+// 5 ms to come back does not let a fixed window's units be spent 5 ms into
+// the next window.
+func TestLeaseExpiryFromSend(t *testing.T) {
+	w := newLeaseWorld(t)
+	l, h := w.instance(algorithms.NameFixedWindow, policy(1000, time.Hour), 10)
+	w.clock = t0 + 1 - int64(time.Second) // a second before an hour turns
+	w.red.after = func() { w.clock += int64(5 * time.Millisecond) }
+	w.ask(l, backend.Request{Limit: h, Key: "k", Cost: 1})
+	w.red.after = nil
+	w.clock = t0 + 1 // the window turns in Redis
+	w.ask(l, backend.Request{Limit: h, Key: "k", Cost: 1})
+	if n := w.red.calls.Load(); n != 2 {
+		t.Fatalf("%d calls: a unit of the last window was spent in the next", n)
 	}
 }

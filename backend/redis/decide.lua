@@ -452,6 +452,7 @@ local function libL()
 	local HDR = 26
 	local CH = 32 -- events per read
 	local STRIDE = {[0] = 8, [1] = 12, [2] = 20}
+	local FENMAX = 140737488355328 -- 2^47
 
 	local function lowbit(i)
 		local b = 1
@@ -651,7 +652,9 @@ local function libL()
 		if cost ~= 1 then fmt = 2 end
 		local live = (l.n or 0) - (l.h or 0)
 		local fits = l.n and fmt == l.wide and t - l.base < P52
-		if fits and fmt == 0 and live * 8 <= 4096 then
+		local small = fits and fmt == 0 and live * 8 <= 4096
+		local rec
+		if small then
 			-- A log of up to 4 KB is copied whole, without its pruned events: a
 			-- string appended to grows its allocation ahead of use.
 			local tail = redis.call('GETRANGE', key, HDR + l.h * 8, -1)
@@ -659,28 +662,30 @@ local function libL()
 			l.n = live + 1
 			l.h = 0
 			redis.call('SET', key, logHeader(l) .. tail .. struct.pack('<d', t - l.base))
+		elseif fits and l.h <= live and fmt == 0 then
+			rec = struct.pack('<d', t - l.base)
 		elseif fits and l.h <= live then
+			-- Node i holds event i and the nodes below it that it covers.
 			local i = l.n + 1
-			local rec
-			if fmt == 2 then
-				-- Node i holds event i and the nodes below it that it covers.
-				local f = cost
-				local j, stop = i - 1, i - lowbit(i)
-				while j > stop do
-					f = f + logFen(l, j)
-					j = j - lowbit(j)
-				end
-				rec = struct.pack('<dI4d', t - l.base, cost, f)
-			else
-				rec = struct.pack('<d', t - l.base)
+			local f = cost
+			local j, stop = i - 1, i - lowbit(i)
+			while j > stop do
+				f = f + logFen(l, j)
+				j = j - lowbit(j)
 			end
+			-- Nodes of at most 2^47 keep every prefix sum (at most 32
+			-- nodes) exact; a rewrite makes the nodes cover the live
+			-- events alone, at most the limit (below 2^32).
+			if f <= FENMAX then rec = struct.pack('<dI4d', t - l.base, cost, f) end
+		end
+		if rec then
 			-- Written at its place, not appended: a format-2 string may
 			-- hold given-back events past the last one.
 			redis.call('SETRANGE', key, HDR + l.n * l.stride, rec)
 			l.sum = l.sum + cost
-			l.n = i
+			l.n = l.n + 1
 			redis.call('SETRANGE', key, 0, logHeader(l))
-		else
+		elseif not small then
 			logRewrite(l, fmt, t, cost)
 		end
 		redis.call('PEXPIRE', key, px(t + W))

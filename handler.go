@@ -8,12 +8,13 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"strconv"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
@@ -38,131 +39,219 @@ const (
 	phRetryAfter = "http.rate_limit.exceeded.retry_after"
 )
 
-// maxInline is how many matching zones a request can have before the
-// handler allocates for them.
-const maxInline = 8
-
 // ServeHTTP decides the request against every zone it matches, once and all
 // or nothing, then answers 429 or passes it on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	s := getScratch()
+	pass, err := h.limit(w, r, s)
+	// The scratch goes back before next runs: a slow upstream must not
+	// hold one per request in flight.
+	s.release()
+	if !pass {
+		return err
+	}
+	return next.ServeHTTP(w, r)
+}
 
-	var (
-		reqBuf   [maxInline]backend.Request
-		limitBuf [maxInline]*Limit
-		outBuf   [maxInline]algorithms.Result
-		body     *keys.Body
-	)
-	reqs, limits := reqBuf[:0], limitBuf[:0]
+// limit decides r and answers it unless it may pass: collecting a store
+// request per limit, one decision for all of them, then the answer.
+func (h *Handler) limit(w http.ResponseWriter, r *http.Request, s *scratch) (pass bool, err error) {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if answered, err := h.collect(w, r, repl, s); answered {
+		h.reportShadow(r, s, false)
+		return false, err
+	}
+	if len(s.reqs) == 0 {
+		h.reportShadow(r, s, false)
+		return true, nil
+	}
+	allowed, store, err := h.decide(w, r, s)
+	h.reportShadow(r, s, err == nil)
+	switch {
+	case err != nil:
+		return false, err
+	case len(s.reqs) == 0: // the backend failed and no limit decides locally
+		return true, nil
+	}
+	return h.answer(w, r, repl, s, allowed, store)
+}
+
+// collect appends to s a store request for each limit of each zone r
+// matches. It answers the request itself (answered) when an enforcing zone
+// refuses it before anything is counted: its deny list, a key that
+// "missing deny" requires, a cost that cannot be read, or a matcher that
+// fails. A shadow zone's refusals are noted in s instead.
+func (h *Handler) collect(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch) (answered bool, err error) {
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
 			if err != nil {
-				return err
+				return true, err
 			}
 			if !ok {
 				continue
 			}
 		}
-		// A shadow zone only reports what it would do: its deny list, its
-		// missing-key denials and its bad costs are logged, never applied.
 		switch listed, err := z.listed(r); {
 		case err != nil:
-			return err
+			return true, err
 		case listed == listDeny && z.Shadow:
-			// Counted and logged, and limited like any other request.
-			if z.denyC != nil {
-				z.denyC.Inc()
-			}
-			h.denyLog.Info("request would be refused by deny list (shadow zone)", zap.String("zone", z.name), zap.String("client_ip", clientIP(r)))
+			// Noted, and limited like any other request.
+			s.note(shadowListed, z, nil, nil)
 		case listed == listDeny:
-			return h.refuse(r, repl, z)
+			return true, h.refuse(r, repl, z)
 		case listed == listAllow:
 			continue
 		}
 		for _, l := range z.limits {
-			if body == nil && (l.keyer.NeedsBody() || l.Cost.needsBody()) {
-				body = keys.ReadBody(r, h.BodyLimit, h.bodyFields)
+			if answered, err := h.collectLimit(w, r, repl, s, l); answered {
+				return true, err
 			}
-			key, err := l.keyer.Key(r, repl, body)
-			l.warnUnset(h.logger, repl, err != nil)
-			if err != nil {
-				l.metrics.missing(l.Missing)
-				switch {
-				case l.Missing == MissingSkip && errors.Is(err, keys.ErrAbsent):
-					continue
-				case l.Missing == MissingSkip:
-					// Only an absent value is skipped. A value given twice,
-					// a body that cannot be read or a value a normalizer
-					// refuses may still name someone to the application:
-					// skipping them would let a client step around the
-					// limit. They share one quota instead.
-				case l.Missing == MissingDeny && z.Shadow:
-					h.denyLog.Info("request would be refused for a missing key (shadow zone)", zap.String("zone", z.name), zap.String("scope", l.scope), zap.Error(err))
-				case l.Missing == MissingDeny:
-					return h.badKey(w, l, err)
-				}
-			}
-			cost, err := l.Cost.eval(r, repl, body)
-			if err != nil {
-				if z.Shadow {
-					h.denyLog.Info("request would be refused for its cost (shadow zone)", zap.String("zone", z.name), zap.String("scope", l.scope), zap.Error(err))
-					continue
-				}
-				return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("rate_limit zone %q: %w", z.name, err))
-			}
-			reqs = append(reqs, backend.Request{Limit: l.handle, Key: key, Cost: cost, Shadow: z.Shadow})
-			limits = append(limits, l)
 		}
 	}
-	if len(reqs) == 0 {
-		return next.ServeHTTP(w, r)
-	}
-	out := outBuf[:]
-	if len(reqs) > len(out) {
-		out = make([]algorithms.Result, len(reqs))
-	}
-	out = out[:len(reqs)]
+	return false, nil
+}
 
+// collectLimit appends the store request of limit l, unless l skips r.
+func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch, l *Limit) (answered bool, err error) {
+	z := l.zone
+	if s.body == nil && (l.keyer.NeedsBody() || l.Cost.needsBody()) {
+		s.body = keys.ReadBody(r, h.BodyLimit, h.bodyFields)
+	}
+	key, err := l.keyer.Key(r, repl, s.body)
+	l.warnUnset(h.logger, repl, err != nil)
+	if err != nil {
+		l.metrics.missing(l.Missing)
+		switch {
+		case l.Missing == MissingSkip && errors.Is(err, keys.ErrAbsent):
+			return false, nil
+		case l.Missing == MissingSkip:
+			// Only an absent value is skipped. A value given twice,
+			// a body that cannot be read or a value a normalizer
+			// refuses may still name someone to the application:
+			// skipping them would let a client step around the
+			// limit. They share one quota instead.
+		case l.Missing == MissingDeny && z.Shadow:
+			s.note(shadowMissingKey, z, l, err)
+		case l.Missing == MissingDeny:
+			return true, h.badKey(w, l, err)
+		}
+	}
+	cost, err := l.Cost.eval(r, repl, s.body)
+	if err != nil {
+		if z.Shadow {
+			// Nothing can be counted for the request: it is noted and
+			// this limit is left out of the decision.
+			s.note(shadowBadCost, z, l, err)
+			return false, nil
+		}
+		return true, caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("rate_limit zone %q: %w", z.name, err))
+	}
+	s.reqs = append(s.reqs, backend.Request{Limit: l.handle, Key: key, Cost: cost, Shadow: z.Shadow})
+	s.limits = append(s.limits, l)
+	return false, nil
+}
+
+// decide asks the store for one decision on every request in s, filling
+// s.out; when the backend is unavailable, the limits' fail policies decide
+// instead (and s keeps only the limits the local store decided). It
+// returns the store that decided.
+func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *scratch) (allowed bool, store backend.Store, err error) {
+	s.out = slices.Grow(s.out[:0], len(s.reqs))[:len(s.reqs)]
 	var start int64
 	if !h.DisableMetrics {
 		start = h.now()
 	}
-	store := h.store
-	allowed, err := store.Decide(r.Context(), reqs, out)
+	store = h.store
+	allowed, err = store.Decide(r.Context(), s.reqs, s.out)
 	if err != nil {
-		if reqs, limits, out, allowed, err = h.failover(w, r, reqs, limits, out, fmt.Errorf("rate_limit: %w", err)); err != nil {
-			return err
+		reqs, limits, out, ok, err := h.failover(w, r, s.reqs, s.limits, s.out, fmt.Errorf("rate_limit: %w", err))
+		if err != nil {
+			return false, nil, err
 		}
-		if len(reqs) == 0 {
-			return next.ServeHTTP(w, r)
-		}
-		store = h.local
+		s.reqs, s.limits, s.out, allowed, store = reqs, limits, out, ok, h.local
 	}
 	if !h.DisableMetrics {
 		elapsed := float64(h.now()-start) / 1e9
-		for _, l := range limits {
+		for _, l := range s.limits {
 			l.metrics.observe(elapsed)
 		}
 	}
+	return allowed, store, nil
+}
 
-	for i, l := range limits {
-		if l.zone.Shadow && !out[i].Allowed {
-			l.metrics.shadowDeny()
-			h.denyLog.Info("rate limit would be exceeded (shadow zone)", h.logFields(r, l, reqs[i].Key, out[i].RetryAfter)...)
+// answer responds to a decided request: every limit's decision is known
+// here (s.limits[i] got s.out[i]), whether the request is allowed or not.
+// It reports whether the request may be handed on.
+func (h *Handler) answer(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch, allowed bool, store backend.Store) (pass bool, err error) {
+	if !allowed {
+		return false, h.deny(w, r, repl, s)
+	}
+	if i := tightest(s.limits, s.out); i >= 0 {
+		setPlaceholders(repl, s.limits[i], s.out[i])
+	}
+	if err := h.wait(r, store, s.limits, s.reqs, s.out); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// What a shadow zone would have refused a request for.
+type shadowKind uint8
+
+const (
+	shadowListed shadowKind = iota
+	shadowMissingKey
+	shadowBadCost
+)
+
+// shadowNote is one refusal of a shadow zone, noted while the request's
+// limits are collected.
+type shadowNote struct {
+	kind shadowKind
+	zone *Zone
+	l    *Limit // nil for the deny list, which is the zone's
+	err  error
+}
+
+func (s *scratch) note(kind shadowKind, z *Zone, l *Limit, err error) {
+	s.shadow = append(s.shadow, shadowNote{kind: kind, zone: z, l: l, err: err})
+}
+
+// reportShadow logs and counts, in one place, what the request's shadow
+// zones would have refused: noted while collecting (a deny list, a missing
+// key, a bad cost) and, once the request is decided, a rate exceeded.
+func (h *Handler) reportShadow(r *http.Request, s *scratch, decided bool) {
+	for _, n := range s.shadow {
+		switch n.kind {
+		case shadowListed:
+			if n.zone.denyC != nil {
+				n.zone.denyC.Inc()
+			}
+			if ce := h.denyLog.Check(zapcore.InfoLevel, "request would be refused by deny list (shadow zone)"); ce != nil {
+				ce.Write(zap.String("zone", n.zone.name), zap.String("client_ip", clientIP(r)))
+			}
+		case shadowMissingKey:
+			if ce := h.denyLog.Check(zapcore.InfoLevel, "request would be refused for a missing key (shadow zone)"); ce != nil {
+				ce.Write(zap.String("zone", n.zone.name), zap.String("scope", n.l.scope), zap.Error(n.err))
+			}
+		case shadowBadCost:
+			if ce := h.denyLog.Check(zapcore.InfoLevel, "request would be refused for its cost (shadow zone)"); ce != nil {
+				ce.Write(zap.String("zone", n.zone.name), zap.String("scope", n.l.scope), zap.Error(n.err))
+			}
 		}
 	}
-
-	if !allowed {
-		return h.deny(w, r, repl, limits, reqs, out)
+	if !decided {
+		return
 	}
-	if i := tightest(limits, out); i >= 0 {
-		setPlaceholders(repl, limits[i], out[i])
+	for i, l := range s.limits {
+		if l.zone.Shadow && !s.out[i].Allowed {
+			l.metrics.shadowDeny()
+			if ce := h.denyLog.Check(zapcore.InfoLevel, "rate limit would be exceeded (shadow zone)"); ce != nil {
+				ce.Write(h.logFields(r, l, s.reqs[i].Key, s.out[i].RetryAfter)...)
+			}
+		}
 	}
-	if err := h.wait(r, store, limits, reqs, out); err != nil {
-		return err
-	}
-	return next.ServeHTTP(w, r)
 }
 
 // collectBodyFields gathers the body fields that the zones' keys and costs
@@ -258,36 +347,45 @@ func tightest(limits []*Limit, out []algorithms.Result) int {
 	return best
 }
 
+// errTooManyRequests is the error of every 429, made once. Caddy's
+// caddyhttp.Error would add an error ID and a stack trace: seven
+// allocations per denial, when denials come by the thousand per second from
+// the clients that are being limited, for an ID ({http.error.id}) and a
+// trace that name nothing a denial needs.
+var errTooManyRequests error = caddyhttp.HandlerError{StatusCode: http.StatusTooManyRequests, Err: ErrRateLimited}
+
 // deny answers a request that an enforcing zone denied. The zone reported
 // is the one that makes the client wait longest, since the request can pass
 // only once every zone allows it.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, limits []*Limit, reqs []backend.Request, out []algorithms.Result) error {
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch) error {
 	worst := -1
-	for i, l := range limits {
-		if l.zone.Shadow || out[i].Allowed {
+	for i, l := range s.limits {
+		if l.zone.Shadow || s.out[i].Allowed {
 			continue
 		}
-		if worst < 0 || later(out[i].RetryAfter, out[worst].RetryAfter) {
+		if worst < 0 || later(s.out[i].RetryAfter, s.out[worst].RetryAfter) {
 			worst = i
 		}
 	}
-	l, res := limits[worst], out[worst]
+	l, res, key := s.limits[worst], s.out[worst], s.reqs[worst].Key
 	wait := time.Duration(res.RetryAfter)
 	if res.RetryAfter != algorithms.Never {
 		if h.Jitter > 0 {
 			wait += time.Duration(min(rand.Float64()*h.Jitter*float64(wait), float64(algorithms.MaxSpan)))
 		}
 		secs := retryAfterSeconds(wait)
-		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-		repl.Set(phRetryAfter, secs)
+		w.Header().Set("Retry-After", intText(secs))
+		repl.Set(phRetryAfter, intValue(secs))
 	}
 	setPlaceholders(repl, l, res)
-	repl.Set(phName, l.zone.name)
-	repl.Set(phScope, l.scope)
-	repl.Set(phKey, reqs[worst].Key)
+	repl.Set(phName, l.zoneName)
+	repl.Set(phScope, l.scopeName)
+	repl.Set(phKey, key)
 	l.metrics.declined()
 
-	h.denyLog.Info("rate limit exceeded", h.logFields(r, l, reqs[worst].Key, int64(wait))...)
+	if ce := h.denyLog.Check(zapcore.InfoLevel, "rate limit exceeded"); ce != nil {
+		ce.Write(h.logFields(r, l, key, int64(wait))...)
+	}
 	if h.events.ShouldEmit("rate_limit_exceeded") {
 		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
 			"zone":      l.zone.name,
@@ -296,7 +394,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 			"remote_ip": remoteIP(r),
 		})
 	}
-	return caddyhttp.Error(http.StatusTooManyRequests, ErrRateLimited)
+	return errTooManyRequests
 }
 
 // later orders retry times, Never (cannot ever pass) being the latest.
@@ -314,11 +412,14 @@ func retryAfterSeconds(wait time.Duration) int64 {
 	return max(secs, 1)
 }
 
+// setPlaceholders sets the numbers of l's decision res. The values come
+// from tables made at provision (intValue, the limit's boxed names), so a
+// decided request allocates nothing for them in the common case.
 func setPlaceholders(repl *caddy.Replacer, l *Limit, res algorithms.Result) {
-	repl.Set(phZone, l.zone.name)
-	repl.Set(phLimit, res.Limit)
-	repl.Set(phRemaining, res.Remaining)
-	repl.Set(phReset, (res.ResetAfter+int64(time.Second)-1)/int64(time.Second))
+	repl.Set(phZone, l.zoneName)
+	repl.Set(phLimit, intValue(res.Limit))
+	repl.Set(phRemaining, intValue(res.Remaining))
+	repl.Set(phReset, intValue((res.ResetAfter+int64(time.Second)-1)/int64(time.Second)))
 }
 
 func (h *Handler) logFields(r *http.Request, l *Limit, key string, wait int64) []zap.Field {

@@ -206,7 +206,11 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 			z.denyC = metrics.listed.WithLabelValues(z.name, "deny")
 		}
 	}
-	return h.provisionFailover(ctx)
+	if err := h.provisionFailover(ctx); err != nil {
+		return err
+	}
+	h.publish() // to the admin API
+	return nil
 }
 
 // loadStore loads the configured backend (the memory store by default) and
@@ -239,6 +243,7 @@ func (h *Handler) setup() backend.Setup {
 // Cleanup releases the zones' state; state still used by another config
 // (the one replacing this one in a reload) stays.
 func (h *Handler) Cleanup() error {
+	h.unpublish()
 	if h.local != nil {
 		_ = h.local.Close()
 	}

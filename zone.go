@@ -256,6 +256,9 @@ type Limit struct {
 	cfg       backend.LimitConfig // as registered with the store
 	local     backend.Limit       // the in-process fallback of a "local" limit
 	failC     prometheus.Counter
+	// The zone and scope names as placeholder values, converted once:
+	// converting a string to an interface value allocates.
+	zoneName, scopeName any
 	// Placeholders of the key and cost that an earlier handler must set.
 	keyEarlier, costEarlier []*earlierWatch
 }
@@ -378,6 +381,7 @@ func configID(ctx caddy.Context) any {
 
 func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
 	l.zone, l.scope = z, scope
+	l.zoneName, l.scopeName = z.name, scope
 	if err := l.provision(logger); err != nil {
 		return err
 	}

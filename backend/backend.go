@@ -121,3 +121,24 @@ type Setup struct {
 type Configurable interface {
 	Configure(Setup)
 }
+
+// Admin is implemented by stores whose keys an operator can look at and
+// change by hand (the admin API): to unblock a client without a restart.
+// key is the key as the zone builds it (normalized and hashed).
+type Admin interface {
+	// Inspect returns the key's state at now without consuming anything.
+	Inspect(ctx context.Context, l Limit, key string) (algorithms.Usage, error)
+	// Reset forgets the key's state: its next request finds a full quota.
+	Reset(ctx context.Context, l Limit, key string) error
+	// Grant gives units back to the key, never more than its full quota,
+	// and returns its state after.
+	Grant(ctx context.Context, l Limit, key string, units int64) (algorithms.Usage, error)
+}
+
+// Forgetter is implemented by stores that remember answers in this process
+// (the Redis store's cache of denied keys). After an operator changed a key
+// through one store, Forget is called on every other store of the zone, so
+// that none keeps refusing the key from what it remembers.
+type Forgetter interface {
+	Forget(l Limit, key string)
+}

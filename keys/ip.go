@@ -24,7 +24,13 @@ func canonicalIP(v string, v4, v6 int) (string, bool) {
 		bits = v4
 	}
 	if bits == 0 {
-		return addr.String(), true
+		// Most values are in canonical form already (Caddy's client_ip
+		// is): they are kept, rather than written out again.
+		var buf [len("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255")]byte
+		if b := addr.AppendTo(buf[:0]); string(b) != v {
+			return string(b), true
+		}
+		return v, true
 	}
 	p, err := addr.Prefix(bits)
 	if err != nil {

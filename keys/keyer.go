@@ -70,19 +70,38 @@ var ErrMissing = errors.New("key is missing")
 // absent part cannot make a key skippable whose other part was unreadable.
 func (k *Keyer) Key(r *http.Request, repl *caddy.Replacer, body *Body) (string, error) {
 	var sb strings.Builder
+	var key string
 	var missing error
-	for _, p := range k.tmpl.parts {
-		if !p.placeholder {
-			sb.WriteString(p.text)
-			continue
+	for i, p := range k.tmpl.parts {
+		v := p.text
+		if p.placeholder {
+			var err error
+			v, err = k.value(r, repl, body, p.text)
+			if err != nil && (missing == nil || errors.Is(missing, ErrAbsent) && !errors.Is(err, ErrAbsent)) {
+				missing = fmt.Errorf("%w: {%s}: %w", ErrMissing, p.text, err)
+			}
 		}
-		v, err := k.value(r, repl, body, p.text)
-		if err != nil && (missing == nil || errors.Is(missing, ErrAbsent) && !errors.Is(err, ErrAbsent)) {
-			missing = fmt.Errorf("%w: {%s}: %w", ErrMissing, p.text, err)
+		switch i {
+		case 0:
+			// A key of one part (by ip, by header…) is its value, not a
+			// copy of it.
+			key = v
+		case 1:
+			sb.WriteString(key)
+			fallthrough
+		default:
+			sb.WriteString(v)
 		}
-		sb.WriteString(v)
 	}
-	key := sb.String()
+	if len(k.tmpl.parts) > 1 {
+		key = sb.String()
+	}
+	return k.final(key), missing
+}
+
+// final is key as stored: its HMAC under the secret, or its SHA-256 when
+// it is too long.
+func (k *Keyer) final(key string) string {
 	switch {
 	case k.secret != nil:
 		mac := hmac.New(sha256.New, k.secret)
@@ -94,7 +113,7 @@ func (k *Keyer) Key(r *http.Request, repl *caddy.Replacer, body *Body) (string, 
 		sum := sha256.Sum256([]byte(key))
 		key = "sha256:" + base64.RawURLEncoding.EncodeToString(sum[:])
 	}
-	return key, missing
+	return key
 }
 
 func (k *Keyer) value(r *http.Request, repl *caddy.Replacer, body *Body, name string) (string, error) {
@@ -102,6 +121,12 @@ func (k *Keyer) value(r *http.Request, repl *caddy.Replacer, body *Body, name st
 	if err != nil {
 		return "", err
 	}
+	return k.transform(v)
+}
+
+// transform is what the keyer does to one placeholder value: IP addresses
+// canonical and masked, then the normalizers.
+func (k *Keyer) transform(v string) (string, error) {
 	if v == "" {
 		return "", fmt.Errorf("%w: empty", ErrAbsent)
 	}

@@ -147,3 +147,44 @@ func TestKeySpellingADigestIsNotTheLongKey(t *testing.T) {
 		t.Fatalf("a plain key became %q", plain)
 	}
 }
+
+// A key that is one placeholder's value is that value: a client address
+// already in canonical form is used as it is, without a copy, and any
+// other spelling of it is rewritten.
+func TestKeyOfOnePlaceholder(t *testing.T) {
+	k, err := NewKeyer("{http.vars.client_ip}", Options{IPv6Prefix: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest("GET", "/", nil)
+	for ip, want := range map[string]string{
+		"192.0.2.7":           "192.0.2.7",
+		"::ffff:192.0.2.7":    "192.0.2.7",
+		"2001:db8::7":         "2001:db8::/64",
+		"2001:DB8:0:0:1::7":   "2001:db8::/64",
+		"not an address":      "not an address",
+		"fe80::1%eth0":        "fe80::1%eth0",
+		"0000:0000::ffff:1.2": "0000:0000::ffff:1.2",
+	} {
+		repl := caddy.NewReplacer()
+		repl.Set("http.vars.client_ip", ip)
+		if key, err := k.Key(r, repl, nil); err != nil || key != want {
+			t.Errorf("%q: key %q, %v; want %q", ip, key, err, want)
+		}
+	}
+	if raceEnabled {
+		return
+	}
+	repl := caddy.NewReplacer()
+	repl.Set("http.vars.client_ip", "192.0.2.7")
+	if n := testing.AllocsPerRun(100, func() { _, _ = k.Key(r, repl, nil) }); n != 0 {
+		t.Errorf("%v allocations per key", n)
+	}
+	two, err := NewKeyer("ip:{http.vars.client_ip}", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key, err := two.Key(r, repl, nil); err != nil || key != "ip:192.0.2.7" {
+		t.Errorf("a key of two parts: %q, %v", key, err)
+	}
+}

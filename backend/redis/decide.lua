@@ -991,6 +991,8 @@ end
 
 if not allowed then out[3] = 0 end
 
+-- ADMIN MODES: the admin script (admin.lua) is inserted here.
+
 for i = 1, n do
 	local a, s, key = args[i], states[i], KEYS[i]
 	if not allowed or results[i][1] == 0 or a.cost == 0 then

@@ -1,0 +1,120 @@
+-- Sluice: an operator's operations on keys, inserted into decide.lua where
+-- it marks them (after every key is loaded and decided, before anything
+-- is written), so that they read and store states with its functions.
+-- Modes:
+--   'p' peek: replies as a decision does, writing nothing (the same key
+--       is sent with cost 0 for its state, and cost 1 for its retry time).
+--   'g' grant: gives each key cost units back, whatever took them, never
+--       more than it holds (algorithms/grant.go, line for line).
+-- Reset needs no script: it deletes the key.
+
+-- A peek is a decision that writes nothing: the states are loaded and
+-- decided above, and nothing is stored.
+if mode == 'p' then return out end
+
+-- grantCounter takes units out of the current window's count, then lowers
+-- the previous window's count until its weighted share is that much
+-- smaller: ⌊p·m/W⌋ ≤ t ⇔ p ≤ ⌈(t+1)·W/m⌉ − 1, with m = W − elapsed.
+local function grantCounter(s, W, units)
+	if not s.start then return s end
+	local M = libM()
+	local start = now - M.absmod(now, W)
+	local c, e
+	if start <= s.start then
+		c = {start = s.start, prev = s.prev, curr = s.curr}
+		e = max(now - s.start, 0)
+	elseif start == s.start + W then
+		c = {start = start, prev = s.curr, curr = 0}
+		e = now - start
+	else
+		return s -- nothing counted any more
+	end
+	if c.curr == 0 and c.prev == 0 then return s end
+	local take = units
+	if take > c.curr then take = c.curr end
+	c.curr = c.curr - take
+	units = units - take
+	if units > 0 and c.prev > 0 then
+		local t = M.muldiv(c.prev, W - e, W) - units
+		if t < 0 then
+			c.prev = 0
+		else
+			local p = M.muldivceil(t + 1, W, W - e) - 1
+			if p < c.prev then c.prev = p end
+		end
+	end
+	return c
+end
+
+-- grantLog gives back the newest live units: events given back whole are
+-- marked as a refund marks them, and an event holding more units than are
+-- left to give keeps the rest. Giving back every live unit deletes the
+-- log; otherwise the walk reads the events in chunks, newest first, and
+-- stops where the units run out.
+local function grantLog(l, units, key, W)
+	if not l.n then return end
+	libL().decide(l, W, 1, 0) -- prunes what has left the window
+	if units >= l.sum then
+		redis.call('DEL', key)
+		return
+	end
+	local HDR, CH = 26, 32
+	local newest
+	local i = l.n
+	while not newest and i > l.h do
+		local lo = max(i - CH + 1, l.h + 1)
+		local chunk = redis.call('GETRANGE', key, HDR + (lo - 1) * l.stride, HDR + i * l.stride - 1)
+		for j = i, lo, -1 do
+			local at = (j - lo) * l.stride + 1
+			local pos = HDR + (j - 1) * l.stride
+			local off = struct.unpack('<d', chunk, at)
+			if off >= 0 then
+				local u = 1
+				if l.wide == 1 then u = struct.unpack('<I4', chunk, at + 8) end
+				if units <= 0 then
+					newest = l.base + off
+					break
+				elseif u <= units then
+					redis.call('SETRANGE', key, pos, struct.pack('<d', -off - 1))
+					l.sum = l.sum - u
+					l.tombs = 1
+					units = units - u
+				else
+					redis.call('SETRANGE', key, pos + 8, struct.pack('<I4', u - units))
+					l.sum = l.sum - units
+					units = 0
+					newest = l.base + off
+					break
+				end
+			end
+		end
+		i = lo - 1
+	end
+	redis.call('SETRANGE', key, 0, struct.pack('<ddBBI4I4', NS + l.base / E9, l.sum, l.wide, l.tombs, l.h, l.n))
+	redis.call('PEXPIRE', key, px(newest + W))
+end
+
+-- A grant reads the states loaded (and rebased) above; a key that does
+-- not exist has nothing to give back.
+if mode == 'g' then
+	for i = 1, n do
+		local a, key, s = args[i], KEYS[i], states[i]
+		local k = a.kind
+		if k == 'l' then
+			grantLog(s, a.cost, key, a.p1)
+		elseif next(s) ~= nil then
+			local r
+			if k == 'b' or k == 'q' then
+				r = libB().refund(s, a.p1, a.cost)
+			elseif k == 'w' then
+				-- As a refund of a request taken in the window the key is
+				-- in, even if the clock stepped back out of it.
+				r = libW().refund(s, a.p1, a.cost, P53)
+			else
+				r = grantCounter(s, a.p1, a.cost)
+			end
+			if r ~= s then store(k, key, r, a.p1, a.lin, a.gen, a.p1) end
+		end
+	end
+	return {}
+end

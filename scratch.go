@@ -1,0 +1,97 @@
+package sluice
+
+import (
+	"strconv"
+	"sync"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/keys"
+)
+
+// scratch is one request's working memory while it is decided: a store
+// request per limit it matched, the limits themselves, the store's answers
+// and what its shadow zones would have refused. The slices are handed to
+// Store.Decide, an interface method, so they would escape to the heap if
+// they lived in ServeHTTP's frame; they come from a pool instead, and a
+// request that matches as many limits as an earlier one allocates nothing
+// for them.
+//
+// A scratch goes back to the pool before the request is handed on, so
+// nothing that outlives the decision may point into it: placeholders and
+// headers are set from values, never from its slices.
+type scratch struct {
+	reqs   []backend.Request
+	limits []*Limit
+	out    []algorithms.Result
+	shadow []shadowNote
+	body   *keys.Body
+}
+
+// scratchLimits is how many limits a pooled scratch has room for at first;
+// it grows for a request that matches more.
+const scratchLimits = 8
+
+// maxPooledLimits bounds what a scratch keeps when it goes back to the
+// pool: one request matching many limits must not leave large slices
+// pinned there for the life of the process.
+const maxPooledLimits = 64
+
+var scratchPool = sync.Pool{New: func() any {
+	return &scratch{
+		reqs:   make([]backend.Request, 0, scratchLimits),
+		limits: make([]*Limit, 0, scratchLimits),
+		out:    make([]algorithms.Result, 0, scratchLimits),
+	}
+}}
+
+func getScratch() *scratch { return scratchPool.Get().(*scratch) }
+
+// release returns s to the pool, dropping its references (keys, limits,
+// the body) so the pool keeps no request's data alive.
+func (s *scratch) release() {
+	if cap(s.reqs) > maxPooledLimits || cap(s.limits) > maxPooledLimits || cap(s.out) > maxPooledLimits || cap(s.shadow) > maxPooledLimits {
+		return
+	}
+	clear(s.reqs[:cap(s.reqs)])
+	clear(s.limits[:cap(s.limits)])
+	clear(s.shadow[:cap(s.shadow)])
+	s.reqs, s.limits, s.out, s.shadow = s.reqs[:0], s.limits[:0], s.out[:0], s.shadow[:0]
+	s.body = nil
+	scratchPool.Put(s)
+}
+
+// smallInts are the whole numbers below 4096 as placeholder values and as
+// text. A placeholder holds an interface value, and converting an int64
+// above 255 to one allocates; counts, limits and seconds (68 minutes) are
+// mostly below 4096, so setting them from this table allocates nothing.
+var smallInts = func() *[4096]struct {
+	value any
+	text  string
+} {
+	t := new([4096]struct {
+		value any
+		text  string
+	})
+	for i := range t {
+		t[i].value = int64(i)
+		t[i].text = strconv.Itoa(i)
+	}
+	return t
+}()
+
+// intValue is n as a placeholder value (an int64).
+func intValue(n int64) any {
+	if uint64(n) < uint64(len(smallInts)) {
+		return smallInts[n].value
+	}
+	return n
+}
+
+// intText is n in decimal.
+func intText(n int64) string {
+	if uint64(n) < uint64(len(smallInts)) {
+		return smallInts[n].text
+	}
+	return strconv.FormatInt(n, 10)
+}

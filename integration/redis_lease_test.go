@@ -183,3 +183,38 @@ func scriptRuns(t *testing.T, c *goredis.Client) int {
 	}
 	return n
 }
+
+// The admin API reaches a leased key: inspecting shows Redis's state (the
+// units an instance holds count as taken), and a reset gives the key its
+// full quota and drops the units held, so the next request takes a new
+// lease instead of spending units charged to the state that was reset.
+func TestRedisLeaseAdmin(t *testing.T) {
+	addr, c := perfRedis(t)
+	tester := newTester(t, caddyfileServer(`	rate_limit {
+		backend redis {
+			address `+addr+`
+		}
+		zone lease_admin {
+			key one
+			rate 1000/1h
+			algorithm token_bucket
+			lease 10
+		}
+	}
+	respond "ok"`), "caddyfile")
+	expectN(t, tester, 3, 200, "GET", "/")
+	if ls := keyOp(t, "GET", "/rate_limit/zones/lease_admin/keys/one"); len(ls) != 1 || ls[0].Remaining != 990 {
+		t.Fatalf("inspect: %+v, want 990 left in Redis (a lease of 10 taken)", ls)
+	}
+	if ls := keyOp(t, "DELETE", "/rate_limit/zones/lease_admin/keys/one"); ls[0].Remaining != 1000 {
+		t.Fatalf("reset: %+v", ls)
+	}
+	before := scriptRuns(t, c)
+	expectN(t, tester, 1, 200, "GET", "/")
+	if n := scriptRuns(t, c) - before; n != 1 {
+		t.Fatalf("%d script runs for the first request after a reset, want 1 (a new lease)", n)
+	}
+	if ls := keyOp(t, "GET", "/rate_limit/zones/lease_admin/keys/one"); ls[0].Remaining != 990 {
+		t.Fatalf("after the reset and a request: %+v, want 990", ls)
+	}
+}

@@ -506,3 +506,58 @@ func (m *Module) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	}
 	return m.leases.register(cfg, h, m.redisID())
 }
+
+// unlease is the store's own handle of l.
+func unlease(l backend.Limit) backend.Limit {
+	if ll, ok := l.(*leasedLimit); ok {
+		return ll.Limit
+	}
+	return l
+}
+
+// dropLease forgets the units this process holds of key: after an
+// operator changed the key in Redis, they were charged to a state that is
+// gone (a reset) or no longer tell what is left (a grant). Dropping them
+// only ever admits less.
+func dropLease(l backend.Limit, key string) {
+	ll, ok := l.(*leasedLimit)
+	if !ok {
+		return
+	}
+	ll.pool.mu.Lock()
+	if e := ll.pool.keys[key]; e != nil && e.taking == nil {
+		delete(ll.pool.keys, key)
+	}
+	ll.pool.mu.Unlock()
+}
+
+// Inspect reads the key's state in Redis (backend.Admin): the units this
+// process holds of a leased key count as taken.
+func (m *Module) Inspect(ctx context.Context, l backend.Limit, key string) (algorithms.Usage, error) {
+	return m.Store.Inspect(ctx, unlease(l), key)
+}
+
+// Reset deletes the key's state (backend.Admin) and the units held of it.
+func (m *Module) Reset(ctx context.Context, l backend.Limit, key string) error {
+	dropLease(l, key)
+	return m.Store.Reset(ctx, unlease(l), key)
+}
+
+// Grant gives units back to the key (backend.Admin); the units held of it
+// are dropped, and the next request asks Redis afresh.
+func (m *Module) Grant(ctx context.Context, l backend.Limit, key string, units int64) (algorithms.Usage, error) {
+	dropLease(l, key)
+	return m.Store.Grant(ctx, unlease(l), key, units)
+}
+
+// Forget drops what this process remembers of the key (backend.Forgetter).
+func (m *Module) Forget(l backend.Limit, key string) {
+	dropLease(l, key)
+	m.Store.Forget(unlease(l), key)
+}
+
+// Interface guards.
+var (
+	_ backend.Admin     = (*Module)(nil)
+	_ backend.Forgetter = (*Module)(nil)
+)

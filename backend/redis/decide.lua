@@ -752,7 +752,53 @@ local function libL()
 			end
 		end
 	end
-	Llib = {load = logLoad, decide = logDecide, take = logTake, keep = logKeep, refund = logRefund}
+	-- logGrant gives back the newest live units (an operator's grant,
+	-- algorithms.SlidingLog.Grant): events given back whole are cut off
+	-- the end, and an event holding more units than are left to give
+	-- keeps the rest. Giving back every live unit deletes the log.
+	local function logGrant(l, units, key, W)
+		if not l.n then return end
+		logPrune(l, W)
+		if units >= l.sum then
+			redis.call('DEL', key)
+			return
+		end
+		if l.wide == 0 then
+			-- Events of one unit: the newest units events go.
+			l.n = l.n - units
+			l.sum = l.sum - units
+			redis.call('SET', key, logHeader(l) .. redis.call('GETRANGE', key, HDR, HDR + l.n * 8 - 1))
+		else
+			while units > 0 do
+				local t, u = logEvent(l, l.n)
+				if u > units then
+					local pos = HDR + (l.n - 1) * 20
+					redis.call('SETRANGE', key, pos + 8, struct.pack('<I4', u - units))
+					local j = l.n
+					while j <= l.n do
+						local f = logFen(l, j) - units
+						l.fens[j] = f
+						redis.call('SETRANGE', key, HDR + (j - 1) * 20 + 12, struct.pack('<d', f))
+						j = j + lowbit(j)
+					end
+					l.sum = l.sum - units
+					units = 0
+				else
+					-- The last event is live (given-back ones are cut off
+					-- with it): cut it and those before it.
+					l.sum = l.sum - u
+					units = units - u
+					l.n = l.n - 1
+					while l.n > l.h and select(2, logEvent(l, l.n)) == 0 do l.n = l.n - 1 end
+				end
+			end
+			redis.call('SETRANGE', key, 0, logHeader(l))
+		end
+		l.chunks = {}
+		redis.call('PEXPIRE', key, px(logNewest(l) + W))
+	end
+
+	Llib = {load = logLoad, decide = logDecide, take = logTake, keep = logKeep, refund = logRefund, grant = logGrant}
 	return Llib
 end
 

@@ -494,6 +494,16 @@ local function libL()
 		return v
 	end
 
+	-- logFenSub takes units out of event i in the tree: the nodes above it.
+	local function logFenSub(l, key, i, units)
+		while i <= l.n do
+			local f = logFen(l, i) - units
+			l.fens[i] = f
+			redis.call('SETRANGE', key, HDR + (i - 1) * 20 + 12, struct.pack('<d', f))
+			i = i + lowbit(i)
+		end
+	end
+
 	-- logPrefix is the units of events 1..i, given-back ones counting 0.
 	local function logPrefix(l, i)
 		local s = 0
@@ -733,13 +743,7 @@ local function libL()
 					while l.n > l.h and select(2, logEvent(l, l.n)) == 0 do l.n = l.n - 1 end
 				else
 					redis.call('SETRANGE', key, HDR + (i - 1) * 20, struct.pack('<d', -(t - l.base) - 1))
-					local j = i
-					while j <= l.n do
-						local f = logFen(l, j) - cost
-						l.fens[j] = f
-						redis.call('SETRANGE', key, HDR + (j - 1) * 20 + 12, struct.pack('<d', f))
-						j = j + lowbit(j)
-					end
+					logFenSub(l, key, i, cost)
 				end
 				l.chunks = {}
 				if l.n == l.h then
@@ -774,13 +778,7 @@ local function libL()
 				if u > units then
 					local pos = HDR + (l.n - 1) * 20
 					redis.call('SETRANGE', key, pos + 8, struct.pack('<I4', u - units))
-					local j = l.n
-					while j <= l.n do
-						local f = logFen(l, j) - units
-						l.fens[j] = f
-						redis.call('SETRANGE', key, HDR + (j - 1) * 20 + 12, struct.pack('<d', f))
-						j = j + lowbit(j)
-					end
+					logFenSub(l, key, l.n, units)
 					l.sum = l.sum - units
 					units = 0
 				else

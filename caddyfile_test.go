@@ -137,6 +137,9 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"zone name quoted once", "rate_limit {\n\tzone a {\n\t\tevents 0\n\t\twindow 1m\n\t}\n}", `zone "a": events must be`, 4},
 		{"allow not an address", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tallow 10.0.0.300\n\t}\n}", `"10.0.0.300" is not an address or a network`, 5},
 		{"shadow with value", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tshadow yes\n\t}\n}", "wrong argument count", 5},
+		{"lease 0", "rate_limit {\n\tzone a {\n\t\trate 1000/1m\n\t\tlease 0\n\t}\n}", `lease must be a whole number ≥ 1, got "0"`, 5},
+		{"lease above 1%", "rate_limit {\n\tzone a {\n\t\trate 1000/1m\n\t\tlease 50\n\t}\n}", `zone "a": lease 50 is more than 1% of rate 1000/1m (10)`, 3},
+		{"lease in a scope", "rate_limit {\n\tzone a {\n\t\tscope s {\n\t\t\trate 100/1h\n\t\t\tlease 2\n\t\t}\n\t}\n}", `zone "a" scope "s": lease 2 is more than 1% of rate 100/1h (1)`, 4},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -234,6 +234,18 @@ type Limit struct {
 	// "open".
 	Fail string `json:"fail,omitempty"`
 
+	// Lease makes each Caddy instance take this many units of a key from
+	// the shared backend at once and spend them locally, so that a hot key
+	// costs one call to Redis per Lease units instead of one per request.
+	// The fleet may then admit up to instances × Lease units more than the
+	// limit in a window (token_bucket, gcra, sliding_window) and hold as
+	// many unused for a while. At most 1% of max_events (and at most
+	// burst); only with backend redis; not with leaky_bucket, fail closed,
+	// a shadow zone, or a key read from the body or normalized or hashed
+	// as an account identifier: such limits guard logins and codes, where
+	// every unit counts. Default: 0 (no lease).
+	Lease int64 `json:"lease,omitempty"`
+
 	zone      *Zone
 	scope     string // "" for the zone's own limit
 	keyer     *keys.Keyer
@@ -375,7 +387,10 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	}
 	policy := l.policy()
 	var err error
-	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Owner: owner}
+	if l.Lease > 0 && z.Shadow {
+		return fmt.Errorf("lease: a shadow zone's requests never deny, and each is decided by the backend: remove lease")
+	}
+	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Owner: owner}
 	l.handle, err = store.Register(l.cfg)
 	if err != nil {
 		return err
@@ -446,6 +461,9 @@ func (l *Limit) check() (string, error) {
 	}
 	if _, err := keys.ParseTemplate(l.Key); err != nil {
 		return "", fmt.Errorf("key: %v", err)
+	}
+	if err := l.checkLease(alg); err != nil {
+		return "", err
 	}
 	return alg, nil
 }

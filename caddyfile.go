@@ -120,8 +120,9 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        ipv6_prefix <bits>
 //	        max_keys   <n>
 //	        fail       open|closed|local
+//	        lease      <n>
 //	        scope <name> {
-//	            <the options above, from key to fail>
+//	            <the options above, from key to lease>
 //	        }
 //	        allow       <cidr...>
 //	        deny        <cidr...>
@@ -425,6 +426,8 @@ func (p *limitParser) option(opt string) error {
 		l.IPv4Prefix, err = intArg(d, p.where, opt, 0, 32)
 	case "ipv6_prefix":
 		l.IPv6Prefix, err = intArg(d, p.where, opt, 0, 128)
+	case "lease":
+		l.Lease, err = positiveArg(d, p.where, opt)
 	case "max_keys":
 		var n int64
 		n, err = positiveArg(d, p.where, opt)

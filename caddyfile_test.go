@@ -142,6 +142,9 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"missing on a zone of scopes", "rate_limit {\n\tzone a {\n\t\tscope s {\n\t\t\trate 1/s\n\t\t}\n\t\tmissing deny\n\t}\n}", `zone "a": missing would do nothing`, 7},
 		{"missing with by global", "rate_limit {\n\tzone a {\n\t\tby global\n\t\trate 1/s\n\t\tmissing deny\n\t}\n}", `zone "a": missing would do nothing: the key "global" has no placeholder`, 3},
 		{"shadow with value", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tshadow yes\n\t}\n}", "wrong argument count", 5},
+		{"lease 0", "rate_limit {\n\tzone a {\n\t\trate 1000/1m\n\t\tlease 0\n\t}\n}", `lease must be a whole number ≥ 1, got "0"`, 5},
+		{"lease above 1%", "rate_limit {\n\tzone a {\n\t\trate 1000/1m\n\t\tlease 50\n\t}\n}", `zone "a": lease 50 is more than 1% of rate 1000/1m (10)`, 3},
+		{"lease in a scope", "rate_limit {\n\tzone a {\n\t\tscope s {\n\t\t\trate 100/1h\n\t\t\tlease 2\n\t\t}\n\t}\n}", `zone "a" scope "s": lease 2 is more than 1% of rate 100/1h (1)`, 4},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

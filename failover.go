@@ -60,6 +60,7 @@ func (h *Handler) provisionFailover(ctx caddy.Context) error {
 			// apart from a memory-backed zone of the same name.
 			cfg := l.cfg
 			cfg.Scope = "/fallback/" + cfg.Scope
+			cfg.Lease = 0 // its decisions are local already
 			var err error
 			if l.local, err = h.local.Register(cfg); err != nil {
 				return err

@@ -235,6 +235,18 @@ type Limit struct {
 	// "open".
 	Fail string `json:"fail,omitempty"`
 
+	// Lease makes each Caddy instance take this many units of a key from
+	// the shared backend at once and spend them locally, so that a hot key
+	// costs one call to Redis per Lease units instead of one per request.
+	// The fleet may then admit up to instances × Lease units more than the
+	// limit in a window (token_bucket, gcra, sliding_window) and hold as
+	// many unused for a while. At most 1% of max_events (and at most
+	// burst); only with backend redis; not with leaky_bucket, fail closed,
+	// a shadow zone, or a key read from the body or normalized or hashed
+	// as an account identifier: such limits guard logins and codes, where
+	// every unit counts. Default: 0 (no lease).
+	Lease int64 `json:"lease,omitempty"`
+
 	zone      *Zone
 	scope     string // "" for the zone's own limit
 	keyer     *keys.Keyer
@@ -344,7 +356,7 @@ func (l *Limit) ownOnly() []string {
 		option{l.Key != "", "key"}, option{l.Burst != 0, "burst"}, option{l.Algorithm != "", "algorithm"},
 		option{l.MaxDelay != 0, "max_delay"}, option{l.Cost != nil, "cost"}, option{len(l.Normalize) > 0, "normalize"},
 		option{l.Hash != "", "hash"}, option{l.IPv4Prefix != 0, "ipv4_prefix"}, option{l.IPv6Prefix != 0, "ipv6_prefix"},
-		option{l.Missing != "", "missing"}, option{l.MaxKeys != 0, "max_keys"},
+		option{l.Missing != "", "missing"}, option{l.MaxKeys != 0, "max_keys"}, option{l.Lease != 0, "lease"},
 	)
 }
 
@@ -427,7 +439,10 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	}
 	policy := l.policy()
 	var err error
-	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Owner: owner}
+	if l.Lease > 0 && z.Shadow {
+		return fmt.Errorf("lease: a shadow zone's requests never deny, and each is decided by the backend: remove lease")
+	}
+	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Owner: owner}
 	l.handle, err = store.Register(l.cfg)
 	if err != nil {
 		return err
@@ -503,6 +518,9 @@ func (l *Limit) check() (string, error) {
 	if unused := l.placeholderOnly(); len(unused) > 0 && len(tmpl.Placeholders()) == 0 {
 		return "", fmt.Errorf("%s would do nothing: the key %q has no placeholder, so it is the same for every request (use a placeholder such as {http.vars.client_ip}, or remove %s)",
 			strings.Join(unused, ", "), l.Key, itOrThem(unused))
+	}
+	if err := l.checkLease(alg); err != nil {
+		return "", err
 	}
 	return alg, nil
 }

@@ -156,6 +156,10 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	if cfg.MaxKeys < 0 {
 		return nil, fmt.Errorf("max_keys must be at least 1, got %d", cfg.MaxKeys)
 	}
+	if cfg.Lease > 0 {
+		// Every decision is already local: a lease would only hide units.
+		return nil, fmt.Errorf("lease %d does nothing on the memory backend, which decides every request in this process: remove lease, or use backend redis", cfg.Lease)
+	}
 	p := cfg.Policy
 	switch kind := algorithms.KindOf(name); kind {
 	case algorithms.KindBucket:

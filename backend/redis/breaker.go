@@ -91,13 +91,24 @@ func (b *breaker) remaining() time.Duration {
 	return max(time.Duration(b.openedAt.Load()+int64(b.openFor)-time.Now().UnixNano()), 0)
 }
 
-// Decide decides through the breaker (backend.Store).
+// Decide decides through the leases and the breaker (backend.Store).
 func (m *Module) Decide(ctx context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
-	return m.breaker.do(ctx, func() (bool, error) { return m.Store.Decide(ctx, reqs, out) })
+	return m.leases.decide(ctx, reqs, out, viaBreaker{m})
 }
 
-// Refund refunds through the breaker (backend.Store).
+// Refund refunds through the leases and the breaker (backend.Store).
 func (m *Module) Refund(ctx context.Context, reqs []backend.Request, granted []algorithms.Result) error {
-	_, err := m.breaker.do(ctx, func() (bool, error) { return true, m.Store.Refund(ctx, reqs, granted) })
+	return m.leases.refund(ctx, reqs, granted, viaBreaker{m})
+}
+
+// viaBreaker calls Redis through the breaker.
+type viaBreaker struct{ m *Module }
+
+func (v viaBreaker) Decide(ctx context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
+	return v.m.breaker.do(ctx, func() (bool, error) { return v.m.Store.Decide(ctx, reqs, out) })
+}
+
+func (v viaBreaker) Refund(ctx context.Context, reqs []backend.Request, granted []algorithms.Result) error {
+	_, err := v.m.breaker.do(ctx, func() (bool, error) { return true, v.m.Store.Refund(ctx, reqs, granted) })
 	return err
 }

@@ -198,8 +198,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return err
 			}
-			if dur < minSweepInterval || dur > maxSweepInterval {
-				return d.Errf("sweep_interval must be from %v to %v, got %v", minSweepInterval, maxSweepInterval, dur)
+			if err := checkSweepInterval(dur); err != nil {
+				return d.Errf("%v", err)
 			}
 			h.SweepInterval = caddy.Duration(dur)
 
@@ -542,8 +542,11 @@ func (p *limitParser) finish(needRate bool) error {
 		return p.errAt(max(p.lines["rate"], p.lines["events"], p.lines["window"]), "use either rate or events and window, not both")
 	case (l.MaxEvents == 0 || l.Window == 0) && (needRate || l.MaxEvents != 0 || l.Window != 0):
 		return p.errAt(p.line, "a rate limit zone requires both a window and maximum events (rate 100/1m, or events and window)")
-	case l.MaxEvents == 0:
-		return nil // a zone made only of scopes
+	case l.MaxEvents == 0: // a zone made only of scopes
+		if unused := l.ownOnly(); len(unused) > 0 {
+			return p.errAt(cmp.Or(p.lines[unused[0]], p.lines["by"], p.line), "%v", ownOnlyError(unused))
+		}
+		return nil
 	}
 	// What provisioning would refuse, refused here with a line to go by.
 	if _, err := l.check(); err != nil {

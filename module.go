@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 	// The stores register themselves as backend modules.
 	_ "github.com/sluicehq/sluice/backend/memory"
@@ -112,6 +113,13 @@ const minSweepInterval = time.Second
 // would leave memory only when max_keys evicts them.
 const maxSweepInterval = 24 * time.Hour
 
+func checkSweepInterval(si time.Duration) error {
+	if si < minSweepInterval || si > maxSweepInterval {
+		return fmt.Errorf("sweep_interval must be from %s to %s, got %s", algorithms.FormatSpan(int64(minSweepInterval)), algorithms.FormatSpan(int64(maxSweepInterval)), algorithms.FormatSpan(int64(si)))
+	}
+	return nil
+}
+
 // MaxBodyLimit is the largest body_limit, in bytes: every request whose
 // body is read for a key holds up to this much in memory until it is
 // decided, so a flood of large bodies costs at most this much each.
@@ -155,11 +163,14 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if h.BodyLimit < 0 || h.BodyLimit > MaxBodyLimit {
 		return fmt.Errorf("body_limit must be from 1 to %d bytes (16MiB), got %d", MaxBodyLimit, h.BodyLimit)
 	}
+	bodyLimitSet := h.BodyLimit != 0
 	if h.BodyLimit == 0 {
 		h.BodyLimit = keys.DefaultBodyLimit
 	}
-	if si := time.Duration(h.SweepInterval); si != 0 && (si < minSweepInterval || si > maxSweepInterval) {
-		return fmt.Errorf("sweep_interval must be from %v to %v, got %v", minSweepInterval, maxSweepInterval, si)
+	if si := time.Duration(h.SweepInterval); si != 0 {
+		if err := checkSweepInterval(si); err != nil {
+			return err
+		}
 	}
 	if len(h.Distributed) > 0 && string(h.Distributed) != "null" {
 		h.logger.Warn("the distributed option of mholt/caddy-ratelimit is ignored: the backend decides whether instances share limits (backend redis shares them across a fleet)",
@@ -189,6 +200,9 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		h.zones = append(h.zones, z)
 	}
 	h.bodyFields = collectBodyFields(h.zones)
+	if bodyLimitSet && !readsBody(h.zones) {
+		return fmt.Errorf("body_limit would do nothing: no key or cost reads the request body")
+	}
 	earlier := map[string]*earlierWatch{}
 	for _, z := range h.zones {
 		for _, l := range z.limits {
@@ -214,6 +228,17 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	}
 	h.publish() // to the admin API
 	return nil
+}
+
+func readsBody(zones []*Zone) bool {
+	for _, z := range zones {
+		for _, l := range z.limits {
+			if l.keyer.NeedsBody() || l.Cost.needsBody() {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // loadStore loads the configured backend (the memory store by default) and
@@ -261,6 +286,4 @@ var (
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
-	_ json.Marshaler              = Cost{}
-	_ json.Unmarshaler            = (*Cost)(nil)
 )

@@ -62,7 +62,7 @@ func fleetRoute(path, backend, zone, options string) string {
 // fleetGlobals are the global options of every instance; more goes in
 // the options block (a rate_limit default backend, say).
 func fleetGlobals(more string) string {
-	return "{\n\tadmin 127.0.0.1:@ADMIN@\n\thttp_port @HTTP@\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n" + more + "}\n"
+	return "{\n\tadmin 127.0.0.1:@ADMIN@\n\thttp_port @HTTP@\n\tdefault_bind 127.0.0.1\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n" + more + "}\n"
 }
 
 // redisBackend is a `backend redis` block at depth tabs, of options and a

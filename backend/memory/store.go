@@ -1,6 +1,8 @@
-// Package memory is the in-process Store: sharded maps of compact per-key
-// state, kept across config reloads in a caddy.UsagePool, with idle keys
-// swept and a cap on keys per zone.
+// Package memory is the in-process Store: for each limit, a table of
+// fixed-size slots holding a 64-bit hash of the key and its compact state
+// (no Go map, no string per key), split over up to 64 locks, kept across
+// config reloads in a caddy.UsagePool, with idle keys swept and a cap on
+// keys per limit.
 package memory
 
 import (

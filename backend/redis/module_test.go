@@ -109,7 +109,7 @@ func TestModuleSharesClientAndDecides(t *testing.T) {
 	needRedis(t)
 	addr := standalone(t)
 	t.Setenv("SLUICE_TEST_REDIS_ADDR", addr)
-	raw := `{"addresses": ["{env.SLUICE_TEST_REDIS_ADDR}"], "key_prefix": "` + uniquePrefix(t) + `"}`
+	raw := `{"addresses": ["{env.SLUICE_TEST_REDIS_ADDR}"], "key_prefix": "` + uniquePrefix(t) + `", "timeout": "5s"}`
 	a, err := provisionModule(t, raw)
 	if err != nil {
 		t.Fatal(err)

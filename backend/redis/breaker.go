@@ -3,10 +3,10 @@ package redis
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 	"go.uber.org/zap"
 
@@ -69,17 +69,19 @@ type callerGone struct{ error }
 
 func (c callerGone) Unwrap() error { return c.error }
 
-// keyFailed is Redis's refusal of one request's keys (a key holding
-// another type, say): the script ran, and the other requests were or can
-// be decided.
+// keyFailed is Redis's refusal of one request's keys, one holding a value
+// of another type: Redis answered, and other keys can be decided. (Other
+// errors a script meets, such as READONLY after a failover or OOM, are
+// Redis's and count against it.)
 type keyFailed struct{ error }
 
 func (k keyFailed) Unwrap() error { return k.error }
 
 // asKeyFailed marks err as a failure of the request's keys when Redis
-// refused them for their type.
+// refused them for their type: a reply to the call, or the message the
+// batch script caught for the one request.
 func asKeyFailed(err error) error {
-	if goredis.HasErrorPrefix(err, "WRONGTYPE") {
+	if err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE ") {
 		return keyFailed{err}
 	}
 	return err

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -41,6 +42,9 @@ func newBreaker(logger *zap.Logger, openFor time.Duration) *breaker {
 		Timeout:     openFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= breakerTrips },
 		IsExcluded:  func(err error) bool { return errors.As(err, new(callerGone)) },
+		// Redis answered: one request's keys it could not decide say
+		// nothing about the others, whose calls must not fail with it.
+		IsSuccessful: func(err error) bool { return err == nil || errors.As(err, new(keyFailed)) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
 				b.openedAt.Store(time.Now().UnixNano())
@@ -64,6 +68,24 @@ func newBreaker(logger *zap.Logger, openFor time.Duration) *breaker {
 type callerGone struct{ error }
 
 func (c callerGone) Unwrap() error { return c.error }
+
+// keyFailed is Redis's refusal of one request's keys, one holding a value
+// of another type: Redis answered, and other keys can be decided. (Other
+// errors a script meets, such as READONLY after a failover or OOM, are
+// Redis's and count against it.)
+type keyFailed struct{ error }
+
+func (k keyFailed) Unwrap() error { return k.error }
+
+// asKeyFailed marks err as a failure of the request's keys when Redis
+// refused them for their type: a reply to the call, or the message the
+// batch script caught for the one request.
+func asKeyFailed(err error) error {
+	if err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE ") {
+		return keyFailed{err}
+	}
+	return err
+}
 
 // do runs call through the breaker. Its errors become
 // backend.UnavailableError, except those of a caller that left.

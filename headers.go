@@ -1,0 +1,234 @@
+package sluice
+
+import (
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dunglas/httpsfv"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+// Values of the headers option: which rate limit header fields a response
+// carries.
+const (
+	HeadersNone   = "none"
+	HeadersDraft  = "draft"
+	HeadersLegacy = "legacy"
+	HeadersBoth   = "both"
+)
+
+// headerSet is a headers mode as bits, so that each family of fields can
+// pick the limits that send it.
+type headerSet uint8
+
+const (
+	sendDraft headerSet = 1 << iota
+	sendLegacy
+)
+
+func parseHeaders(mode string) (headerSet, error) {
+	switch mode {
+	case "", HeadersNone:
+		return 0, nil
+	case HeadersDraft:
+		return sendDraft, nil
+	case HeadersLegacy:
+		return sendLegacy, nil
+	case HeadersBoth:
+		return sendDraft | sendLegacy, nil
+	}
+	return 0, fmt.Errorf("headers must be draft, legacy, both or none, got %q", mode)
+}
+
+// sfMaxInteger is the largest Integer a structured field can carry (RFC
+// 9651: at most 15 digits). A quota of 10^15 is sent as this.
+const sfMaxInteger = 999_999_999_999_999
+
+// limitHeaders is what a limit writes into the rate limit fields, prepared
+// at provision so that a request only appends numbers.
+type limitHeaders struct {
+	send headerSet
+	// name is the policy's name serialized as a structured-field String:
+	// the zone, or "zone.scope".
+	name string
+	// policy is the limit's RateLimit-Policy item without a partition key.
+	policy string
+	q, w   int64
+	// partitioned limits hash their keys: the key is the HMAC of the
+	// identifier, safe to send back as the item's partition key.
+	partitioned bool
+}
+
+// provisionHeaders prepares l's items for the modes its zone sends.
+func (l *Limit) provisionHeaders(send headerSet) error {
+	l.hdr = limitHeaders{send: send}
+	if send == 0 {
+		return nil
+	}
+	name := l.zone.name
+	if l.scope != "" {
+		name += "." + l.scope
+	}
+	p := l.policy()
+	q := min(algorithms.MaxCost(l.algorithm, p), sfMaxInteger)
+	// w is the time the whole quota takes to come back: the window, or for
+	// the buckets the time to refill q units (burst 10 at 5/s: 2 s).
+	span := p.Window
+	if algorithms.UsesBurst(l.algorithm) {
+		span = q * p.Interval() // both bounded at provision: at most 2^61 ns
+	}
+	w := max(secondsUp(span), 1)
+	params := httpsfv.NewParams()
+	params.Add("q", q)
+	params.Add("w", w)
+	policy, err := httpsfv.Marshal(httpsfv.Item{Value: name, Params: params})
+	if err != nil {
+		return fmt.Errorf("headers: the policy name %q cannot be sent in a RateLimit-Policy field (printable ASCII only): %v", name, err)
+	}
+	quoted, _ := httpsfv.Marshal(httpsfv.Item{Value: name, Params: httpsfv.NewParams()})
+	l.hdr = limitHeaders{send: send, name: quoted, policy: policy, q: q, w: w, partitioned: l.Hash != ""}
+	return nil
+}
+
+func secondsUp(ns int64) int64 { return (ns + int64(time.Second) - 1) / int64(time.Second) }
+
+// writeHeaders sets the rate limit fields of a decided request, allowed or
+// denied, on w: the policies of every enforcing limit whose zone sends
+// them, and the numbers of the one closest to denying. A zone that sends
+// none is left out of every field, even when others send them.
+func writeHeaders(w http.ResponseWriter, limits []*Limit, reqs []backend.Request, out []algorithms.Result) {
+	var sent headerSet
+	denied := false
+	for i, l := range limits {
+		if !l.zone.Shadow {
+			sent |= l.hdr.send
+			denied = denied || !out[i].Allowed
+		}
+	}
+	if sent&sendDraft != 0 {
+		// Room for a few policies without growing: the header value is
+		// the one allocation.
+		var buf [256]byte
+		b := buf[:0]
+		for i, l := range limits {
+			if l.zone.Shadow || l.hdr.send&sendDraft == 0 {
+				continue
+			}
+			if len(b) > 0 {
+				b = append(b, ", "...)
+			}
+			b = append(b, l.hdr.policy...)
+			b = appendPartitionKey(b, l, reqs[i].Key)
+		}
+		w.Header().Set("RateLimit-Policy", string(b))
+		if i := reported(limits, out, sendDraft); i >= 0 {
+			l := limits[i]
+			b = append(b[:0], l.hdr.name...)
+			b = append(b, ";r="...)
+			b = strconv.AppendInt(b, min(remaining(out[i], reqs[i].Cost, denied), sfMaxInteger), 10)
+			if t, ok := resetSeconds(out[i]); ok {
+				b = append(b, ";t="...)
+				b = strconv.AppendInt(b, min(t, sfMaxInteger), 10)
+			}
+			b = appendPartitionKey(b, l, reqs[i].Key)
+			w.Header().Set("RateLimit", string(b))
+		}
+	}
+	if sent&sendLegacy != 0 {
+		if i := reported(limits, out, sendLegacy); i >= 0 {
+			h := w.Header()
+			h.Set("X-RateLimit-Limit", strconv.FormatInt(limits[i].hdr.q, 10))
+			h.Set("X-RateLimit-Remaining", strconv.FormatInt(min(remaining(out[i], reqs[i].Cost, denied), limits[i].hdr.q), 10))
+			t, _ := resetSeconds(out[i])
+			h.Set("X-RateLimit-Reset", strconv.FormatInt(t, 10))
+		}
+	}
+}
+
+// appendPartitionKey adds the pk parameter of a limit that hashes its keys:
+// the HMAC bytes as a Byte Sequence. A key that was not hashed (a missing
+// value shared under "shared", or a key too long that was SHA-256'd) is
+// not sent.
+func appendPartitionKey(b []byte, l *Limit, key string) []byte {
+	mac, ok := strings.CutPrefix(key, "hmac:")
+	if !l.hdr.partitioned || !ok {
+		return b
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(mac)
+	if err != nil {
+		return b
+	}
+	params := httpsfv.NewParams()
+	params.Add("pk", raw)
+	s, err := httpsfv.Marshal(params)
+	if err != nil {
+		return b
+	}
+	return append(b, s...)
+}
+
+// reported is the limit whose numbers the RateLimit (or X-RateLimit-*)
+// fields carry, among those sending the family: the shown limit that
+// denied with the longest wait, else the one with the least room left, so
+// that on a denial t is Retry-After (before jitter) whenever the limit that
+// set it is shown. -1 when none is shown.
+func reported(limits []*Limit, out []algorithms.Result, family headerSet) int {
+	best := -1
+	for i, l := range limits {
+		if l.zone.Shadow || l.hdr.send&family == 0 {
+			continue
+		}
+		a, b := out[i], algorithms.Result{}
+		if best >= 0 {
+			b = out[best]
+		}
+		switch {
+		case best < 0,
+			!a.Allowed && b.Allowed,
+			!a.Allowed && !b.Allowed && later(a.RetryAfter, b.RetryAfter),
+			a.Allowed && b.Allowed && tighter(a, b):
+			best = i
+		}
+	}
+	return best
+}
+
+// remaining is what a limit has left after the request. A limit that
+// allowed a request that another denied was not charged: its result counts
+// the cost as taken, so it is given back (up to the quota; a cost can be up
+// to 2^63 − 1).
+func remaining(res algorithms.Result, cost int64, denied bool) int64 {
+	if !denied || !res.Allowed {
+		return res.Remaining
+	}
+	if cost > res.Limit-res.Remaining {
+		return res.Limit
+	}
+	return res.Remaining + cost
+}
+
+// tighter reports whether a has a smaller share of its quota left than b.
+// In floats: the products of two int64 counts could overflow.
+func tighter(a, b algorithms.Result) bool {
+	return float64(a.Remaining)*float64(b.Limit) < float64(b.Remaining)*float64(a.Limit)
+}
+
+// resetSeconds is the t of a limit's result: on a denial the wait before
+// the same request can pass (Retry-After before jitter), else the time
+// until the quota is whole again. A cost that can never pass has no such
+// time: ok is false and the time until the quota is whole is returned.
+func resetSeconds(res algorithms.Result) (int64, bool) {
+	switch {
+	case res.Allowed:
+		return secondsUp(res.ResetAfter), true
+	case res.RetryAfter == algorithms.Never:
+		return secondsUp(res.ResetAfter), false
+	}
+	return retryAfterSeconds(time.Duration(res.RetryAfter)), true
+}

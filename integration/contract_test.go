@@ -482,7 +482,7 @@ func TestRefusalsGoThroughHandleErrors(t *testing.T) {
 	}
 	handle_errors {
 		header Content-Type application/json
-		respond ` + "`" + `{"status":{http.error.status_code},"reason":"{http.rate_limit.reason}","zone":"{http.rate_limit.exceeded.name}","retry_after":{http.rate_limit.exceeded.retry_after},"message":"{http.error.message}"}` + "`" + `
+		respond `+"`"+`{"status":{http.error.status_code},"reason":"{http.rate_limit.reason}","zone":"{http.rate_limit.exceeded.name}","retry_after":{http.rate_limit.exceeded.retry_after},"message":"{http.error.message}"}`+"`"+`
 	}
 	respond "ok"`), "caddyfile")
 

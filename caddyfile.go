@@ -562,9 +562,10 @@ func (p *limitParser) finish(needRate bool) error {
 		}
 		return nil
 	}
-	// What provisioning would refuse, refused here with a line to go by.
+	// What provisioning would refuse, refused here at the line of the
+	// option at fault.
 	if _, err := l.check(); err != nil {
-		return p.errAt(p.line, "%v", err)
+		return p.errAt(p.optionLine(err), "%v", err)
 	}
 	return nil
 }

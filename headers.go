@@ -3,7 +3,9 @@ package sluice
 import (
 	"encoding/base64"
 	"fmt"
+	"math/bits"
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"time"
@@ -47,8 +49,21 @@ func parseHeaders(mode string) (headerSet, error) {
 }
 
 // sfMaxInteger is the largest Integer a structured field can carry (RFC
-// 9651: at most 15 digits). A quota of 10^15 is sent as this.
+// 9651: at most 15 digits). A quota of 10^15 is sent as this. (Some
+// parsers, such as httpsfv v1.1.1's, refuse a 15-digit integer that
+// another parameter follows: quotas from 10^14 up are read by those as a
+// malformed field, which the draft tells clients to ignore.)
 const sfMaxInteger = 999_999_999_999_999
+
+// The fields' names in canonical form, so that setting them does not
+// canonicalize (and allocate) on every request.
+var (
+	hdrPolicy          = textproto.CanonicalMIMEHeaderKey("RateLimit-Policy")
+	hdrRateLimit       = textproto.CanonicalMIMEHeaderKey("RateLimit")
+	hdrLegacyLimit     = textproto.CanonicalMIMEHeaderKey("X-RateLimit-Limit")
+	hdrLegacyRemaining = textproto.CanonicalMIMEHeaderKey("X-RateLimit-Remaining")
+	hdrLegacyReset     = textproto.CanonicalMIMEHeaderKey("X-RateLimit-Reset")
+)
 
 // limitHeaders is what a limit writes into the rate limit fields, prepared
 // at provision so that a request only appends numbers.
@@ -76,24 +91,34 @@ func (l *Limit) provisionHeaders(send headerSet) error {
 		name += "." + l.scope
 	}
 	p := l.policy()
-	q := min(algorithms.MaxCost(l.algorithm, p), sfMaxInteger)
+	quota := algorithms.MaxCost(l.algorithm, p)
+	q := min(quota, sfMaxInteger)
 	// w is the time the whole quota takes to come back: the window, or for
-	// the buckets the time to refill q units (burst 10 at 5/s: 2 s).
+	// the buckets the time to refill it at max_events per window (burst 10
+	// at 5/s: 2 s). In 128 bits: quota × window can pass 2^63; the
+	// quotient is at most about 2^61 ns, as provisioning bounds it.
 	span := p.Window
 	if algorithms.UsesBurst(l.algorithm) {
-		span = q * p.Interval() // both bounded at provision: at most 2^61 ns
+		span = algorithms.MaxSpan
+		if hi, lo := bits.Mul64(uint64(quota), uint64(p.Window)); hi < uint64(p.Limit) {
+			quo, _ := bits.Div64(hi, lo, uint64(p.Limit))
+			span = int64(min(quo, uint64(algorithms.MaxSpan)))
+		}
 	}
 	w := max(secondsUp(span), 1)
+	l.hdr = limitHeaders{send: send, q: q, w: w, partitioned: l.Hash != ""}
+	if send&sendDraft == 0 {
+		return nil
+	}
 	params := httpsfv.NewParams()
 	params.Add("q", q)
 	params.Add("w", w)
-	policy, err := httpsfv.Marshal(httpsfv.Item{Value: name, Params: params})
-	if err != nil {
+	var err error
+	if l.hdr.policy, err = httpsfv.Marshal(httpsfv.Item{Value: name, Params: params}); err != nil {
 		return fmt.Errorf("headers: the policy name %q cannot be sent in a RateLimit-Policy field (printable ASCII only): %v", name, err)
 	}
-	quoted, _ := httpsfv.Marshal(httpsfv.Item{Value: name, Params: httpsfv.NewParams()})
-	l.hdr = limitHeaders{send: send, name: quoted, policy: policy, q: q, w: w, partitioned: l.Hash != ""}
-	return nil
+	l.hdr.name, err = httpsfv.Marshal(httpsfv.Item{Value: name, Params: httpsfv.NewParams()})
+	return err
 }
 
 func secondsUp(ns int64) int64 { return (ns + int64(time.Second) - 1) / int64(time.Second) }
@@ -126,7 +151,7 @@ func writeHeaders(w http.ResponseWriter, limits []*Limit, reqs []backend.Request
 			b = append(b, l.hdr.policy...)
 			b = appendPartitionKey(b, l, reqs[i].Key)
 		}
-		w.Header().Set("RateLimit-Policy", string(b))
+		w.Header()[hdrPolicy] = []string{string(b)}
 		if i := reported(limits, out, sendDraft); i >= 0 {
 			l := limits[i]
 			b = append(b[:0], l.hdr.name...)
@@ -137,16 +162,16 @@ func writeHeaders(w http.ResponseWriter, limits []*Limit, reqs []backend.Request
 				b = strconv.AppendInt(b, min(t, sfMaxInteger), 10)
 			}
 			b = appendPartitionKey(b, l, reqs[i].Key)
-			w.Header().Set("RateLimit", string(b))
+			w.Header()[hdrRateLimit] = []string{string(b)}
 		}
 	}
 	if sent&sendLegacy != 0 {
 		if i := reported(limits, out, sendLegacy); i >= 0 {
 			h := w.Header()
-			h.Set("X-RateLimit-Limit", strconv.FormatInt(limits[i].hdr.q, 10))
-			h.Set("X-RateLimit-Remaining", strconv.FormatInt(min(remaining(out[i], reqs[i].Cost, denied), limits[i].hdr.q), 10))
 			t, _ := resetSeconds(out[i])
-			h.Set("X-RateLimit-Reset", strconv.FormatInt(t, 10))
+			h[hdrLegacyLimit] = []string{strconv.FormatInt(limits[i].hdr.q, 10)}
+			h[hdrLegacyRemaining] = []string{strconv.FormatInt(min(remaining(out[i], reqs[i].Cost, denied), limits[i].hdr.q), 10)}
+			h[hdrLegacyReset] = []string{strconv.FormatInt(t, 10)}
 		}
 	}
 }

@@ -192,4 +192,3 @@ func TestCheckErrorsNameAnOption(t *testing.T) {
 }
 
 var caddyfileOptions = map[string]bool{"algorithm": true, "burst": true, "max_delay": true, "cost": true, "max_keys": true, "hash": true, "normalize": true, "fail": true, "missing": true, "ipv4_prefix": true, "ipv6_prefix": true}
-

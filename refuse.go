@@ -52,16 +52,17 @@ const (
 )
 
 var reasonInfo = [numReasons]struct {
-	name string // metric label, {http.rate_limit.reason}, the JSON body's code
-	err  error  // behind the caddyhttp.Error; {http.error.message}
-	log  string
-	lvl  zapcore.Level
+	name  string // metric label, {http.rate_limit.reason}, the JSON body's code
+	value any    // name, boxed once for the replacer
+	err   error  // behind the caddyhttp.Error; {http.error.message}
+	log   string
+	lvl   zapcore.Level
 }{
-	reasonRateLimited: {"rate_limit_exceeded", ErrRateLimited, "rate limit exceeded", zapcore.InfoLevel},
-	reasonUnavailable: {"backend_unavailable", ErrBackendUnavailable, "rate limit backend unavailable: refusing the request of a zone that fails closed", zapcore.WarnLevel},
-	reasonMissingKey:  {"missing_key", ErrMissingKey, "request refused: its rate limit key is missing", zapcore.InfoLevel},
-	reasonBadCost:     {"bad_cost", ErrBadCost, "request refused: its cost cannot be used", zapcore.InfoLevel},
-	reasonDenylisted:  {"denylisted", ErrDenylisted, "request refused by deny list", zapcore.InfoLevel},
+	reasonRateLimited: {"rate_limit_exceeded", "rate_limit_exceeded", ErrRateLimited, "rate limit exceeded", zapcore.InfoLevel},
+	reasonUnavailable: {"backend_unavailable", "backend_unavailable", ErrBackendUnavailable, "rate limit backend unavailable: refusing the request of a zone that fails closed", zapcore.WarnLevel},
+	reasonMissingKey:  {"missing_key", "missing_key", ErrMissingKey, "request refused: its rate limit key is missing", zapcore.InfoLevel},
+	reasonBadCost:     {"bad_cost", "bad_cost", ErrBadCost, "request refused: its cost cannot be used", zapcore.InfoLevel},
+	reasonDenylisted:  {"denylisted", "denylisted", ErrDenylisted, "request refused by deny list", zapcore.InfoLevel},
 }
 
 // phReason names why a request was refused, on every refusal.
@@ -93,99 +94,102 @@ type refusalCounters [numReasons]prometheus.Counter
 // then either a caddyhttp.Error (handle_errors shapes the page) or, with
 // the respond option, the built-in body, written without Caddy's error
 // path. Nothing the client sees tells how the limit is configured.
+//
+// A flood is mostly refusals, so this is written to cost less than the
+// plainest successful answer: constant header values are shared slices,
+// names are boxed once at provision, and the body is appended into one
+// buffer.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) error {
 	info := &reasonInfo[f.reason]
 	z := f.zone
 	hdr := w.Header()
-	hdr.Set("Cache-Control", "no-store")
+	hdr[hdrCacheControl] = valNoStore
 	if f.retryAfter >= 0 {
-		hdr.Set("Retry-After", strconv.FormatInt(f.retryAfter, 10))
+		hdr[hdrRetryAfter] = []string{strconv.FormatInt(f.retryAfter, 10)}
 	}
-	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if repl != nil {
-		repl.Set(phReason, info.name)
-		repl.Set(phName, z.name)
-		repl.Set(phScope, f.scope)
-		repl.Set(phRetryAfter, f.retryAfter)
-		if f.reason != reasonRateLimited {
-			repl.Set(phKey, "")
-		}
-		if f.reason == reasonDenylisted {
-			repl.Set(phDenylisted, z.name)
-		}
+	if repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); repl != nil {
+		h.setRefusalPlaceholders(repl, f)
 	}
 	if c := z.refused[f.reason]; c != nil {
 		c.Inc()
 	}
 	if ce := h.denyLog.Check(info.lvl, info.log); ce != nil {
-		fields := []zap.Field{
-			zap.String("zone", z.name),
-			zap.String("reason", info.name),
-			zap.Int("status", f.status),
-			zap.String("remote_ip", remoteIP(r)),
-			zap.String("client_ip", clientIP(r)),
-		}
-		if f.scope != "" {
-			fields = append(fields, zap.String("scope", f.scope))
-		}
-		if f.wait > 0 {
-			fields = append(fields, zap.Duration("wait", f.wait))
-		}
-		if h.LogKey && f.key != "" {
-			fields = append(fields, zap.String("key", f.key))
-		}
-		if f.detail != nil {
-			fields = append(fields, zap.Error(f.detail))
-		}
-		ce.Write(fields...)
+		ce.Write(h.refusalFields(r, f)...)
 	}
 	if h.Respond == "" {
 		return caddyhttp.Error(f.status, info.err)
 	}
-	body, ctype := h.refusalBody(f)
-	hdr.Set("Content-Type", ctype)
-	hdr.Set("Content-Length", strconv.Itoa(len(body)))
-	hdr.Set("X-Content-Type-Options", "nosniff")
+	// No Content-Length: net/http sets it for a body this small.
+	hdr[hdrContentType] = contentTypes[h.Respond]
+	hdr[hdrNoSniff] = valNoSniff
 	w.WriteHeader(f.status)
 	if r.Method == http.MethodHead {
 		return nil
 	}
-	_, err := w.Write(body)
+	_, err := w.Write(h.appendBody(make([]byte, 0, 256), f))
 	return err
 }
 
-// refusalBody is the built-in body of a refusal and its Content-Type.
-func (h *Handler) refusalBody(f refusal) ([]byte, string) {
-	info := &reasonInfo[f.reason]
-	msg := refusalMessage(f)
-	switch h.Respond {
-	case RespondText:
-		return append([]byte(msg), '\n'), "text/plain; charset=utf-8"
-	case RespondProblem:
-		p := problem{Type: "about:blank", Title: http.StatusText(f.status), Status: f.status, Detail: msg}
-		switch f.reason {
-		case reasonRateLimited:
-			p.Type, p.Title = problemQuotaExceeded, "Quota Exceeded"
-		case reasonUnavailable:
-			p.Type, p.Title = problemReducedCapacity, "Temporary Reduced Capacity"
-		}
-		if f.retryAfter >= 0 {
-			p.RetryAfter = &f.retryAfter
-		}
-		for _, l := range f.violated {
-			p.Violated = append(p.Violated, l.policyName())
-		}
-		b, _ := json.Marshal(p)
-		return b, "application/problem+json"
+// Header names and constant values. The value slices are shared by every
+// response, so they have no room to grow: an Add elsewhere copies them.
+var (
+	hdrCacheControl = "Cache-Control"
+	hdrRetryAfter   = "Retry-After"
+	hdrContentType  = "Content-Type"
+	hdrNoSniff      = "X-Content-Type-Options"
+	valNoStore      = []string{"no-store"}[:1:1]
+	valNoSniff      = []string{"nosniff"}[:1:1]
+	contentTypes    = map[string][]string{
+		RespondJSON:    []string{"application/json"}[:1:1],
+		RespondProblem: []string{"application/problem+json"}[:1:1],
+		RespondText:    []string{"text/plain; charset=utf-8"}[:1:1],
 	}
-	e := jsonError{Code: info.name, Message: msg, Zone: f.zone.name, Scope: f.scope}
-	if f.retryAfter >= 0 {
-		e.RetryAfter = &f.retryAfter
+)
+
+func (h *Handler) setRefusalPlaceholders(repl *caddy.Replacer, f refusal) {
+	z := f.zone
+	repl.Set(phReason, reasonInfo[f.reason].value)
+	repl.Set(phName, z.boxedName())
+	repl.Set(phScope, f.scope)
+	repl.Set(phRetryAfter, f.retryAfter)
+	// Caddy leaves a placeholder that is not set as it is written, so a
+	// JSON page would break: a refusal that decided nothing reports its
+	// zone with no quota.
+	if f.reason != reasonRateLimited {
+		repl.Set(phKey, "")
+		repl.Set(phZone, z.boxedName())
+		repl.Set(phLimit, 0)
+		repl.Set(phRemaining, 0)
+		repl.Set(phReset, 0)
 	}
-	b, _ := json.Marshal(struct {
-		Error jsonError `json:"error"`
-	}{e})
-	return b, "application/json"
+	if f.reason == reasonDenylisted {
+		repl.Set(phDenylisted, z.boxedName())
+	} else {
+		repl.Set(phDenylisted, "")
+	}
+}
+
+func (h *Handler) refusalFields(r *http.Request, f refusal) []zap.Field {
+	fields := []zap.Field{
+		zap.String("zone", f.zone.name),
+		zap.String("reason", reasonInfo[f.reason].name),
+		zap.Int("status", f.status),
+		zap.String("remote_ip", remoteIP(r)),
+		zap.String("client_ip", clientIP(r)),
+	}
+	if f.scope != "" {
+		fields = append(fields, zap.String("scope", f.scope))
+	}
+	if f.wait > 0 {
+		fields = append(fields, zap.Duration("wait", f.wait))
+	}
+	if h.LogKey && f.key != "" {
+		fields = append(fields, zap.String("key", f.key))
+	}
+	if f.detail != nil {
+		fields = append(fields, zap.Error(f.detail))
+	}
+	return fields
 }
 
 // The problem types of the RateLimit header fields draft for a quota
@@ -195,39 +199,118 @@ const (
 	problemReducedCapacity = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
 )
 
-type problem struct {
-	Type       string   `json:"type"`
-	Title      string   `json:"title"`
-	Status     int      `json:"status"`
-	Detail     string   `json:"detail"`
-	RetryAfter *int64   `json:"retry_after,omitempty"`
-	Violated   []string `json:"violated-policies,omitempty"`
+// appendBody appends the built-in body of a refusal in the handler's
+// format:
+//
+//	json:    {"error":{"code":…,"message":…,"retry_after":…,"zone":…,"scope":…}}
+//	problem: {"type":…,"title":…,"status":…,"detail":…,"retry_after":…,"violated-policies":[…]}
+//	text:    the message and a newline
+//
+// retry_after is there only when Retry-After is sent, scope only for a
+// scope.
+func (h *Handler) appendBody(b []byte, f refusal) []byte {
+	switch h.Respond {
+	case RespondText:
+		return append(appendMessage(b, f), '\n')
+	case RespondProblem:
+		typ, title := "about:blank", http.StatusText(f.status)
+		switch f.reason {
+		case reasonRateLimited:
+			typ, title = problemQuotaExceeded, "Quota Exceeded"
+		case reasonUnavailable:
+			typ, title = problemReducedCapacity, "Temporary Reduced Capacity"
+		}
+		b = append(b, `{"type":`...)
+		b = appendJSONString(b, typ)
+		b = append(b, `,"title":`...)
+		b = appendJSONString(b, title)
+		b = append(b, `,"status":`...)
+		b = strconv.AppendInt(b, int64(f.status), 10)
+		b = append(b, `,"detail":"`...)
+		b = appendMessage(b, f)
+		b = append(b, '"')
+		b = appendRetryAfter(b, f)
+		if len(f.violated) > 0 {
+			b = append(b, `,"violated-policies":[`...)
+			for i, l := range f.violated {
+				if i > 0 {
+					b = append(b, ',')
+				}
+				b = appendJSONString(b, l.policyName())
+			}
+			b = append(b, ']')
+		}
+		return append(b, '}')
+	}
+	b = append(b, `{"error":{"code":"`...)
+	b = append(b, reasonInfo[f.reason].name...)
+	b = append(b, `","message":"`...)
+	b = appendMessage(b, f)
+	b = append(b, '"')
+	b = appendRetryAfter(b, f)
+	b = append(b, `,"zone":`...)
+	b = appendJSONString(b, f.zone.name)
+	if f.scope != "" {
+		b = append(b, `,"scope":`...)
+		b = appendJSONString(b, f.scope)
+	}
+	return append(b, "}}"...)
 }
 
-type jsonError struct {
-	Code       string `json:"code"`
-	Message    string `json:"message"`
-	RetryAfter *int64 `json:"retry_after,omitempty"`
-	Zone       string `json:"zone"`
-	Scope      string `json:"scope,omitempty"`
+func appendRetryAfter(b []byte, f refusal) []byte {
+	if f.retryAfter < 0 {
+		return b
+	}
+	b = append(b, `,"retry_after":`...)
+	return strconv.AppendInt(b, f.retryAfter, 10)
 }
 
-// refusalMessage says what the client can do, and nothing of the config.
-func refusalMessage(f refusal) string {
+// appendJSONString appends s as a JSON string. Names are usually plain
+// ASCII, appended as they are; others go through encoding/json.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+// appendMessage appends what the client can do about the refusal, and
+// nothing of the config. It is plain ASCII without quotes, so it can stand
+// inside a JSON string as it is.
+func appendMessage(b []byte, f refusal) []byte {
 	switch f.reason {
 	case reasonRateLimited:
 		if f.retryAfter < 0 {
-			return "This request asks for more than the rate limit can ever allow."
+			return append(b, "This request asks for more than the rate limit can ever allow."...)
 		}
-		return "Too many requests. Retry in " + strconv.FormatInt(f.retryAfter, 10) + " seconds."
+		b = append(b, "Too many requests. Retry in "...)
+		b = strconv.AppendInt(b, f.retryAfter, 10)
+		return append(b, " seconds."...)
 	case reasonUnavailable:
-		return "The rate limiter cannot decide this request now. Retry in " + strconv.FormatInt(f.retryAfter, 10) + " seconds."
+		b = append(b, "The rate limiter cannot decide this request now. Retry in "...)
+		b = strconv.AppendInt(b, f.retryAfter, 10)
+		return append(b, " seconds."...)
 	case reasonMissingKey:
-		return "The request lacks a value this endpoint is rate limited by: " + missingClass(f.detail) + "."
+		b = append(b, "The request lacks a value this endpoint is rate limited by: "...)
+		return append(append(b, missingClass(f.detail)...), '.')
 	case reasonBadCost:
-		return "The request's cost is not a whole number of at least 0, or cannot be read."
+		return append(b, "The request's cost is not a whole number of at least 0, or cannot be read."...)
 	}
-	return "This client may not use this endpoint."
+	return append(b, "This client may not use this endpoint."...)
+}
+
+// boxedName is the zone's name as the replacer holds it, boxed once at
+// provision so that a refusal does not allocate for it.
+func (z *Zone) boxedName() any {
+	if z.nameValue != nil {
+		return z.nameValue
+	}
+	return z.name
 }
 
 // missingClass tells the client which way its value was unusable, without
@@ -319,6 +402,7 @@ func (h *Handler) provisionContract() error {
 			return fmt.Errorf("zone %q: %v", z.name, err)
 		}
 		z.status = cmp.Or(z.Status, http.StatusTooManyRequests)
+		z.nameValue = z.name
 		for _, l := range z.limits {
 			if err := l.provisionHeaders(send); err != nil {
 				return fmt.Errorf("zone %q: %v", z.name, err)

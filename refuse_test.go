@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -64,9 +65,20 @@ func TestRefusalPaths(t *testing.T) {
 				if wantRetry == "" {
 					wantRetry = "-1"
 				}
-				for ph, want := range map[string]string{phReason: tt.code, phName: "otp_send", phScope: tt.f.scope, phRetryAfter: wantRetry} {
+				denylisted := ""
+				if tt.code == "denylisted" {
+					denylisted = "otp_send"
+				}
+				for ph, want := range map[string]string{phReason: tt.code, phName: "otp_send", phScope: tt.f.scope, phRetryAfter: wantRetry, phDenylisted: denylisted} {
 					if got, ok := repl.GetString(ph); !ok || got != want {
 						t.Fatalf("{%s} = %q (set %v), want %q", ph, got, ok, want)
+					}
+				}
+				if tt.code != "rate_limit_exceeded" {
+					for _, ph := range []string{phKey, phZone, phLimit, phRemaining, phReset} {
+						if _, ok := repl.GetString(ph); !ok {
+							t.Fatalf("{%s} not set", ph)
+						}
 					}
 				}
 				if len(logs) != 1 || logs[0].ContextMap()["reason"] != tt.code || logs[0].ContextMap()["zone"] != "otp_send" {
@@ -192,3 +204,24 @@ func TestCheckErrorsNameAnOption(t *testing.T) {
 }
 
 var caddyfileOptions = map[string]bool{"algorithm": true, "burst": true, "max_delay": true, "cost": true, "max_keys": true, "hash": true, "normalize": true, "fail": true, "missing": true, "ipv4_prefix": true, "ipv6_prefix": true}
+
+// BenchmarkRefuse is a refusal's own cost, body included: what a flood of
+// denied requests pays on top of deciding them.
+func BenchmarkRefuse(b *testing.B) {
+	z := &Zone{name: "api"}
+	z.nameValue = z.name
+	for _, respond := range []string{"", RespondJSON, RespondProblem, RespondText} {
+		b.Run("respond="+respond, func(b *testing.B) {
+			h := &Handler{Respond: respond, denyLog: zap.NewNop()}
+			repl := caddy.NewReplacer()
+			r := httptest.NewRequest("GET", "http://example.com/", nil)
+			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+			w := headerWriter{http.Header{}}
+			f := refusal{reason: reasonRateLimited, status: 429, zone: z, scope: "ip", retryAfter: 42}
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = h.refuse(w, r, f)
+			}
+		})
+	}
+}

@@ -86,6 +86,7 @@ type Zone struct {
 	allowC     prometheus.Counter
 	denyC      prometheus.Counter
 	status     int
+	nameValue  any // name, boxed once for the replacer
 	refused    refusalCounters
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end throughput of Caddy with and without Sluice, in one run on this
 # machine: the same static response behind no limiter, one zone, a zone with
-# three scopes, and a zone that denies almost everything. Uses wrk on
+# three scopes, and a zone that denies almost everything (as a Caddy error,
+# with the built-in JSON body, and with it and every header field). Uses wrk on
 # loopback. Usage: bench/e2e.sh [seconds per run] [rounds]
 #
 # bench/e2e.sh redis [seconds per run] [rounds] runs the Redis backend
@@ -67,6 +68,21 @@ site denying "	rate_limit {
 			rate 1/1h
 		}
 	}"
+site denying_json "	rate_limit {
+		respond json
+		zone e2e_deny_json {
+			by ip
+			rate 1/1h
+		}
+	}"
+site denying_json_headers "	rate_limit {
+		respond json
+		headers both
+		zone e2e_deny_json_h {
+			by ip
+			rate 1/1h
+		}
+	}"
 fi
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # user + system CPU of a process
@@ -96,7 +112,9 @@ run() { # name [wrk script] -> requests/s
 	fi
 }
 
-names=(baseline one_zone three_scopes denying)
+# E2E_CONFIGS picks some of the configs (names as printed), for more rounds
+# of the ones being compared in the same time.
+read -ra names <<<"${E2E_CONFIGS:-baseline one_zone three_scopes denying denying_json denying_json_headers}"
 script=
 if [ "$mode" = redis ]; then
 	command -v redis-server >/dev/null || { echo "needs redis-server (apt-get install redis-server)"; exit 1; }

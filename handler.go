@@ -97,7 +97,7 @@ func (h *Handler) collect(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 			// Noted, and limited like any other request.
 			s.note(shadowListed, z, nil, nil)
 		case listed == listDeny:
-			return true, h.refuse(w, r, refusal{reason: reasonDenylisted, status: http.StatusForbidden, zone: z, retryAfter: -1})
+			return true, h.refuse(w, r, refusal{reason: reasonDenylisted, zone: z, retryAfter: -1})
 		case listed == listAllow:
 			continue
 		}
@@ -132,7 +132,7 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 		case l.Missing == MissingDeny && z.Shadow:
 			s.note(shadowMissingKey, z, l, err)
 		case l.Missing == MissingDeny:
-			return true, h.refuse(w, r, refusal{reason: reasonMissingKey, status: http.StatusBadRequest, zone: z, scope: l.scope, retryAfter: -1, detail: err})
+			return true, h.refuse(w, r, refusal{reason: reasonMissingKey, zone: z, limit: l, retryAfter: -1, detail: err})
 		}
 	}
 	cost, err := l.Cost.eval(r, repl, s.body)
@@ -143,7 +143,7 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 			s.note(shadowBadCost, z, l, err)
 			return false, nil
 		}
-		return true, h.refuse(w, r, refusal{reason: reasonBadCost, status: http.StatusBadRequest, zone: z, scope: l.scope, retryAfter: -1, detail: err})
+		return true, h.refuse(w, r, refusal{reason: reasonBadCost, zone: z, limit: l, retryAfter: -1, detail: err})
 	}
 	s.reqs = append(s.reqs, backend.Request{Limit: l.handle, Key: key, Cost: cost, Shadow: z.Shadow})
 	s.limits = append(s.limits, l)

@@ -136,25 +136,31 @@ func writeHeaders(w http.ResponseWriter, limits []*Limit, reqs []backend.Request
 			denied = denied || !out[i].Allowed
 		}
 	}
+	// One backing array for every value slice the fields need.
+	n := 0
 	if sent&sendDraft != 0 {
-		// Room for a few policies without growing: the header value is
-		// the one allocation.
-		var buf [256]byte
-		b := buf[:0]
-		for i, l := range limits {
-			if l.zone.Shadow || l.hdr.send&sendDraft == 0 {
-				continue
-			}
-			if len(b) > 0 {
-				b = append(b, ", "...)
-			}
-			b = append(b, l.hdr.policy...)
-			b = appendPartitionKey(b, l, reqs[i].Key)
-		}
-		w.Header()[hdrPolicy] = []string{string(b)}
+		n += 2
+	}
+	if sent&sendLegacy != 0 {
+		n += 3
+	}
+	if n == 0 {
+		return
+	}
+	vals := make([]string, n)
+	set := func(name, v string) {
+		vals[0] = v
+		w.Header()[name] = vals[:1:1]
+		vals = vals[1:]
+	}
+	if sent&sendDraft != 0 {
+		set(hdrPolicy, policyField(limits, reqs))
 		if i := reported(limits, out, sendDraft); i >= 0 {
 			l := limits[i]
-			b = append(b[:0], l.hdr.name...)
+			// Room for any item without growing: the value is the one
+			// allocation.
+			var buf [128]byte
+			b := append(buf[:0], l.hdr.name...)
 			b = append(b, ";r="...)
 			b = strconv.AppendInt(b, min(remaining(out[i], reqs[i].Cost, denied), sfMaxInteger), 10)
 			if t, ok := resetSeconds(out[i]); ok {
@@ -162,18 +168,50 @@ func writeHeaders(w http.ResponseWriter, limits []*Limit, reqs []backend.Request
 				b = strconv.AppendInt(b, min(t, sfMaxInteger), 10)
 			}
 			b = appendPartitionKey(b, l, reqs[i].Key)
-			w.Header()[hdrRateLimit] = []string{string(b)}
+			set(hdrRateLimit, string(b))
 		}
 	}
 	if sent&sendLegacy != 0 {
 		if i := reported(limits, out, sendLegacy); i >= 0 {
-			h := w.Header()
 			t, _ := resetSeconds(out[i])
-			h[hdrLegacyLimit] = []string{strconv.FormatInt(limits[i].hdr.q, 10)}
-			h[hdrLegacyRemaining] = []string{strconv.FormatInt(min(remaining(out[i], reqs[i].Cost, denied), limits[i].hdr.q), 10)}
-			h[hdrLegacyReset] = []string{strconv.FormatInt(t, 10)}
+			set(hdrLegacyLimit, intText(limits[i].hdr.q))
+			set(hdrLegacyRemaining, intText(min(remaining(out[i], reqs[i].Cost, denied), limits[i].hdr.q)))
+			set(hdrLegacyReset, intText(t))
 		}
 	}
+}
+
+// policyField is the RateLimit-Policy value: the item of every enforcing
+// limit that sends it. One limit without a partition key has its item
+// ready from provision.
+func policyField(limits []*Limit, reqs []backend.Request) string {
+	only := -1
+	for i, l := range limits {
+		if l.zone.Shadow || l.hdr.send&sendDraft == 0 {
+			continue
+		}
+		if only >= 0 || l.hdr.partitioned {
+			only = -2
+			break
+		}
+		only = i
+	}
+	if only >= 0 {
+		return limits[only].hdr.policy
+	}
+	var buf [256]byte
+	b := buf[:0]
+	for i, l := range limits {
+		if l.zone.Shadow || l.hdr.send&sendDraft == 0 {
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, l.hdr.policy...)
+		b = appendPartitionKey(b, l, reqs[i].Key)
+	}
+	return string(b)
 }
 
 // appendPartitionKey adds the pk parameter of a limit that hashes its keys:

@@ -52,17 +52,57 @@ const (
 )
 
 var reasonInfo = [numReasons]struct {
-	name  string // metric label, {http.rate_limit.reason}, the JSON body's code
-	value any    // name, boxed once for the replacer
-	err   error  // behind the caddyhttp.Error; {http.error.message}
-	log   string
-	lvl   zapcore.Level
+	name   string // metric label, {http.rate_limit.reason}, the JSON body's code
+	value  any    // name, boxed once for the replacer
+	status int    // 0: the zone's status
+	err    error  // behind the Caddy error; {http.error.message}
+	log    string
+	lvl    zapcore.Level
 }{
-	reasonRateLimited: {"rate_limit_exceeded", "rate_limit_exceeded", ErrRateLimited, "rate limit exceeded", zapcore.InfoLevel},
-	reasonUnavailable: {"backend_unavailable", "backend_unavailable", ErrBackendUnavailable, "rate limit backend unavailable: refusing the request of a zone that fails closed", zapcore.WarnLevel},
-	reasonMissingKey:  {"missing_key", "missing_key", ErrMissingKey, "request refused: its rate limit key is missing", zapcore.InfoLevel},
-	reasonBadCost:     {"bad_cost", "bad_cost", ErrBadCost, "request refused: its cost cannot be used", zapcore.InfoLevel},
-	reasonDenylisted:  {"denylisted", "denylisted", ErrDenylisted, "request refused by deny list", zapcore.InfoLevel},
+	reasonRateLimited: {"rate_limit_exceeded", "rate_limit_exceeded", 0, ErrRateLimited, "rate limit exceeded", zapcore.InfoLevel},
+	reasonUnavailable: {"backend_unavailable", "backend_unavailable", http.StatusServiceUnavailable, ErrBackendUnavailable, "rate limit backend unavailable: refusing the request of a zone that fails closed", zapcore.WarnLevel},
+	reasonMissingKey:  {"missing_key", "missing_key", http.StatusBadRequest, ErrMissingKey, "request refused: its rate limit key is missing", zapcore.InfoLevel},
+	reasonBadCost:     {"bad_cost", "bad_cost", http.StatusBadRequest, ErrBadCost, "request refused: its cost cannot be used", zapcore.InfoLevel},
+	reasonDenylisted:  {"denylisted", "denylisted", http.StatusForbidden, ErrDenylisted, "request refused by deny list", zapcore.InfoLevel},
+}
+
+// minusOne is the retry_after placeholder of a refusal that no wait
+// helps, boxed once.
+var minusOne any = int64(-1)
+
+// status is the HTTP status of a refusal for reason rs by zone z.
+func (z *Zone) refusalStatus(rs reason) int {
+	if s := reasonInfo[rs].status; s != 0 {
+		return s
+	}
+	return cmp.Or(z.status, http.StatusTooManyRequests)
+}
+
+// refusalError is the Caddy error of a refusal for reason rs, made at
+// provision. Like a denial's, it carries no error ID or trace: Caddy's
+// caddyhttp.Error would cost seven allocations per refusal, under floods
+// of them, for an ID and a trace that name nothing a refusal needs.
+func (z *Zone) refusalError(rs reason) error {
+	if e := z.errs[rs]; e != nil {
+		return e
+	}
+	return caddyhttp.HandlerError{StatusCode: z.refusalStatus(rs), Err: reasonInfo[rs].err}
+}
+
+// scope is the scope that refused ("" for a zone's own limit or its deny
+// list), and scopeValue the same as a placeholder value.
+func (f *refusal) scope() string {
+	if f.limit == nil {
+		return ""
+	}
+	return f.limit.scope
+}
+
+func (f *refusal) scopeValue() any {
+	if f.limit == nil || f.limit.scopeName == nil {
+		return f.scope()
+	}
+	return f.limit.scopeName
 }
 
 // phReason names why a request was refused, on every refusal.
@@ -72,9 +112,8 @@ const phReason = "http.rate_limit.reason"
 // operator's log and metrics get.
 type refusal struct {
 	reason reason
-	status int
 	zone   *Zone
-	scope  string // the scope that refused; "" for the zone's own limit
+	limit  *Limit // the limit that refused; nil when the zone did (a deny list)
 	// retryAfter is the Retry-After header's seconds, or -1 when waiting
 	// cannot help and none is sent.
 	retryAfter int64
@@ -105,7 +144,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 	hdr := w.Header()
 	hdr[hdrCacheControl] = valNoStore
 	if f.retryAfter >= 0 {
-		hdr[hdrRetryAfter] = []string{strconv.FormatInt(f.retryAfter, 10)}
+		hdr[hdrRetryAfter] = []string{intText(f.retryAfter)}
 	}
 	if repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); repl != nil {
 		h.setRefusalPlaceholders(repl, f)
@@ -117,12 +156,12 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 		ce.Write(h.refusalFields(r, f)...)
 	}
 	if h.Respond == "" {
-		return caddyhttp.Error(f.status, info.err)
+		return z.refusalError(f.reason)
 	}
 	// No Content-Length: net/http sets it for a body this small.
 	hdr[hdrContentType] = contentTypes[h.Respond]
 	hdr[hdrNoSniff] = valNoSniff
-	w.WriteHeader(f.status)
+	w.WriteHeader(z.refusalStatus(f.reason))
 	if r.Method == http.MethodHead {
 		return nil
 	}
@@ -150,17 +189,21 @@ func (h *Handler) setRefusalPlaceholders(repl *caddy.Replacer, f refusal) {
 	z := f.zone
 	repl.Set(phReason, reasonInfo[f.reason].value)
 	repl.Set(phName, z.boxedName())
-	repl.Set(phScope, f.scope)
-	repl.Set(phRetryAfter, f.retryAfter)
+	repl.Set(phScope, f.scopeValue())
+	if f.retryAfter >= 0 {
+		repl.Set(phRetryAfter, intValue(f.retryAfter))
+	} else {
+		repl.Set(phRetryAfter, minusOne)
+	}
 	// Caddy leaves a placeholder that is not set as it is written, so a
 	// JSON page would break: a refusal that decided nothing reports its
 	// zone with no quota.
 	if f.reason != reasonRateLimited {
 		repl.Set(phKey, "")
 		repl.Set(phZone, z.boxedName())
-		repl.Set(phLimit, 0)
-		repl.Set(phRemaining, 0)
-		repl.Set(phReset, 0)
+		repl.Set(phLimit, intValue(0))
+		repl.Set(phRemaining, intValue(0))
+		repl.Set(phReset, intValue(0))
 	}
 	if f.reason == reasonDenylisted {
 		repl.Set(phDenylisted, z.boxedName())
@@ -173,12 +216,12 @@ func (h *Handler) refusalFields(r *http.Request, f refusal) []zap.Field {
 	fields := []zap.Field{
 		zap.String("zone", f.zone.name),
 		zap.String("reason", reasonInfo[f.reason].name),
-		zap.Int("status", f.status),
+		zap.Int("status", f.zone.refusalStatus(f.reason)),
 		zap.String("remote_ip", remoteIP(r)),
 		zap.String("client_ip", clientIP(r)),
 	}
-	if f.scope != "" {
-		fields = append(fields, zap.String("scope", f.scope))
+	if f.scope() != "" {
+		fields = append(fields, zap.String("scope", f.scope()))
 	}
 	if f.wait > 0 {
 		fields = append(fields, zap.Duration("wait", f.wait))
@@ -213,7 +256,8 @@ func (h *Handler) appendBody(b []byte, f refusal) []byte {
 	case RespondText:
 		return append(appendMessage(b, f), '\n')
 	case RespondProblem:
-		typ, title := "about:blank", http.StatusText(f.status)
+		status := f.zone.refusalStatus(f.reason)
+		typ, title := "about:blank", http.StatusText(status)
 		switch f.reason {
 		case reasonRateLimited:
 			typ, title = problemQuotaExceeded, "Quota Exceeded"
@@ -225,7 +269,7 @@ func (h *Handler) appendBody(b []byte, f refusal) []byte {
 		b = append(b, `,"title":`...)
 		b = appendJSONString(b, title)
 		b = append(b, `,"status":`...)
-		b = strconv.AppendInt(b, int64(f.status), 10)
+		b = strconv.AppendInt(b, int64(status), 10)
 		b = append(b, `,"detail":"`...)
 		b = appendMessage(b, f)
 		b = append(b, '"')
@@ -250,9 +294,9 @@ func (h *Handler) appendBody(b []byte, f refusal) []byte {
 	b = appendRetryAfter(b, f)
 	b = append(b, `,"zone":`...)
 	b = appendJSONString(b, f.zone.name)
-	if f.scope != "" {
+	if f.scope() != "" {
 		b = append(b, `,"scope":`...)
-		b = appendJSONString(b, f.scope)
+		b = appendJSONString(b, f.scope())
 	}
 	return append(b, "}}"...)
 }
@@ -354,7 +398,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		}
 	}
 	l, res, key := s.limits[worst], s.out[worst], s.reqs[worst].Key
-	f := refusal{reason: reasonRateLimited, status: l.zone.status, zone: l.zone, scope: l.scope, retryAfter: -1, key: key, violated: violated, wait: time.Duration(res.RetryAfter)}
+	f := refusal{reason: reasonRateLimited, zone: l.zone, limit: l, retryAfter: -1, key: key, violated: violated, wait: time.Duration(res.RetryAfter)}
 	if res.RetryAfter != algorithms.Never {
 		if h.Jitter > 0 {
 			f.wait += time.Duration(min(rand.Float64()*h.Jitter*float64(f.wait), float64(algorithms.MaxSpan)))
@@ -403,6 +447,9 @@ func (h *Handler) provisionContract() error {
 		}
 		z.status = cmp.Or(z.Status, http.StatusTooManyRequests)
 		z.nameValue = z.name
+		for rs := range numReasons {
+			z.errs[rs] = caddyhttp.HandlerError{StatusCode: z.refusalStatus(rs), Err: reasonInfo[rs].err}
+		}
 		for _, l := range z.limits {
 			if err := l.provisionHeaders(send); err != nil {
 				return fmt.Errorf("zone %q: %v", z.name, err)

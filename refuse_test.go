@@ -36,6 +36,8 @@ func refuseRecorded(t *testing.T, respond, method string, f refusal) (*httptest.
 
 func TestRefusalPaths(t *testing.T) {
 	z := &Zone{name: "otp_send"}
+	quota := &Zone{name: "otp_send", status: 402}
+	ip := &Limit{zone: z, scope: "ip"}
 	secret := errors.New("key is missing: {http.request.body.json.phone}: absent")
 	tests := []struct {
 		name   string
@@ -44,13 +46,13 @@ func TestRefusalPaths(t *testing.T) {
 		code   string
 		retry  string // Retry-After, and the body's retry_after
 	}{
-		{"rate limited", refusal{reason: reasonRateLimited, status: 429, zone: z, scope: "ip", retryAfter: 42, key: "hmac:x"}, 429, "rate_limit_exceeded", "42"},
-		{"quota of another status", refusal{reason: reasonRateLimited, status: 402, zone: z, retryAfter: 7}, 402, "rate_limit_exceeded", "7"},
-		{"cost that never passes", refusal{reason: reasonRateLimited, status: 429, zone: z, retryAfter: -1}, 429, "rate_limit_exceeded", ""},
-		{"backend down", refusal{reason: reasonUnavailable, status: 503, zone: z, retryAfter: 1}, 503, "backend_unavailable", "1"},
-		{"missing key", refusal{reason: reasonMissingKey, status: 400, zone: z, retryAfter: -1, detail: secret}, 400, "missing_key", ""},
-		{"bad cost", refusal{reason: reasonBadCost, status: 400, zone: z, retryAfter: -1, detail: fmt.Errorf("cost {http.request.header.X-Units}: %w", keys.ErrAmbiguous)}, 400, "bad_cost", ""},
-		{"deny list", refusal{reason: reasonDenylisted, status: 403, zone: z, retryAfter: -1}, 403, "denylisted", ""},
+		{"rate limited", refusal{reason: reasonRateLimited, zone: z, limit: ip, retryAfter: 42, key: "hmac:x"}, 429, "rate_limit_exceeded", "42"},
+		{"quota of another status", refusal{reason: reasonRateLimited, zone: quota, retryAfter: 7}, 402, "rate_limit_exceeded", "7"},
+		{"cost that never passes", refusal{reason: reasonRateLimited, zone: z, retryAfter: -1}, 429, "rate_limit_exceeded", ""},
+		{"backend down", refusal{reason: reasonUnavailable, zone: z, retryAfter: 1}, 503, "backend_unavailable", "1"},
+		{"missing key", refusal{reason: reasonMissingKey, zone: z, retryAfter: -1, detail: secret}, 400, "missing_key", ""},
+		{"bad cost", refusal{reason: reasonBadCost, zone: z, retryAfter: -1, detail: fmt.Errorf("cost {http.request.header.X-Units}: %w", keys.ErrAmbiguous)}, 400, "bad_cost", ""},
+		{"deny list", refusal{reason: reasonDenylisted, zone: z, retryAfter: -1}, 403, "denylisted", ""},
 	}
 	for _, tt := range tests {
 		for _, respond := range []string{"", RespondJSON, RespondProblem, RespondText} {
@@ -69,7 +71,7 @@ func TestRefusalPaths(t *testing.T) {
 				if tt.code == "denylisted" {
 					denylisted = "otp_send"
 				}
-				for ph, want := range map[string]string{phReason: tt.code, phName: "otp_send", phScope: tt.f.scope, phRetryAfter: wantRetry, phDenylisted: denylisted} {
+				for ph, want := range map[string]string{phReason: tt.code, phName: "otp_send", phScope: tt.f.scope(), phRetryAfter: wantRetry, phDenylisted: denylisted} {
 					if got, ok := repl.GetString(ph); !ok || got != want {
 						t.Fatalf("{%s} = %q (set %v), want %q", ph, got, ok, want)
 					}
@@ -131,7 +133,7 @@ func TestRefusalPaths(t *testing.T) {
 }
 
 func TestRefusalHeadHasNoBody(t *testing.T) {
-	rec, err, _, _ := refuseRecorded(t, RespondJSON, "HEAD", refusal{reason: reasonRateLimited, status: 429, zone: &Zone{name: "z"}, retryAfter: 3})
+	rec, err, _, _ := refuseRecorded(t, RespondJSON, "HEAD", refusal{reason: reasonRateLimited, zone: &Zone{name: "z"}, retryAfter: 3})
 	if err != nil || rec.Code != 429 || rec.Body.Len() != 0 || rec.Header().Get("Content-Length") == "0" {
 		t.Fatalf("HEAD: %d %q %v", rec.Code, rec.Body, rec.Header())
 	}
@@ -140,7 +142,7 @@ func TestRefusalHeadHasNoBody(t *testing.T) {
 func TestProblemNamesViolatedPolicies(t *testing.T) {
 	z := &Zone{name: "login"}
 	own, ip := &Limit{zone: z}, &Limit{zone: z, scope: "ip"}
-	rec, _, _, _ := refuseRecorded(t, RespondProblem, "GET", refusal{reason: reasonRateLimited, status: 429, zone: z, retryAfter: 9, violated: []*Limit{own, ip}})
+	rec, _, _, _ := refuseRecorded(t, RespondProblem, "GET", refusal{reason: reasonRateLimited, zone: z, retryAfter: 9, violated: []*Limit{own, ip}})
 	var doc struct {
 		Type     string
 		Violated []string `json:"violated-policies"`
@@ -217,7 +219,7 @@ func BenchmarkRefuse(b *testing.B) {
 			r := httptest.NewRequest("GET", "http://example.com/", nil)
 			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
 			w := headerWriter{http.Header{}}
-			f := refusal{reason: reasonRateLimited, status: 429, zone: z, scope: "ip", retryAfter: 42}
+			f := refusal{reason: reasonRateLimited, zone: z, limit: &Limit{zone: z, scope: "ip", scopeName: "ip"}, retryAfter: 42}
 			b.ReportAllocs()
 			for b.Loop() {
 				_ = h.refuse(w, r, f)

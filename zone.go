@@ -88,6 +88,7 @@ type Zone struct {
 	status     int
 	nameValue  any // name, boxed once for the replacer
 	refused    refusalCounters
+	errs       [numReasons]error // the refusals' Caddy errors, made once
 }
 
 type listing int
@@ -273,7 +274,7 @@ type Limit struct {
 	// The zone and scope names as placeholder values, converted once:
 	// converting a string to an interface value allocates.
 	zoneName, scopeName any
-	hdr       limitHeaders
+	hdr                 limitHeaders
 	// Placeholders of the key and cost that an earlier handler must set.
 	keyEarlier, costEarlier []*earlierWatch
 }

@@ -94,7 +94,10 @@ func (h *Handler) failover(w http.ResponseWriter, r *http.Request, reqs []backen
 			wait = ue.RetryAfter
 		}
 		l := limits[slices.IndexFunc(limits, func(l *Limit) bool { return l.Fail == FailClosed && !l.zone.Shadow })]
-		return nil, nil, nil, false, h.refuse(w, r, refusal{reason: reasonUnavailable, zone: l.zone, limit: l, retryAfter: retryAfterSeconds(wait), wait: wait, detail: err})
+		if err := h.refuse(w, r, refusal{reason: reasonUnavailable, zone: l.zone, limit: l, retryAfter: retryAfterSeconds(wait), wait: wait, detail: err}); err != nil {
+			return nil, nil, nil, false, err
+		}
+		return nil, nil, nil, false, errAnswered
 	}
 	h.warnFailure("rate limit backend unavailable: applying the zones' fail policy", r, limits, err)
 	n := 0

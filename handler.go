@@ -67,7 +67,7 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, s *scratch) (pas
 	h.reportShadow(r, s, err == nil)
 	switch {
 	case err != nil:
-		return false, err
+		return false, unlessAnswered(err)
 	case len(s.reqs) == 0: // the backend failed and no limit decides locally
 		return true, nil
 	}

@@ -37,6 +37,18 @@ var ErrMissingKey = errors.New("the request lacks a value it is rate limited by,
 // not a whole number ≥ 0, or cannot be read.
 var ErrBadCost = errors.New("the request's cost is not a whole number of at least 0, or cannot be read")
 
+// errAnswered is what a step returns when it has written the answer
+// itself (a built-in refusal body): the request is over, and no error is
+// left for Caddy to handle.
+var errAnswered = errors.New("answered")
+
+func unlessAnswered(err error) error {
+	if err == errAnswered {
+		return nil
+	}
+	return err
+}
+
 // reason is why a request was refused: the reason label of
 // caddy_rate_limit_refused_requests_total and the error code of the
 // built-in bodies.

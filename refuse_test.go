@@ -227,3 +227,14 @@ func BenchmarkRefuse(b *testing.B) {
 		})
 	}
 }
+
+// Zone names are the operator's, but any of them makes valid JSON.
+func TestAppendJSONString(t *testing.T) {
+	for _, s := range []string{"api", `a"b`, `back\slash`, "<script>&", "ঢাকা", "tab\there", "nul\x00", "bad\xffutf8", ""} {
+		var got string
+		b := appendJSONString(nil, s)
+		if err := json.Unmarshal(b, &got); err != nil || got != strings.ToValidUTF8(s, "\uFFFD") {
+			t.Errorf("%q: %s read back as %q (%v)", s, b, got, err)
+		}
+	}
+}

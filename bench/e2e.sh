@@ -171,12 +171,12 @@ for _ in $(seq "$rounds"); do
 done
 median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 for name in "${names[@]}"; do
-	printf '%-13s median %9s req/s   runs: %s\n' "$name" "$(median "${results[$name]}")" "${results[$name]}"
+	printf '%-21s median %9s req/s   runs: %s\n' "$name" "$(median "${results[$name]}")" "${results[$name]}"
 done
 for name in "${names[@]}"; do
 	c=$(awk '{print $1}' "$tmp/cpu.$name" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
 	r=$(awk '{print $2}' "$tmp/cpu.$name" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
-	printf '%-13s CPU per request (medians): Caddy %5s µs' "$name" "$c"
+	printf '%-21s CPU per request (medians): Caddy %5s µs' "$name" "$c"
 	if [ "$mode" = redis ]; then printf ', Redis %5s µs' "$r"; fi
 	echo
 done

@@ -71,18 +71,24 @@ var reasonInfo = [numReasons]struct {
 	log    string
 	lvl    zapcore.Level
 }{
-	reasonRateLimited: {"rate_limit_exceeded", "rate_limit_exceeded", 0, ErrRateLimited, "rate limit exceeded", zapcore.InfoLevel},
-	reasonUnavailable: {"backend_unavailable", "backend_unavailable", http.StatusServiceUnavailable, ErrBackendUnavailable, "rate limit backend unavailable: refusing the request of a zone that fails closed", zapcore.WarnLevel},
-	reasonMissingKey:  {"missing_key", "missing_key", http.StatusBadRequest, ErrMissingKey, "request refused: its rate limit key is missing", zapcore.InfoLevel},
-	reasonBadCost:     {"bad_cost", "bad_cost", http.StatusBadRequest, ErrBadCost, "request refused: its cost cannot be used", zapcore.InfoLevel},
-	reasonDenylisted:  {"denylisted", "denylisted", http.StatusForbidden, ErrDenylisted, "request refused by deny list", zapcore.InfoLevel},
+	reasonRateLimited: {"rate_limit_exceeded", nil, 0, ErrRateLimited, "rate limit exceeded", zapcore.InfoLevel},
+	reasonUnavailable: {"backend_unavailable", nil, http.StatusServiceUnavailable, ErrBackendUnavailable, "rate limit backend unavailable: refusing the request of a zone that fails closed", zapcore.WarnLevel},
+	reasonMissingKey:  {"missing_key", nil, http.StatusBadRequest, ErrMissingKey, "request refused: its rate limit key is missing", zapcore.InfoLevel},
+	reasonBadCost:     {"bad_cost", nil, http.StatusBadRequest, ErrBadCost, "request refused: its cost cannot be used", zapcore.InfoLevel},
+	reasonDenylisted:  {"denylisted", nil, http.StatusForbidden, ErrDenylisted, "request refused by deny list", zapcore.InfoLevel},
+}
+
+func init() {
+	for i := range reasonInfo {
+		reasonInfo[i].value = reasonInfo[i].name
+	}
 }
 
 // minusOne is the retry_after placeholder of a refusal that no wait
 // helps, boxed once.
 var minusOne any = int64(-1)
 
-// status is the HTTP status of a refusal for reason rs by zone z.
+// refusalStatus is the HTTP status of a refusal for reason rs by zone z.
 func (z *Zone) refusalStatus(rs reason) int {
 	if s := reasonInfo[rs].status; s != 0 {
 		return s

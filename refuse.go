@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -183,9 +184,17 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 	if r.Method == http.MethodHead {
 		return nil
 	}
-	_, err := w.Write(h.appendBody(make([]byte, 0, 256), f))
+	buf := bodyPool.Get().(*[]byte)
+	*buf = h.appendBody((*buf)[:0], f)
+	_, err := w.Write(*buf) // a Writer keeps nothing of what it is given
+	bodyPool.Put(buf)
 	return err
 }
+
+// bodyPool holds the buffers built-in bodies are written from. Bodies are
+// a few hundred bytes at most (a zone name is as long as the operator
+// makes it), so a buffer never holds much.
+var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
 // Header names and constant values. The value slices are shared by every
 // response, so they have no room to grow: an Add elsewhere copies them.

@@ -594,3 +594,24 @@ func TestRespondBackendUnavailable(t *testing.T) {
 		t.Fatalf("%d %q %v", r.code, r.body, r.header)
 	}
 }
+
+// A config error points at the option's line, not at its zone's.
+func TestConfigErrorNamesTheOptionsLine(t *testing.T) {
+	cfg := caddyfileServer(`
+	rate_limit {
+		zone line_of_option {
+			key static
+			rate 10/1m
+			algorithm tokenbucket
+		}
+	}
+	respond "ok"`)
+	line := 0
+	for i, l := range strings.Split(cfg, "\n") {
+		if strings.Contains(l, "algorithm tokenbucket") {
+			line = i + 1
+		}
+	}
+	assertLoadError(t, cfg, "caddyfile", `tokenbucket\" (choose one of`)
+	assertLoadError(t, cfg, "caddyfile", "Caddyfile:"+strconv.Itoa(line)+`"}`)
+}

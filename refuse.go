@@ -153,17 +153,24 @@ type refusalCounters [numReasons]prometheus.Counter
 // the respond option, the built-in body, written without Caddy's error
 // path. Nothing the client sees tells how the limit is configured.
 //
-// A flood is mostly refusals, so this is written to cost less than the
-// plainest successful answer: constant header values are shared slices,
-// names are boxed once at provision, and the body is appended into one
-// buffer.
+// A flood is mostly refusals, so this is written to cost little: header
+// values share one array, names are boxed once at provision, the Caddy
+// errors are made then too, and the body is appended into a pooled buffer.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) error {
 	info := &reasonInfo[f.reason]
 	z := f.zone
-	hdr := w.Header()
-	hdr[hdrCacheControl] = valNoStore
+	// One array holds every header value: the slices must be this
+	// response's own, since Caddy's header replacements edit values in
+	// place.
+	vals := make([]string, 4)
+	set := func(name, v string) {
+		vals[0] = v
+		w.Header()[name] = vals[:1:1]
+		vals = vals[1:]
+	}
+	set(hdrCacheControl, "no-store")
 	if f.retryAfter >= 0 {
-		hdr[hdrRetryAfter] = []string{intText(f.retryAfter)}
+		set(hdrRetryAfter, intText(f.retryAfter))
 	}
 	if repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); repl != nil {
 		h.setRefusalPlaceholders(repl, f)
@@ -178,8 +185,8 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 		return z.refusalError(f.reason)
 	}
 	// No Content-Length: net/http sets it for a body this small.
-	hdr[hdrContentType] = contentTypes[h.Respond]
-	hdr[hdrNoSniff] = valNoSniff
+	set(hdrContentType, contentTypes[h.Respond])
+	set(hdrNoSniff, "nosniff")
 	w.WriteHeader(z.refusalStatus(f.reason))
 	if r.Method == http.MethodHead {
 		return nil
@@ -196,21 +203,19 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 // makes it), so a buffer never holds much.
 var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
-// Header names and constant values. The value slices are shared by every
-// response, so they have no room to grow: an Add elsewhere copies them.
-var (
+// Header names, in canonical form, and the built-in bodies' types.
+const (
 	hdrCacheControl = "Cache-Control"
 	hdrRetryAfter   = "Retry-After"
 	hdrContentType  = "Content-Type"
 	hdrNoSniff      = "X-Content-Type-Options"
-	valNoStore      = []string{"no-store"}[:1:1]
-	valNoSniff      = []string{"nosniff"}[:1:1]
-	contentTypes    = map[string][]string{
-		RespondJSON:    []string{"application/json"}[:1:1],
-		RespondProblem: []string{"application/problem+json"}[:1:1],
-		RespondText:    []string{"text/plain; charset=utf-8"}[:1:1],
-	}
 )
+
+var contentTypes = map[string]string{
+	RespondJSON:    "application/json",
+	RespondProblem: "application/problem+json",
+	RespondText:    "text/plain; charset=utf-8",
+}
 
 func (h *Handler) setRefusalPlaceholders(repl *caddy.Replacer, f refusal) {
 	z := f.zone

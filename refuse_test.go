@@ -251,3 +251,19 @@ func BenchmarkStaticResponse(b *testing.B) {
 		_ = s.ServeHTTP(w, r, okHandler)
 	}
 }
+
+// Caddy's header replacements edit header values in place: one refusal's
+// edited headers must not reach the next refusal's.
+func TestRefusalHeadersAreTheResponsesOwn(t *testing.T) {
+	f := refusal{reason: reasonRateLimited, zone: &Zone{name: "z"}, retryAfter: 3}
+	first, _, _, _ := refuseRecorded(t, RespondJSON, "GET", f)
+	for _, vals := range first.Header() {
+		vals[0] = "edited"
+		_ = append(vals, "more")
+	}
+	second, _, _, _ := refuseRecorded(t, RespondJSON, "GET", f)
+	h := second.Header()
+	if h.Get("Cache-Control") != "no-store" || h.Get("Content-Type") != "application/json" || h.Get("X-Content-Type-Options") != "nosniff" || h.Get("Retry-After") != "3" {
+		t.Fatalf("second refusal's headers: %v", h)
+	}
+}

@@ -615,3 +615,32 @@ func TestConfigErrorNamesTheOptionsLine(t *testing.T) {
 	assertLoadError(t, cfg, "caddyfile", `tokenbucket\" (choose one of`)
 	assertLoadError(t, cfg, "caddyfile", "Caddyfile:"+strconv.Itoa(line)+`"}`)
 }
+
+// A header replacement on one site's refusals (Caddy edits header values
+// in place) leaves every other refusal's headers as they were.
+func TestRefusalHeadersSurviveAnotherRoutesEdits(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	header /edit/* {
+		Cache-Control no-store private
+		defer
+	}
+	rate_limit {
+		respond json
+		zone resp_edit {
+			key {path}
+			rate 1/1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+	for _, path := range []string{"/edit/a", "/plain/a", "/edit/b", "/plain/b"} {
+		expectN(t, tester, 1, 200, "GET", path)
+		r := fetch(t, tester, "GET", path)
+		want := "no-store"
+		if strings.HasPrefix(path, "/edit/") {
+			want = "private"
+		}
+		if r.code != 429 || r.header.Get("Cache-Control") != want {
+			t.Fatalf("%s: %d, Cache-Control %q, want %q", path, r.code, r.header.Get("Cache-Control"), want)
+		}
+	}
+}

@@ -433,7 +433,11 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	f := refusal{reason: reasonRateLimited, zone: l.zone, limit: l, retryAfter: -1, key: key, violated: violated, wait: time.Duration(res.RetryAfter)}
 	if res.RetryAfter != algorithms.Never {
 		if h.Jitter > 0 {
-			f.wait += time.Duration(min(rand.Float64()*h.Jitter*float64(f.wait), float64(algorithms.MaxSpan)))
+			random := h.jitterFn
+			if random == nil {
+				random = rand.Float64
+			}
+			f.wait += time.Duration(min(random()*h.Jitter*float64(f.wait), float64(algorithms.MaxSpan)))
 		}
 		f.retryAfter = retryAfterSeconds(f.wait)
 	}

@@ -162,7 +162,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 	// One array holds every header value: the slices must be this
 	// response's own, since Caddy's header replacements edit values in
 	// place.
-	vals := make([]string, 4)
+	vals := make([]string, 3)
 	set := func(name, v string) {
 		vals[0] = v
 		w.Header()[name] = vals[:1:1]
@@ -186,7 +186,6 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 	}
 	// No Content-Length: net/http sets it for a body this small.
 	set(hdrContentType, contentTypes[h.Respond])
-	set(hdrNoSniff, "nosniff")
 	w.WriteHeader(z.refusalStatus(f.reason))
 	if r.Method == http.MethodHead {
 		return nil
@@ -208,7 +207,6 @@ const (
 	hdrCacheControl = "Cache-Control"
 	hdrRetryAfter   = "Retry-After"
 	hdrContentType  = "Content-Type"
-	hdrNoSniff      = "X-Content-Type-Options"
 )
 
 var contentTypes = map[string]string{

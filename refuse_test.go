@@ -22,7 +22,7 @@ import (
 
 // refuseRecorded runs refuse for f under a handler answering with
 // respond, and returns the response, the error and the log.
-func refuseRecorded(t *testing.T, respond, method string, f refusal) (*httptest.ResponseRecorder, error, *caddy.Replacer, []observer.LoggedEntry) {
+func refuseRecorded(t *testing.T, respond, method string, f refusal) (*httptest.ResponseRecorder, *caddy.Replacer, []observer.LoggedEntry, error) {
 	t.Helper()
 	core, logs := observer.New(zapcore.DebugLevel)
 	h := &Handler{Respond: respond, LogKey: true, denyLog: zap.New(core)}
@@ -31,7 +31,7 @@ func refuseRecorded(t *testing.T, respond, method string, f refusal) (*httptest.
 	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
 	rec := httptest.NewRecorder()
 	err := h.refuse(rec, r, f)
-	return rec, err, repl, logs.All()
+	return rec, repl, logs.All(), err
 }
 
 func TestRefusalPaths(t *testing.T) {
@@ -57,7 +57,7 @@ func TestRefusalPaths(t *testing.T) {
 	for _, tt := range tests {
 		for _, respond := range []string{"", RespondJSON, RespondProblem, RespondText} {
 			t.Run(tt.name+"/"+respond, func(t *testing.T) {
-				rec, err, repl, logs := refuseRecorded(t, respond, "GET", tt.f)
+				rec, repl, logs, err := refuseRecorded(t, respond, "GET", tt.f)
 				h := rec.Header()
 				if h.Get("Cache-Control") != "no-store" || h.Get("Retry-After") != tt.retry {
 					t.Fatalf("Cache-Control %q, Retry-After %q", h.Get("Cache-Control"), h.Get("Retry-After"))
@@ -133,7 +133,7 @@ func TestRefusalPaths(t *testing.T) {
 }
 
 func TestRefusalHeadHasNoBody(t *testing.T) {
-	rec, err, _, _ := refuseRecorded(t, RespondJSON, "HEAD", refusal{reason: reasonRateLimited, zone: &Zone{name: "z"}, retryAfter: 3})
+	rec, _, _, err := refuseRecorded(t, RespondJSON, "HEAD", refusal{reason: reasonRateLimited, zone: &Zone{name: "z"}, retryAfter: 3})
 	if err != nil || rec.Code != 429 || rec.Body.Len() != 0 || rec.Header().Get("Content-Length") == "0" {
 		t.Fatalf("HEAD: %d %q %v", rec.Code, rec.Body, rec.Header())
 	}

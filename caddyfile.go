@@ -129,7 +129,11 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        allow_match { <matchers> }
 //	        deny_match  { <matchers> }
 //	        shadow
+//	        headers     draft|legacy|both|none
+//	        status      <code>
 //	    }
+//	    headers        draft|legacy|both|none
+//	    respond        json|problem|text
 //	    jitter         <fraction>
 //	    sweep_interval <duration>
 //	    log_key
@@ -233,6 +237,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.BackendRaw = raw
 
+		case "headers", "respond":
+			if err := h.unmarshalContract(d, opt); err != nil {
+				return err
+			}
+
 		case "distributed":
 			raw, err := unmarshalDistributed(d)
 			if err != nil {
@@ -305,6 +314,11 @@ func unmarshalZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 				return nil, d.ArgErr()
 			}
 			z.Shadow = true
+		case "headers", "status":
+			if err := lp.once(opt); err != nil {
+				return nil, err
+			}
+			err = z.unmarshalContract(d, name, opt)
 		case "scope":
 			if !d.NextArg() {
 				return nil, d.ArgErr()
@@ -548,9 +562,10 @@ func (p *limitParser) finish(needRate bool) error {
 		}
 		return nil
 	}
-	// What provisioning would refuse, refused here with a line to go by.
+	// What provisioning would refuse, refused here at the line of the
+	// option at fault.
 	if _, err := l.check(); err != nil {
-		return p.errAt(p.line, "%v", err)
+		return p.errAt(p.optionLine(err), "%v", err)
 	}
 	return nil
 }

@@ -3,7 +3,7 @@ package sluice
 import (
 	"errors"
 	"net/http"
-	"strconv"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -93,9 +93,11 @@ func (h *Handler) failover(w http.ResponseWriter, r *http.Request, reqs []backen
 		if ue, ok := errors.AsType[*backend.UnavailableError](err); ok {
 			wait = ue.RetryAfter
 		}
-		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(wait), 10))
-		h.warnFailure("rate limit backend unavailable: refusing the request of a zone that fails closed", r, limits, err)
-		return nil, nil, nil, false, caddyhttp.Error(http.StatusServiceUnavailable, ErrBackendUnavailable)
+		l := limits[slices.IndexFunc(limits, func(l *Limit) bool { return l.Fail == FailClosed && !l.zone.Shadow })]
+		if err := h.refuse(w, r, refusal{reason: reasonUnavailable, zone: l.zone, limit: l, retryAfter: retryAfterSeconds(wait), wait: wait, detail: err}); err != nil {
+			return nil, nil, nil, false, err
+		}
+		return nil, nil, nil, false, errAnswered
 	}
 	h.warnFailure("rate limit backend unavailable: applying the zones' fail policy", r, limits, err)
 	n := 0

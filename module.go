@@ -85,6 +85,21 @@ type Handler struct {
 	// much.
 	BodyLimit int64 `json:"body_limit,omitempty"`
 
+	// Headers is which rate limit header fields allowed and denied
+	// responses carry, for every zone that does not choose its own: "draft"
+	// (RateLimit-Policy and RateLimit, as structured fields), "legacy"
+	// (X-RateLimit-Limit, -Remaining and -Reset, in seconds), "both" or
+	// "none". Default: "none", as mholt/caddy-ratelimit sends none.
+	Headers string `json:"headers,omitempty"`
+
+	// Respond makes Sluice write the body of every refusal itself (429,
+	// 503 of a zone that fails closed, 400 for a missing key or a bad cost,
+	// 403 for a deny list), without Caddy's error path: "json", "problem"
+	// (application/problem+json) or "text". Default: unset, every refusal
+	// is a Caddy error that handle_errors routes can shape.
+	Respond string `json:"respond,omitempty"`
+
+	headers  bool // some zone sends rate limit fields
 	zones    []*Zone
 	store    backend.Store
 	local    backend.Store // decides "local" limits while store is unavailable
@@ -222,6 +237,9 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 			z.allowC = metrics.listed.WithLabelValues(z.name, "allow")
 			z.denyC = metrics.listed.WithLabelValues(z.name, "deny")
 		}
+	}
+	if err := h.provisionContract(); err != nil {
+		return err
 	}
 	if err := h.provisionFailover(ctx); err != nil {
 		return err

@@ -66,6 +66,16 @@ type Zone struct {
 	// key or a bad cost): for trying a limit on live traffic first.
 	Shadow bool `json:"shadow,omitempty"`
 
+	// Headers overrides the handler's headers option for this zone: "none"
+	// keeps its numbers out of every response (a login or OTP zone, whose
+	// remaining count would guide an attacker), even when other zones of
+	// the request send theirs.
+	Headers string `json:"headers,omitempty"`
+
+	// Status is the HTTP status of a request this zone denies, from 400 to
+	// 599. Default: 429 (Too Many Requests).
+	Status int `json:"status,omitempty"`
+
 	name       string
 	matchers   caddyhttp.MatcherSets
 	allowNets  []netip.Prefix
@@ -75,6 +85,10 @@ type Zone struct {
 	limits     []*Limit // the zone's own (if it has a rate) and its scopes
 	allowC     prometheus.Counter
 	denyC      prometheus.Counter
+	status     int
+	nameValue  any // name, boxed once for the replacer
+	refused    refusalCounters
+	errs       [numReasons]error // the refusals' Caddy errors, made once
 }
 
 type listing int
@@ -260,6 +274,7 @@ type Limit struct {
 	// The zone and scope names as placeholder values, converted once:
 	// converting a string to an interface value allocates.
 	zoneName, scopeName any
+	hdr                 limitHeaders
 	// Placeholders of the key and cost that an earlier handler must set.
 	keyEarlier, costEarlier []*earlierWatch
 }

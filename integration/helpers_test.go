@@ -141,20 +141,8 @@ func unloadZones(t *testing.T) {
 // do sends a request and returns status, Retry-After and body.
 func do(t *testing.T, tester *caddytest.Tester, method, path string, header ...string) (int, string, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, httpBase+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := tester.Client.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header.Get("Retry-After"), string(body)
+	r := fetch(t, tester, method, path, header...)
+	return r.code, r.header.Get("Retry-After"), r.body
 }
 
 // expectN sends n requests that must all get status want.

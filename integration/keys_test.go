@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -125,21 +124,12 @@ func TestOTPZone(t *testing.T) {
 	if code, _ := post(t, tester, "/otp/send", "application/json", `{"phone": "01812345678"}`); code != http.StatusOK {
 		t.Fatalf("another number: %d", code)
 	}
-	// No number, a number that is not one, or not JSON: 400 with a reason.
-	for bad, reason := range map[string]string{
-		`{"mobile": "01712345678"}`:        "JSON field phone missing",
-		`{"phone": "hello"}`:               "not a valid",
-		`phone=01712345678`:                "not valid JSON",
-		`{"phone": "017", "phone": "018"}`: `key "phone" repeated`,
-	} {
-		code, body := post(t, tester, "/otp/send", "application/json", bad)
-		var problem struct {
-			Status int    `json:"status"`
-			Detail string `json:"detail"`
-		}
-		if code != http.StatusBadRequest || json.Unmarshal([]byte(body), &problem) != nil || problem.Status != 400 ||
-			!strings.Contains(problem.Detail, "{http.request.body.json.phone}") || !strings.Contains(problem.Detail, reason) {
-			t.Fatalf("body %s: %d %q; want 400 with a problem document saying %q", bad, code, body, reason)
+	// No number, a number that is not one, or not JSON: 400, a Caddy error
+	// that tells nothing of where the limit reads the number (the built-in
+	// bodies, which say which way it was wrong, are in contract_test.go).
+	for _, bad := range []string{`{"mobile": "01712345678"}`, `{"phone": "hello"}`, `phone=01712345678`, `{"phone": "017", "phone": "018"}`} {
+		if code, body := post(t, tester, "/otp/send", "application/json", bad); code != http.StatusBadRequest || strings.Contains(body, "phone") {
+			t.Fatalf("body %s: %d %q; want 400 that does not show the key", bad, code, body)
 		}
 	}
 }

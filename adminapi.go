@@ -190,9 +190,14 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		}
 		return writeJSON(w, map[string]any{"zones": listZones()})
 	case (len(parts) == 4 || len(parts) == 5 && parts[4] == "grant") && parts[0] == "zones" && parts[2] == "keys":
-		return a.serveKey(w, r, parts[1], parts[3], len(parts) == 5)
+		return a.serveKey(w, r, parts[1], parts[3], len(parts) == 5, false)
+	case (len(parts) == 3 || len(parts) == 4 && parts[3] == "grant") && parts[0] == "zones" && parts[2] == "missing":
+		// The bucket that requests without a key share ("missing
+		// shared"): no key names it, yet its clients may need
+		// unblocking as much as anyone's.
+		return a.serveKey(w, r, parts[1], "", len(parts) == 4, true)
 	}
-	return apiError(http.StatusNotFound, "no such rate_limit endpoint %q: use /rate_limit/zones or /rate_limit/zones/<zone>/keys/<key>", r.URL.Path)
+	return apiError(http.StatusNotFound, "no such rate_limit endpoint %q: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> or /rate_limit/zones/<zone>/missing", r.URL.Path)
 }
 
 // keyState is one limit's state for one key, as the admin API answers it.
@@ -211,7 +216,7 @@ type keyState struct {
 	RetryAfter float64 `json:"retry_after"`
 }
 
-func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, zoneName, raw string, grant bool) error {
+func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, zoneName, raw string, grant, missing bool) error {
 	want, ok := http.MethodGet+" or "+http.MethodDelete, r.Method == http.MethodGet || r.Method == http.MethodDelete
 	if grant {
 		want, ok = http.MethodPost, r.Method == http.MethodPost
@@ -246,7 +251,10 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, zoneName, ra
 	default:
 		return apiError(http.StatusBadRequest, "form must be raw or final, got %q", q.Get("form"))
 	}
-	if raw == "" {
+	if missing && q.Has("form") {
+		return apiError(http.StatusBadRequest, "form does not apply to the bucket of requests without a key")
+	}
+	if raw == "" && !missing {
 		return apiError(http.StatusBadRequest, "empty key")
 	}
 	use := zoneNamed(zoneName)
@@ -258,6 +266,11 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, zoneName, ra
 	if err != nil {
 		return err
 	}
+	if missing {
+		if limits = sharingMissing(limits); len(limits) == 0 {
+			return apiError(http.StatusBadRequest, "zone %q: its key is a constant, never missing", zoneName)
+		}
+	}
 	adm, ok := use.h.store.(backend.Admin)
 	if !ok {
 		return apiError(http.StatusNotImplemented, "zone %q: backend %s cannot inspect or change keys", zoneName, backendName(use.h.store))
@@ -265,7 +278,7 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, zoneName, ra
 	states := make([]keyState, 0, len(limits))
 	for _, l := range limits {
 		key := raw
-		if !final {
+		if !final && !missing {
 			if key, err = l.keyOf(raw); err != nil {
 				return apiError(http.StatusBadRequest, "%s: %v", l.displayName(), err)
 			}
@@ -317,6 +330,20 @@ func (z *Zone) limitsFor(named bool, scope string) ([]*Limit, error) {
 		return nil, apiError(http.StatusNotFound, "zone %q has no scope %q (its limits: %s)", z.name, scope, strings.Join(scopes, ", "))
 	}
 	return nil, apiError(http.StatusBadRequest, "zone %q: its scopes count other keys; name one with ?scope= (its limits: %s)", z.name, strings.Join(scopes, ", "))
+}
+
+// sharingMissing keeps the limits that may count requests without a usable
+// key together, under the empty key: with missing shared, and with missing
+// skip for values given twice or refused by a normalizer. A constant key
+// is never missing.
+func sharingMissing(limits []*Limit) []*Limit {
+	var out []*Limit
+	for _, l := range limits {
+		if len(l.keyer.Template().Placeholders()) > 0 {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // keyOf makes raw, an identifier as a request would carry it, into the

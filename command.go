@@ -38,8 +38,9 @@ localhost:2019.
 
 <key> is the raw identifier as a request carries it (an address, an email),
 made into the key the way the zone makes it (prefixes, normalizers, hash);
-with --final, the key as stored. Without --scope, a key command applies to
-every limit of the zone that counts the zone's key.
+with --final, the key as stored; with --missing (and no <key>), the bucket
+that the zone's requests without a usable key share. Without --scope, a key
+command applies to every limit of the zone that counts the zone's key.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.PersistentFlags().String("address", "", "Address of the administration endpoint")
@@ -48,7 +49,13 @@ every limit of the zone that counts the zone's key.
 			cmd.PersistentFlags().Bool("json", false, "Print the API's JSON answer as it is")
 			sub := func(name, use, short string, args int, run func(f caddycmd.Flags, args []string) error) *cobra.Command {
 				c := &cobra.Command{
-					Use: name + " " + use, Short: short, Args: cobra.ExactArgs(args),
+					Use: name + " " + use, Short: short,
+					Args: func(c *cobra.Command, a []string) error {
+						if m, _ := c.Flags().GetBool("missing"); m {
+							return cobra.ExactArgs(args-1)(c, a) // no key
+						}
+						return cobra.ExactArgs(args)(c, a)
+					},
 					RunE: func(c *cobra.Command, args []string) error {
 						c.SilenceUsage = true
 						return run(caddycmd.Flags{FlagSet: c.Flags()}, args)
@@ -57,6 +64,7 @@ every limit of the zone that counts the zone's key.
 				if args >= 2 {
 					c.Flags().String("scope", "", "Only this scope of the zone (\"\" is the zone's own limit)")
 					c.Flags().Bool("final", false, "The key is given as stored (normalized and hashed)")
+					c.Flags().Bool("missing", false, "Instead of a key, the bucket that requests without a usable key share (give no <key>)")
 				}
 				cmd.AddCommand(c)
 				return c
@@ -65,13 +73,13 @@ every limit of the zone that counts the zone's key.
 				return rateLimitCall(os.Stdout, f, http.MethodGet, "zones", nil)
 			})
 			sub("inspect", "<zone> <key>", "Shows a key's state without consuming", 2, func(f caddycmd.Flags, a []string) error {
-				return rateLimitCall(os.Stdout, f, http.MethodGet, keyPath(a[0], a[1]), nil)
+				return rateLimitCall(os.Stdout, f, http.MethodGet, targetPath(f, a), nil)
 			})
 			sub("reset", "<zone> <key>", "Forgets a key's state: unblocks it at once", 2, func(f caddycmd.Flags, a []string) error {
-				return rateLimitCall(os.Stdout, f, http.MethodDelete, keyPath(a[0], a[1]), nil)
+				return rateLimitCall(os.Stdout, f, http.MethodDelete, targetPath(f, a), nil)
 			})
 			sub("grant", "<zone> <key> <units>", "Gives a key units back", 3, func(f caddycmd.Flags, a []string) error {
-				return rateLimitCall(os.Stdout, f, http.MethodPost, keyPath(a[0], a[1])+"/grant", url.Values{"units": {a[2]}})
+				return rateLimitCall(os.Stdout, f, http.MethodPost, targetPath(f, a)+"/grant", url.Values{"units": {a[len(a)-1]}})
 			})
 			report := sub("report", "--metrics <url>", "Deny and shadow ratios per zone, and what to tune or enforce", 0, func(f caddycmd.Flags, _ []string) error {
 				return runReport(os.Stdout, f)
@@ -81,6 +89,15 @@ every limit of the zone that counts the zone's key.
 			_ = report.MarkFlagRequired("metrics")
 		},
 	})
+}
+
+// targetPath is the API path of what a key command names: a[0] is the
+// zone, a[1] the key unless --missing names the keyless bucket instead.
+func targetPath(f caddycmd.Flags, a []string) string {
+	if f.Bool("missing") {
+		return "zones/" + pathSegment(a[0]) + "/missing"
+	}
+	return keyPath(a[0], a[1])
 }
 
 func keyPath(zone, key string) string {

@@ -159,3 +159,67 @@ func TestCoprimeStepVisitsAll(t *testing.T) {
 		}
 	}
 }
+
+// A request of the old config that looked for peers just before the new
+// table was linked, and took its unit just after its key was translated,
+// would be counted by the old table only: once the old config is gone, the
+// new table has that unit to give again. Many reloads race deciders so
+// that some land in that gap; none may leave the new table more room than
+// the limit minus what was admitted.
+func TestSwitchNeverLosesARacingRequest(t *testing.T) {
+	const limit = 1_000_000_000 // never reached: every request takes a unit
+	p := algorithms.Policy{Limit: limit, Window: 3600 * sec}
+	kinds := []string{algorithms.NameSlidingCounter, algorithms.NameTokenBucket, algorithms.NameFixedWindow}
+	iterations := 100
+	if testing.Short() {
+		iterations = 30
+	}
+	for it := 0; it < iterations; it++ {
+		c := newFakeClock()
+		name := fmt.Sprint(t.Name(), it)
+		old, oz := reloadTo(t, c, name, kinds[it%len(kinds)], p)
+		var admitted atomic.Int64
+		var started sync.WaitGroup
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			started.Add(1)
+			go func() {
+				defer wg.Done()
+				out := make([]algorithms.Result, 1)
+				reqs := []backend.Request{{Limit: oz, Key: "k", Cost: 1}}
+				first := true
+				for {
+					if ok, _ := old.Decide(context.Background(), reqs, out); ok {
+						admitted.Add(1)
+					}
+					if first {
+						started.Done()
+						first = false
+					}
+					select {
+					case <-stop:
+						return
+					default:
+					}
+				}
+			}()
+		}
+		started.Wait()
+		cur, nz := reloadTo(t, c, name, kinds[(it+1)%len(kinds)], p)
+		close(stop)
+		wg.Wait()
+		if err := old.Close(); err != nil {
+			t.Fatal(err)
+		}
+		n := admitted.Load()
+		// The new table may have less room (translation rounds down), never
+		// more than limit − n.
+		if ok, out := decide(t, cur, backend.Request{Limit: nz, Key: "k", Cost: limit - n + 1}); ok {
+			t.Fatalf("iteration %d: %d admitted through the old config, yet the new one (%s → %s) took %d more (remaining %d): a racing request was lost",
+				it, n, kinds[it%len(kinds)], kinds[(it+1)%len(kinds)], limit-n+1, out[0].Remaining)
+		}
+		_ = cur.Close()
+	}
+}

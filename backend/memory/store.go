@@ -137,7 +137,7 @@ type zoneOps interface {
 	decide(h hkey, now, cost int64) algorithms.Result
 	take(h hkey, now, cost int64)
 	// decideOne locks, decides and takes when allowed (or shadow-allowed).
-	decideOne(h hkey, now, cost int64) algorithms.Result
+	decideOne(h hkey, now, cost int64) (algorithms.Result, bool)
 	// refund locks and gives back what granted took from the key.
 	refund(h hkey, now int64, granted algorithms.Result, cost int64)
 	// peers are the tables of the same limit with another kind of state,
@@ -271,10 +271,17 @@ func (z *zone[S]) refund(h hkey, now int64, granted algorithms.Result, cost int6
 }
 
 // decideOne is the path of a request that matched one zone: one probe
-// finds the key, and the new state is written in place.
-func (z *zone[S]) decideOne(h hkey, now, cost int64) algorithms.Result {
+// finds the key, and the new state is written in place. It returns false,
+// deciding nothing, if a table of another kind was linked since the caller
+// looked: its translation of this shard may already have been read, and a
+// unit taken here alone would be lost to it once this table is gone.
+func (z *zone[S]) decideOne(h hkey, now, cost int64) (algorithms.Result, bool) {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
+	if z.t.peers.Load() != nil {
+		sh.mu.Unlock()
+		return algorithms.Result{}, false
+	}
 	alg := z.t.current(sh).alg
 	i, found := -1, false
 	var s S
@@ -292,7 +299,7 @@ func (z *zone[S]) decideOne(h hkey, now, cost int64) algorithms.Result {
 		}
 	}
 	sh.mu.Unlock()
-	return r
+	return r, true
 }
 
 // located is one request resolved to its zone, key hash and shard.
@@ -336,12 +343,24 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 			return false, fmt.Errorf("zone %q was not registered with the memory backend", reqs[0].Limit.Name())
 		}
 		if len(z.peers()) == 0 {
-			out[0] = z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0))
-			out[0].At = now
-			return out[0].Allowed || reqs[0].Shadow, nil
+			if r, ok := z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0)); ok {
+				out[0] = r
+				out[0].At = now
+				return r.Allowed || reqs[0].Shadow, nil
+			}
 		}
 	}
+	for {
+		if ok, err, again := decideLinked(reqs, out, now); !again {
+			return ok, err
+		}
+	}
+}
 
+// decideLinked decides reqs by their tables and the tables' peers. It
+// returns again, deciding nothing, if a peer was linked to one of the
+// tables between the look at its peers and the locks.
+func decideLinked(reqs []backend.Request, out []algorithms.Result, now int64) (ok bool, err error, again bool) {
 	var buf [8]located
 	loc := buf[:0]
 	if len(reqs) > len(buf) {
@@ -350,7 +369,7 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 	for i, r := range reqs {
 		z, ok := r.Limit.(zoneOps)
 		if !ok {
-			return false, fmt.Errorf("zone %q was not registered with the memory backend", r.Limit.Name())
+			return false, fmt.Errorf("zone %q was not registered with the memory backend", r.Limit.Name()), false
 		}
 		h, cost := z.hash(r.Key), max(r.Cost, 0)
 		loc = locate(loc, z, h, cost, int32(i))
@@ -372,6 +391,9 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 			m.mu.Unlock()
 		}
 	}()
+	if !allLocated(reqs, loc) {
+		return false, nil, true
+	}
 
 	// Without peers each request has one entry, at its own index.
 	res := out[:len(reqs)]
@@ -401,7 +423,7 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		}
 	}
 	if !allowed {
-		return false, nil
+		return false, nil, false
 	}
 	for i := range loc {
 		l := &loc[i]
@@ -409,7 +431,29 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 			l.z.take(l.h, now, l.cost)
 		}
 	}
-	return true, nil
+	return true, nil, false
+}
+
+// allLocated reports whether every peer that each request's table has now
+// is among the entries located for it. A peer linked since it was looked
+// for is translating its table's keys: deciding without it could take a
+// unit it never counts. A peer unlinked since costs only a stricter answer.
+func allLocated(reqs []backend.Request, loc []located) bool {
+	for i, r := range reqs {
+		for _, p := range r.Limit.(zoneOps).peers() {
+			found := false
+			for j := range loc {
+				if loc[j].req == -1-int32(i) && loc[j].z == p.z {
+					found = true
+					break
+				}
+			}
+			if !found {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // stricter is the answer to a request that its own table answered a and a

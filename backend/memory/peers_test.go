@@ -223,3 +223,31 @@ func TestSwitchNeverLosesARacingRequest(t *testing.T) {
 		_ = cur.Close()
 	}
 }
+
+// Caddy does not wait for the old config's requests to finish before it
+// cleans the old config up: a request already in its handler decides
+// through a table that is gone from the pool, after its keys were
+// translated, perhaps after more reloads. It must be counted by the tables
+// in force then, not by the dead one alone.
+func TestStragglerOfAFinishedConfigIsCounted(t *testing.T) {
+	c := newFakeClock()
+	name := t.Name()
+	p := algorithms.Policy{Limit: 10, Window: 3600 * sec}
+	first, fz := reloadTo(t, c, name, algorithms.NameSlidingWindow, p)
+	spend(t, first, fz, "k", []int64{3})
+	second, sz := reloadTo(t, c, name, algorithms.NameTokenBucket, p)
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	spend(t, first, fz, "k", []int64{1}) // in flight across the clean-up
+	admits(t, second, sz, "k", 7, 6, "4 of 10 used through the first config")
+
+	third, tz := reloadTo(t, c, name, algorithms.NameFixedWindow, p)
+	defer third.Close()
+	if err := second.Close(); err != nil {
+		t.Fatal(err)
+	}
+	spend(t, first, fz, "other", []int64{2}) // in flight across two reloads
+	admits(t, third, tz, "other", 9, 8, "2 of 10 used through the first config")
+	admits(t, third, tz, "k", 1, 0, "spent")
+}

@@ -273,12 +273,13 @@ func (z *zone[S]) refund(h hkey, now int64, granted algorithms.Result, cost int6
 // decideOne is the path of a request that matched one zone: one probe
 // finds the key, and the new state is written in place. It returns false,
 // deciding nothing, if a table of another kind was linked since the caller
-// looked: its translation of this shard may already have been read, and a
-// unit taken here alone would be lost to it once this table is gone.
+// looked (its translation of this shard may already have been read, and a
+// unit taken here alone would be lost to it once this table is gone), or
+// if no config holds the table any more.
 func (z *zone[S]) decideOne(h hkey, now, cost int64) (algorithms.Result, bool) {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
-	if z.t.peers.Load() != nil {
+	if z.t.peers.Load() != nil || z.t.dead.Load() {
 		sh.mu.Unlock()
 		return algorithms.Result{}, false
 	}
@@ -358,9 +359,10 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 }
 
 // decideLinked decides reqs by their tables and the tables' peers. It
-// returns again, deciding nothing, if a peer was linked to one of the
-// tables between the look at its peers and the locks.
+// returns again, deciding nothing, if a takeover linked tables between the
+// look at the peers and the locks (links).
 func decideLinked(reqs []backend.Request, out []algorithms.Result, now int64) (ok bool, err error, again bool) {
+	gen := links.Load()
 	var buf [8]located
 	loc := buf[:0]
 	if len(reqs) > len(buf) {
@@ -391,7 +393,7 @@ func decideLinked(reqs []backend.Request, out []algorithms.Result, now int64) (o
 			m.mu.Unlock()
 		}
 	}()
-	if !allLocated(reqs, loc) {
+	if links.Load() != gen {
 		return false, nil, true
 	}
 
@@ -432,28 +434,6 @@ func decideLinked(reqs []backend.Request, out []algorithms.Result, now int64) (o
 		}
 	}
 	return true, nil, false
-}
-
-// allLocated reports whether every peer that each request's table has now
-// is among the entries located for it. A peer linked since it was looked
-// for is translating its table's keys: deciding without it could take a
-// unit it never counts. A peer unlinked since costs only a stricter answer.
-func allLocated(reqs []backend.Request, loc []located) bool {
-	for i, r := range reqs {
-		for _, p := range r.Limit.(zoneOps).peers() {
-			found := false
-			for j := range loc {
-				if loc[j].req == -1-int32(i) && loc[j].z == p.z {
-					found = true
-					break
-				}
-			}
-			if !found {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // stricter is the answer to a request that its own table answered a and a

@@ -1,0 +1,95 @@
+package integration
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// On the Redis backend as in memory: 20 reloads that switch the algorithm,
+// through every kind of state, under steady traffic, never give a key more
+// than its 100 a day.
+func TestRedisReloadSwitchingAlgorithmKeepsUsage(t *testing.T) {
+	untilMidnightUTC(2 * time.Minute) // the day-long fixed windows
+	addr, _ := perfRedis(t)
+	algs := []string{"sliding_window", "token_bucket", "sliding_window", "fixed_window", "gcra", "sliding_window_counter", "leaky_bucket", "fixed_window", "token_bucket", "sliding_window_counter"}
+	cfg := func(alg string) string {
+		return caddyfileServerWith(fmt.Sprintf(`	rate_limit {
+		backend redis {
+			address %s
+			local_cache off
+			timeout 10s
+		}
+	}`, addr), `	rate_limit {
+		zone redis_reload_kinds {
+			key static
+			rate 100/24h
+			algorithm `+alg+`
+			fail closed
+		}
+	}
+	respond "ok"`)
+	}
+	newTester(t, cfg(algs[0]), "caddyfile")
+
+	var admitted, denied, failed atomic.Int64
+	send := func(client *http.Client) {
+		resp, err := client.Get(httpBase + "/")
+		if err != nil {
+			return // a connection cut by the reload
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			admitted.Add(1)
+		case http.StatusTooManyRequests:
+			denied.Add(1)
+		default:
+			failed.Add(1)
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := &http.Client{Timeout: 10 * time.Second}
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+					send(client)
+				}
+			}
+		}()
+	}
+	for i := 1; i <= 20; i++ {
+		time.Sleep(50 * time.Millisecond)
+		adminRequest(t, "POST", "/load", "text/caddyfile", cfg(algs[i%len(algs)]))
+		t.Logf("reload %d (%s): %d admitted so far", i, algs[i%len(algs)], admitted.Load())
+	}
+	close(stop)
+	wg.Wait()
+	during := admitted.Load()
+	client := &http.Client{Timeout: 10 * time.Second}
+	for range 150 {
+		send(client)
+	}
+	t.Logf("%d admitted during 20 reloads, %d in all; %d denied, %d failed", during, admitted.Load(), denied.Load(), failed.Load())
+	if got := admitted.Load(); got > 100 {
+		t.Fatalf("%d requests admitted across 20 reloads that switch algorithm; the limit is 100", got)
+	}
+	if denied.Load() == 0 {
+		t.Fatal("no request was denied: the traffic did not reach the limit")
+	}
+	if failed.Load() > 0 {
+		t.Fatalf("%d requests failed", failed.Load())
+	}
+}

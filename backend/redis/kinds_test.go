@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
 )
 
 // kindSpecs are the algorithms under every kind of state the script keeps,
@@ -29,7 +32,15 @@ func kindSpecs() []zoneSpec {
 // key and a key last used long before, translated at the reload's instant
 // and decided at later ones.
 func TestDifferentialKindChanges(t *testing.T) {
-	client := standaloneClient(t)
+	kindChanges(t, standaloneClient(t))
+}
+
+// On a cluster the old kind's key is read in the slot of the new one.
+func TestDifferentialKindChangesCluster(t *testing.T) {
+	kindChanges(t, clusterClient(t))
+}
+
+func kindChanges(t *testing.T, client goredis.UniversalClient) {
 	specs := kindSpecs()
 	for _, from := range specs {
 		for _, to := range specs {
@@ -74,5 +85,60 @@ func TestDifferentialKindChain(t *testing.T) {
 	for range 6 {
 		tw.do(ask{0, "a", 1, false}, ask{0, "b", 1, false})
 		tw.clock += sec / 3
+	}
+	// Back to a kind the zone had: its key was left marked as moved.
+	tw.reloadTo(false, specs[3])
+	for range 4 {
+		tw.do(ask{0, "a", 1, false})
+		tw.clock += sec / 3
+	}
+}
+
+// A request of the old config decided after the first decision under the
+// new kind carried the key's usage over is decided by the new state: both
+// configs together admit the limit once.
+func TestKindChangeStragglerDecidesByTheNewState(t *testing.T) {
+	client := standaloneClient(t)
+	prefix := uniquePrefix(t)
+	open := func(alg string) (*Store, backend.Limit) {
+		s, err := New(client, Options{KeyPrefix: prefix, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		z, err := s.Register(backend.LimitConfig{Name: "z", Algorithm: alg, Policy: policy(10, time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, z
+	}
+	admitted := func(s *Store, z backend.Limit, n int) int {
+		got := 0
+		out := make([]algorithms.Result, 1)
+		for range n {
+			ok, err := s.Decide(t.Context(), []backend.Request{{Limit: z, Key: "k", Cost: 1}}, out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				got++
+			}
+		}
+		return got
+	}
+	old, oz := open(algorithms.NameSlidingWindow)
+	if got := admitted(old, oz, 4); got != 4 {
+		t.Fatalf("%d of 4 admitted before the reload", got)
+	}
+	cur, nz := open(algorithms.NameFixedWindow)
+	defer cur.Close()
+	if got := admitted(cur, nz, 1); got != 1 {
+		t.Fatal("the first request under the new kind was denied")
+	}
+	if got := admitted(old, oz, 2); got != 2 {
+		t.Fatalf("%d of 2 stragglers admitted", got)
+	}
+	old.Close()
+	if got := admitted(cur, nz, 5); got != 3 {
+		t.Fatalf("%d admitted after 7 of 10 were used through both configs, want 3", got)
 	}
 }

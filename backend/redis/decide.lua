@@ -919,7 +919,11 @@ local function loadItem(a)
 			return (load(a.kind, a.key, a.p1, '', 0, ''))
 		end
 	end
-	if a.from ~= '' then return carry(a) or s end
+	-- A key starting with } has an empty hash tag: each kind's key is hashed
+	-- whole, into its own slot, where a cluster node may not reach it.
+	if a.from ~= '' and sub(a.key, fromList(a.from).pos + 2, fromList(a.from).pos + 2) ~= '}' then
+		return carry(a) or s
+	end
 	return s
 end
 

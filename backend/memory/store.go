@@ -352,7 +352,7 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		}
 	}
 	for {
-		if ok, err, again := decideLinked(reqs, out, now); !again {
+		if ok, again, err := decideLinked(reqs, out, now); !again {
 			return ok, err
 		}
 	}
@@ -361,7 +361,7 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 // decideLinked decides reqs by their tables and the tables' peers. It
 // returns again, deciding nothing, if a takeover linked tables between the
 // look at the peers and the locks (links).
-func decideLinked(reqs []backend.Request, out []algorithms.Result, now int64) (ok bool, err error, again bool) {
+func decideLinked(reqs []backend.Request, out []algorithms.Result, now int64) (ok, again bool, err error) {
 	gen := links.Load()
 	var buf [8]located
 	loc := buf[:0]
@@ -371,7 +371,7 @@ func decideLinked(reqs []backend.Request, out []algorithms.Result, now int64) (o
 	for i, r := range reqs {
 		z, ok := r.Limit.(zoneOps)
 		if !ok {
-			return false, fmt.Errorf("zone %q was not registered with the memory backend", r.Limit.Name()), false
+			return false, false, fmt.Errorf("zone %q was not registered with the memory backend", r.Limit.Name())
 		}
 		h, cost := z.hash(r.Key), max(r.Cost, 0)
 		loc = locate(loc, z, h, cost, int32(i))
@@ -394,7 +394,7 @@ func decideLinked(reqs []backend.Request, out []algorithms.Result, now int64) (o
 		}
 	}()
 	if links.Load() != gen {
-		return false, nil, true
+		return false, true, nil
 	}
 
 	// Without peers each request has one entry, at its own index.
@@ -425,7 +425,7 @@ func decideLinked(reqs []backend.Request, out []algorithms.Result, now int64) (o
 		}
 	}
 	if !allowed {
-		return false, nil, false
+		return false, false, nil
 	}
 	for i := range loc {
 		l := &loc[i]
@@ -433,7 +433,7 @@ func decideLinked(reqs []backend.Request, out []algorithms.Result, now int64) (o
 			l.z.take(l.h, now, l.cost)
 		}
 	}
-	return true, nil, false
+	return true, false, nil
 }
 
 // stricter is the answer to a request that its own table answered a and a

@@ -15,9 +15,11 @@ build:
 test: vet
 	$(GO) test -race -count=1 ./...
 
+## vet: gofmt, go vet, then staticcheck and promlinter at the versions .ci/tools pins
 vet:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 	$(GO) vet ./...
+	GO=$(GO) bash .ci/lint
 
 ## bench: the Go benchmarks (see BENCHMARKS.md for the commands behind its numbers)
 bench:

@@ -212,11 +212,11 @@ type keyState struct {
 }
 
 func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, zoneName, raw string, grant bool) error {
-	want := http.MethodGet + " or " + http.MethodDelete
+	want, ok := http.MethodGet+" or "+http.MethodDelete, r.Method == http.MethodGet || r.Method == http.MethodDelete
 	if grant {
-		want = http.MethodPost
+		want, ok = http.MethodPost, r.Method == http.MethodPost
 	}
-	if !strings.Contains(want, r.Method) {
+	if !ok {
 		return apiError(http.StatusMethodNotAllowed, "method %s not allowed: use %s", r.Method, want)
 	}
 	q := r.URL.Query()

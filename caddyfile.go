@@ -120,15 +120,20 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        ipv6_prefix <bits>
 //	        max_keys   <n>
 //	        fail       open|closed|local
+//	        lease      <n>
 //	        scope <name> {
-//	            <the options above, from key to fail>
+//	            <the options above, from key to lease>
 //	        }
 //	        allow       <cidr...>
 //	        deny        <cidr...>
 //	        allow_match { <matchers> }
 //	        deny_match  { <matchers> }
 //	        shadow
+//	        headers     draft|legacy|both|none
+//	        status      <code>
 //	    }
+//	    headers        draft|legacy|both|none
+//	    respond        json|problem|text
 //	    jitter         <fraction>
 //	    sweep_interval <duration>
 //	    log_key
@@ -197,8 +202,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return err
 			}
-			if dur < minSweepInterval || dur > maxSweepInterval {
-				return d.Errf("sweep_interval must be from %v to %v, got %v", minSweepInterval, maxSweepInterval, dur)
+			if err := checkSweepInterval(dur); err != nil {
+				return d.Errf("%v", err)
 			}
 			h.SweepInterval = caddy.Duration(dur)
 
@@ -231,6 +236,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.BackendRaw = raw
+
+		case "headers", "respond":
+			if err := h.unmarshalContract(d, opt); err != nil {
+				return err
+			}
 
 		case "distributed":
 			raw, err := unmarshalDistributed(d)
@@ -304,6 +314,11 @@ func unmarshalZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 				return nil, d.ArgErr()
 			}
 			z.Shadow = true
+		case "headers", "status":
+			if err := lp.once(opt); err != nil {
+				return nil, err
+			}
+			err = z.unmarshalContract(d, name, opt)
 		case "scope":
 			if !d.NextArg() {
 				return nil, d.ArgErr()
@@ -425,6 +440,8 @@ func (p *limitParser) option(opt string) error {
 		l.IPv4Prefix, err = intArg(d, p.where, opt, 0, 32)
 	case "ipv6_prefix":
 		l.IPv6Prefix, err = intArg(d, p.where, opt, 0, 128)
+	case "lease":
+		l.Lease, err = positiveArg(d, p.where, opt)
 	case "max_keys":
 		var n int64
 		n, err = positiveArg(d, p.where, opt)
@@ -539,12 +556,16 @@ func (p *limitParser) finish(needRate bool) error {
 		return p.errAt(max(p.lines["rate"], p.lines["events"], p.lines["window"]), "use either rate or events and window, not both")
 	case (l.MaxEvents == 0 || l.Window == 0) && (needRate || l.MaxEvents != 0 || l.Window != 0):
 		return p.errAt(p.line, "a rate limit zone requires both a window and maximum events (rate 100/1m, or events and window)")
-	case l.MaxEvents == 0:
-		return nil // a zone made only of scopes
+	case l.MaxEvents == 0: // a zone made only of scopes
+		if unused := l.ownOnly(); len(unused) > 0 {
+			return p.errAt(cmp.Or(p.lines[unused[0]], p.lines["by"], p.line), "%v", ownOnlyError(unused))
+		}
+		return nil
 	}
-	// What provisioning would refuse, refused here with a line to go by.
+	// What provisioning would refuse, refused here at the line of the
+	// option at fault.
 	if _, err := l.check(); err != nil {
-		return p.errAt(p.line, "%v", err)
+		return p.errAt(p.optionLine(err), "%v", err)
 	}
 	return nil
 }

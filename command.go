@@ -84,7 +84,17 @@ every limit of the zone that counts the zone's key.
 }
 
 func keyPath(zone, key string) string {
-	return "zones/" + url.PathEscape(zone) + "/keys/" + url.PathEscape(key)
+	return "zones/" + pathSegment(zone) + "/keys/" + pathSegment(key)
+}
+
+// pathSegment escapes s as one path segment. A segment "." or ".." is
+// escaped too: as it is, the client or the server's mux would resolve it
+// away and ask for another endpoint.
+func pathSegment(s string) string {
+	if s == "." || s == ".." {
+		return strings.Repeat("%2E", len(s))
+	}
+	return url.PathEscape(s)
 }
 
 // rateLimitCall sends one admin API request and prints the answer.

@@ -3,12 +3,13 @@ package sluice
 import (
 	"errors"
 	"net/http"
-	"strconv"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
@@ -59,6 +60,7 @@ func (h *Handler) provisionFailover(ctx caddy.Context) error {
 			// apart from a memory-backed zone of the same name.
 			cfg := l.cfg
 			cfg.Scope = "/fallback/" + cfg.Scope
+			cfg.Lease = 0 // its decisions are local already
 			var err error
 			if l.local, err = h.local.Register(cfg); err != nil {
 				return err
@@ -91,11 +93,13 @@ func (h *Handler) failover(w http.ResponseWriter, r *http.Request, reqs []backen
 		if ue, ok := errors.AsType[*backend.UnavailableError](err); ok {
 			wait = ue.RetryAfter
 		}
-		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(wait), 10))
-		h.denyLog.Warn("rate limit backend unavailable: refusing the request of a zone that fails closed", h.failFields(r, limits, err)...)
-		return nil, nil, nil, false, caddyhttp.Error(http.StatusServiceUnavailable, ErrBackendUnavailable)
+		l := limits[slices.IndexFunc(limits, func(l *Limit) bool { return l.Fail == FailClosed && !l.zone.Shadow })]
+		if err := h.refuse(w, r, refusal{reason: reasonUnavailable, zone: l.zone, limit: l, retryAfter: retryAfterSeconds(wait), wait: wait, detail: err}); err != nil {
+			return nil, nil, nil, false, err
+		}
+		return nil, nil, nil, false, errAnswered
 	}
-	h.denyLog.Warn("rate limit backend unavailable: applying the zones' fail policy", h.failFields(r, limits, err)...)
+	h.warnFailure("rate limit backend unavailable: applying the zones' fail policy", r, limits, err)
 	n := 0
 	for i, l := range limits {
 		if l.Fail == FailLocal && l.local != nil {
@@ -115,10 +119,17 @@ func (h *Handler) failover(w http.ResponseWriter, r *http.Request, reqs []backen
 	return reqs, limits, out, allowed, nil
 }
 
-func (h *Handler) failFields(r *http.Request, limits []*Limit, err error) []zap.Field {
+// warnFailure logs a request decided by the fail policies. Its fields are
+// built only when the sampler keeps the line: while a backend is down,
+// every request comes here.
+func (h *Handler) warnFailure(msg string, r *http.Request, limits []*Limit, err error) {
+	ce := h.denyLog.Check(zapcore.WarnLevel, msg)
+	if ce == nil {
+		return
+	}
 	names := make([]string, len(limits))
 	for i, l := range limits {
 		names[i] = l.displayName() + ":" + l.Fail
 	}
-	return []zap.Field{zap.Strings("limits", names), zap.String("client_ip", clientIP(r)), zap.Error(err)}
+	ce.Write(zap.Strings("limits", names), zap.String("client_ip", clientIP(r)), zap.Error(err))
 }

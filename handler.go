@@ -2,10 +2,8 @@ package sluice
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"slices"
@@ -69,7 +67,7 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, s *scratch) (pas
 	h.reportShadow(r, s, err == nil)
 	switch {
 	case err != nil:
-		return false, err
+		return false, unlessAnswered(err)
 	case len(s.reqs) == 0: // the backend failed and no limit decides locally
 		return true, nil
 	}
@@ -99,7 +97,7 @@ func (h *Handler) collect(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 			// Noted, and limited like any other request.
 			s.note(shadowListed, z, nil, nil)
 		case listed == listDeny:
-			return true, h.refuse(r, repl, z)
+			return true, h.refuse(w, r, refusal{reason: reasonDenylisted, zone: z, retryAfter: -1})
 		case listed == listAllow:
 			continue
 		}
@@ -134,7 +132,7 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 		case l.Missing == MissingDeny && z.Shadow:
 			s.note(shadowMissingKey, z, l, err)
 		case l.Missing == MissingDeny:
-			return true, h.badKey(w, l, err)
+			return true, h.refuse(w, r, refusal{reason: reasonMissingKey, zone: z, limit: l, retryAfter: -1, detail: err})
 		}
 	}
 	cost, err := l.Cost.eval(r, repl, s.body)
@@ -145,7 +143,7 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 			s.note(shadowBadCost, z, l, err)
 			return false, nil
 		}
-		return true, caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("rate_limit zone %q: %w", z.name, err))
+		return true, h.refuse(w, r, refusal{reason: reasonBadCost, zone: z, limit: l, retryAfter: -1, detail: err})
 	}
 	s.reqs = append(s.reqs, backend.Request{Limit: l.handle, Key: key, Cost: cost, Shadow: z.Shadow})
 	s.limits = append(s.limits, l)
@@ -189,6 +187,9 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	}
 	if i := tightest(s.limits, s.out); i >= 0 {
 		setPlaceholders(repl, s.limits[i], s.out[i])
+	}
+	if h.headers {
+		writeHeaders(w, s.limits, s.reqs, s.out)
 	}
 	if err := h.wait(r, store, s.limits, s.reqs, s.out); err != nil {
 		return false, err
@@ -269,36 +270,9 @@ func collectBodyFields(zones []*Zone) *keys.BodyFields {
 	return f
 }
 
-// badKey answers a request whose key a "missing deny" limit could not
-// build: a client error, with a body that says what was wrong.
-func (h *Handler) badKey(w http.ResponseWriter, l *Limit, err error) error {
-	detail := fmt.Sprintf("rate limit %s needs %s: %v", l.displayName(), l.keyer.Template(), err)
-	body, _ := json.Marshal(map[string]any{
-		"type":   "about:blank",
-		"title":  http.StatusText(http.StatusBadRequest),
-		"status": http.StatusBadRequest,
-		"detail": detail,
-	})
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusBadRequest)
-	_, werr := w.Write(body)
-	return werr
-}
-
 // ErrDenylisted is the error behind a 403 answer to a request on a zone's
 // deny list.
 var ErrDenylisted = errors.New("refused by a rate_limit deny list")
-
-// refuse answers a request on a zone's deny list.
-func (h *Handler) refuse(r *http.Request, repl *caddy.Replacer, z *Zone) error {
-	repl.Set(phDenylisted, z.name)
-	if z.denyC != nil {
-		z.denyC.Inc()
-	}
-	h.denyLog.Info("request refused by deny list", zap.String("zone", z.name), zap.String("remote_ip", remoteIP(r)), zap.String("client_ip", clientIP(r)))
-	return caddyhttp.Error(http.StatusForbidden, ErrDenylisted)
-}
 
 // statusClientClosed is the status logged for a client that left while its
 // request waited in a queue (nginx's convention; nobody receives it).
@@ -317,10 +291,14 @@ func (h *Handler) wait(r *http.Request, store backend.Store, limits []*Limit, re
 	if delay <= 0 {
 		return nil
 	}
-	timer := time.NewTimer(time.Duration(delay))
-	defer timer.Stop()
+	newTimer := h.newTimer
+	if newTimer == nil {
+		newTimer = systemTimer
+	}
+	fired, stop := newTimer(time.Duration(delay))
+	defer stop()
 	select {
-	case <-timer.C:
+	case <-fired:
 		return nil
 	case <-r.Context().Done():
 	}
@@ -328,6 +306,11 @@ func (h *Handler) wait(r *http.Request, store backend.Store, limits []*Limit, re
 		h.logger.Error("giving back the slot of a request whose client left", zap.Error(err))
 	}
 	return caddyhttp.Error(statusClientClosed, r.Context().Err())
+}
+
+func systemTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
 }
 
 // tightest is the index of the enforcing limit with the least room left,
@@ -345,56 +328,6 @@ func tightest(limits []*Limit, out []algorithms.Result) int {
 		}
 	}
 	return best
-}
-
-// errTooManyRequests is the error of every 429, made once. Caddy's
-// caddyhttp.Error would add an error ID and a stack trace: seven
-// allocations per denial, when denials come by the thousand per second from
-// the clients that are being limited, for an ID ({http.error.id}) and a
-// trace that name nothing a denial needs.
-var errTooManyRequests error = caddyhttp.HandlerError{StatusCode: http.StatusTooManyRequests, Err: ErrRateLimited}
-
-// deny answers a request that an enforcing zone denied. The zone reported
-// is the one that makes the client wait longest, since the request can pass
-// only once every zone allows it.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch) error {
-	worst := -1
-	for i, l := range s.limits {
-		if l.zone.Shadow || s.out[i].Allowed {
-			continue
-		}
-		if worst < 0 || later(s.out[i].RetryAfter, s.out[worst].RetryAfter) {
-			worst = i
-		}
-	}
-	l, res, key := s.limits[worst], s.out[worst], s.reqs[worst].Key
-	wait := time.Duration(res.RetryAfter)
-	if res.RetryAfter != algorithms.Never {
-		if h.Jitter > 0 {
-			wait += time.Duration(min(rand.Float64()*h.Jitter*float64(wait), float64(algorithms.MaxSpan)))
-		}
-		secs := retryAfterSeconds(wait)
-		w.Header().Set("Retry-After", intText(secs))
-		repl.Set(phRetryAfter, intValue(secs))
-	}
-	setPlaceholders(repl, l, res)
-	repl.Set(phName, l.zoneName)
-	repl.Set(phScope, l.scopeName)
-	repl.Set(phKey, key)
-	l.metrics.declined()
-
-	if ce := h.denyLog.Check(zapcore.InfoLevel, "rate limit exceeded"); ce != nil {
-		ce.Write(h.logFields(r, l, key, int64(wait))...)
-	}
-	if h.events.ShouldEmit("rate_limit_exceeded") {
-		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
-			"zone":      l.zone.name,
-			"scope":     l.scope,
-			"wait":      wait,
-			"remote_ip": remoteIP(r),
-		})
-	}
-	return errTooManyRequests
 }
 
 // later orders retry times, Never (cannot ever pass) being the latest.

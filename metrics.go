@@ -25,6 +25,7 @@ type metricSet struct {
 	listed   *prometheus.CounterVec
 	missing  *prometheus.CounterVec
 	failures *prometheus.CounterVec
+	refused  *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	state    stateCollector
 }
@@ -56,6 +57,10 @@ func newMetricSet() *metricSet {
 			Namespace: ns, Subsystem: sub, Name: "backend_failures_total",
 			Help: "Requests a limit could not decide because its backend was unavailable, by the fail policy applied.",
 		}, []string{"zone", "scope", "policy"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "refused_requests_total",
+			Help: "Requests refused, by the zone that refused them and why: rate_limit_exceeded, backend_unavailable, missing_key, bad_cost or denylisted.",
+		}, []string{"zone", "reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "process_time_seconds",
 			Help:    "Time taken to decide a request, for each zone it matched.",
@@ -78,7 +83,7 @@ func registerMetrics(reg *prometheus.Registry, store backend.Store) error {
 	if reg == nil {
 		return nil
 	}
-	collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.duration}
+	collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.refused, metrics.duration}
 	if src, ok := store.(backend.StatsReporter); ok {
 		// The collectors of several handlers are one to the registry (the
 		// same descriptions): the first registered reports. A memory

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 	// The stores register themselves as backend modules.
 	_ "github.com/sluicehq/sluice/backend/memory"
@@ -84,6 +85,21 @@ type Handler struct {
 	// much.
 	BodyLimit int64 `json:"body_limit,omitempty"`
 
+	// Headers is which rate limit header fields allowed and denied
+	// responses carry, for every zone that does not choose its own: "draft"
+	// (RateLimit-Policy and RateLimit, as structured fields), "legacy"
+	// (X-RateLimit-Limit, -Remaining and -Reset, in seconds), "both" or
+	// "none". Default: "none", as mholt/caddy-ratelimit sends none.
+	Headers string `json:"headers,omitempty"`
+
+	// Respond makes Sluice write the body of every refusal itself (429,
+	// 503 of a zone that fails closed, 400 for a missing key or a bad cost,
+	// 403 for a deny list), without Caddy's error path: "json", "problem"
+	// (application/problem+json) or "text". Default: unset, every refusal
+	// is a Caddy error that handle_errors routes can shape.
+	Respond string `json:"respond,omitempty"`
+
+	headers  bool // some zone sends rate limit fields
 	zones    []*Zone
 	store    backend.Store
 	local    backend.Store // decides "local" limits while store is unavailable
@@ -92,7 +108,10 @@ type Handler struct {
 	events   *caddyevents.App
 	ctx      caddy.Context
 	now      func() int64
-	jitterFn func() float64
+	jitterFn func() float64 // in [0, 1); rand.Float64 unless a test sets it
+	// newTimer makes the timer a queued request waits on (time.NewTimer's
+	// channel and Stop unless a test sets it).
+	newTimer func(time.Duration) (<-chan time.Time, func() bool)
 
 	// bodyFields are the JSON paths found in one pass over a body.
 	bodyFields *keys.BodyFields
@@ -108,6 +127,13 @@ const minSweepInterval = time.Second
 // maxSweepInterval is the longest sweep interval: beyond a day, idle keys
 // would leave memory only when max_keys evicts them.
 const maxSweepInterval = 24 * time.Hour
+
+func checkSweepInterval(si time.Duration) error {
+	if si < minSweepInterval || si > maxSweepInterval {
+		return fmt.Errorf("sweep_interval must be from %s to %s, got %s", algorithms.FormatSpan(int64(minSweepInterval)), algorithms.FormatSpan(int64(maxSweepInterval)), algorithms.FormatSpan(int64(si)))
+	}
+	return nil
+}
 
 // MaxBodyLimit is the largest body_limit, in bytes: every request whose
 // body is read for a key holds up to this much in memory until it is
@@ -152,11 +178,14 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if h.BodyLimit < 0 || h.BodyLimit > MaxBodyLimit {
 		return fmt.Errorf("body_limit must be from 1 to %d bytes (16MiB), got %d", MaxBodyLimit, h.BodyLimit)
 	}
+	bodyLimitSet := h.BodyLimit != 0
 	if h.BodyLimit == 0 {
 		h.BodyLimit = keys.DefaultBodyLimit
 	}
-	if si := time.Duration(h.SweepInterval); si != 0 && (si < minSweepInterval || si > maxSweepInterval) {
-		return fmt.Errorf("sweep_interval must be from %v to %v, got %v", minSweepInterval, maxSweepInterval, si)
+	if si := time.Duration(h.SweepInterval); si != 0 {
+		if err := checkSweepInterval(si); err != nil {
+			return err
+		}
 	}
 	if len(h.Distributed) > 0 && string(h.Distributed) != "null" {
 		h.logger.Warn("the distributed option of mholt/caddy-ratelimit is ignored: the backend decides whether instances share limits (backend redis shares them across a fleet)",
@@ -186,6 +215,9 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		h.zones = append(h.zones, z)
 	}
 	h.bodyFields = collectBodyFields(h.zones)
+	if bodyLimitSet && !readsBody(h.zones) {
+		return fmt.Errorf("body_limit would do nothing: no key or cost reads the request body")
+	}
 	earlier := map[string]*earlierWatch{}
 	for _, z := range h.zones {
 		for _, l := range z.limits {
@@ -206,11 +238,25 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 			z.denyC = metrics.listed.WithLabelValues(z.name, "deny")
 		}
 	}
+	if err := h.provisionContract(); err != nil {
+		return err
+	}
 	if err := h.provisionFailover(ctx); err != nil {
 		return err
 	}
 	h.publish() // to the admin API
 	return nil
+}
+
+func readsBody(zones []*Zone) bool {
+	for _, z := range zones {
+		for _, l := range z.limits {
+			if l.keyer.NeedsBody() || l.Cost.needsBody() {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // loadStore loads the configured backend (the memory store by default) and
@@ -258,6 +304,4 @@ var (
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
-	_ json.Marshaler              = Cost{}
-	_ json.Unmarshaler            = (*Cost)(nil)
 )

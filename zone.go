@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -25,8 +24,9 @@ import (
 //
 // The zone's own fields (key, max_events, window, …) are its first limit,
 // the one mholt/caddy-ratelimit configs use. Scopes add limits over other
-// keys for the same requests: seed part 2.1's defense in depth, where one
-// endpoint is limited per identifier, per IP, per subnet and globally.
+// keys for the same requests, for defense in depth: one endpoint limited per
+// identifier, per IP, per subnet and globally, so that an attacker who
+// rotates one of them still meets the others.
 type Zone struct {
 	// MatcherSetsRaw selects the requests this zone applies to; all of them
 	// when empty.
@@ -66,6 +66,16 @@ type Zone struct {
 	// key or a bad cost): for trying a limit on live traffic first.
 	Shadow bool `json:"shadow,omitempty"`
 
+	// Headers overrides the handler's headers option for this zone: "none"
+	// keeps its numbers out of every response (a login or OTP zone, whose
+	// remaining count would guide an attacker), even when other zones of
+	// the request send theirs.
+	Headers string `json:"headers,omitempty"`
+
+	// Status is the HTTP status of a request this zone denies, from 400 to
+	// 599. Default: 429 (Too Many Requests).
+	Status int `json:"status,omitempty"`
+
 	name       string
 	matchers   caddyhttp.MatcherSets
 	allowNets  []netip.Prefix
@@ -75,6 +85,10 @@ type Zone struct {
 	limits     []*Limit // the zone's own (if it has a rate) and its scopes
 	allowC     prometheus.Counter
 	denyC      prometheus.Counter
+	status     int
+	nameValue  any // name, boxed once for the replacer
+	refused    refusalCounters
+	errs       [numReasons]error // the refusals' Caddy errors, made once
 }
 
 type listing int
@@ -175,7 +189,8 @@ type Limit struct {
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
 
 	// IPv6Prefix masks key values that are IPv6 addresses to their network
-	// of this many bits; 64 is one customer's network (seed part 10.2).
+	// of this many bits; 64 is one customer's network (an ISP hands each
+	// customer a /64, whose 2^64 addresses one client can rotate through).
 	// From 0 to 128. Default: 0, the address itself.
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
@@ -234,6 +249,18 @@ type Limit struct {
 	// "open".
 	Fail string `json:"fail,omitempty"`
 
+	// Lease makes each Caddy instance take this many units of a key from
+	// the shared backend at once and spend them locally, so that a hot key
+	// costs one call to Redis per Lease units instead of one per request.
+	// The fleet may then admit up to instances × Lease units more than the
+	// limit in a window (token_bucket, gcra, sliding_window) and hold as
+	// many unused for a while. At most 1% of max_events (and at most
+	// burst); only with backend redis; not with leaky_bucket, fail closed,
+	// a shadow zone, or a key read from the body or normalized or hashed
+	// as an account identifier: such limits guard logins and codes, where
+	// every unit counts. Default: 0 (no lease).
+	Lease int64 `json:"lease,omitempty"`
+
 	zone      *Zone
 	scope     string // "" for the zone's own limit
 	keyer     *keys.Keyer
@@ -247,6 +274,7 @@ type Limit struct {
 	// The zone and scope names as placeholder values, converted once:
 	// converting a string to an interface value allocates.
 	zoneName, scopeName any
+	hdr                 limitHeaders
 	// Placeholders of the key and cost that an earlier handler must set.
 	keyEarlier, costEarlier []*earlierWatch
 }
@@ -316,8 +344,8 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 		if err := z.addLimit(&z.Limit, "", store, logger, configID(ctx)); err != nil {
 			return err
 		}
-	} else if own.Key != "" || own.Burst != 0 || own.Algorithm != "" || own.Cost != nil || len(own.Normalize) > 0 || own.Hash != "" {
-		return fmt.Errorf("the zone's key, burst, algorithm, cost, normalize or hash need a rate: set max_events and window, or move them into a scope")
+	} else if unused := own.ownOnly(); len(unused) > 0 {
+		return ownOnlyError(unused)
 	}
 	for _, scope := range slices.Sorted(maps.Keys(z.Scopes)) {
 		l := z.Scopes[scope]
@@ -332,6 +360,57 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 		}
 	}
 	return nil
+}
+
+// ownOnly names the options set on l that only a limit of its own reads:
+// on a zone made only of scopes (no rate of its own) they would do nothing,
+// since a scope inherits only fail (and, when it has no key of its own,
+// the zone's key with its processing, which such a zone cannot have).
+func (l *Limit) ownOnly() []string {
+	return setOptions(
+		option{l.Key != "", "key"}, option{l.Burst != 0, "burst"}, option{l.Algorithm != "", "algorithm"},
+		option{l.MaxDelay != 0, "max_delay"}, option{l.Cost != nil, "cost"}, option{len(l.Normalize) > 0, "normalize"},
+		option{l.Hash != "", "hash"}, option{l.IPv4Prefix != 0, "ipv4_prefix"}, option{l.IPv6Prefix != 0, "ipv6_prefix"},
+		option{l.Missing != "", "missing"}, option{l.MaxKeys != 0, "max_keys"}, option{l.Lease != 0, "lease"},
+	)
+}
+
+// placeholderOnly names the options set on l that act on the values of the
+// key's placeholders (which a key without placeholders has none of).
+func (l *Limit) placeholderOnly() []string {
+	return setOptions(
+		option{len(l.Normalize) > 0, "normalize"}, option{l.Hash != "", "hash"}, option{l.IPv4Prefix != 0, "ipv4_prefix"},
+		option{l.IPv6Prefix != 0, "ipv6_prefix"}, option{l.Missing != "", "missing"},
+	)
+}
+
+// option is whether an option is set, and its name.
+type option struct {
+	set  bool
+	name string
+}
+
+// setOptions names the options that are set, in order.
+func setOptions(opts ...option) []string {
+	var names []string
+	for _, o := range opts {
+		if o.set {
+			names = append(names, o.name)
+		}
+	}
+	return names
+}
+
+func ownOnlyError(unused []string) error {
+	return fmt.Errorf("%s would do nothing on a zone without a rate of its own (only scopes): set max_events and window, or move %s into a scope",
+		strings.Join(unused, ", "), itOrThem(unused))
+}
+
+func itOrThem(s []string) string {
+	if len(s) == 1 {
+		return "it"
+	}
+	return "them"
 }
 
 func loadMatchers(ctx caddy.Context, z *Zone, field string, sets *caddyhttp.MatcherSets) error {
@@ -375,7 +454,10 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	}
 	policy := l.policy()
 	var err error
-	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Owner: owner}
+	if l.Lease > 0 && z.Shadow {
+		return fmt.Errorf("lease: a shadow zone's requests never deny, and each is decided by the backend: remove lease")
+	}
+	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Owner: owner}
 	l.handle, err = store.Register(l.cfg)
 	if err != nil {
 		return err
@@ -415,7 +497,7 @@ func (l *Limit) check() (string, error) {
 	case l.Burst < 0:
 		return "", fmt.Errorf("burst must be at least 1, got %d", l.Burst)
 	case l.MaxDelay < 0:
-		return "", fmt.Errorf("max_delay must be positive, got %v", time.Duration(l.MaxDelay))
+		return "", fmt.Errorf("max_delay must be positive, got %s", algorithms.FormatSpan(int64(l.MaxDelay)))
 	case !validFail(l.Fail):
 		return "", fmt.Errorf("fail must be open, closed or local, got %q", l.Fail)
 	}
@@ -444,8 +526,16 @@ func (l *Limit) check() (string, error) {
 	if l.Hash != "" && !strings.Contains(l.Hash, "{") && len(l.Hash) < minSecret {
 		return "", fmt.Errorf("hash: the secret must be at least %d bytes, got %d", minSecret, len(l.Hash))
 	}
-	if _, err := keys.ParseTemplate(l.Key); err != nil {
+	tmpl, err := keys.ParseTemplate(l.Key)
+	if err != nil {
 		return "", fmt.Errorf("key: %v", err)
+	}
+	if unused := l.placeholderOnly(); len(unused) > 0 && len(tmpl.Placeholders()) == 0 {
+		return "", fmt.Errorf("%s would do nothing: the key %q has no placeholder, so it is the same for every request (use a placeholder such as {http.vars.client_ip}, or remove %s)",
+			strings.Join(unused, ", "), l.Key, itOrThem(unused))
+	}
+	if err := l.checkLease(alg); err != nil {
+		return "", err
 	}
 	return alg, nil
 }

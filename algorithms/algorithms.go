@@ -1,7 +1,9 @@
 // Package algorithms holds the limiting math of Sluice: pure functions of
-// (state, now, cost, policy). Nothing here reads a clock, locks or does I/O;
-// stores call these functions under their own locks with their own time, so
-// the memory and Redis backends share one definition of every algorithm.
+// (state, now, cost, policy). Nothing here reads a clock, locks or does I/O:
+// the memory store calls these functions under its own locks with its own
+// time. The Redis backend runs the same math as a Lua script inside Redis
+// (decide.lua), and its differential test holds it to these functions, field
+// by field, on the same requests at the same instants.
 //
 // Times and durations are int64 nanoseconds. A zero state is always a fresh
 // key, so a store may drop any state whose IdleAt has passed.
@@ -11,7 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"time"
+	"math/bits"
 )
 
 // MaxSpan bounds every duration an algorithm may store or add to a time
@@ -48,14 +50,14 @@ type Policy struct {
 	MaxDelay int64
 }
 
-// String writes p as a Caddyfile would: "10 per 1m0s, burst 20".
+// String writes p as a Caddyfile would: "10 per 1m, burst 20".
 func (p Policy) String() string {
-	s := fmt.Sprintf("%d per %v", p.Limit, time.Duration(p.Window))
+	s := fmt.Sprintf("%d per %s", p.Limit, FormatSpan(p.Window))
 	if p.Burst > 0 {
 		s += fmt.Sprintf(", burst %d", p.Burst)
 	}
 	if p.MaxDelay > 0 {
-		s += fmt.Sprintf(", max_delay %v", time.Duration(p.MaxDelay))
+		s += fmt.Sprintf(", max_delay %s", FormatSpan(p.MaxDelay))
 	}
 	return s
 }
@@ -68,24 +70,24 @@ func (p Policy) Validate() error {
 	case p.Limit > MaxEvents:
 		return fmt.Errorf("max_events must be at most %d, got %d", MaxEvents, p.Limit)
 	case p.Window <= 0:
-		return fmt.Errorf("window must be positive, got %dns", p.Window)
+		return fmt.Errorf("window must be positive, got %s", FormatSpan(p.Window))
 	case p.Window > MaxSpan:
-		return fmt.Errorf("window must be at most %v, got %dns", spanText, p.Window)
+		return fmt.Errorf("window must be at most %v, got %s", spanText, FormatSpan(p.Window))
 	case p.Burst < 0:
 		return fmt.Errorf("burst must be at least 1, got %d", p.Burst)
 	case p.Burst > MaxEvents:
 		return fmt.Errorf("burst must be at most %d, got %d", MaxEvents, p.Burst)
 	case p.MaxDelay < 0 || p.MaxDelay > MaxSpan:
-		return fmt.Errorf("max_delay must be between 0 and %v, got %dns", spanText, p.MaxDelay)
+		return fmt.Errorf("max_delay must be between 0 and %v, got %s", spanText, FormatSpan(p.MaxDelay))
 	}
 	// The bucket algorithms store burst × interval as a time span.
-	if hi, lo := mul64(uint64(p.burst()), uint64(p.Interval())); hi != 0 || lo > uint64(MaxSpan) {
-		return fmt.Errorf("burst %d × interval %dns exceeds %v: lower burst or raise max_events", p.burst(), p.Interval(), spanText)
+	if hi, lo := bits.Mul64(uint64(p.burst()), uint64(p.Interval())); hi != 0 || lo > uint64(MaxSpan) {
+		return fmt.Errorf("burst %d × interval %s exceeds %v: lower burst or raise max_events", p.burst(), FormatSpan(p.Interval()), spanText)
 	}
 	// A queued request can wait max_delay for its slot and then hold the
 	// queue for up to one more interval per unit.
 	if p.MaxDelay > 0 && p.MaxDelay+p.Interval() > MaxSpan {
-		return fmt.Errorf("max_delay %v + interval %dns exceeds %v: lower max_delay or raise max_events", time.Duration(p.MaxDelay), p.Interval(), spanText)
+		return fmt.Errorf("max_delay %s + interval %s exceeds %v: lower max_delay or raise max_events", FormatSpan(p.MaxDelay), FormatSpan(p.Interval()), spanText)
 	}
 	return nil
 }

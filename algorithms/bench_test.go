@@ -1,7 +1,6 @@
 package algorithms
 
 import (
-	"fmt"
 	"testing"
 	"unsafe"
 )
@@ -41,7 +40,7 @@ func bench[S any](b *testing.B, a Algorithm[S], step int64, size uintptr) {
 		if r := a.Decide(st, now, 1); r.Allowed {
 			st = a.Take(st, now, 1)
 		} else {
-			b.Fatal(fmt.Sprintf("denied: %+v", r))
+			b.Fatalf("denied: %+v", r)
 		}
 	}
 	b.ReportMetric(float64(size), "bytes/key")

@@ -13,8 +13,8 @@ type Bucket struct {
 //
 //	tokens(now) ≥ cost  ⇔  max(TAT, now) + cost·T − now ≤ burst·T
 //
-// so both are kept as a TAT in integer nanoseconds, which makes the seed's
-// worked examples exact (no float drift in 0.4 × 5 = 2).
+// so both are kept as a TAT in integer nanoseconds, which makes the worked
+// examples of docs/algorithms.md exact (no float drift in 0.4 × 5 = 2).
 type bucket struct {
 	p        Policy
 	interval int64   // T
@@ -29,14 +29,14 @@ func newBucket(p Policy) bucket {
 	return bucket{p: p, interval: t, inverse: 1 / float64(t), burst: b, capacity: b * t}
 }
 
-// TokenBucket is the token bucket of seed part 3.4: capacity Burst (default
+// TokenBucket is the token bucket: capacity Burst (default
 // Limit), refilled continuously at Limit per Window, cost tokens per request.
 type TokenBucket struct{ bucket }
 
 // NewTokenBucket returns the token bucket for p. p must be valid.
 func NewTokenBucket(p Policy) *TokenBucket { return &TokenBucket{newBucket(p)} }
 
-// GCRA is the generic cell rate algorithm of seed part 3.6: emission interval
+// GCRA is the generic cell rate algorithm: emission interval
 // T = Window/Limit, tolerance τ = (Burst−1)·T, allow when now ≥ TAT − τ.
 // It admits exactly what a token bucket of capacity Burst admits.
 type GCRA struct{ bucket }
@@ -114,10 +114,3 @@ func (b *bucket) Refund(s Bucket, now int64, _ Result, cost int64) Bucket {
 
 // IdleAt is the TAT itself: from then on the bucket is full.
 func (b *bucket) IdleAt(s Bucket) int64 { return s.TAT }
-
-// Tokens returns the exact (fractional) number of tokens in s at now, for
-// inspection and tests.
-func (b *bucket) Tokens(s Bucket, now int64) float64 {
-	d := b.debt(s, now)
-	return float64(b.capacity-d) / float64(b.interval)
-}

@@ -12,8 +12,8 @@ const (
 	s  = int64(time.Second)
 )
 
-// step is a batch of identical requests at one instant and what the seed
-// says happens to them.
+// step is a batch of identical requests at one instant and what the
+// worked example says happens to them.
 type step struct {
 	at           int64
 	n            int     // requests at this instant
@@ -68,15 +68,15 @@ func runBucket(t *testing.T, b bucket, steps []step) {
 // base is an arbitrary Unix time; the algorithms only see differences.
 const base = int64(1_767_225_600) * s
 
-func TestTokenBucketSeedExamples(t *testing.T) {
+func TestTokenBucketWorkedExamples(t *testing.T) {
 	tests := []struct {
 		name   string
 		policy Policy
 		steps  []step
 	}{
 		{
-			// Seed part 3.4: capacity 10, refill 5/s, full at t=0.
-			name:   "seed 3.4 table",
+			// docs/algorithms.md's table: capacity 10, refill 5/s, full at t=0.
+			name:   "capacity 10 at 5/s",
 			policy: Policy{Limit: 5, Window: s, Burst: 10},
 			steps: []step{
 				{at: base, n: 12, wantAllowed: 10, tokensBefore: 10, tokensAfter: 0, retryAfter: 200 * ms},
@@ -88,17 +88,16 @@ func TestTokenBucketSeedExamples(t *testing.T) {
 			},
 		},
 		{
-			// Seed part 3.8, question 3: capacity 20, refill 2/s, 25 at t=0.
-			name:   "seed 3.8 q3",
+			// Capacity 20, refill 2/s, 25 at t=0.
+			name:   "25 into capacity 20",
 			policy: Policy{Limit: 2, Window: s, Burst: 20},
 			steps: []step{
 				{at: base, n: 25, wantAllowed: 20, tokensBefore: 20, tokensAfter: 0, retryAfter: 500 * ms},
 			},
 		},
 		{
-			// Seed part 15, exercise 1(b): capacity 50, refill 10/s; 60 at
-			// t=0, 30 more at t=2.
-			name:   "seed 15 exercise 1b",
+			// Capacity 50, refill 10/s; 60 at t=0, 30 more at t=2.
+			name:   "capacity 50 at 10/s",
 			policy: Policy{Limit: 10, Window: s, Burst: 50},
 			steps: []step{
 				{at: base, n: 60, wantAllowed: 50, tokensBefore: 50, tokensAfter: 0, retryAfter: 100 * ms},
@@ -106,7 +105,7 @@ func TestTokenBucketSeedExamples(t *testing.T) {
 			},
 		},
 		{
-			// Seed part 2.2: cost in tokens; 100 per minute, a report costs 50.
+			// Cost in tokens: 100 per minute, a report costs 50.
 			name:   "cost",
 			policy: Policy{Limit: 100, Window: 60 * s},
 			steps: []step{
@@ -115,9 +114,9 @@ func TestTokenBucketSeedExamples(t *testing.T) {
 			},
 		},
 		{
-			// Seed part 12.4: capacity 10, rate 5; 10 pass, the 11th is
-			// denied, and one second later 5 more pass.
-			name:   "seed 12.4 fake clock",
+			// Capacity 10, rate 5; 10 pass, the 11th is denied, and one
+			// second later 5 more pass.
+			name:   "one second later",
 			policy: Policy{Limit: 5, Window: s, Burst: 10},
 			steps: []step{
 				{at: base, n: 11, wantAllowed: 10, tokensBefore: unchecked, tokensAfter: unchecked, retryAfter: 200 * ms},
@@ -135,15 +134,15 @@ func TestTokenBucketSeedExamples(t *testing.T) {
 	}
 }
 
-func TestGCRASeedExamples(t *testing.T) {
+func TestGCRAWorkedExamples(t *testing.T) {
 	tests := []struct {
 		name   string
 		policy Policy
 		steps  []step
 	}{
 		{
-			// Seed part 3.6: 10/minute, burst 3: T = 6 s, τ = 12 s.
-			name:   "seed 3.6 table",
+			// docs/algorithms.md's table: 10/minute, burst 3: T = 6 s, τ = 12 s.
+			name:   "10 per minute burst 3",
 			policy: Policy{Limit: 10, Window: 60 * s, Burst: 3},
 			steps: []step{
 				{at: base, n: 4, wantAllowed: 3, tokensBefore: unchecked, tokensAfter: unchecked, retryAfter: 6 * s},
@@ -152,9 +151,9 @@ func TestGCRASeedExamples(t *testing.T) {
 			},
 		},
 		{
-			// Seed part 15, exercise 1(c): 20/minute, burst 4: T = 3 s,
-			// τ = 9 s; of 6 at t=0, 4 pass and the 6th waits 3 s.
-			name:   "seed 15 exercise 1c",
+			// 20/minute, burst 4: T = 3 s, τ = 9 s; of 6 at t=0, 4 pass
+			// and the 6th waits 3 s.
+			name:   "20 per minute burst 4",
 			policy: Policy{Limit: 20, Window: 60 * s, Burst: 4},
 			steps: []step{
 				{at: base, n: 4, wantAllowed: 4, tokensBefore: unchecked, tokensAfter: unchecked, retryAfter: noDeny},
@@ -170,7 +169,7 @@ func TestGCRASeedExamples(t *testing.T) {
 	}
 }
 
-// The seed's GCRA table row by row: TAT before and after each request, in
+// docs/algorithms.md's GCRA table row by row: TAT before and after each request, in
 // seconds after t=0.
 func TestGCRATATColumn(t *testing.T) {
 	g := NewGCRA(Policy{Limit: 10, Window: 60 * s, Burst: 3})
@@ -208,7 +207,7 @@ func TestGCRATATColumn(t *testing.T) {
 	}
 }
 
-// Seed part 3.8, question 5: 30/minute with burst 5 gives T = 2 s, τ = 8 s.
+// 30/minute with burst 5 gives T = 2 s, τ = 8 s.
 func TestGCRAIntervalAndTolerance(t *testing.T) {
 	g := NewGCRA(Policy{Limit: 30, Window: 60 * s, Burst: 5})
 	if g.interval != 2*s {
@@ -320,7 +319,7 @@ func TestPolicyValidate(t *testing.T) {
 	}{
 		{"zero events", Policy{Limit: 0, Window: s}, "max_events must be at least 1, got 0"},
 		{"negative events", Policy{Limit: -1, Window: s}, "max_events must be at least 1, got -1"},
-		{"zero window", Policy{Limit: 1}, "window must be positive, got 0ns"},
+		{"zero window", Policy{Limit: 1}, "window must be positive, got 0s"},
 		{"negative burst", Policy{Limit: 1, Window: s, Burst: -1}, "burst must be at least 1, got -1"},
 		{"burst span overflow", Policy{Limit: 1, Window: 24 * 3600 * s, Burst: 1 << 40}, "exceeds 73 years"},
 		{"fine", Policy{Limit: 100, Window: 60 * s, Burst: 200}, ""},

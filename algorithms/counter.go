@@ -9,7 +9,7 @@ type Counter struct {
 	Curr  int64
 }
 
-// SlidingCounter is the sliding window counter of seed part 3.3: the count
+// SlidingCounter is the sliding window counter: the count
 // of the sliding window is estimated as the previous fixed window's count,
 // weighted by how much of it the sliding window still overlaps, plus the
 // current window's count, rounded down:
@@ -51,8 +51,8 @@ func (a *SlidingCounter) weighted(prev, elapsed int64) int64 {
 	return mulDiv(prev, a.p.Window-elapsed, a.p.Window)
 }
 
-// Estimate returns the estimated count of the sliding window at now.
-func (a *SlidingCounter) Estimate(s Counter, now int64) int64 {
+// estimate returns the estimated count of the sliding window at now.
+func (a *SlidingCounter) estimate(s Counter, now int64) int64 {
 	c, e := a.roll(s, now)
 	return a.weighted(c.Prev, e) + c.Curr
 }
@@ -143,7 +143,7 @@ func (a *SlidingCounter) Rebase(s Counter, at int64, old Policy) Counter {
 		return s
 	}
 	oc := SlidingCounter{p: old}
-	est := oc.Estimate(s, at)
+	est := oc.estimate(s, at)
 	if est == 0 {
 		return Counter{}
 	}

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-func TestSlidingCounterSeedExamples(t *testing.T) {
+func TestSlidingCounterWorkedExamples(t *testing.T) {
 	tests := []struct {
 		name              string
 		limit             int64
@@ -15,16 +15,17 @@ func TestSlidingCounterSeedExamples(t *testing.T) {
 		wantAllow         bool
 		wantRemainingLeft int64
 	}{
-		// Seed part 3.3: at 12:01:15 (25%), 90 × 0.75 + 20 = 87.5 → 87.
-		{"3.3 at 25%", 100, 90, 20, 15 * s, 87, true, 12},
+		// docs/algorithms.md: 100 per minute; at 12:01:15 (25%),
+		// 90 × 0.75 + 20 = 87.5 → 87.
+		{"at 25%", 100, 90, 20, 15 * s, 87, true, 12},
 		// At 12:01:30 (50%), 90 × 0.5 + 40 = 85.
-		{"3.3 at 50%", 100, 90, 40, 30 * s, 85, true, 14},
+		{"at 50%", 100, 90, 40, 30 * s, 85, true, 14},
 		// At 12:01:05 (8.3%), 90 × 0.9167 + 30 = 112.5 → 112 > 100.
-		{"3.3 at 8.3%", 100, 90, 30, 5 * s, 112, false, 0},
-		// Part 3.8 question 2: 60 × 0.7 + 45 = 87.
-		{"3.8 q2", 100, 60, 45, 18 * s, 87, true, 12},
-		// Part 15 exercise 1(a): 200/min, 180 × 0.6 + 50 = 158.
-		{"15 1a", 200, 180, 50, 24 * s, 158, true, 41},
+		{"at 8.3%", 100, 90, 30, 5 * s, 112, false, 0},
+		// 60 × 0.7 + 45 = 87.
+		{"at 30%", 100, 60, 45, 18 * s, 87, true, 12},
+		// 200/min, 180 × 0.6 + 50 = 158.
+		{"200 per minute at 40%", 200, 180, 50, 24 * s, 158, true, 41},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,6 +1,6 @@
 package algorithms
 
-// LeakyBucket is the leaky bucket of seed part 3.5, in its two forms.
+// LeakyBucket is the leaky bucket, in its two forms.
 //
 // As a meter (MaxDelay 0) the bucket holds Burst units and leaks Limit per
 // Window; a request that would overflow it is denied. That is the token

@@ -75,7 +75,7 @@ func TestLeakyQueue(t *testing.T) {
 	}
 }
 
-// The nginx mapping of seed part 5.3: limit_req rate=10r/s burst=20 without
+// nginx's limit_req mapped onto the queue: limit_req rate=10r/s burst=20 without
 // nodelay queues up to 20 excess requests, i.e. a wait of up to 2 s.
 func TestLeakyQueueNginxBurst(t *testing.T) {
 	q := NewLeakyBucket(Policy{Limit: 10, Window: s, MaxDelay: 2 * s})
@@ -100,7 +100,7 @@ func TestRefundNeverOverfills(t *testing.T) {
 		t.Fatalf("%v tokens after refunding into a full bucket, want 10", got)
 	}
 	// The log gives back the refunded request's own event, not the newest
-	// (the review's case: B refunded after C was logged).
+	// (B refunded after C was logged must take B's event out).
 	a := NewSlidingLog(Policy{Limit: 3, Window: 5 * s})
 	var l *Log
 	l = a.Take(l, base, 1)        // A

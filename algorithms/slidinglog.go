@@ -99,15 +99,7 @@ func (l *Log) push(t, units int64) {
 	l.sum += units
 }
 
-// Len returns the number of events held and their total units.
-func (l *Log) Len() (events int, units int64) {
-	if l == nil {
-		return 0, 0
-	}
-	return l.n, l.sum
-}
-
-// SlidingLog is the exact sliding window of seed part 3.2 and
+// SlidingLog is the exact sliding window (a log of events), as in
 // mholt/caddy-ratelimit: at most Limit units in any window of length Window.
 // An event at time e counts while now < e + Window. Denied requests are never
 // logged, so hammering a full window does not extend it.

@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-func TestSlidingLogSeedAttack(t *testing.T) {
-	// Seed part 3.2: 100 per minute, the fixed-window boundary attack run
-	// again. The first batch lands during 12:00:59 (here at .5), so it is
+func TestSlidingLogBoundaryAttack(t *testing.T) {
+	// 100 per minute, the fixed-window boundary attack of
+	// TestFixedWindowBoundaryBurst run again. The first batch lands during 12:00:59 (here at .5), so it is
 	// still in the window at 12:01:59 and gone at 12:02:00.
 	a := NewSlidingLog(Policy{Limit: 100, Window: 60 * s})
 	noon := base
@@ -41,7 +41,7 @@ func TestSlidingLogSeedAttack(t *testing.T) {
 }
 
 func TestSlidingLogCountsOnlyTheWindow(t *testing.T) {
-	// Seed part 3.2: at 12:01:30 with a 60 s window, of the events at
+	// At 12:01:30 with a 60 s window, of the events at
 	// 12:00:10, 12:00:45, 12:01:02 and 12:01:29 three count.
 	a := NewSlidingLog(Policy{Limit: 10, Window: 60 * s})
 	var st *Log

@@ -177,7 +177,7 @@ func (a *FixedWindow) FromUsage(u Usage, now int64) Window {
 }
 
 func (a *SlidingCounter) Available(s Counter, now int64) int64 {
-	return max(a.p.Limit-a.Estimate(s, now), 0)
+	return max(a.p.Limit-a.estimate(s, now), 0)
 }
 
 func (a *SlidingCounter) Usage(s Counter, now int64) Usage {

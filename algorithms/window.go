@@ -7,7 +7,7 @@ type Window struct {
 	Count int64
 }
 
-// FixedWindow is the fixed window counter of seed part 3.1: time is cut into
+// FixedWindow is the fixed window counter: time is cut into
 // windows aligned to the Unix epoch (a 1m window starts on the minute, a 1d
 // window at midnight UTC) and each admits Limit units. It is the cheapest
 // algorithm and the least exact: a client can spend a whole window's quota

@@ -8,7 +8,7 @@ import (
 // minute is a window start: base rounded down to a whole minute.
 var minute = base - base%(60*s)
 
-// Seed part 3.1: 100 per minute; 100 requests at 12:00:59 and 100 more at
+// 100 per minute; 100 requests at 12:00:59 and 100 more at
 // 12:01:00 all pass, 200 within one second: the boundary burst.
 func TestFixedWindowBoundaryBurst(t *testing.T) {
 	a := NewFixedWindow(Policy{Limit: 100, Window: 60 * s})
@@ -68,8 +68,8 @@ func TestFixedWindowEdges(t *testing.T) {
 }
 
 // A reload that changes the window moves the count onto the new grid, so
-// Retry-After is the real end of the new window (the review's case: 1/2s
-// changed to 1/30s answered 30 s but passed at the next 30 s boundary).
+// Retry-After is the real end of the new window (1/2s changed to 1/30s
+// once answered 30 s but passed at the next 30 s boundary).
 func TestWindowRebase(t *testing.T) {
 	oldP := Policy{Limit: 1, Window: 2 * s}
 	st := NewFixedWindow(oldP).Take(Window{}, minute+61*s, 1) // window [60 s, 62 s)

@@ -37,6 +37,10 @@ type LimitConfig struct {
 	// sliding window depends on it: the events a key can hold, and whether
 	// each must record its own cost.
 	Cost int64
+	// Lease is how many units an instance takes from a shared store at
+	// once and then spends locally (0: every request asks the store). A
+	// store that decides in-process refuses it: it would change nothing.
+	Lease int64
 	// Owner identifies the config that registers the zone. One config may
 	// register a name twice only with the same policy: two rates for one
 	// state would make whichever registered last apply to both.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end throughput of Caddy with and without Sluice, in one run on this
 # machine: the same static response behind no limiter, one zone, a zone with
-# three scopes, and a zone that denies almost everything. Uses wrk on
+# three scopes, and a zone that denies almost everything (as a Caddy error,
+# with the built-in JSON body, and with it and every header field). Uses wrk on
 # loopback. Usage: bench/e2e.sh [seconds per run] [rounds]
 #
 # bench/e2e.sh redis [seconds per run] [rounds] runs the Redis backend
@@ -67,6 +68,21 @@ site denying "	rate_limit {
 			rate 1/1h
 		}
 	}"
+site denying_json "	rate_limit {
+		respond json
+		zone e2e_deny_json {
+			by ip
+			rate 1/1h
+		}
+	}"
+site denying_json_headers "	rate_limit {
+		respond json
+		headers both
+		zone e2e_deny_json_h {
+			by ip
+			rate 1/1h
+		}
+	}"
 fi
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # user + system CPU of a process
@@ -96,7 +112,9 @@ run() { # name [wrk script] -> requests/s
 	fi
 }
 
-names=(baseline one_zone three_scopes denying)
+# E2E_CONFIGS picks some of the configs (names as printed), for more rounds
+# of the ones being compared in the same time.
+read -ra names <<<"${E2E_CONFIGS:-baseline one_zone three_scopes denying denying_json denying_json_headers}"
 script=
 if [ "$mode" = redis ]; then
 	command -v redis-server >/dev/null || { echo "needs redis-server (apt-get install redis-server)"; exit 1; }
@@ -151,14 +169,14 @@ for _ in $(seq "$rounds"); do
 		results[$name]+="$(run "$name" "$s") "
 	done
 done
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 for name in "${names[@]}"; do
-	median=$(tr ' ' '\n' <<<"${results[$name]}" | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-	printf '%-13s median %9s req/s   runs: %s\n' "$name" "$median" "${results[$name]}"
+	printf '%-21s median %9s req/s   runs: %s\n' "$name" "$(median "${results[$name]}")" "${results[$name]}"
 done
 for name in "${names[@]}"; do
 	c=$(awk '{print $1}' "$tmp/cpu.$name" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
 	r=$(awk '{print $2}' "$tmp/cpu.$name" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
-	printf '%-13s CPU per request (medians): Caddy %5s µs' "$name" "$c"
+	printf '%-21s CPU per request (medians): Caddy %5s µs' "$name" "$c"
 	if [ "$mode" = redis ]; then printf ', Redis %5s µs' "$r"; fi
 	echo
 done

@@ -3,8 +3,8 @@
 package integration
 
 import (
-	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -16,30 +16,59 @@ import (
 	_ "github.com/sluicehq/sluice"
 )
 
-// The ports of the in-process Caddy. SLUICE_TEST_ADMIN_PORT and
-// SLUICE_TEST_HTTP_PORT move them, so that several checkouts can run their
-// integration tests on one machine at once; the HTTP port's successor is
-// used too, by tests that need a second site.
+// The ports of the in-process Caddy: free loopback ports picked when the
+// test binary starts, so that several test runs (several checkouts) share a
+// machine. SLUICE_TEST_ADMIN_PORT and SLUICE_TEST_HTTP_PORT fix them
+// instead. The HTTP port's successor is used too, by tests that need a
+// second site. caddytest needs the admin port before Caddy starts, so it
+// cannot be Caddy's own choice (port 0).
 var (
-	adminPort = envPort("SLUICE_TEST_ADMIN_PORT", 2999)
-	httpPort  = envPort("SLUICE_TEST_HTTP_PORT", 9080)
+	adminPort = envPort("SLUICE_TEST_ADMIN_PORT", 1)
+	httpPort  = envPort("SLUICE_TEST_HTTP_PORT", 2)
 	adminAddr = "localhost:" + strconv.Itoa(adminPort)
 	httpBase  = "http://localhost:" + strconv.Itoa(httpPort)
 )
 
-func envPort(name string, def int) int {
-	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 && n < 65535 {
-		return n
+// envPort is the port the variable name sets, or the first of n
+// consecutive free loopback ports.
+func envPort(name string, n int) int {
+	if p, err := strconv.Atoi(os.Getenv(name)); err == nil && p > 0 && p < 65535 {
+		return p
 	}
-	return def
+	for range 100 {
+		if p, ok := freePorts(n); ok {
+			return p
+		}
+	}
+	panic("integration: no free loopback ports")
+}
+
+// freePorts finds n consecutive free loopback ports and returns the first.
+func freePorts(n int) (int, bool) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, false
+	}
+	defer l.Close()
+	first := l.Addr().(*net.TCPAddr).Port
+	for p := first + 1; p < first+n; p++ {
+		next, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			return 0, false
+		}
+		defer next.Close()
+	}
+	return first, true
 }
 
 // withPorts rewrites a config written for the default ports (admin 2999,
-// HTTP 9080 and 9081) to the ports in use, binding loopback only.
+// HTTP 9080 and 9081) to the ports in use, binding loopback only (a
+// Caddyfile's sites through default_bind, from its http_port line).
 func withPorts(cfg string) string {
 	return strings.NewReplacer(
 		"localhost:2999", adminAddr,
 		"\"listen\": [\":9080\"]", "\"listen\": [\"127.0.0.1:"+strconv.Itoa(httpPort)+"\"]",
+		"http_port 9080", "http_port "+strconv.Itoa(httpPort)+"\n\tdefault_bind 127.0.0.1",
 		"localhost:9080", "localhost:"+strconv.Itoa(httpPort),
 		"9080", strconv.Itoa(httpPort),
 		"9081", strconv.Itoa(httpPort+1),
@@ -89,27 +118,31 @@ const okHandler = `{"handler": "static_response", "status_code": 200, "body": "o
 func newTester(t *testing.T, cfg, kind string) *caddytest.Tester {
 	t.Helper()
 	tester := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
+	unloadZones(t)
 	tester.InitServer(withPorts(cfg), kind)
 	return tester
+}
+
+// unloadZones loads a config without zones into the running Caddy, if one
+// runs, so that the test about to start has fresh state however often it
+// runs in one process (go test -count=N): zones of one name keep their
+// state across configs, and Caddy does not even reload a config that is
+// unchanged.
+func unloadZones(t *testing.T) {
+	t.Helper()
+	resp, err := http.Get("http://" + adminAddr + "/config/")
+	if err != nil {
+		return // Caddy is not running yet: caddytest starts it, empty
+	}
+	resp.Body.Close()
+	adminRequest(t, "POST", "/load", "application/json", `{"admin": {"listen": "`+adminAddr+`"}}`)
 }
 
 // do sends a request and returns status, Retry-After and body.
 func do(t *testing.T, tester *caddytest.Tester, method, path string, header ...string) (int, string, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, httpBase+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := tester.Client.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header.Get("Retry-After"), string(body)
+	r := fetch(t, tester, method, path, header...)
+	return r.code, r.header.Get("Retry-After"), r.body
 }
 
 // expectN sends n requests that must all get status want.
@@ -158,10 +191,6 @@ func adminRequest(t *testing.T, method, path, contentType, body string) string {
 		t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, out)
 	}
 	return string(out)
-}
-
-func zoneJSON(name, body string) string {
-	return fmt.Sprintf("%q: {%s}", name, body)
 }
 
 // assertLoadError loads cfg (of kind "json" or "caddyfile") into the

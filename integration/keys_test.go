@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -34,7 +33,7 @@ func post(t *testing.T, tester *caddytest.Tester, path, contentType, body string
 	return resp.StatusCode, string(out)
 }
 
-// Seed part 10.1: 200 requests from one untrusted peer, each with a new
+// 200 requests from one untrusted peer, each with a new
 // X-Forwarded-For, are one client. Caddy's client_ip only reads that header
 // from trusted proxies; here the peer (127.0.0.1) is not one.
 func TestSpoofedForwardedForIsOneClient(t *testing.T) {
@@ -60,7 +59,7 @@ func TestSpoofedForwardedForIsOneClient(t *testing.T) {
 }
 
 // Behind a trusted proxy, the client is the address it forwards; IPv6
-// addresses of one /64 share a bucket (seed part 10.2), and an IPv4-mapped
+// addresses of one /64 share a bucket (one customer's network), and an IPv4-mapped
 // address is its IPv4 address.
 func TestTrustedProxyIPv6Slash64(t *testing.T) {
 	tester := newTester(t, caddyfileServerWith(`	servers {
@@ -85,7 +84,7 @@ func TestTrustedProxyIPv6Slash64(t *testing.T) {
 	expect429(t, tester, 3599, 3600, "GET", "/", xff, "192.0.2.1")
 }
 
-// Seed part 9, use case 2: the OTP zone limits one phone number across its
+// The OTP zone of docs/keys.md limits one phone number across its
 // spellings, keys it by an HMAC (the number never reaches memory or logs),
 // and refuses a request without a number with 400.
 func TestOTPZone(t *testing.T) {
@@ -125,21 +124,12 @@ func TestOTPZone(t *testing.T) {
 	if code, _ := post(t, tester, "/otp/send", "application/json", `{"phone": "01812345678"}`); code != http.StatusOK {
 		t.Fatalf("another number: %d", code)
 	}
-	// No number, a number that is not one, or not JSON: 400 with a reason.
-	for bad, reason := range map[string]string{
-		`{"mobile": "01712345678"}`:        "JSON field phone missing",
-		`{"phone": "hello"}`:               "not a valid",
-		`phone=01712345678`:                "not valid JSON",
-		`{"phone": "017", "phone": "018"}`: `key "phone" repeated`,
-	} {
-		code, body := post(t, tester, "/otp/send", "application/json", bad)
-		var problem struct {
-			Status int    `json:"status"`
-			Detail string `json:"detail"`
-		}
-		if code != http.StatusBadRequest || json.Unmarshal([]byte(body), &problem) != nil || problem.Status != 400 ||
-			!strings.Contains(problem.Detail, "{http.request.body.json.phone}") || !strings.Contains(problem.Detail, reason) {
-			t.Fatalf("body %s: %d %q; want 400 with a problem document saying %q", bad, code, body, reason)
+	// No number, a number that is not one, or not JSON: 400, a Caddy error
+	// that tells nothing of where the limit reads the number (the built-in
+	// bodies, which say which way it was wrong, are in contract_test.go).
+	for _, bad := range []string{`{"mobile": "01712345678"}`, `{"phone": "hello"}`, `phone=01712345678`, `{"phone": "017", "phone": "018"}`} {
+		if code, body := post(t, tester, "/otp/send", "application/json", bad); code != http.StatusBadRequest || strings.Contains(body, "phone") {
+			t.Fatalf("body %s: %d %q; want 400 that does not show the key", bad, code, body)
 		}
 	}
 }
@@ -222,7 +212,7 @@ func TestMissingKeyPolicies(t *testing.T) {
 	expect429(t, tester, 3599, 3600, "GET", "/skip", "X-User", "ann")
 }
 
-// Seed part 9, use case 8: known webhook senders are not limited by the
+// Known webhook senders (a payment provider's addresses) are not limited by the
 // strict zone; a listed abuser is refused outright.
 func TestAllowAndDenyLists(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
@@ -285,7 +275,7 @@ func TestBinaryWarnsOnForwardedForKey(t *testing.T) {
 	}
 }
 
-// Seed part 10.5: URL and method variants must not split a limit. One zone
+// URL and method variants must not split a limit. One zone
 // is bound to the route (its matcher covers every spelling, its key is not
 // the path); the other keys on the normalized path.
 func TestPathAndMethodVariantsShareALimit(t *testing.T) {
@@ -322,8 +312,8 @@ func TestPathAndMethodVariantsShareALimit(t *testing.T) {
 }
 
 // A header or JSON key given twice cannot step around a limit: the
-// application may read the other copy (review: "X-Api-Key: victim" plus
-// "X-Api-Key: junkN" passed every time).
+// application may read the other copy ("X-Api-Key: victim" plus
+// "X-Api-Key: junkN" once passed every time).
 func TestRepeatedIdentifiersDoNotBypass(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
 	rate_limit {
@@ -401,7 +391,7 @@ func TestCostFromBody(t *testing.T) {
 }
 
 // Two zones of one name in one config with different rates are refused
-// at load (review: which rate applied to both changed from run to run).
+// at load (accepted, which rate applied to both changed from run to run).
 func TestSameZoneNameTwoRatesRefused(t *testing.T) {
 	assertLoadError(t, `{
 	skip_install_trust

@@ -33,7 +33,7 @@ func TestReloadKeepsUsage(t *testing.T) {
 }
 
 // A reload that raises a token bucket's rate: the new rate refills from the
-// reload on (the review found the first config's rate kept refilling).
+// reload on (once the first config's rate kept refilling it).
 func TestReloadChangesBucketRate(t *testing.T) {
 	cfg := func(rate string) string {
 		return jsonServer(`{
@@ -52,10 +52,11 @@ func TestReloadChangesBucketRate(t *testing.T) {
 // After a reload, /metrics must still move (mholt/caddy-ratelimit #100:
 // collectors bound to the first config's registry froze at 0).
 func TestMetricsAfterReload(t *testing.T) {
+	zone := freshZone("metrics_zone") // Prometheus counters are the process's
 	cfg := func(body string) string {
 		return jsonServer(`{
 			"handler": "rate_limit",
-			"rate_limits": {"metrics_zone": {"key": "static", "window": "1h", "max_events": 2}}
+			"rate_limits": {"`+zone+`": {"key": "static", "window": "1h", "max_events": 2}}
 		}, {"handler": "static_response", "status_code": 200, "body": "`+body+`"}`, "")
 	}
 	tester := newTester(t, cfg("a"), "json")
@@ -66,12 +67,12 @@ func TestMetricsAfterReload(t *testing.T) {
 
 	metrics := adminRequest(t, "GET", "/metrics", "", "")
 	for _, want := range []string{
-		`caddy_rate_limit_declined_requests_total{key="",scope="",zone="metrics_zone"} 2`,
-		`caddy_rate_limit_requests_total{key="",scope="",zone="metrics_zone"} 4`,
-		`caddy_rate_limit_keys_total{scope="",zone="metrics_zone"} 1`,
+		`caddy_rate_limit_declined_requests_total{key="",scope="",zone="` + zone + `"} 2`,
+		`caddy_rate_limit_requests_total{key="",scope="",zone="` + zone + `"} 4`,
+		`caddy_rate_limit_keys_total{scope="",zone="` + zone + `"} 1`,
 	} {
 		if !strings.Contains(metrics, want) {
-			t.Errorf("/metrics lacks %s; it has:\n%s", want, grep(metrics, "metrics_zone"))
+			t.Errorf("/metrics lacks %s; it has:\n%s", want, grep(metrics, zone))
 		}
 	}
 }

@@ -47,7 +47,9 @@ var ErrAbsent = errors.New("absent")
 const DefaultBodyLimit = 64 << 10
 
 // bodyPlaceholder splits a body field placeholder into its prefix and the
-// path or field it names; ok is false for other placeholders.
+// path or field it names. ok reports whether name is a body placeholder at
+// all: the field may still be empty or malformed, which
+// checkBodyPlaceholder refuses.
 func bodyPlaceholder(name string) (prefix, field string, ok bool) {
 	for _, p := range [...]string{BodyJSONPrefix, BodyFormPrefix, BodyFieldPrefix} {
 		if f, found := strings.CutPrefix(name, p); found {

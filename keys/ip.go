@@ -14,6 +14,9 @@ import (
 // "192.0.2.0/24"). Other values, zoned addresses included, come back as
 // they are, with ok false.
 func canonicalIP(v string, v4, v6 int) (string, bool) {
+	if !couldBeIP(v) {
+		return v, false
+	}
 	addr, err := netip.ParseAddr(v)
 	if err != nil || addr.Zone() != "" {
 		return v, false
@@ -37,6 +40,24 @@ func canonicalIP(v string, v4, v6 int) (string, bool) {
 		return v, false
 	}
 	return p.String(), true
+}
+
+// couldBeIP reports whether v is made of the characters of an unzoned IP
+// address, with a dot or a colon. Most values that are not addresses
+// (names, tokens, emails) are told apart by it, without the error of
+// netip.ParseAddr, which allocates.
+func couldBeIP(v string) bool {
+	sep := false
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == '.' || c == ':':
+			sep = true
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
+		default:
+			return false
+		}
+	}
+	return sep
 }
 
 // ParseCIDRs reads addresses and networks ("192.0.2.0/24", "2001:db8::1")

@@ -61,9 +61,6 @@ func (q *JSONPaths) Add(path string) int {
 	return p
 }
 
-// Len is the number of paths in the set.
-func (q *JSONPaths) Len() int { return len(q.raw) }
-
 // index returns the index of path in the set, or -1.
 func (q *JSONPaths) index(path string) int {
 	for i, p := range q.raw {

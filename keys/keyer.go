@@ -26,7 +26,13 @@ type Keyer struct {
 	norms  []Normalizer
 	secret []byte
 	body   bool
+	// errs[i] are the errors of placeholder part i when it is empty or
+	// given twice, made once: a flood of requests without a key must not
+	// allocate an error each.
+	errs []partErrors
 }
+
+type partErrors struct{ absent, ambiguous error }
 
 // Options are what a Keyer does to the key template's values.
 type Options struct {
@@ -46,6 +52,12 @@ func NewKeyer(template string, opts Options) (*Keyer, error) {
 		return nil, err
 	}
 	k := &Keyer{tmpl: t, v4: opts.IPv4Prefix, v6: opts.IPv6Prefix, norms: opts.Normalizers, secret: opts.Secret, body: t.NeedsBody()}
+	k.errs = make([]partErrors, len(t.parts))
+	for i, p := range t.parts {
+		if p.placeholder {
+			k.errs[i] = partErrors{absent: missingError(p.text, errEmpty), ambiguous: missingError(p.text, ErrAmbiguous)}
+		}
+	}
 	return k, nil
 }
 
@@ -78,7 +90,7 @@ func (k *Keyer) Key(r *http.Request, repl *caddy.Replacer, body *Body) (string, 
 			var err error
 			v, err = k.value(r, repl, body, p.text)
 			if err != nil && (missing == nil || errors.Is(missing, ErrAbsent) && !errors.Is(err, ErrAbsent)) {
-				missing = fmt.Errorf("%w: {%s}: %w", ErrMissing, p.text, err)
+				missing = k.missingError(i, err)
 			}
 		}
 		switch i {
@@ -116,6 +128,25 @@ func (k *Keyer) final(key string) string {
 	return key
 }
 
+// missingError is the error of a key whose placeholder part i could not be
+// read for err.
+func (k *Keyer) missingError(i int, err error) error {
+	switch err {
+	case errEmpty:
+		return k.errs[i].absent
+	case ErrAmbiguous:
+		return k.errs[i].ambiguous
+	}
+	return missingError(k.tmpl.parts[i].text, err)
+}
+
+func missingError(name string, err error) error {
+	return fmt.Errorf("%w: {%s}: %w", ErrMissing, name, err)
+}
+
+// errEmpty is the error of a placeholder whose value is empty.
+var errEmpty = fmt.Errorf("%w: empty", ErrAbsent)
+
 func (k *Keyer) value(r *http.Request, repl *caddy.Replacer, body *Body, name string) (string, error) {
 	v, err := lookup(r, repl, body, name)
 	if err != nil {
@@ -128,7 +159,7 @@ func (k *Keyer) value(r *http.Request, repl *caddy.Replacer, body *Body, name st
 // canonical and masked, then the normalizers.
 func (k *Keyer) transform(v string) (string, error) {
 	if v == "" {
-		return "", fmt.Errorf("%w: empty", ErrAbsent)
+		return "", errEmpty
 	}
 	if ip, ok := canonicalIP(v, k.v4, k.v6); ok {
 		v = ip
@@ -146,8 +177,9 @@ func (k *Keyer) transform(v string) (string, error) {
 	return v, nil
 }
 
-// lookup returns the value of placeholder name: a body field from body, or
-// what repl holds, unless the request gives it more than once. An absent
+// lookup returns the value of placeholder name: a body field from body, a
+// query parameter from the raw query, or what repl holds, unless the
+// request gives it more than once. An absent
 // body field is an error wrapping ErrAbsent; any other placeholder is
 // empty when absent.
 func lookup(r *http.Request, repl *caddy.Replacer, body *Body, name string) (string, error) {
@@ -156,6 +188,13 @@ func lookup(r *http.Request, repl *caddy.Replacer, body *Body, name string) (str
 			return "", fmt.Errorf("%w: body not read", ErrUnreadable)
 		}
 		return body.Field(name)
+	}
+	if param, ok := strings.CutPrefix(name, queryPrefix); ok && r != nil {
+		v, ambiguous := queryValue(r.URL.RawQuery, param)
+		if ambiguous {
+			return "", ErrAmbiguous
+		}
+		return v, nil
 	}
 	if r != nil && repeated(r, name) {
 		return "", ErrAmbiguous
@@ -189,17 +228,15 @@ const (
 	cookiePrefix = "http.request.cookie."
 )
 
-// repeated reports whether r gives the header, query parameter or cookie
-// behind placeholder name more than once, or, for a query parameter, in a
-// spelling Caddy does not read. Caddy would join the headers ("a,b") and
-// pick one of the others, while the application might read any one copy:
-// a limit keyed on it could be stepped around.
+// repeated reports whether r gives the header or cookie behind placeholder
+// name more than once (queryValue tells it of a query parameter). Caddy
+// would join the headers ("a,b") and pick one of the cookies, while the
+// application might read any one copy: a limit keyed on it could be
+// stepped around.
 func repeated(r *http.Request, name string) bool {
 	switch {
 	case strings.HasPrefix(name, headerPrefix):
 		return len(r.Header.Values(strings.TrimPrefix(name, headerPrefix))) > 1
-	case strings.HasPrefix(name, queryPrefix):
-		return queryAmbiguous(r.URL.RawQuery, strings.TrimPrefix(name, queryPrefix))
 	case strings.HasPrefix(name, cookiePrefix):
 		return cookieAmbiguous(r.Cookies(), strings.TrimPrefix(name, cookiePrefix))
 	}
@@ -222,8 +259,16 @@ func cookieAmbiguous(cookies []*http.Cookie, name string) bool {
 	return seen > 1 || seen == 1 && !exact
 }
 
-// queryAmbiguous reports whether a raw query gives parameter name in a way
-// that Caddy and the application may read differently. Caddy reads the
+// queryValue returns the value of parameter name in a raw query, as Go's
+// URL.Query (and so Caddy's placeholder) reads it, unless the query gives
+// it in a way that Caddy and the application may read differently
+// (ambiguous). One pass finds both without allocating (unless the value is
+// escaped), where Caddy's placeholder parses the whole query into a map
+// each time it is read. Go reads no parameter at all of a query of more
+// than 10,000 (urlmaxqueryparams), which the application may still read:
+// the value is taken all the same.
+//
+// Caddy and the application may read a parameter differently. Caddy reads the
 // query with Go's URL.Query, which splits pairs on "&" only and drops every
 // pair that holds a ";" or a bad escape, while Python's urllib.parse before
 // 3.9.2, Rack 2 (Rails before 8.1) and other parsers still deployed split
@@ -235,7 +280,7 @@ func cookieAmbiguous(cookies []*http.Cookie, name string) bool {
 // once, or once where Go does not read it: in "?user=r1&user=victim;x=1"
 // Caddy's placeholder is "r1" while a ";"-splitting application may read
 // "victim", and in "?user=victim;x=1" the placeholder is empty.
-func queryAmbiguous(raw, name string) bool {
+func queryValue(raw, name string) (v string, ambiguous bool) {
 	seen, goReads := 0, false
 	for raw != "" {
 		var seg string
@@ -247,21 +292,25 @@ func queryAmbiguous(raw, name string) bool {
 			key, value, _ := strings.Cut(pair, "=")
 			if decoded := strings.TrimLeft(queryName(key), " "); !strings.EqualFold(decoded, name) {
 				if arrayName(decoded, name) {
-					return true
+					return "", true
 				}
 				continue
 			}
 			if seen++; seen > 1 {
-				return true
+				return "", true
 			}
 			if !semicolon {
 				k, kerr := url.QueryUnescape(key)
-				_, verr := url.QueryUnescape(value)
+				val, verr := url.QueryUnescape(value)
 				goReads = kerr == nil && verr == nil && k == name
+				v = val
 			}
 		}
 	}
-	return seen == 1 && !goReads
+	if seen == 1 && !goReads {
+		return "", true
+	}
+	return v, false
 }
 
 // queryName decodes a query parameter's name leniently: "+" is a space,

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // A query parameter is ambiguous when the raw query gives it more than
@@ -186,5 +187,64 @@ func TestKeyOfOnePlaceholder(t *testing.T) {
 	}
 	if key, err := two.Key(r, repl, nil); err != nil || key != "ip:192.0.2.7" {
 		t.Errorf("a key of two parts: %q, %v", key, err)
+	}
+}
+
+func queryAmbiguous(raw, name string) bool {
+	_, ambiguous := queryValue(raw, name)
+	return ambiguous
+}
+
+// The value queryValue takes from the raw query is the one Go's URL.Query
+// (Caddy's placeholder) reads, whenever the parameter is not ambiguous.
+func FuzzQueryValueIsGoValue(f *testing.F) {
+	for _, s := range []string{"user=a", "user=a%20b+c", "x=1&user=", "user", "us%65r=a", "user=%zz", "a=1;b&user=v"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		v, ambiguous := queryValue(raw, "user")
+		if want := (&url.URL{RawQuery: raw}).Query().Get("user"); !ambiguous && v != want {
+			t.Fatalf("?%s: value %q, Go reads %q", raw, v, want)
+		}
+	})
+}
+
+// A query of more parameters than Go reads (10,000) still gives the value
+// the application reads: Caddy's placeholder is empty for every parameter
+// of it, which "missing skip" would skip.
+func TestQueryValueBeyondGoLimit(t *testing.T) {
+	raw := strings.Repeat("a=1&", 10000) + "user=victim"
+	if len((&url.URL{RawQuery: raw}).Query()) != 0 {
+		t.Skip("this Go reads queries of more than 10,000 parameters")
+	}
+	if v, ambiguous := queryValue(raw, "user"); ambiguous || v != "victim" {
+		t.Fatalf("value %q, ambiguous %v; want victim", v, ambiguous)
+	}
+}
+
+// BenchmarkKey builds a key as a request does, through Caddy's replacer.
+//
+//	go test -run '^$' -bench BenchmarkKey -benchmem ./keys/
+func BenchmarkKey(b *testing.B) {
+	for _, bc := range []struct{ name, template, target string }{
+		{"client_ip", "{http.vars.client_ip}", "/"},
+		{"query", "{http.request.uri.query.user}", "/search?q=caddy&page=2&user=alice&lang=en"},
+		{"query_missing", "{http.request.uri.query.user}", "/search?q=caddy&page=2&lang=en"},
+		{"header_missing", "{http.request.header.X-User}", "/"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			k, err := NewKeyer(bc.template, Options{IPv6Prefix: 64})
+			if err != nil {
+				b.Fatal(err)
+			}
+			r := httptest.NewRequest("GET", bc.target, nil)
+			w := httptest.NewRecorder()
+			r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+			repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+			b.ReportAllocs()
+			for b.Loop() {
+				_, _ = k.Key(r, repl, nil)
+			}
+		})
 	}
 }

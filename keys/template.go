@@ -69,16 +69,6 @@ func ParseTemplate(s string) (Template, error) {
 // String returns the template as written.
 func (t Template) String() string { return t.raw }
 
-// Static reports whether the template has no placeholders.
-func (t Template) Static() bool {
-	for _, p := range t.parts {
-		if p.placeholder {
-			return false
-		}
-	}
-	return true
-}
-
 // Placeholders returns the names of the template's placeholders.
 func (t Template) Placeholders() []string {
 	var names []string

@@ -1,6 +1,8 @@
-// Package memory is the in-process Store: sharded maps of compact per-key
-// state, kept across config reloads in a caddy.UsagePool, with idle keys
-// swept and a cap on keys per zone.
+// Package memory is the in-process Store: for each limit, a table of
+// fixed-size slots holding a 64-bit hash of the key and its compact state
+// (no Go map, no string per key), split over up to 64 locks, kept across
+// config reloads in a caddy.UsagePool, with idle keys swept and a cap on
+// keys per limit.
 package memory
 
 import (
@@ -153,6 +155,10 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	}
 	if cfg.MaxKeys < 0 {
 		return nil, fmt.Errorf("max_keys must be at least 1, got %d", cfg.MaxKeys)
+	}
+	if cfg.Lease > 0 {
+		// Every decision is already local: a lease would only hide units.
+		return nil, fmt.Errorf("lease %d does nothing on the memory backend, which decides every request in this process: remove lease, or use backend redis", cfg.Lease)
 	}
 	p := cfg.Policy
 	switch kind := algorithms.KindOf(name); kind {

@@ -366,7 +366,7 @@ func TestConcurrentUse(t *testing.T) {
 }
 
 // A reload that changes a bucket's rate: the new rate is the refill rate
-// from the reload on, for the old config's state too (the review bug: the
+// from the reload on, for the old config's state too (it once did not: the
 // rate of the config that first created the state kept refilling it).
 func TestReloadChangesRateFromThenOn(t *testing.T) {
 	c := newFakeClock()

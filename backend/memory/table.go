@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"fmt"
 	"hash/maphash"
 	"math/bits"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
 )
 
 // hkey is a key as the table stores it: a 64-bit hash with a random seed.
@@ -132,6 +132,9 @@ type registration[S any] struct {
 	logger  *zap.Logger
 }
 
+func (r *registration[S]) RegisteredBy() any                   { return r.owner }
+func (r *registration[S]) RegisteredPolicy() algorithms.Policy { return r.alg.Policy() }
+
 func newTable[S any](id poolKey, maxKeys int, now func() int64) *table[S] {
 	n := 1
 	for n < maxShards && n*4096 < maxKeys {
@@ -170,12 +173,8 @@ func (t *table[S]) shard(h hkey) *shard[S] {
 func (t *table[S]) register(r *registration[S], now int64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if r.owner != nil {
-		for _, o := range t.regs {
-			if o.owner == r.owner && o.alg.Policy() != r.alg.Policy() {
-				return fmt.Errorf("defined twice in this config with different rates (%v and %v): zones of one name share one state, so give them different names or the same rate", o.alg.Policy(), r.alg.Policy())
-			}
-		}
+	if err := backend.CheckRates(t.regs, r); err != nil {
+		return err
 	}
 	t.regs = append(t.regs, r)
 	t.apply(r, now)

@@ -48,52 +48,10 @@ local function grantCounter(s, W, units)
 	return c
 end
 
--- grantLog gives back the newest live units: events given back whole are
--- marked as a refund marks them, and an event holding more units than are
--- left to give keeps the rest. Giving back every live unit deletes the
--- log; otherwise the walk reads the events in chunks, newest first, and
--- stops where the units run out.
+-- grantLog gives back the newest live units: the log's own function, which
+-- knows how its events and their units are stored.
 local function grantLog(l, units, key, W)
-	if not l.n then return end
-	libL().decide(l, W, 1, 0) -- prunes what has left the window
-	if units >= l.sum then
-		redis.call('DEL', key)
-		return
-	end
-	local HDR, CH = 26, 32
-	local newest
-	local i = l.n
-	while not newest and i > l.h do
-		local lo = max(i - CH + 1, l.h + 1)
-		local chunk = redis.call('GETRANGE', key, HDR + (lo - 1) * l.stride, HDR + i * l.stride - 1)
-		for j = i, lo, -1 do
-			local at = (j - lo) * l.stride + 1
-			local pos = HDR + (j - 1) * l.stride
-			local off = struct.unpack('<d', chunk, at)
-			if off >= 0 then
-				local u = 1
-				if l.wide == 1 then u = struct.unpack('<I4', chunk, at + 8) end
-				if units <= 0 then
-					newest = l.base + off
-					break
-				elseif u <= units then
-					redis.call('SETRANGE', key, pos, struct.pack('<d', -off - 1))
-					l.sum = l.sum - u
-					l.tombs = 1
-					units = units - u
-				else
-					redis.call('SETRANGE', key, pos + 8, struct.pack('<I4', u - units))
-					l.sum = l.sum - units
-					units = 0
-					newest = l.base + off
-					break
-				end
-			end
-		end
-		i = lo - 1
-	end
-	redis.call('SETRANGE', key, 0, struct.pack('<ddBBI4I4', NS + l.base / E9, l.sum, l.wide, l.tombs, l.h, l.n))
-	redis.call('PEXPIRE', key, px(newest + W))
+	libL().grant(l, units, key, W)
 end
 
 -- A grant reads the states loaded (and rebased) above; a key that does

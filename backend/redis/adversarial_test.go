@@ -224,8 +224,8 @@ func TestAdversarialLongLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// At most 300 live events of 12 bytes, as many pruned ones, a header.
-	if n > 26+2*300*12+256 {
+	// At most 300 live events of 20 bytes, as many pruned ones, a header.
+	if n > 26+2*300*20+256 {
 		t.Fatalf("the log string is %d bytes: pruned events are not compacted", n)
 	}
 }

@@ -225,7 +225,7 @@ func parseBatch(cmd *goredis.Cmd, live []*pending) error {
 		if msg, ok := vals[o].(string); ok {
 			// This request failed in Redis (a key of another type, say);
 			// the others were decided.
-			p.err = errors.New(msg)
+			p.err = asKeyFailed(errors.New(msg))
 			o++
 			continue
 		}

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -41,6 +42,9 @@ func newBreaker(logger *zap.Logger, openFor time.Duration) *breaker {
 		Timeout:     openFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= breakerTrips },
 		IsExcluded:  func(err error) bool { return errors.As(err, new(callerGone)) },
+		// Redis answered: one request's keys it could not decide say
+		// nothing about the others, whose calls must not fail with it.
+		IsSuccessful: func(err error) bool { return err == nil || errors.As(err, new(keyFailed)) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
 				b.openedAt.Store(time.Now().UnixNano())
@@ -64,6 +68,24 @@ func newBreaker(logger *zap.Logger, openFor time.Duration) *breaker {
 type callerGone struct{ error }
 
 func (c callerGone) Unwrap() error { return c.error }
+
+// keyFailed is Redis's refusal of one request's keys, one holding a value
+// of another type: Redis answered, and other keys can be decided. (Other
+// errors a script meets, such as READONLY after a failover or OOM, are
+// Redis's and count against it.)
+type keyFailed struct{ error }
+
+func (k keyFailed) Unwrap() error { return k.error }
+
+// asKeyFailed marks err as a failure of the request's keys when Redis
+// refused them for their type: a reply to the call, or the message the
+// batch script caught for the one request.
+func asKeyFailed(err error) error {
+	if err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE ") {
+		return keyFailed{err}
+	}
+	return err
+}
 
 // do runs call through the breaker. Its errors become
 // backend.UnavailableError, except those of a caller that left.
@@ -91,13 +113,24 @@ func (b *breaker) remaining() time.Duration {
 	return max(time.Duration(b.openedAt.Load()+int64(b.openFor)-time.Now().UnixNano()), 0)
 }
 
-// Decide decides through the breaker (backend.Store).
+// Decide decides through the leases and the breaker (backend.Store).
 func (m *Module) Decide(ctx context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
-	return m.breaker.do(ctx, func() (bool, error) { return m.Store.Decide(ctx, reqs, out) })
+	return m.leases.decide(ctx, reqs, out, viaBreaker{m})
 }
 
-// Refund refunds through the breaker (backend.Store).
+// Refund refunds through the leases and the breaker (backend.Store).
 func (m *Module) Refund(ctx context.Context, reqs []backend.Request, granted []algorithms.Result) error {
-	_, err := m.breaker.do(ctx, func() (bool, error) { return true, m.Store.Refund(ctx, reqs, granted) })
+	return m.leases.refund(ctx, reqs, granted, viaBreaker{m})
+}
+
+// viaBreaker calls Redis through the breaker.
+type viaBreaker struct{ m *Module }
+
+func (v viaBreaker) Decide(ctx context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
+	return v.m.breaker.do(ctx, func() (bool, error) { return v.m.Store.Decide(ctx, reqs, out) })
+}
+
+func (v viaBreaker) Refund(ctx context.Context, reqs []backend.Request, granted []algorithms.Result) error {
+	_, err := v.m.breaker.do(ctx, func() (bool, error) { return true, v.m.Store.Refund(ctx, reqs, granted) })
 	return err
 }

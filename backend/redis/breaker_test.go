@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,5 +123,40 @@ func BenchmarkDecideBreakerOpen(b *testing.B) {
 		if _, err := m.Decide(context.Background(), reqs, out); !errors.Is(err, backend.ErrUnavailable) {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A key Redis refuses (one of another type) fails the requests that name
+// it, batched or not: Redis answered, so the breaker stays closed and the
+// other keys are still decided.
+func TestKeyOfAnotherTypeFailsAlone(t *testing.T) {
+	for _, noBatch := range []bool{false, true} {
+		t.Run("nobatch="+strconv.FormatBool(noBatch), func(t *testing.T) {
+			c := standaloneClient(t)
+			prefix := uniquePrefix(t)
+			m := new(Module)
+			var err error
+			if m.Store, err = New(c, Options{KeyPrefix: prefix, NoBatch: noBatch}); err != nil {
+				t.Fatal(err)
+			}
+			m.breaker = newBreaker(zap.NewNop(), time.Hour)
+			z, err := m.Register(backend.LimitConfig{Name: "poisoned", Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: 2, Window: int64(time.Hour)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.HSet(context.Background(), prefix+"poisoned//b{poison}", "f", "1").Err(); err != nil {
+				t.Fatal(err)
+			}
+			out := make([]algorithms.Result, 1)
+			for i := range breakerTrips + 2 {
+				_, err := m.Decide(context.Background(), []backend.Request{{Limit: z, Key: "poison", Cost: 1}}, out)
+				if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
+					t.Fatalf("poisoned key, decision %d: %v, want unavailable for WRONGTYPE", i, err)
+				}
+			}
+			if ok, err := m.Decide(context.Background(), []backend.Request{{Limit: z, Key: "healthy", Cost: 1}}, out); !ok || err != nil {
+				t.Fatalf("another key after the poisoned one: %v %v, want decided and allowed", ok, err)
+			}
+		})
 	}
 }

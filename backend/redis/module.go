@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -16,7 +17,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 )
 
@@ -82,6 +82,7 @@ type Module struct {
 	*Store
 	poolKey string
 	breaker *breaker
+	leases  *leaser // nil until a limit leases
 }
 
 // Sentinel names a master and the Sentinels that know it.
@@ -156,25 +157,10 @@ func (m *Module) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Register registers a limit, refusing what the script cannot decide in bounded
-// time: a sliding_window whose cost varies (a placeholder). Its log then
-// records each event's units, and a denied request's retry time walks the
-// log from its oldest event until enough units leave: with a cost the
-// client chooses, one call can walk the whole log, holding Redis, which
-// serves the whole fleet, for a time that grows with max_events (120 ms
-// and more at 469,000 events), and each new cost escapes the over-limit
-// cache. Until that walk is bounded, such zones use an algorithm whose
-// state is one value per key.
-func (m *Module) Register(cfg backend.LimitConfig) (backend.Limit, error) {
-	if algorithms.KindOf(cfg.Algorithm) == algorithms.KindLog && cfg.Cost == 0 {
-		return nil, errors.New("the redis backend cannot run sliding_window with a cost placeholder: a denied request could make Redis walk the whole log; use token_bucket, gcra or sliding_window_counter, or a constant cost")
-	}
-	return m.Store.Register(cfg)
-}
-
 // Close lets go of the zones and of this config's share of the pool.
 func (m *Module) Close() error {
 	var err error
+	m.leases.close(context.Background(), viaBreaker{m})
 	if m.Store != nil {
 		err = m.Store.Close()
 	}

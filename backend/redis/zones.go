@@ -10,11 +10,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
 )
 
 // MaxSpan is the longest span, in nanoseconds, that the script computes
@@ -79,6 +79,9 @@ type registration struct {
 	owner  any
 	last   *zoneConf // the conf it last made current
 }
+
+func (r *registration) RegisteredBy() any                   { return r.owner }
+func (r *registration) RegisteredPolicy() algorithms.Policy { return r.policy }
 
 type change struct {
 	at    int64
@@ -153,18 +156,18 @@ func burstOf(p algorithms.Policy) int64 {
 func checkExact(alg string, p algorithms.Policy) error {
 	switch {
 	case p.Window > MaxSpan:
-		return fmt.Errorf("window %v is longer than the redis backend computes exactly: at most %s", time.Duration(p.Window), maxSpanText)
+		return fmt.Errorf("window %s is longer than the redis backend computes exactly: at most %s", algorithms.FormatSpan(p.Window), maxSpanText)
 	case p.Limit > MaxSpan:
 		return fmt.Errorf("max_events %d is more than the redis backend counts exactly: at most %d", p.Limit, MaxSpan)
 	}
 	switch scriptKind(alg, p) {
 	case kindQueue:
 		if p.MaxDelay > MaxSpan-p.Interval() {
-			return fmt.Errorf("max_delay %v plus the interval %v is longer than the redis backend computes exactly: at most %s", time.Duration(p.MaxDelay), time.Duration(p.Interval()), maxSpanText)
+			return fmt.Errorf("max_delay %s plus the interval %s is longer than the redis backend computes exactly: at most %s", algorithms.FormatSpan(p.MaxDelay), algorithms.FormatSpan(p.Interval()), maxSpanText)
 		}
 	case kindBucket:
 		if hi, lo := mulU(burstOf(p), p.Interval()); hi != 0 || lo > uint64(MaxSpan) {
-			return fmt.Errorf("burst %d × interval %v is longer than the redis backend computes exactly: at most %s; lower burst or raise max_events", burstOf(p), time.Duration(p.Interval()), maxSpanText)
+			return fmt.Errorf("burst %d × interval %s is longer than the redis backend computes exactly: at most %s; lower burst or raise max_events", burstOf(p), algorithms.FormatSpan(p.Interval()), maxSpanText)
 		}
 	}
 	return nil
@@ -209,12 +212,8 @@ func rebased(d, from, to int64) int64 {
 func (z *zoneState) register(r *registration, now int64) error {
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	if r.owner != nil {
-		for _, o := range z.regs {
-			if o.owner == r.owner && o.policy != r.policy {
-				return fmt.Errorf("defined twice in this config with different rates (%v and %v): zones of one name share one state, so give them different names or the same rate", o.policy, r.policy)
-			}
-		}
+	if err := backend.CheckRates(z.regs, r); err != nil {
+		return err
 	}
 	if stateKind(r.alg) == kindBucket {
 		if err := z.checkRebase(r); err != nil {
@@ -235,11 +234,11 @@ func (z *zoneState) checkRebase(r *registration) error {
 	}
 	m := max(debtBound(r.alg, r.policy), rebased(z.maxDebt, cur.policy.Interval(), r.policy.Interval()))
 	if m > debtLimit(r.alg, r.policy) {
-		return fmt.Errorf("changing the rate from %v to %v would carry debts of up to %v into the new rate, longer than the redis backend computes exactly (at most %s); change the rate in smaller steps", cur.policy, r.policy, time.Duration(m), maxSpanText)
+		return fmt.Errorf("changing the rate from %v to %v would carry debts of up to %s into the new rate, longer than the redis backend computes exactly (at most %s); change the rate in smaller steps", cur.policy, r.policy, algorithms.FormatSpan(m), maxSpanText)
 	}
 	for _, o := range z.regs {
 		if back := rebased(m, r.policy.Interval(), o.policy.Interval()); back > debtLimit(o.alg, o.policy) {
-			return fmt.Errorf("a config still running %v could not take back the debts of %v exactly (up to %v, at most %s)", o.policy, r.policy, time.Duration(back), maxSpanText)
+			return fmt.Errorf("a config still running %v could not take back the debts of %v exactly (up to %s, at most %s)", o.policy, r.policy, algorithms.FormatSpan(back), maxSpanText)
 		}
 	}
 	return nil
@@ -339,7 +338,7 @@ type carried struct {
 // carryMargin is how long, past the old kind's idle span, a new kind still
 // looks for keys of the old one: the old config writes them until it has
 // stopped, which a reload does within moments.
-const carryMargin = int64(time.Hour)
+const carryMargin = 3600 * 1_000_000_000
 
 // carryFrom is what a zone registered in a new kind of state carries usage
 // from: the kinds of the same zone and scope in force in this process, then

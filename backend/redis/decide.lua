@@ -1052,12 +1052,18 @@ local function carry(a)
 		local untl, at = rel(f.untl), rel(f.at)
 		if untl and at and untl > now and at <= now then
 			local okey = keyOf(a.key, fl.pos, f.kind)
+			-- The clock is put back even if a read fails: the requests after
+			-- this one in a batch decide at the real instant.
 			local real = now
 			now = at
-			local os, exists = load(f.kind, okey, f.p1, '', 0, '')
-			local s, t
-			if exists then s, t = fromUsage(a.kind, usage(f.kind, os, f.p1, f.p2), a.p1, a.p2, a.key) end
+			local ok, s, t, exists = pcall(function()
+				local os, found = load(f.kind, okey, f.p1, '', 0, '')
+				if not found then return nil, nil, false end
+				local ns, nt = fromUsage(a.kind, usage(f.kind, os, f.p1, f.p2), a.p1, a.p2, a.key)
+				return ns, nt, true
+			end)
 			now = real
+			if not ok then error(s) end
 			if exists then
 				redis.call('SET', okey, string.format('m%s:%d:%d:%d', a.kind, a.p1, a.p2, fl.pos), 'KEEPTTL')
 				if t then

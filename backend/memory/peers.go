@@ -2,6 +2,7 @@ package memory
 
 import (
 	"slices"
+	"sync/atomic"
 
 	"github.com/sluicehq/sluice/algorithms"
 )
@@ -14,6 +15,13 @@ import (
 // are live they are peers: Decide decides a request of either config by
 // both tables at once, all or nothing, so neither admits what the other
 // has taken.
+
+// links counts the takeovers whose tables are linked. A decision that
+// found a key's tables before a takeover and locked them after it may
+// have missed a table that was already reading them: it reads links before
+// looking for peers, and starts over if it changed by the time it holds
+// its locks. Takeovers come with reloads, so starting over is rare.
+var links atomic.Uint64
 
 // peer is a table as a table of another kind of state sees it.
 type peer interface {
@@ -55,6 +63,7 @@ func takeOver[S any](t *table[S]) {
 		t.link(p)
 		keys += p.Keys()
 	}
+	links.Add(1)
 	t.reserve(keys)
 	for _, p := range others {
 		p.translateInto(t, t.now())
@@ -168,8 +177,24 @@ func (t *table[S]) unlink(p peer) {
 	t.peers.Store(&ps)
 }
 
-// linked returns the peers of t, in the order they were linked.
+// linked returns the peers of t, in the order they were linked. Once no
+// config holds t, they are every table of its limit still in force:
+// Caddy cleans an old config up without waiting for its requests, and one
+// still in flight, perhaps across later reloads, must be counted by the
+// tables its keys were translated into.
 func (t *table[S]) linked() []peerLink {
+	if t.dead.Load() {
+		var ps []peerLink
+		tables.Range(func(k, v any) bool {
+			if pk := k.(poolKey); pk.name == t.id.name && pk.scope == t.id.scope && v != any(t) {
+				if p, ok := v.(peer); ok {
+					ps = append(ps, peerLink{t: p, z: p.zone()})
+				}
+			}
+			return true
+		})
+		return ps
+	}
 	if ps := t.peers.Load(); ps != nil {
 		return *ps
 	}

@@ -159,3 +159,95 @@ func TestCoprimeStepVisitsAll(t *testing.T) {
 		}
 	}
 }
+
+// A request of the old config that looked for peers just before the new
+// table was linked, and took its unit just after its key was translated,
+// would be counted by the old table only: once the old config is gone, the
+// new table has that unit to give again. Many reloads race deciders so
+// that some land in that gap; none may leave the new table more room than
+// the limit minus what was admitted.
+func TestSwitchNeverLosesARacingRequest(t *testing.T) {
+	const limit = 1_000_000_000 // never reached: every request takes a unit
+	p := algorithms.Policy{Limit: limit, Window: 3600 * sec}
+	kinds := []string{algorithms.NameSlidingCounter, algorithms.NameTokenBucket, algorithms.NameFixedWindow}
+	iterations := 100
+	if testing.Short() {
+		iterations = 30
+	}
+	for it := 0; it < iterations; it++ {
+		c := newFakeClock()
+		name := fmt.Sprint(t.Name(), it)
+		old, oz := reloadTo(t, c, name, kinds[it%len(kinds)], p)
+		var admitted atomic.Int64
+		var started sync.WaitGroup
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			started.Add(1)
+			go func() {
+				defer wg.Done()
+				out := make([]algorithms.Result, 1)
+				reqs := []backend.Request{{Limit: oz, Key: "k", Cost: 1}}
+				first := true
+				for {
+					if ok, _ := old.Decide(context.Background(), reqs, out); ok {
+						admitted.Add(1)
+					}
+					if first {
+						started.Done()
+						first = false
+					}
+					select {
+					case <-stop:
+						return
+					default:
+					}
+				}
+			}()
+		}
+		started.Wait()
+		cur, nz := reloadTo(t, c, name, kinds[(it+1)%len(kinds)], p)
+		close(stop)
+		wg.Wait()
+		if err := old.Close(); err != nil {
+			t.Fatal(err)
+		}
+		n := admitted.Load()
+		// The new table may have less room (translation rounds down), never
+		// more than limit − n.
+		if ok, out := decide(t, cur, backend.Request{Limit: nz, Key: "k", Cost: limit - n + 1}); ok {
+			t.Fatalf("iteration %d: %d admitted through the old config, yet the new one (%s → %s) took %d more (remaining %d): a racing request was lost",
+				it, n, kinds[it%len(kinds)], kinds[(it+1)%len(kinds)], limit-n+1, out[0].Remaining)
+		}
+		_ = cur.Close()
+	}
+}
+
+// Caddy does not wait for the old config's requests to finish before it
+// cleans the old config up: a request already in its handler decides
+// through a table that is gone from the pool, after its keys were
+// translated, perhaps after more reloads. It must be counted by the tables
+// in force then, not by the dead one alone.
+func TestStragglerOfAFinishedConfigIsCounted(t *testing.T) {
+	c := newFakeClock()
+	name := t.Name()
+	p := algorithms.Policy{Limit: 10, Window: 3600 * sec}
+	first, fz := reloadTo(t, c, name, algorithms.NameSlidingWindow, p)
+	spend(t, first, fz, "k", []int64{3})
+	second, sz := reloadTo(t, c, name, algorithms.NameTokenBucket, p)
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	spend(t, first, fz, "k", []int64{1}) // in flight across the clean-up
+	admits(t, second, sz, "k", 7, 6, "4 of 10 used through the first config")
+
+	third, tz := reloadTo(t, c, name, algorithms.NameFixedWindow, p)
+	defer third.Close()
+	if err := second.Close(); err != nil {
+		t.Fatal(err)
+	}
+	spend(t, first, fz, "other", []int64{2}) // in flight across two reloads
+	admits(t, third, tz, "other", 9, 8, "2 of 10 used through the first config")
+	admits(t, third, tz, "k", 1, 0, "spent")
+}

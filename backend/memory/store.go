@@ -139,7 +139,7 @@ type zoneOps interface {
 	decide(h hkey, now, cost int64) algorithms.Result
 	take(h hkey, now, cost int64)
 	// decideOne locks, decides and takes when allowed (or shadow-allowed).
-	decideOne(h hkey, now, cost int64) algorithms.Result
+	decideOne(h hkey, now, cost int64) (algorithms.Result, bool)
 	// refund locks and gives back what granted took from the key.
 	refund(h hkey, now int64, granted algorithms.Result, cost int64)
 	// peers are the tables of the same limit with another kind of state,
@@ -277,10 +277,18 @@ func (z *zone[S]) refund(h hkey, now int64, granted algorithms.Result, cost int6
 }
 
 // decideOne is the path of a request that matched one zone: one probe
-// finds the key, and the new state is written in place.
-func (z *zone[S]) decideOne(h hkey, now, cost int64) algorithms.Result {
+// finds the key, and the new state is written in place. It returns false,
+// deciding nothing, if a table of another kind was linked since the caller
+// looked (its translation of this shard may already have been read, and a
+// unit taken here alone would be lost to it once this table is gone), or
+// if no config holds the table any more.
+func (z *zone[S]) decideOne(h hkey, now, cost int64) (algorithms.Result, bool) {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
+	if z.t.peers.Load() != nil || z.t.dead.Load() {
+		sh.mu.Unlock()
+		return algorithms.Result{}, false
+	}
 	alg := z.t.current(sh).alg
 	i, found := -1, false
 	var s S
@@ -298,7 +306,7 @@ func (z *zone[S]) decideOne(h hkey, now, cost int64) algorithms.Result {
 		}
 	}
 	sh.mu.Unlock()
-	return r
+	return r, true
 }
 
 // located is one request resolved to its zone, key hash and shard.
@@ -342,12 +350,25 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 			return false, fmt.Errorf("zone %q was not registered with the memory backend", reqs[0].Limit.Name())
 		}
 		if len(z.peers()) == 0 {
-			out[0] = z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0))
-			out[0].At = now
-			return out[0].Allowed || reqs[0].Shadow, nil
+			if r, ok := z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0)); ok {
+				out[0] = r
+				out[0].At = now
+				return r.Allowed || reqs[0].Shadow, nil
+			}
 		}
 	}
+	for {
+		if ok, again, err := decideLinked(reqs, out, now); !again {
+			return ok, err
+		}
+	}
+}
 
+// decideLinked decides reqs by their tables and the tables' peers. It
+// returns again, deciding nothing, if a takeover linked tables between the
+// look at the peers and the locks (links).
+func decideLinked(reqs []backend.Request, out []algorithms.Result, now int64) (ok, again bool, err error) {
+	gen := links.Load()
 	var buf [8]located
 	loc := buf[:0]
 	if len(reqs) > len(buf) {
@@ -356,7 +377,7 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 	for i, r := range reqs {
 		z, ok := r.Limit.(zoneOps)
 		if !ok {
-			return false, fmt.Errorf("zone %q was not registered with the memory backend", r.Limit.Name())
+			return false, false, fmt.Errorf("zone %q was not registered with the memory backend", r.Limit.Name())
 		}
 		h, cost := z.hash(r.Key), max(r.Cost, 0)
 		loc = locate(loc, z, h, cost, int32(i))
@@ -378,6 +399,9 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 			m.mu.Unlock()
 		}
 	}()
+	if links.Load() != gen {
+		return false, true, nil
+	}
 
 	// Without peers each request has one entry, at its own index.
 	res := out[:len(reqs)]
@@ -407,7 +431,7 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 		}
 	}
 	if !allowed {
-		return false, nil
+		return false, false, nil
 	}
 	for i := range loc {
 		l := &loc[i]
@@ -415,7 +439,7 @@ func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorith
 			l.z.take(l.h, now, l.cost)
 		}
 	}
-	return true, nil
+	return true, false, nil
 }
 
 // stricter is the answer to a request that its own table answered a and a

@@ -96,6 +96,9 @@ type table[S any] struct {
 	// state (a reload that changed the algorithm, while the old config
 	// still serves): a request is decided by all of them (peers.go).
 	peers atomic.Pointer[[]peerLink]
+	// dead is set when no config holds the table any more; requests the
+	// old config still has in flight then decide by the tables in force.
+	dead atomic.Bool
 
 	stop chan struct{}
 	wake chan struct{} // the sweep interval changed
@@ -547,9 +550,12 @@ func (t *table[S]) run() {
 // Destruct stops the sweeper when the last config using the table is gone.
 func (t *table[S]) Destruct() error {
 	t.once.Do(func() {
+		t.dead.Store(true)
 		close(t.stop)
-		for _, l := range t.linked() {
-			l.t.unlink(t)
+		if ps := t.peers.Load(); ps != nil {
+			for _, l := range *ps {
+				l.t.unlink(t)
+			}
 		}
 		t.peers.Store(nil)
 	})

@@ -199,11 +199,15 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	}
 	kind := stateKind(alg)
 	key := poolKey{s.prefix, cfg.Name, cfg.Scope, kind}
-	v, _, err := zoneStates.LoadOrNew(key, func() (caddy.Destructor, error) { return newZoneState(), nil })
+	prefix := zonePrefix(s.prefix, cfg.Name, cfg.Scope, kind)
+	v, loaded, err := zoneStates.LoadOrNew(key, func() (caddy.Destructor, error) { return newZoneState(), nil })
 	if err != nil {
 		return nil, err
 	}
 	st := v.(*zoneState)
+	if !loaded {
+		st.from = carryFrom(key, len(prefix)-1, s.now())
+	}
 	reg := &registration{alg: alg, policy: cfg.Policy, owner: cfg.Owner}
 	if err := st.register(reg, s.now()); err != nil {
 		_, _ = zoneStates.Delete(key)
@@ -212,7 +216,7 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	s.mu.Lock()
 	s.held = append(s.held, held{key: key, z: st, reg: reg})
 	s.mu.Unlock()
-	return &zone{name: cfg.Name, prefix: zonePrefix(s.prefix, cfg.Name, cfg.Scope, kind), st: st}, nil
+	return &zone{name: cfg.Name, prefix: prefix, st: st}, nil
 }
 
 // Close lets go of this store's zones; a zone's history is dropped when no
@@ -343,7 +347,7 @@ func (s *Store) prepare(ctx context.Context, mode string, gs []group, items []it
 
 func itemArgs(args []any, it *item, x1, x2 string) []any {
 	c := it.conf
-	return append(args, c.kind, c.p1, c.p2, strconv.FormatInt(it.cost, 10), x1, x2, c.lin, c.gen, c.hist)
+	return append(args, c.kind, c.p1, c.p2, strconv.FormatInt(it.cost, 10), x1, x2, c.lin, c.gen, c.hist, c.from)
 }
 
 // Decide answers reqs all or nothing (backend.Store). On a cluster, keys

@@ -65,6 +65,9 @@ type zoneState struct {
 	maxDebt int64 // bucket kinds: the largest debt a state can hold now
 
 	conf atomic.Pointer[zoneConf]
+	// from are the other kinds of state of the zone whose keys may hold
+	// usage when this kind was first registered (carryFrom).
+	from []carried
 	// seen is the newest generation a call has decided or refunded with:
 	// keys may have been written under it.
 	seen atomic.Int64
@@ -96,6 +99,7 @@ type zoneConf struct {
 	lin    string
 	gen    string
 	hist   string
+	from   string // the script's from argument
 
 	genN    int64
 	maxDebt int64 // the zone's maxDebt when this conf was made
@@ -316,5 +320,90 @@ func (z *zoneState) apply(r *registration, now int64) {
 		fmt.Fprintf(&h, "%d,%d,%d", c.at, c.gen, c.param)
 	}
 	next.hist = h.String()
+	next.from = fromArg(z.from)
 	z.conf.Store(next)
+}
+
+// carried is a kind of state a zone may carry usage from: the script reads
+// such a key when the zone's own is absent, until the old kind's keys have
+// all expired.
+type carried struct {
+	pos    int // where the kind letter is in the key, from 1
+	kind   string
+	p1, p2 string
+	at     int64 // when the zone changed kind: usage is translated as of then
+	until  int64
+}
+
+// carryMargin is how long, past the old kind's idle span, a new kind still
+// looks for keys of the old one: the old config writes them until it has
+// stopped, which a reload does within moments.
+const carryMargin = 3600 * 1_000_000_000
+
+// carryFrom is what a zone registered in a new kind of state carries usage
+// from: the kinds of the same zone and scope in force in this process, then
+// those they were still carrying from, one entry per key letter.
+func carryFrom(key poolKey, pos int, now int64) []carried {
+	var out []carried
+	var older []carried
+	has := map[byte]bool{key.kind: true}
+	zoneStates.Range(func(k, v any) bool {
+		pk := k.(poolKey)
+		if pk.prefix != key.prefix || pk.name != key.name || pk.scope != key.scope || pk.kind == key.kind {
+			return true
+		}
+		st := v.(*zoneState)
+		st.mu.Lock()
+		c, from := st.conf.Load(), st.from
+		st.mu.Unlock()
+		if c == nil {
+			return true
+		}
+		has[pk.kind] = true
+		out = append(out, carried{pos: pos, kind: c.kind, p1: c.p1, p2: c.p2, at: now, until: now + idleSpan(c) + carryMargin})
+		older = append(older, from...)
+		return true
+	})
+	for _, f := range older {
+		if l := keyLetter(f.kind); !has[l] && f.until > now {
+			has[l] = true
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// idleSpan bounds how long a key written under c stays in use.
+func idleSpan(c *zoneConf) int64 {
+	switch c.kind[0] {
+	case kindBucket, kindQueue:
+		return c.maxDebt
+	case kindCounter:
+		return 2 * c.policy.Window
+	}
+	return c.policy.Window
+}
+
+func fromArg(from []carried) string {
+	if len(from) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d|", from[0].pos)
+	for i, f := range from {
+		if i > 0 {
+			b.WriteByte(';')
+		}
+		fmt.Fprintf(&b, "%s,%s,%s,%d,%d", f.kind, f.p1, f.p2, f.at, f.until)
+	}
+	return b.String()
+}
+
+// keyLetter is the letter of a script kind in the key: the queue keeps a
+// bucket's state.
+func keyLetter(kind string) byte {
+	if kind[0] == kindQueue {
+		return kindBucket
+	}
+	return kind[0]
 }

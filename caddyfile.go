@@ -121,8 +121,10 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        max_keys   <n>
 //	        fail       open|closed|local
 //	        lease      <n>
+//	        count_when <response matcher>
+//	        reset_when <response matcher>
 //	        scope <name> {
-//	            <the options above, from key to lease>
+//	            <the options above, from key to reset_when>
 //	        }
 //	        allow       <cidr...>
 //	        deny        <cidr...>
@@ -470,6 +472,10 @@ func (p *limitParser) option(opt string) error {
 		if l.Fail, err = oneArg(d); err == nil && !validFail(l.Fail) {
 			return d.Errf("%s: fail must be open, closed or local, got %q", p.where, l.Fail)
 		}
+	case "count_when":
+		l.CountWhen, err = parseResponseMatcher(d, p.where, opt)
+	case "reset_when":
+		l.ResetWhen, err = parseResponseMatcher(d, p.where, opt)
 	case "missing":
 		if l.Missing, err = oneArg(d); err == nil {
 			switch l.Missing {

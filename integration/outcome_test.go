@@ -1,0 +1,311 @@
+package integration
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// loginUpstream is the application behind the proxy: X-Password "right"
+// logs in (200), anything else is refused (401). It counts the requests
+// that reach it, per answer.
+type loginUpstream struct {
+	srv         *httptest.Server
+	right       atomic.Int64
+	wrong       atomic.Int64
+	gate        chan struct{} // when not nil, a wrong password waits for it to close
+	arrivedOnce sync.Once
+}
+
+func newLoginUpstream(t *testing.T, gated bool) *loginUpstream {
+	u := &loginUpstream{}
+	if gated {
+		u.gate = make(chan struct{})
+	}
+	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Password") == "right" {
+			u.right.Add(1)
+			w.WriteHeader(http.StatusOK)
+			fmt.Fprint(w, "welcome")
+			return
+		}
+		u.wrong.Add(1)
+		if u.gate != nil {
+			<-u.gate
+		}
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprint(w, "wrong password")
+	}))
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+func (u *loginUpstream) open() { u.arrivedOnce.Do(func() { close(u.gate) }) }
+
+// outcomeBackends runs f on the memory store and on a real Redis.
+func outcomeBackends(t *testing.T, f func(t *testing.T, backend, zonePrefix string)) {
+	t.Run("memory", func(t *testing.T) { f(t, "", "outcome_mem_") })
+	t.Run("redis", func(t *testing.T) {
+		redis := redistest.Standalone(t, "")
+		prefix := fmt.Sprintf("outcome%d:", time.Now().UnixNano())
+		f(t, fmt.Sprintf("backend redis {\n\t\t\taddress %s\n\t\t\tkey_prefix %s\n\t\t}", redis.Addr, prefix), "outcome_redis_")
+	})
+}
+
+// loginSite proxies every request to the upstream behind one zone with
+// the given options, keyed by client address.
+func loginSite(t *testing.T, backend, zone, opts string, u *loginUpstream) *caddytest.Tester {
+	return newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %s {
+			by ip
+			%s
+		}
+	}
+	reverse_proxy %s`, backend, zone, opts, strings.TrimPrefix(u.srv.URL, "http://"))), "caddyfile")
+}
+
+func login(t *testing.T, tester *caddytest.Tester, password string) int {
+	t.Helper()
+	code, _, _ := do(t, tester, "POST", "/login", "X-Password", password)
+	return code
+}
+
+// Only failed logins count: 20 right passwords from the same address pass
+// among 5 wrong ones, the sixth wrong one is refused, and once locked out
+// the address reaches the application no more.
+func TestOutcomeCountWhenLogin(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newLoginUpstream(t, false)
+		tester := loginSite(t, backend, prefix+"count", "rate 5/15m\n\t\t\tcount_when status 401 403", u)
+		wrong := 0
+		for i := range 20 {
+			if got := login(t, tester, "right"); got != http.StatusOK {
+				t.Fatalf("right password #%d: %d, want 200", i+1, got)
+			}
+			if i%4 == 3 {
+				wrong++
+				if got := login(t, tester, "wrong"); got != http.StatusUnauthorized {
+					t.Fatalf("wrong password #%d: %d, want 401", wrong, got)
+				}
+			}
+		}
+		if got := login(t, tester, "wrong"); got != http.StatusTooManyRequests {
+			t.Fatalf("sixth wrong password: %d, want 429", got)
+		}
+		if got := login(t, tester, "right"); got != http.StatusTooManyRequests {
+			t.Fatalf("a right password while locked out: %d, want 429", got)
+		}
+		if u.right.Load() != 20 || u.wrong.Load() != 5 {
+			t.Fatalf("upstream saw %d right and %d wrong passwords, want 20 and 5", u.right.Load(), u.wrong.Load())
+		}
+	})
+}
+
+// 50 wrong passwords at once, while the application is slow to answer:
+// the units are taken before the request is handed on, so exactly the
+// limit reaches the application and the rest are refused at once.
+func TestOutcomeConcurrentWrongPasswords(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newLoginUpstream(t, true)
+		tester := loginSite(t, backend, prefix+"flood", "rate 5/15m\n\t\t\tcount_when status 401", u)
+		const n = 50
+		var wg sync.WaitGroup
+		var denied, unauthorized, other atomic.Int64
+		for range n {
+			wg.Go(func() {
+				req, _ := http.NewRequest("POST", httpBase+"/login", nil)
+				req.Header.Set("X-Password", "wrong")
+				resp, err := tester.Client.Do(req)
+				if err != nil {
+					other.Add(1)
+				} else {
+					resp.Body.Close()
+					switch resp.StatusCode {
+					case http.StatusTooManyRequests:
+						denied.Add(1)
+					case http.StatusUnauthorized:
+						unauthorized.Add(1)
+					default:
+						other.Add(1)
+					}
+				}
+				// The application answers once every request was either
+				// refused or is waiting in it: none can still slip in.
+				if denied.Load()+u.wrong.Load() >= n {
+					u.open()
+				}
+			})
+		}
+		// A request that neither got refused nor reached the application
+		// would hold the gate shut: open it after a while regardless.
+		timer := time.AfterFunc(10*time.Second, u.open)
+		wg.Wait()
+		timer.Stop()
+		if u.wrong.Load() != 5 || unauthorized.Load() != 5 || denied.Load() != n-5 || other.Load() != 0 {
+			t.Fatalf("upstream saw %d; answers: %d 401, %d 429, %d other; want 5, 5, %d, 0", u.wrong.Load(), unauthorized.Load(), denied.Load(), other.Load(), n-5)
+		}
+	})
+}
+
+// Giving back the units of successes never gives back more than they took:
+// after many right passwords, in series and at once, mixed with wrong
+// ones, the wrong ones still stop at exactly the limit, on every
+// algorithm.
+func TestOutcomeRefundNeverMoreThanTaken(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		for _, alg := range []string{"sliding_window", "sliding_window_counter", "fixed_window", "token_bucket", "gcra"} {
+			t.Run(alg, func(t *testing.T) {
+				u := newLoginUpstream(t, false)
+				tester := loginSite(t, backend, prefix+"refund_"+alg, "rate 5/15m\n\t\t\talgorithm "+alg+"\n\t\t\tcount_when status 401", u)
+				for i := range 3 {
+					if got := login(t, tester, "wrong"); got != http.StatusUnauthorized {
+						t.Fatalf("wrong password #%d: %d, want 401", i+1, got)
+					}
+				}
+				var wg sync.WaitGroup
+				var wrongAdmitted atomic.Int64
+				for i := range 40 {
+					wg.Go(func() {
+						pw := "right"
+						if i%10 == 0 {
+							pw = "wrong"
+						}
+						code := login(t, tester, pw)
+						if pw == "wrong" && code == http.StatusUnauthorized {
+							wrongAdmitted.Add(1)
+						}
+					})
+				}
+				wg.Wait()
+				left := 2 - wrongAdmitted.Load()
+				if left < 0 {
+					t.Fatalf("%d wrong passwords admitted at once after 3, want at most 2", wrongAdmitted.Load())
+				}
+				for i := range left {
+					if got := login(t, tester, "wrong"); got != http.StatusUnauthorized {
+						t.Fatalf("wrong password #%d of the %d left: %d, want 401", i+1, left, got)
+					}
+				}
+				if got := login(t, tester, "wrong"); got != http.StatusTooManyRequests {
+					t.Fatalf("wrong password past the limit: %d, want 429", got)
+				}
+				if u.wrong.Load() != 5 {
+					t.Fatalf("upstream saw %d wrong passwords, want 5", u.wrong.Load())
+				}
+			})
+		}
+	})
+}
+
+// An upstream that cannot be reached answers 502 through Caddy's error
+// path, before anything is written: the limits see that status, so a
+// limit counting 5xx counts it and one counting 401 does not.
+func TestOutcomeUpstreamError(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	route /fivexx {
+		rate_limit {
+			zone outcome_bad_gateway {
+				key static
+				rate 2/1m
+				count_when status 5xx
+			}
+		}
+		reverse_proxy 127.0.0.1:1
+	}
+	route /unauthorized {
+		rate_limit {
+			zone outcome_bad_gateway_401 {
+				key static
+				rate 2/1m
+				count_when status 401
+			}
+		}
+		reverse_proxy 127.0.0.1:1
+	}`), "caddyfile")
+	expectN(t, tester, 2, http.StatusBadGateway, "GET", "/fivexx")
+	expect429(t, tester, 1, 60, "GET", "/fivexx")
+	expectN(t, tester, 10, http.StatusBadGateway, "GET", "/unauthorized")
+}
+
+// A streamed response goes out as it is written: the client reads the
+// first chunk while the application has not finished.
+func TestOutcomeStreamNotBuffered(t *testing.T) {
+	release := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "first;")
+		http.NewResponseController(w).Flush()
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		fmt.Fprint(w, "last")
+	}))
+	defer upstream.Close()
+	tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		zone outcome_stream {
+			key static
+			rate 1/1m
+			count_when status 4xx
+		}
+	}
+	reverse_proxy %s {
+		flush_interval -1
+	}`, strings.TrimPrefix(upstream.URL, "http://"))), "caddyfile")
+	for i := range 2 {
+		resp, err := tester.Client.Get(httpBase + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := make([]byte, len("first;"))
+		start := time.Now()
+		if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "first;" {
+			t.Fatalf("request %d: first chunk %q, %v", i+1, first, err)
+		}
+		if waited := time.Since(start); waited > 5*time.Second {
+			t.Fatalf("request %d: the first chunk came after %v, only once the response ended", i+1, waited)
+		}
+		release <- struct{}{}
+		rest, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(rest) != "last" {
+			t.Fatalf("request %d: rest %q", i+1, rest)
+		}
+	}
+}
+
+func TestOutcomeConfigErrors(t *testing.T) {
+	for _, tc := range []struct{ name, opts, want string }{
+		{"unknown matcher", "count_when method GET", "unrecognized response matcher method"},
+		{"bad status", "count_when status 4x", "bad status value"},
+		{"status out of range", "count_when status 700", "count_when: status 700 is neither"},
+		{"no argument", "reset_when", "give a status or a header"},
+		{"queue", "algorithm leaky_bucket\n\t\t\tmax_delay 1s\n\t\t\tcount_when status 401", "count_when cannot be used with max_delay"},
+		{"twice", "count_when status 401\n\t\t\tcount_when status 403", "count_when already specified"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assertLoadError(t, caddyfileServer(`
+	rate_limit {
+		zone outcome_bad {
+			key static
+			rate 5/1m
+			`+tc.opts+`
+		}
+	}
+	respond "ok"`), "caddyfile", tc.want)
+		})
+	}
+}

@@ -1,0 +1,69 @@
+package sluice
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func TestOutcomeWriterStatus(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		write func(w http.ResponseWriter)
+		err   error
+		want  int
+	}{
+		{"written", func(w http.ResponseWriter) { w.WriteHeader(401) }, nil, 401},
+		{"early hints first", func(w http.ResponseWriter) { w.WriteHeader(103); w.WriteHeader(403) }, nil, 403},
+		{"switching protocols", func(w http.ResponseWriter) { w.WriteHeader(101) }, nil, 101},
+		{"second header ignored", func(w http.ResponseWriter) { w.WriteHeader(200); w.WriteHeader(500) }, nil, 200},
+		{"body only", func(w http.ResponseWriter) { w.Write([]byte("x")) }, nil, 200},
+		{"read from", func(w http.ResponseWriter) { _, _ = w.(*outcomeWriter).ReadFrom(strings.NewReader("body")) }, nil, 200},
+		{"flushed", func(w http.ResponseWriter) { http.NewResponseController(w).Flush() }, nil, 200},
+		{"nothing", func(http.ResponseWriter) {}, nil, 200},
+		{"handler error", func(http.ResponseWriter) {}, caddyhttp.Error(502, errors.New("dial")), 502},
+		{"wrapped handler error", func(http.ResponseWriter) {}, errors.Join(errors.New("x"), caddyhttp.Error(504, nil)), 504},
+		{"plain error", func(http.ResponseWriter) {}, errors.New("boom"), 500},
+		{"written before an error", func(w http.ResponseWriter) { w.WriteHeader(401) }, errors.New("late"), 401},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			o := &outcomeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: rec}}
+			tc.write(o)
+			if got := o.finalStatus(tc.err); got != tc.want {
+				t.Fatalf("status %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheckOutcome(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		l    Limit
+		want string
+	}{
+		{"status", Limit{CountWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{401, 4}}}, ""},
+		{"header", Limit{ResetWhen: &caddyhttp.ResponseMatcher{Headers: http.Header{"X-Login": {"ok"}}}}, ""},
+		{"empty", Limit{CountWhen: &caddyhttp.ResponseMatcher{}}, "count_when: give a status or a header"},
+		{"empty status list", Limit{ResetWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{}}}, "reset_when: status needs at least one code"},
+		{"class 6", Limit{CountWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{6}}}, "count_when: status 6 is neither"},
+		{"code 99", Limit{CountWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{99}}}, "count_when: status 99 is neither"},
+		{"negative", Limit{ResetWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{-200}}}, "reset_when: status -200"},
+		{"queue", Limit{MaxDelay: 1, CountWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{401}}}, "count_when cannot be used with max_delay"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.l.checkOutcome()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatal(err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

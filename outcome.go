@@ -142,17 +142,18 @@ func (h *Handler) settle(o *outcomeWriter, r *http.Request, status int) {
 	}
 }
 
-// keyResetter is what reset_when needs of a store.
-type keyResetter interface {
-	Reset(ctx context.Context, l backend.Limit, key string) error
-}
-
+// resetKey clears key in l, then has the other sites of the zone forget
+// any denial of it they remember, as a reset through the admin API does.
 func (h *Handler) resetKey(ctx context.Context, store backend.Store, l *Limit, key string) error {
-	rs, ok := store.(keyResetter)
+	admin, ok := store.(backend.Admin)
 	if !ok {
-		return fmt.Errorf("the store cannot clear keys")
+		return fmt.Errorf("the %T backend cannot clear keys", store)
 	}
-	return rs.Reset(ctx, l.handle, key)
+	if err := admin.Reset(ctx, l.handle, key); err != nil {
+		return err
+	}
+	othersForget(zoneUse{z: l.zone, h: h}, l.scope, key)
+	return nil
 }
 
 // provisionOutcome notes whether l settles by the response, and checks
@@ -162,7 +163,7 @@ func (h *Handler) provisionOutcome(l *Limit) error {
 		return nil
 	}
 	h.outcomes = true
-	if _, ok := h.store.(keyResetter); l.ResetWhen != nil && !ok {
+	if _, ok := h.store.(backend.Admin); l.ResetWhen != nil && !ok {
 		return fmt.Errorf("zone %q: reset_when: the %T backend cannot clear keys", l.zone.name, h.store)
 	}
 	return nil

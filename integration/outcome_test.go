@@ -113,6 +113,32 @@ func TestOutcomeCountWhenLogin(t *testing.T) {
 	})
 }
 
+// A right password forgives the failures before it.
+func TestOutcomeResetWhenLogin(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newLoginUpstream(t, false)
+		tester := loginSite(t, backend, prefix+"reset", "rate 5/15m\n\t\t\tcount_when status 4xx\n\t\t\treset_when status 2xx", u)
+		for round := range 3 {
+			for i := range 4 {
+				if got := login(t, tester, "wrong"); got != http.StatusUnauthorized {
+					t.Fatalf("round %d: wrong password #%d: %d, want 401", round, i+1, got)
+				}
+			}
+			if got := login(t, tester, "right"); got != http.StatusOK {
+				t.Fatalf("round %d: right password: %d, want 200", round, got)
+			}
+		}
+		for i := range 5 {
+			if got := login(t, tester, "wrong"); got != http.StatusUnauthorized {
+				t.Fatalf("wrong password #%d after the last success: %d, want 401", i+1, got)
+			}
+		}
+		if got := login(t, tester, "wrong"); got != http.StatusTooManyRequests {
+			t.Fatalf("sixth wrong password in a row: %d, want 429", got)
+		}
+	})
+}
+
 // 50 wrong passwords at once, while the application is slow to answer:
 // the units are taken before the request is handed on, so exactly the
 // limit reaches the application and the rest are refused at once.

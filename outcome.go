@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -34,7 +35,19 @@ type outcomeWriter struct {
 	limitBuf [2]*Limit
 	reqBuf   [2]backend.Request
 	outBuf   [2]algorithms.Result
+	detached detachedContext
 }
+
+// detachedContext is context.WithoutCancel's behaviour, kept inside the
+// writer: the refund and reset run after the response whether the client
+// stayed or not, and WithoutCancel would allocate its context on every
+// settled request.
+type detachedContext struct{ parent context.Context }
+
+func (detachedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (detachedContext) Done() <-chan struct{}       { return nil }
+func (detachedContext) Err() error                  { return nil }
+func (c *detachedContext) Value(key any) any        { return c.parent.Value(key) }
 
 // watchOutcome returns a writer that settles s's limits that count or
 // reset by the response, or nil when the request matched none.
@@ -121,7 +134,8 @@ func (h *Handler) serveOutcome(o *outcomeWriter, r *http.Request, next caddyhttp
 // It runs after the response, so a client that left does not stop it.
 func (h *Handler) settle(o *outcomeWriter, r *http.Request, status int) {
 	hdr := o.Header()
-	ctx := context.WithoutCancel(r.Context())
+	o.detached.parent = r.Context()
+	ctx := &o.detached
 	n := 0
 	for i, l := range o.limits {
 		switch {

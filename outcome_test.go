@@ -5,7 +5,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
@@ -63,6 +65,84 @@ func TestCheckOutcome(t *testing.T) {
 				t.Fatal(err)
 			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// outcomeCases are requests through a login limit, against the same limit
+// counting every request: the response is 401 (kept) or 200 (given back).
+func outcomeCases() []struct {
+	name, countWhen string
+	status          int
+} {
+	return []struct {
+		name, countWhen string
+		status          int
+	}{
+		{"every_request", "", http.StatusUnauthorized},
+		{"count_when/counted", `, "count_when": {"status_code": [401]}`, http.StatusUnauthorized},
+		{"count_when/given_back", `, "count_when": {"status_code": [401]}`, http.StatusOK},
+		{"reset_when/reset", `, "count_when": {"status_code": [401]}, "reset_when": {"status_code": [2]}`, http.StatusOK},
+	}
+}
+
+func outcomeSend(tb testing.TB, name, countWhen string, status int) func() {
+	tb.Helper()
+	var ticking atomic.Int64
+	ticking.Store(fuzzStart)
+	tick := func() int64 { return ticking.Add(int64(time.Second)) }
+	cfg := `{"rate_limits": {"hot_outcome_` + strings.ReplaceAll(name, "/", "_") + `": {"key": "{http.vars.client_ip}", "max_events": 100, "window": "1m", "algorithm": "token_bucket"` + countWhen + `}}}`
+	h, cleanup, err := provisionJSON([]byte(cfg), tick)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(cleanup)
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+		w.WriteHeader(status)
+		return nil
+	})
+	w, r := benchRequest(tb, "http://example.com/login", "192.0.2.7:4242")
+	return func() {
+		if err := h.ServeHTTP(w, r, next); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkOutcomeServeHTTP is what counting by the response adds to a
+// request on an existing key (memory store, next handler writes a status).
+//
+//	go test -run '^$' -bench OutcomeServeHTTP -benchmem .
+func BenchmarkOutcomeServeHTTP(b *testing.B) {
+	for _, c := range outcomeCases() {
+		b.Run(c.name, func(b *testing.B) {
+			send := outcomeSend(b, c.name, c.countWhen, c.status)
+			send()
+			b.ReportAllocs()
+			for b.Loop() {
+				send()
+			}
+		})
+	}
+}
+
+// A request a limit settles by its response allocates one value, the
+// writer that watches the status; a reset may allocate in the store.
+func TestOutcomeAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops values at random under the race detector")
+	}
+	for _, c := range outcomeCases()[:3] {
+		t.Run(c.name, func(t *testing.T) {
+			send := outcomeSend(t, c.name, c.countWhen, c.status)
+			send()
+			want := 1.0
+			if c.countWhen == "" {
+				want = 0
+			}
+			if got := testing.AllocsPerRun(200, send); got > want {
+				t.Fatalf("%v allocations per request, want at most %v", got, want)
 			}
 		})
 	}

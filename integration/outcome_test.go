@@ -321,6 +321,8 @@ func TestOutcomeConfigErrors(t *testing.T) {
 		{"no argument", "reset_when", "give a status or a header"},
 		{"queue", "algorithm leaky_bucket\n\t\t\tmax_delay 1s\n\t\t\tcount_when status 401", "count_when cannot be used with max_delay"},
 		{"twice", "count_when status 401\n\t\t\tcount_when status 403", "count_when already specified"},
+		{"cooldown and rate", "cooldown 1m", "cooldown sets the rate and algorithm: use it without rate"},
+		{"cooldown not a duration", "cooldown soon", "cooldown"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assertLoadError(t, caddyfileServer(`
@@ -334,4 +336,36 @@ func TestOutcomeConfigErrors(t *testing.T) {
 	respond "ok"`), "caddyfile", tc.want)
 		})
 	}
+}
+
+// cooldown is the least time between two requests of a key: a 1-per-
+// interval GCRA, so the second request within the interval is refused
+// and the first after it passes. With count_when, only the requests that
+// succeeded start the interval: a failed send does not make the client
+// wait.
+func TestOutcomeCooldown(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newLoginUpstream(t, false)
+		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %scooldown {
+			scope gap {
+				by ip
+				cooldown 1s
+				count_when status 2xx
+			}
+		}
+	}
+	reverse_proxy %s`, backend, prefix, strings.TrimPrefix(u.srv.URL, "http://"))), "caddyfile")
+		expectN(t, tester, 3, http.StatusUnauthorized, "POST", "/send", "X-Password", "wrong")
+		expectN(t, tester, 1, http.StatusOK, "POST", "/send", "X-Password", "right")
+		start := time.Now()
+		expect429(t, tester, 1, 1, "POST", "/send", "X-Password", "right")
+		expect429(t, tester, 1, 1, "POST", "/send", "X-Password", "wrong")
+		// A sleep only as a lower bound: the interval is over.
+		time.Sleep(time.Second - time.Since(start) + 50*time.Millisecond)
+		expectN(t, tester, 1, http.StatusOK, "POST", "/send", "X-Password", "right")
+		expect429(t, tester, 1, 1, "POST", "/send", "X-Password", "right")
+	})
 }

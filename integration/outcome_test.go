@@ -369,3 +369,85 @@ func TestOutcomeCooldown(t *testing.T) {
 		expect429(t, tester, 1, 1, "POST", "/send", "X-Password", "right")
 	})
 }
+
+// bodyUpstream answers 200 to a body that contains ok and status
+// otherwise, counting the requests that reach it.
+func bodyUpstream(t *testing.T, ok string, status int) (addr string, hits *atomic.Int64) {
+	hits = new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(body), ok) {
+			fmt.Fprint(w, "ok")
+			return
+		}
+		w.WriteHeader(status)
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://"), hits
+}
+
+// docOutcomeSite is the documented Caddyfile of docs/outcomes.md that
+// contains marker, proxying to addr.
+func docOutcomeSite(t *testing.T, marker, addr string) string {
+	return strings.Replace(docSite(t, "../docs/outcomes.md", marker), `respond "ok"`, "reverse_proxy "+addr, 1)
+}
+
+// The login example of docs/outcomes.md, as written.
+func TestDocsOutcomeLogin(t *testing.T) {
+	t.Setenv("SLUICE_KEY_SECRET", "an-example-secret-of-32-bytes!!!")
+	addr, hits := bodyUpstream(t, `"password":"right"`, http.StatusUnauthorized)
+	tester := newTester(t, docOutcomeSite(t, "zone login {", addr), "caddyfile")
+	attempt := func(user, password string) int {
+		code, _ := post(t, tester, "/login", "application/json", `{"username":"`+user+`","password":"`+password+`"}`)
+		return code
+	}
+	for i := range 20 {
+		if got := attempt("Rakib", "right"); got != http.StatusOK {
+			t.Fatalf("good login #%d: %d", i+1, got)
+		}
+	}
+	for i := range 5 {
+		if got := attempt(" rakib", "wrong"); got != http.StatusUnauthorized {
+			t.Fatalf("failure #%d: %d, want 401", i+1, got)
+		}
+	}
+	before := hits.Load()
+	if got := attempt("RAKIB", "right"); got != http.StatusTooManyRequests || hits.Load() != before {
+		t.Fatalf("after 5 failures: %d (upstream reached: %v), want 429 without reaching it", got, hits.Load() != before)
+	}
+	// Another username from the same address is not locked; its good
+	// password forgives its own failures.
+	for round := range 2 {
+		for i := range 4 {
+			if got := attempt("karim", "wrong"); got != http.StatusUnauthorized {
+				t.Fatalf("karim round %d failure #%d: %d, want 401", round, i+1, got)
+			}
+		}
+		if got := attempt("karim", "right"); got != http.StatusOK {
+			t.Fatalf("karim round %d good login: %d", round, got)
+		}
+	}
+}
+
+// The text message example of docs/outcomes.md, as written: a send the
+// provider failed does not start the cooldown, one that went does.
+func TestDocsOutcomeOTP(t *testing.T) {
+	t.Setenv("SLUICE_KEY_SECRET", "an-example-secret-of-32-bytes!!!")
+	addr, _ := bodyUpstream(t, `"deliver":true`, http.StatusBadGateway)
+	tester := newTester(t, docOutcomeSite(t, "cooldown 60s", addr), "caddyfile")
+	send := func(phone string, deliver bool) (int, string) {
+		return post(t, tester, "/otp/send", "application/json", fmt.Sprintf(`{"phone":%q,"deliver":%v}`, phone, deliver))
+	}
+	for i := range 3 {
+		if code, body := send("01712345678", false); code != http.StatusBadGateway {
+			t.Fatalf("failed send #%d: %d %q, want 502", i+1, code, body)
+		}
+	}
+	if code, body := send("+8801712345678", true); code != http.StatusOK {
+		t.Fatalf("send: %d %q", code, body)
+	}
+	if code, body := send("8801712345678", true); code != http.StatusTooManyRequests || !strings.Contains(body, `"retry_after":60`) {
+		t.Fatalf("within the cooldown: %d %q, want 429 with retry_after 60", code, body)
+	}
+}

@@ -451,3 +451,24 @@ func TestDocsOutcomeOTP(t *testing.T) {
 		t.Fatalf("within the cooldown: %d %q, want 429 with retry_after 60", code, body)
 	}
 }
+
+// An application that answers 200 to a failed login says so in a header:
+// count_when matches the header, whatever the status.
+func TestOutcomeCountWhenHeader(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone outcome_header {
+			by ip
+			rate 2/15m
+			count_when {
+				header X-Login-Result failed
+			}
+		}
+	}
+	@failed query pw=wrong
+	header @failed X-Login-Result failed
+	respond "page"`), "caddyfile")
+	expectN(t, tester, 10, http.StatusOK, "GET", "/?pw=right")
+	expectN(t, tester, 2, http.StatusOK, "GET", "/?pw=wrong")
+	expect429(t, tester, 1, 900, "GET", "/?pw=wrong")
+}

@@ -203,6 +203,9 @@ func (l *Limit) checkOutcome() error {
 			}
 		}
 	}
+	if l.Lease > 0 && (l.CountWhen != nil || l.ResetWhen != nil) {
+		return fmt.Errorf("count_when and reset_when cannot be used with lease: units spent locally from a lease are not the shared state the response would give back or clear")
+	}
 	if l.CountWhen != nil && l.MaxDelay > 0 {
 		return fmt.Errorf("count_when cannot be used with max_delay: a queued request's slot is spent once it leaves the queue, and cannot be given back")
 	}

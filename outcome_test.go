@@ -56,6 +56,7 @@ func TestCheckOutcome(t *testing.T) {
 		{"class 6", Limit{CountWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{6}}}, "count_when: status 6 is neither"},
 		{"code 99", Limit{CountWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{99}}}, "count_when: status 99 is neither"},
 		{"negative", Limit{ResetWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{-200}}}, "reset_when: status -200"},
+		{"lease", Limit{Lease: 5, ResetWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{2}}}, "count_when and reset_when cannot be used with lease"},
 		{"queue", Limit{MaxDelay: 1, CountWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{401}}}, "count_when cannot be used with max_delay"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

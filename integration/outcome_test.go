@@ -321,6 +321,7 @@ func TestOutcomeConfigErrors(t *testing.T) {
 		{"no argument", "reset_when", "give a status or a header"},
 		{"queue", "algorithm leaky_bucket\n\t\t\tmax_delay 1s\n\t\t\tcount_when status 401", "count_when cannot be used with max_delay"},
 		{"twice", "count_when status 401\n\t\t\tcount_when status 403", "count_when already specified"},
+		{"lease", "lease 2\n\t\t\tcount_when status 401", "count_when and reset_when cannot be used with lease"},
 		{"cooldown and rate", "cooldown 1m", "cooldown sets the rate and algorithm: use it without rate"},
 		{"cooldown not a duration", "cooldown soon", "cooldown"},
 	} {
@@ -329,7 +330,7 @@ func TestOutcomeConfigErrors(t *testing.T) {
 	rate_limit {
 		zone outcome_bad {
 			key static
-			rate 5/1m
+			rate 500/1m
 			`+tc.opts+`
 		}
 	}

@@ -154,8 +154,9 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //
 // `rate 100/1m` is short for `events 100` and `window 1m`; a zone needs one
 // of the two forms, or `cooldown 60s`, short for `rate 1/60s` with
-// `algorithm gcra`: at least that long between two requests of a key. The syntax of mholt/caddy-ratelimit is accepted as is.
-// Every option may appear once; anything unknown is an error.
+// `algorithm gcra`: at least that long between two requests of a key. The
+// syntax of mholt/caddy-ratelimit is accepted as is. Every option may
+// appear once; anything unknown is an error.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {

@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
 
+	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/keys"
 )
@@ -121,8 +122,11 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        max_keys   <n>
 //	        fail       open|closed|local
 //	        lease      <n>
+//	        cooldown   <duration>
+//	        count_when <response matcher>
+//	        reset_when <response matcher>
 //	        scope <name> {
-//	            <the options above, from key to lease>
+//	            <the options above, from key to reset_when>
 //	        }
 //	        allow       <cidr...>
 //	        deny        <cidr...>
@@ -149,8 +153,10 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	}
 //
 // `rate 100/1m` is short for `events 100` and `window 1m`; a zone needs one
-// of the two forms. The syntax of mholt/caddy-ratelimit is accepted as is.
-// Every option may appear once; anything unknown is an error.
+// of the two forms, or `cooldown 60s`, short for `rate 1/60s` with
+// `algorithm gcra`: at least that long between two requests of a key. The
+// syntax of mholt/caddy-ratelimit is accepted as is. Every option may
+// appear once; anything unknown is an error.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
@@ -470,6 +476,16 @@ func (p *limitParser) option(opt string) error {
 		if l.Fail, err = oneArg(d); err == nil && !validFail(l.Fail) {
 			return d.Errf("%s: fail must be open, closed or local, got %q", p.where, l.Fail)
 		}
+	case "cooldown":
+		// The least time between two requests of a key: one per interval,
+		// with no burst to save up, which GCRA enforces exactly.
+		var dur time.Duration
+		dur, err = durationArg(d, p.where, opt)
+		l.MaxEvents, l.Window, l.Algorithm = 1, caddy.Duration(dur), algorithms.NameGCRA
+	case "count_when":
+		l.CountWhen, err = parseResponseMatcher(d, p.where, opt)
+	case "reset_when":
+		l.ResetWhen, err = parseResponseMatcher(d, p.where, opt)
 	case "missing":
 		if l.Missing, err = oneArg(d); err == nil {
 			switch l.Missing {
@@ -549,6 +565,13 @@ func (p *limitParser) finish(needRate bool) error {
 		}
 		if norm := cmp.Or(kind.norm, p.norm); norm != "" {
 			l.Normalize = append([]Normalize{{Name: norm}}, l.Normalize...)
+		}
+	}
+	if p.seen["cooldown"] {
+		for _, opt := range []string{"rate", "events", "window", "algorithm", "burst"} {
+			if p.seen[opt] {
+				return p.errAt(max(p.lines["cooldown"], p.lines[opt]), "cooldown sets the rate and algorithm: use it without %s", opt)
+			}
 		}
 	}
 	switch {

@@ -42,11 +42,18 @@ const (
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	s := getScratch()
 	pass, err := h.limit(w, r, s)
+	var o *outcomeWriter
+	if pass && h.outcomes {
+		o = watchOutcome(w, s)
+	}
 	// The scratch goes back before next runs: a slow upstream must not
 	// hold one per request in flight.
 	s.release()
-	if !pass {
+	switch {
+	case !pass:
 		return err
+	case o != nil:
+		return h.serveOutcome(o, r, next)
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -64,6 +71,7 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, s *scratch) (pas
 		return true, nil
 	}
 	allowed, store, err := h.decide(w, r, s)
+	s.store = store
 	h.reportShadow(r, s, err == nil)
 	switch {
 	case err != nil:

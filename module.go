@@ -100,6 +100,7 @@ type Handler struct {
 	Respond string `json:"respond,omitempty"`
 
 	headers  bool // some zone sends rate limit fields
+	outcomes bool // some limit counts or resets by the response
 	zones    []*Zone
 	store    backend.Store
 	local    backend.Store // decides "local" limits while store is unavailable
@@ -222,6 +223,9 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	for _, z := range h.zones {
 		for _, l := range z.limits {
 			l.watchEarlier(earlier)
+			if err := h.provisionOutcome(l); err != nil {
+				return err
+			}
 		}
 	}
 

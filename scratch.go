@@ -26,6 +26,7 @@ type scratch struct {
 	out    []algorithms.Result
 	shadow []shadowNote
 	body   *keys.Body
+	store  backend.Store // the store that decided
 }
 
 // scratchLimits is how many limits a pooled scratch has room for at first;
@@ -57,7 +58,7 @@ func (s *scratch) release() {
 	clear(s.limits[:cap(s.limits)])
 	clear(s.shadow[:cap(s.shadow)])
 	s.reqs, s.limits, s.out, s.shadow = s.reqs[:0], s.limits[:0], s.out[:0], s.shadow[:0]
-	s.body = nil
+	s.body, s.store = nil, nil
 	scratchPool.Put(s)
 }
 

@@ -261,6 +261,18 @@ type Limit struct {
 	// every unit counts. Default: 0 (no lease).
 	Lease int64 `json:"lease,omitempty"`
 
+	// CountWhen makes the limit count only the requests whose response
+	// matches (status codes, classes such as 4xx, header fields): a login
+	// limit that counts failed passwords alone. The unit is still taken
+	// before the request is handed on, so concurrent requests never get
+	// past the limit, and given back once a response that does not match
+	// is written. Default: unset, every admitted request counts.
+	CountWhen *caddyhttp.ResponseMatcher `json:"count_when,omitempty"`
+
+	// ResetWhen clears the key's state when the response matches: a
+	// correct password forgives the failures before it. Default: unset.
+	ResetWhen *caddyhttp.ResponseMatcher `json:"reset_when,omitempty"`
+
 	zone      *Zone
 	scope     string // "" for the zone's own limit
 	keyer     *keys.Keyer
@@ -508,6 +520,9 @@ func (l *Limit) check() (string, error) {
 	}
 	alg, err := algorithms.Check(l.Algorithm, l.policy())
 	if err != nil {
+		return "", err
+	}
+	if err := l.checkOutcome(); err != nil {
 		return "", err
 	}
 	if l.Cost != nil {

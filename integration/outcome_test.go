@@ -1,0 +1,475 @@
+package integration
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// loginUpstream is the application behind the proxy: X-Password "right"
+// logs in (200), anything else is refused (401). It counts the requests
+// that reach it, per answer.
+type loginUpstream struct {
+	srv         *httptest.Server
+	right       atomic.Int64
+	wrong       atomic.Int64
+	gate        chan struct{} // when not nil, a wrong password waits for it to close
+	arrivedOnce sync.Once
+}
+
+func newLoginUpstream(t *testing.T, gated bool) *loginUpstream {
+	u := &loginUpstream{}
+	if gated {
+		u.gate = make(chan struct{})
+	}
+	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Password") == "right" {
+			u.right.Add(1)
+			w.WriteHeader(http.StatusOK)
+			fmt.Fprint(w, "welcome")
+			return
+		}
+		u.wrong.Add(1)
+		if u.gate != nil {
+			<-u.gate
+		}
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprint(w, "wrong password")
+	}))
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+func (u *loginUpstream) open() { u.arrivedOnce.Do(func() { close(u.gate) }) }
+
+// outcomeBackends runs f on the memory store and on a real Redis.
+func outcomeBackends(t *testing.T, f func(t *testing.T, backend, zonePrefix string)) {
+	t.Run("memory", func(t *testing.T) { f(t, "", "outcome_mem_") })
+	t.Run("redis", func(t *testing.T) {
+		redis := redistest.Standalone(t, "")
+		prefix := fmt.Sprintf("outcome%d:", time.Now().UnixNano())
+		f(t, fmt.Sprintf("backend redis {\n\t\t\taddress %s\n\t\t\tkey_prefix %s\n\t\t}", redis.Addr, prefix), "outcome_redis_")
+	})
+}
+
+// loginSite proxies every request to the upstream behind one zone with
+// the given options, keyed by client address.
+func loginSite(t *testing.T, backend, zone, opts string, u *loginUpstream) *caddytest.Tester {
+	return newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %s {
+			by ip
+			%s
+		}
+	}
+	reverse_proxy %s`, backend, zone, opts, strings.TrimPrefix(u.srv.URL, "http://"))), "caddyfile")
+}
+
+func login(t *testing.T, tester *caddytest.Tester, password string) int {
+	t.Helper()
+	code, _, _ := do(t, tester, "POST", "/login", "X-Password", password)
+	return code
+}
+
+// Only failed logins count: 20 right passwords from the same address pass
+// among 5 wrong ones, the sixth wrong one is refused, and once locked out
+// the address reaches the application no more.
+func TestOutcomeCountWhenLogin(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newLoginUpstream(t, false)
+		tester := loginSite(t, backend, prefix+"count", "rate 5/15m\n\t\t\tcount_when status 401 403", u)
+		wrong := 0
+		for i := range 20 {
+			if got := login(t, tester, "right"); got != http.StatusOK {
+				t.Fatalf("right password #%d: %d, want 200", i+1, got)
+			}
+			if i%4 == 3 {
+				wrong++
+				if got := login(t, tester, "wrong"); got != http.StatusUnauthorized {
+					t.Fatalf("wrong password #%d: %d, want 401", wrong, got)
+				}
+			}
+		}
+		if got := login(t, tester, "wrong"); got != http.StatusTooManyRequests {
+			t.Fatalf("sixth wrong password: %d, want 429", got)
+		}
+		if got := login(t, tester, "right"); got != http.StatusTooManyRequests {
+			t.Fatalf("a right password while locked out: %d, want 429", got)
+		}
+		if u.right.Load() != 20 || u.wrong.Load() != 5 {
+			t.Fatalf("upstream saw %d right and %d wrong passwords, want 20 and 5", u.right.Load(), u.wrong.Load())
+		}
+	})
+}
+
+// A right password forgives the failures before it.
+func TestOutcomeResetWhenLogin(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newLoginUpstream(t, false)
+		tester := loginSite(t, backend, prefix+"reset", "rate 5/15m\n\t\t\tcount_when status 4xx\n\t\t\treset_when status 2xx", u)
+		for round := range 3 {
+			for i := range 4 {
+				if got := login(t, tester, "wrong"); got != http.StatusUnauthorized {
+					t.Fatalf("round %d: wrong password #%d: %d, want 401", round, i+1, got)
+				}
+			}
+			if got := login(t, tester, "right"); got != http.StatusOK {
+				t.Fatalf("round %d: right password: %d, want 200", round, got)
+			}
+		}
+		for i := range 5 {
+			if got := login(t, tester, "wrong"); got != http.StatusUnauthorized {
+				t.Fatalf("wrong password #%d after the last success: %d, want 401", i+1, got)
+			}
+		}
+		if got := login(t, tester, "wrong"); got != http.StatusTooManyRequests {
+			t.Fatalf("sixth wrong password in a row: %d, want 429", got)
+		}
+	})
+}
+
+// 50 wrong passwords at once, while the application is slow to answer:
+// the units are taken before the request is handed on, so exactly the
+// limit reaches the application and the rest are refused at once.
+func TestOutcomeConcurrentWrongPasswords(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newLoginUpstream(t, true)
+		tester := loginSite(t, backend, prefix+"flood", "rate 5/15m\n\t\t\tcount_when status 401", u)
+		const n = 50
+		var wg sync.WaitGroup
+		var denied, unauthorized, other atomic.Int64
+		for range n {
+			wg.Go(func() {
+				req, _ := http.NewRequest("POST", httpBase+"/login", nil)
+				req.Header.Set("X-Password", "wrong")
+				resp, err := tester.Client.Do(req)
+				if err != nil {
+					other.Add(1)
+				} else {
+					resp.Body.Close()
+					switch resp.StatusCode {
+					case http.StatusTooManyRequests:
+						denied.Add(1)
+					case http.StatusUnauthorized:
+						unauthorized.Add(1)
+					default:
+						other.Add(1)
+					}
+				}
+				// The application answers once every request was either
+				// refused or is waiting in it: none can still slip in.
+				if denied.Load()+u.wrong.Load() >= n {
+					u.open()
+				}
+			})
+		}
+		// A request that neither got refused nor reached the application
+		// would hold the gate shut: open it after a while regardless.
+		timer := time.AfterFunc(10*time.Second, u.open)
+		wg.Wait()
+		timer.Stop()
+		if u.wrong.Load() != 5 || unauthorized.Load() != 5 || denied.Load() != n-5 || other.Load() != 0 {
+			t.Fatalf("upstream saw %d; answers: %d 401, %d 429, %d other; want 5, 5, %d, 0", u.wrong.Load(), unauthorized.Load(), denied.Load(), other.Load(), n-5)
+		}
+	})
+}
+
+// Giving back the units of successes never gives back more than they took:
+// after many right passwords, in series and at once, mixed with wrong
+// ones, the wrong ones still stop at exactly the limit, on every
+// algorithm.
+func TestOutcomeRefundNeverMoreThanTaken(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		for _, alg := range []string{"sliding_window", "sliding_window_counter", "fixed_window", "token_bucket", "gcra"} {
+			t.Run(alg, func(t *testing.T) {
+				u := newLoginUpstream(t, false)
+				tester := loginSite(t, backend, prefix+"refund_"+alg, "rate 5/15m\n\t\t\talgorithm "+alg+"\n\t\t\tcount_when status 401", u)
+				for i := range 3 {
+					if got := login(t, tester, "wrong"); got != http.StatusUnauthorized {
+						t.Fatalf("wrong password #%d: %d, want 401", i+1, got)
+					}
+				}
+				var wg sync.WaitGroup
+				var wrongAdmitted atomic.Int64
+				for i := range 40 {
+					wg.Go(func() {
+						pw := "right"
+						if i%10 == 0 {
+							pw = "wrong"
+						}
+						code := login(t, tester, pw)
+						if pw == "wrong" && code == http.StatusUnauthorized {
+							wrongAdmitted.Add(1)
+						}
+					})
+				}
+				wg.Wait()
+				left := 2 - wrongAdmitted.Load()
+				if left < 0 {
+					t.Fatalf("%d wrong passwords admitted at once after 3, want at most 2", wrongAdmitted.Load())
+				}
+				for i := range left {
+					if got := login(t, tester, "wrong"); got != http.StatusUnauthorized {
+						t.Fatalf("wrong password #%d of the %d left: %d, want 401", i+1, left, got)
+					}
+				}
+				if got := login(t, tester, "wrong"); got != http.StatusTooManyRequests {
+					t.Fatalf("wrong password past the limit: %d, want 429", got)
+				}
+				if u.wrong.Load() != 5 {
+					t.Fatalf("upstream saw %d wrong passwords, want 5", u.wrong.Load())
+				}
+			})
+		}
+	})
+}
+
+// An upstream that cannot be reached answers 502 through Caddy's error
+// path, before anything is written: the limits see that status, so a
+// limit counting 5xx counts it and one counting 401 does not.
+func TestOutcomeUpstreamError(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	route /fivexx {
+		rate_limit {
+			zone outcome_bad_gateway {
+				key static
+				rate 2/1m
+				count_when status 5xx
+			}
+		}
+		reverse_proxy 127.0.0.1:1
+	}
+	route /unauthorized {
+		rate_limit {
+			zone outcome_bad_gateway_401 {
+				key static
+				rate 2/1m
+				count_when status 401
+			}
+		}
+		reverse_proxy 127.0.0.1:1
+	}`), "caddyfile")
+	expectN(t, tester, 2, http.StatusBadGateway, "GET", "/fivexx")
+	expect429(t, tester, 1, 60, "GET", "/fivexx")
+	expectN(t, tester, 10, http.StatusBadGateway, "GET", "/unauthorized")
+}
+
+// A streamed response goes out as it is written: the client reads the
+// first chunk while the application has not finished.
+func TestOutcomeStreamNotBuffered(t *testing.T) {
+	release := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "first;")
+		http.NewResponseController(w).Flush()
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		fmt.Fprint(w, "last")
+	}))
+	defer upstream.Close()
+	tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		zone outcome_stream {
+			key static
+			rate 1/1m
+			count_when status 4xx
+		}
+	}
+	reverse_proxy %s {
+		flush_interval -1
+	}`, strings.TrimPrefix(upstream.URL, "http://"))), "caddyfile")
+	for i := range 2 {
+		resp, err := tester.Client.Get(httpBase + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := make([]byte, len("first;"))
+		start := time.Now()
+		if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "first;" {
+			t.Fatalf("request %d: first chunk %q, %v", i+1, first, err)
+		}
+		if waited := time.Since(start); waited > 5*time.Second {
+			t.Fatalf("request %d: the first chunk came after %v, only once the response ended", i+1, waited)
+		}
+		release <- struct{}{}
+		rest, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(rest) != "last" {
+			t.Fatalf("request %d: rest %q", i+1, rest)
+		}
+	}
+}
+
+func TestOutcomeConfigErrors(t *testing.T) {
+	for _, tc := range []struct{ name, opts, want string }{
+		{"unknown matcher", "count_when method GET", "unrecognized response matcher method"},
+		{"bad status", "count_when status 4x", "bad status value"},
+		{"status out of range", "count_when status 700", "count_when: status 700 is neither"},
+		{"no argument", "reset_when", "give a status or a header"},
+		{"queue", "algorithm leaky_bucket\n\t\t\tmax_delay 1s\n\t\t\tcount_when status 401", "count_when cannot be used with max_delay"},
+		{"twice", "count_when status 401\n\t\t\tcount_when status 403", "count_when already specified"},
+		{"lease", "lease 2\n\t\t\tcount_when status 401", "count_when and reset_when cannot be used with lease"},
+		{"cooldown and rate", "cooldown 1m", "cooldown sets the rate and algorithm: use it without rate"},
+		{"cooldown not a duration", "cooldown soon", "cooldown"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assertLoadError(t, caddyfileServer(`
+	rate_limit {
+		zone outcome_bad {
+			key static
+			rate 500/1m
+			`+tc.opts+`
+		}
+	}
+	respond "ok"`), "caddyfile", tc.want)
+		})
+	}
+}
+
+// cooldown is the least time between two requests of a key: a 1-per-
+// interval GCRA, so the second request within the interval is refused
+// and the first after it passes. With count_when, only the requests that
+// succeeded start the interval: a failed send does not make the client
+// wait.
+func TestOutcomeCooldown(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newLoginUpstream(t, false)
+		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %scooldown {
+			scope gap {
+				by ip
+				cooldown 1s
+				count_when status 2xx
+			}
+		}
+	}
+	reverse_proxy %s`, backend, prefix, strings.TrimPrefix(u.srv.URL, "http://"))), "caddyfile")
+		expectN(t, tester, 3, http.StatusUnauthorized, "POST", "/send", "X-Password", "wrong")
+		expectN(t, tester, 1, http.StatusOK, "POST", "/send", "X-Password", "right")
+		start := time.Now()
+		expect429(t, tester, 1, 1, "POST", "/send", "X-Password", "right")
+		expect429(t, tester, 1, 1, "POST", "/send", "X-Password", "wrong")
+		// A sleep only as a lower bound: the interval is over.
+		time.Sleep(time.Second - time.Since(start) + 50*time.Millisecond)
+		expectN(t, tester, 1, http.StatusOK, "POST", "/send", "X-Password", "right")
+		expect429(t, tester, 1, 1, "POST", "/send", "X-Password", "right")
+	})
+}
+
+// bodyUpstream answers 200 to a body that contains ok and status
+// otherwise, counting the requests that reach it.
+func bodyUpstream(t *testing.T, ok string, status int) (addr string, hits *atomic.Int64) {
+	hits = new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(body), ok) {
+			fmt.Fprint(w, "ok")
+			return
+		}
+		w.WriteHeader(status)
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://"), hits
+}
+
+// docOutcomeSite is the documented Caddyfile of docs/outcomes.md that
+// contains marker, proxying to addr.
+func docOutcomeSite(t *testing.T, marker, addr string) string {
+	return strings.Replace(docSite(t, "../docs/outcomes.md", marker), `respond "ok"`, "reverse_proxy "+addr, 1)
+}
+
+// The login example of docs/outcomes.md, as written.
+func TestDocsOutcomeLogin(t *testing.T) {
+	t.Setenv("SLUICE_KEY_SECRET", "an-example-secret-of-32-bytes!!!")
+	addr, hits := bodyUpstream(t, `"password":"right"`, http.StatusUnauthorized)
+	tester := newTester(t, docOutcomeSite(t, "zone login {", addr), "caddyfile")
+	attempt := func(user, password string) int {
+		code, _ := post(t, tester, "/login", "application/json", `{"username":"`+user+`","password":"`+password+`"}`)
+		return code
+	}
+	for i := range 20 {
+		if got := attempt("Rakib", "right"); got != http.StatusOK {
+			t.Fatalf("good login #%d: %d", i+1, got)
+		}
+	}
+	for i := range 5 {
+		if got := attempt(" rakib", "wrong"); got != http.StatusUnauthorized {
+			t.Fatalf("failure #%d: %d, want 401", i+1, got)
+		}
+	}
+	before := hits.Load()
+	if got := attempt("RAKIB", "right"); got != http.StatusTooManyRequests || hits.Load() != before {
+		t.Fatalf("after 5 failures: %d (upstream reached: %v), want 429 without reaching it", got, hits.Load() != before)
+	}
+	// Another username from the same address is not locked; its good
+	// password forgives its own failures.
+	for round := range 2 {
+		for i := range 4 {
+			if got := attempt("karim", "wrong"); got != http.StatusUnauthorized {
+				t.Fatalf("karim round %d failure #%d: %d, want 401", round, i+1, got)
+			}
+		}
+		if got := attempt("karim", "right"); got != http.StatusOK {
+			t.Fatalf("karim round %d good login: %d", round, got)
+		}
+	}
+}
+
+// The text message example of docs/outcomes.md, as written: a send the
+// provider failed does not start the cooldown, one that went does.
+func TestDocsOutcomeOTP(t *testing.T) {
+	t.Setenv("SLUICE_KEY_SECRET", "an-example-secret-of-32-bytes!!!")
+	addr, _ := bodyUpstream(t, `"deliver":true`, http.StatusBadGateway)
+	tester := newTester(t, docOutcomeSite(t, "cooldown 60s", addr), "caddyfile")
+	send := func(phone string, deliver bool) (int, string) {
+		return post(t, tester, "/otp/send", "application/json", fmt.Sprintf(`{"phone":%q,"deliver":%v}`, phone, deliver))
+	}
+	for i := range 3 {
+		if code, body := send("01712345678", false); code != http.StatusBadGateway {
+			t.Fatalf("failed send #%d: %d %q, want 502", i+1, code, body)
+		}
+	}
+	if code, body := send("+8801712345678", true); code != http.StatusOK {
+		t.Fatalf("send: %d %q", code, body)
+	}
+	if code, body := send("8801712345678", true); code != http.StatusTooManyRequests || !strings.Contains(body, `"retry_after":60`) {
+		t.Fatalf("within the cooldown: %d %q, want 429 with retry_after 60", code, body)
+	}
+}
+
+// An application that answers 200 to a failed login says so in a header:
+// count_when matches the header, whatever the status.
+func TestOutcomeCountWhenHeader(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone outcome_header {
+			by ip
+			rate 2/15m
+			count_when {
+				header X-Login-Result failed
+			}
+		}
+	}
+	@failed query pw=wrong
+	header @failed X-Login-Result failed
+	respond "page"`), "caddyfile")
+	expectN(t, tester, 10, http.StatusOK, "GET", "/?pw=right")
+	expectN(t, tester, 2, http.StatusOK, "GET", "/?pw=wrong")
+	expect429(t, tester, 1, 900, "GET", "/?pw=wrong")
+}

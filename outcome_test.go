@@ -1,0 +1,150 @@
+package sluice
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func TestOutcomeWriterStatus(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		write func(w http.ResponseWriter)
+		err   error
+		want  int
+	}{
+		{"written", func(w http.ResponseWriter) { w.WriteHeader(401) }, nil, 401},
+		{"early hints first", func(w http.ResponseWriter) { w.WriteHeader(103); w.WriteHeader(403) }, nil, 403},
+		{"switching protocols", func(w http.ResponseWriter) { w.WriteHeader(101) }, nil, 101},
+		{"second header ignored", func(w http.ResponseWriter) { w.WriteHeader(200); w.WriteHeader(500) }, nil, 200},
+		{"body only", func(w http.ResponseWriter) { w.Write([]byte("x")) }, nil, 200},
+		{"read from", func(w http.ResponseWriter) { _, _ = w.(*outcomeWriter).ReadFrom(strings.NewReader("body")) }, nil, 200},
+		{"flushed", func(w http.ResponseWriter) { http.NewResponseController(w).Flush() }, nil, 200},
+		{"nothing", func(http.ResponseWriter) {}, nil, 200},
+		{"handler error", func(http.ResponseWriter) {}, caddyhttp.Error(502, errors.New("dial")), 502},
+		{"wrapped handler error", func(http.ResponseWriter) {}, errors.Join(errors.New("x"), caddyhttp.Error(504, nil)), 504},
+		{"plain error", func(http.ResponseWriter) {}, errors.New("boom"), 500},
+		{"written before an error", func(w http.ResponseWriter) { w.WriteHeader(401) }, errors.New("late"), 401},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			o := &outcomeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: rec}}
+			tc.write(o)
+			if got := o.finalStatus(tc.err); got != tc.want {
+				t.Fatalf("status %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheckOutcome(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		l    Limit
+		want string
+	}{
+		{"status", Limit{CountWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{401, 4}}}, ""},
+		{"header", Limit{ResetWhen: &caddyhttp.ResponseMatcher{Headers: http.Header{"X-Login": {"ok"}}}}, ""},
+		{"empty", Limit{CountWhen: &caddyhttp.ResponseMatcher{}}, "count_when: give a status or a header"},
+		{"empty status list", Limit{ResetWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{}}}, "reset_when: status needs at least one code"},
+		{"class 6", Limit{CountWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{6}}}, "count_when: status 6 is neither"},
+		{"code 99", Limit{CountWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{99}}}, "count_when: status 99 is neither"},
+		{"negative", Limit{ResetWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{-200}}}, "reset_when: status -200"},
+		{"lease", Limit{Lease: 5, ResetWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{2}}}, "count_when and reset_when cannot be used with lease"},
+		{"queue", Limit{MaxDelay: 1, CountWhen: &caddyhttp.ResponseMatcher{StatusCode: []int{401}}}, "count_when cannot be used with max_delay"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.l.checkOutcome()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatal(err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// outcomeCases are requests through a login limit, against the same limit
+// counting every request: the response is 401 (kept) or 200 (given back).
+func outcomeCases() []struct {
+	name, countWhen string
+	status          int
+} {
+	return []struct {
+		name, countWhen string
+		status          int
+	}{
+		{"every_request", "", http.StatusUnauthorized},
+		{"count_when/counted", `, "count_when": {"status_code": [401]}`, http.StatusUnauthorized},
+		{"count_when/given_back", `, "count_when": {"status_code": [401]}`, http.StatusOK},
+		{"reset_when/reset", `, "count_when": {"status_code": [401]}, "reset_when": {"status_code": [2]}`, http.StatusOK},
+	}
+}
+
+func outcomeSend(tb testing.TB, name, countWhen string, status int) func() {
+	tb.Helper()
+	var ticking atomic.Int64
+	ticking.Store(fuzzStart)
+	tick := func() int64 { return ticking.Add(int64(time.Second)) }
+	cfg := `{"rate_limits": {"hot_outcome_` + strings.ReplaceAll(name, "/", "_") + `": {"key": "{http.vars.client_ip}", "max_events": 100, "window": "1m", "algorithm": "token_bucket"` + countWhen + `}}}`
+	h, cleanup, err := provisionJSON([]byte(cfg), tick)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(cleanup)
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+		w.WriteHeader(status)
+		return nil
+	})
+	w, r := benchRequest(tb, "http://example.com/login", "192.0.2.7:4242")
+	return func() {
+		if err := h.ServeHTTP(w, r, next); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkOutcomeServeHTTP is what counting by the response adds to a
+// request on an existing key (memory store, next handler writes a status).
+//
+//	go test -run '^$' -bench OutcomeServeHTTP -benchmem .
+func BenchmarkOutcomeServeHTTP(b *testing.B) {
+	for _, c := range outcomeCases() {
+		b.Run(c.name, func(b *testing.B) {
+			send := outcomeSend(b, c.name, c.countWhen, c.status)
+			send()
+			b.ReportAllocs()
+			for b.Loop() {
+				send()
+			}
+		})
+	}
+}
+
+// A request a limit settles by its response allocates one value, the
+// writer that watches the status; a reset may allocate in the store.
+func TestOutcomeAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops values at random under the race detector")
+	}
+	for _, c := range outcomeCases()[:3] {
+		t.Run(c.name, func(t *testing.T) {
+			send := outcomeSend(t, c.name, c.countWhen, c.status)
+			send()
+			want := 1.0
+			if c.countWhen == "" {
+				want = 0
+			}
+			if got := testing.AllocsPerRun(200, send); got > want {
+				t.Fatalf("%v allocations per request, want at most %v", got, want)
+			}
+		})
+	}
+}

@@ -64,8 +64,11 @@ type Selection struct {
 	// lb_try_duration, if set).
 	Fallback string `json:"fallback,omitempty"`
 
-	logger *zap.Logger
-	warned atomic.Bool
+	// placeholder is the name of the key when it is one placeholder and
+	// nothing else, read without building a string per request.
+	placeholder string
+	logger      *zap.Logger
+	warned      atomic.Bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -86,6 +89,9 @@ func (s *Selection) Provision(ctx caddy.Context) error {
 	}
 	if !strings.Contains(s.Key, "{") {
 		return fmt.Errorf("key %q: has no placeholder, so every request would be one tenant on one shard", s.Key)
+	}
+	if name, ok := strings.CutPrefix(s.Key, "{"); ok && strings.IndexAny(name, "{}") == len(name)-1 {
+		s.placeholder = name[:len(name)-1]
 	}
 	if s.Size == 0 {
 		s.Size = DefaultSize
@@ -112,7 +118,11 @@ func (s *Selection) Provision(ctx caddy.Context) error {
 func (s *Selection) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.ResponseWriter) *reverseproxy.Upstream {
 	key := s.Key
 	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
-		key = repl.ReplaceAll(s.Key, "")
+		if s.placeholder != "" {
+			key, _ = repl.GetString(s.placeholder)
+		} else {
+			key = repl.ReplaceAll(s.Key, "")
+		}
 	}
 	k := s.Size
 	if k > len(pool) && len(pool) > 0 {

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"net/http/httptest"
 	"slices"
@@ -193,7 +194,7 @@ func TestPickLargeShard(t *testing.T) {
 	}
 }
 
-func provision(t *testing.T, s *Selection) error {
+func provision(t testing.TB, s *Selection) error {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
@@ -202,15 +203,15 @@ func provision(t *testing.T, s *Selection) error {
 
 func TestProvisionErrors(t *testing.T) {
 	for _, c := range []struct {
-		s    Selection
+		s    *Selection
 		want string
 	}{
-		{Selection{}, "key: required"},
-		{Selection{Key: "tenant"}, "has no placeholder"},
-		{Selection{Key: "{http.request.header.X-Tenant}", Size: -1}, "size -1: must be at least 1"},
-		{Selection{Key: "{http.request.header.X-Tenant}", Fallback: "random"}, `fallback "random"`},
+		{&Selection{}, "key: required"},
+		{&Selection{Key: "tenant"}, "has no placeholder"},
+		{&Selection{Key: "{http.request.header.X-Tenant}", Size: -1}, "size -1: must be at least 1"},
+		{&Selection{Key: "{http.request.header.X-Tenant}", Fallback: "random"}, `fallback "random"`},
 	} {
-		err := provision(t, &c.s)
+		err := provision(t, c.s)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: error %v, want %q", c.s, err, c.want)
 		}
@@ -244,12 +245,12 @@ func TestSelectSizeAbovePool(t *testing.T) {
 func TestUnmarshalCaddyfile(t *testing.T) {
 	for _, c := range []struct {
 		in   string
-		want Selection
+		want *Selection
 		err  string
 	}{
-		{in: "shuffle_shard {http.request.header.X-Tenant}", want: Selection{Key: "{http.request.header.X-Tenant}"}},
-		{in: "shuffle_shard {http.request.header.X-Tenant} 3", want: Selection{Key: "{http.request.header.X-Tenant}", Size: 3}},
-		{in: "shuffle_shard {http.vars.tenant} {\n size 4\n fallback none\n}", want: Selection{Key: "{http.vars.tenant}", Size: 4, Fallback: "none"}},
+		{in: "shuffle_shard {http.request.header.X-Tenant}", want: &Selection{Key: "{http.request.header.X-Tenant}"}},
+		{in: "shuffle_shard {http.request.header.X-Tenant} 3", want: &Selection{Key: "{http.request.header.X-Tenant}", Size: 3}},
+		{in: "shuffle_shard {http.vars.tenant} {\n size 4\n fallback none\n}", want: &Selection{Key: "{http.vars.tenant}", Size: 4, Fallback: "none"}},
 		{in: "shuffle_shard", err: "a key is required"},
 		{in: "shuffle_shard {http.vars.tenant} 0", err: `size "0"`},
 		{in: "shuffle_shard {http.vars.tenant} two", err: `size "two"`},
@@ -267,7 +268,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			continue
 		}
 		if err != nil || got.Key != c.want.Key || got.Size != c.want.Size || got.Fallback != c.want.Fallback {
-			t.Errorf("%q: %+v %v, want %+v", c.in, got, err, c.want)
+			t.Errorf("%q: key %q size %d fallback %q (%v), want %q %d %q", c.in, got.Key, got.Size, got.Fallback, err, c.want.Key, c.want.Size, c.want.Fallback)
 		}
 	}
 }
@@ -275,7 +276,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 func BenchmarkSelect(b *testing.B) {
 	for _, n := range []int{8, 64} {
 		b.Run(fmt.Sprintf("n=%d_k=2", n), func(b *testing.B) {
-			s := Selection{Key: "{http.request.header.X-Tenant}", Size: 2, Fallback: FallbackNext}
+			s := Selection{Key: "{http.request.header.X-Tenant}"}
+			if err := provision(b, &s); err != nil {
+				b.Fatal(err)
+			}
 			pool := upstreams(n)
 			req := httptest.NewRequest("GET", "/", nil)
 			req.Header.Set("X-Tenant", "tenant-42")
@@ -294,5 +298,42 @@ func BenchmarkSelect(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// The key is read as one placeholder or as a template of several, and a
+// request without it is a tenant of its own.
+func TestSelectKey(t *testing.T) {
+	pool := upstreams(8)
+	for _, c := range []struct{ key, header, tenant string }{
+		{"{http.request.header.X-Tenant}", "acme", "acme"},
+		{"t-{http.request.header.X-Tenant}", "acme", "t-acme"},
+		{"{http.request.header.X-Tenant}/{http.request.header.X-Tenant}", "acme", "acme/acme"},
+		{"{http.request.header.X-Tenant}", "", ""},
+	} {
+		s := Selection{Key: c.key}
+		if err := provision(t, &s); err != nil {
+			t.Fatal(err)
+		}
+		req := httptest.NewRequest("GET", "/", nil)
+		if c.header != "" {
+			req.Header.Set("X-Tenant", c.header)
+		}
+		repl := caddy.NewReplacer()
+		repl.Map(func(key string) (any, bool) {
+			if name, ok := strings.CutPrefix(key, "http.request.header."); ok {
+				return req.Header.Get(name), true
+			}
+			return nil, false
+		})
+		req = req.WithContext(context.WithValue(req.Context(), caddy.ReplacerCtxKey, repl))
+		seen := map[string]bool{}
+		for range 200 {
+			seen[s.Select(pool, req, nil).Dial] = true
+		}
+		got := slices.Sorted(maps.Keys(seen))
+		if want := shardOf(pool, c.tenant, 2); !slices.Equal(got, want) {
+			t.Errorf("key %q with header %q: %v, want the shard of %q %v", c.key, c.header, got, c.tenant, want)
+		}
 	}
 }

@@ -99,16 +99,14 @@ func tenantShard(t *testing.T, tester *caddytest.Tester, tenant string, n int) [
 	return out
 }
 
-// Through a real Caddy with 8 upstreams and k=2: each tenant only ever
-// reaches its 2 upstreams, the same 2 when the upstreams are listed in
-// another order, and the tenants together use all 8.
-func TestShuffleShardTenantsStayInShard(t *testing.T) {
-	ups := shardUpstreams(t, 8)
-	policy := "shuffle_shard {http.request.header.X-Tenant} 2"
-	tester := newTester(t, shardProxy(ups, policy, ""), "caddyfile")
+// tenantsInShards sends 30 requests for each of n tenants, requires each
+// tenant to reach exactly 2 upstreams and the tenants together all of
+// ups, and returns each tenant's upstreams.
+func tenantsInShards(t *testing.T, tester *caddytest.Tester, ups []*shardUpstream, n int) map[string][]string {
+	t.Helper()
 	shards := map[string][]string{}
 	used := map[string]bool{}
-	for i := range 24 {
+	for i := range n {
 		tenant := fmt.Sprintf("tenant-%d", i)
 		// Idle upstreams tie, and ties are broken at random: 30 requests
 		// reach both of a 2-shard with probability 1-2^-29.
@@ -120,9 +118,20 @@ func TestShuffleShardTenantsStayInShard(t *testing.T) {
 			used[a] = true
 		}
 	}
-	if len(used) != 8 {
-		t.Fatalf("24 tenants used %d of 8 upstreams", len(used))
+	if len(used) != len(ups) {
+		t.Fatalf("%d tenants used %d of %d upstreams", n, len(used), len(ups))
 	}
+	return shards
+}
+
+// Through a real Caddy with 8 upstreams and k=2: each tenant only ever
+// reaches its 2 upstreams, the same 2 when the upstreams are listed in
+// another order, and the tenants together use all 8.
+func TestShuffleShardTenantsStayInShard(t *testing.T) {
+	ups := shardUpstreams(t, 8)
+	policy := "shuffle_shard {http.request.header.X-Tenant} 2"
+	tester := newTester(t, shardProxy(ups, policy, ""), "caddyfile")
+	shards := tenantsInShards(t, tester, ups, 24)
 	reversed := slices.Clone(ups)
 	slices.Reverse(reversed)
 	tester = newTester(t, shardProxy(reversed, policy, ""), "caddyfile")
@@ -130,6 +139,31 @@ func TestShuffleShardTenantsStayInShard(t *testing.T) {
 		if got := tenantShard(t, tester, tenant, 30); !slices.Equal(got, want) {
 			t.Fatalf("%s: upstreams %v with the upstreams reversed, %v before", tenant, got, want)
 		}
+	}
+}
+
+// The complete example of docs/protection.md, with its 8 addresses
+// replaced by the test upstreams: tenants stay in their shards, and the
+// per-tenant rate limit denies the 101st request of a second.
+func TestDocsShuffleShardExample(t *testing.T) {
+	ups := shardUpstreams(t, 8)
+	site := docSite(t, "../docs/protection.md", "lb_policy shuffle_shard {http.request.header.X-Tenant} 2")
+	for i, u := range ups {
+		site = strings.Replace(site, fmt.Sprintf("10.0.0.%d:8080", i+1), u.addr, 1)
+	}
+	if strings.Contains(site, "10.0.0.") {
+		t.Fatalf("the example has more than 8 upstreams:\n%s", site)
+	}
+	tester := newTester(t, site, "caddyfile")
+	tenantsInShards(t, tester, ups, 16)
+	denied := 0
+	for range 110 {
+		if code, _, _ := do(t, tester, "GET", "/", "X-Tenant", "flood"); code == http.StatusTooManyRequests {
+			denied++
+		}
+	}
+	if denied == 0 {
+		t.Fatalf("110 requests of one tenant: none denied by its 100/1s limit")
 	}
 }
 

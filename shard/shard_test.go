@@ -274,13 +274,22 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 }
 
 func BenchmarkSelect(b *testing.B) {
-	for _, n := range []int{8, 64} {
-		b.Run(fmt.Sprintf("n=%d_k=2", n), func(b *testing.B) {
-			s := Selection{Key: "{http.request.header.X-Tenant}"}
+	for _, c := range []struct {
+		name string
+		key  string
+		n, k int
+	}{
+		{"n=8_k=2", "{http.request.header.X-Tenant}", 8, 2},
+		{"n=64_k=2", "{http.request.header.X-Tenant}", 64, 2},
+		{"n=64_k=8", "{http.request.header.X-Tenant}", 64, 8},
+		{"n=8_k=2_template_key", "t-{http.request.header.X-Tenant}", 8, 2},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s := Selection{Key: c.key, Size: c.k}
 			if err := provision(b, &s); err != nil {
 				b.Fatal(err)
 			}
-			pool := upstreams(n)
+			pool := upstreams(c.n)
 			req := httptest.NewRequest("GET", "/", nil)
 			req.Header.Set("X-Tenant", "tenant-42")
 			repl := caddy.NewReplacer()
@@ -335,5 +344,24 @@ func TestSelectKey(t *testing.T) {
 		if want := shardOf(pool, c.tenant, 2); !slices.Equal(got, want) {
 			t.Errorf("key %q with header %q: %v, want the shard of %q %v", c.key, c.header, got, c.tenant, want)
 		}
+	}
+}
+
+// Caddy's own header hash policy on the same pool, for reference: it
+// picks one upstream per tenant, not a shard.
+func BenchmarkCaddyHeaderPolicy(b *testing.B) {
+	for _, n := range []int{8, 64} {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			s := reverseproxy.HeaderHashSelection{Field: "X-Tenant"}
+			pool := upstreams(n)
+			req := httptest.NewRequest("GET", "/", nil)
+			req.Header.Set("X-Tenant", "tenant-42")
+			b.ReportAllocs()
+			for b.Loop() {
+				if s.Select(pool, req, nil) == nil {
+					b.Fatal("no upstream")
+				}
+			}
+		})
 	}
 }

@@ -274,6 +274,9 @@ func (s *Selection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if !d.NextArg() {
 				return d.ArgErr()
 			}
+			if s.Fallback != "" {
+				return d.Err("shuffle_shard: fallback already specified")
+			}
 			s.Fallback = d.Val()
 		default:
 			return d.Errf("shuffle_shard: unrecognized option %q", d.Val())

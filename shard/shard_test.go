@@ -258,6 +258,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		{in: "shuffle_shard {http.vars.tenant} 2 {\n size 3\n}", err: "size already specified"},
 		{in: "shuffle_shard {http.vars.tenant} {\n weight 3\n}", err: `unrecognized option "weight"`},
 		{in: "shuffle_shard {http.vars.tenant} {\n fallback next none\n}", err: "wrong argument count"},
+		{in: "shuffle_shard {http.vars.tenant} {\n fallback next\n fallback none\n}", err: "fallback already specified"},
 	} {
 		var got Selection
 		err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.in))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -194,6 +195,23 @@ func TestPickLargeShard(t *testing.T) {
 	}
 }
 
+// tenantRequest is a request with a replacer that reads its headers, as
+// Caddy's HTTP server gives one, and tenant in X-Tenant unless empty.
+func tenantRequest(tenant string) *http.Request {
+	req := httptest.NewRequest("GET", "/", nil)
+	if tenant != "" {
+		req.Header.Set("X-Tenant", tenant)
+	}
+	repl := caddy.NewReplacer()
+	repl.Map(func(key string) (any, bool) {
+		if name, ok := strings.CutPrefix(key, "http.request.header."); ok {
+			return req.Header.Get(name), true
+		}
+		return nil, false
+	})
+	return req.WithContext(context.WithValue(req.Context(), caddy.ReplacerCtxKey, repl))
+}
+
 func provision(t testing.TB, s *Selection) error {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
@@ -230,9 +248,7 @@ func TestSelectSizeAbovePool(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := upstreams(3)
-	req := httptest.NewRequest("GET", "/", nil)
-	repl := caddy.NewReplacer()
-	req = req.WithContext(context.WithValue(req.Context(), caddy.ReplacerCtxKey, repl))
+	req := tenantRequest("acme")
 	seen := map[string]bool{}
 	for range 200 {
 		seen[s.Select(pool, req, nil).Dial] = true
@@ -291,16 +307,7 @@ func BenchmarkSelect(b *testing.B) {
 				b.Fatal(err)
 			}
 			pool := upstreams(c.n)
-			req := httptest.NewRequest("GET", "/", nil)
-			req.Header.Set("X-Tenant", "tenant-42")
-			repl := caddy.NewReplacer()
-			repl.Map(func(key string) (any, bool) {
-				if name, ok := strings.CutPrefix(key, "http.request.header."); ok {
-					return req.Header.Get(name), true
-				}
-				return nil, false
-			})
-			req = req.WithContext(context.WithValue(req.Context(), caddy.ReplacerCtxKey, repl))
+			req := tenantRequest("tenant-42")
 			b.ReportAllocs()
 			for b.Loop() {
 				if s.Select(pool, req, nil) == nil {
@@ -325,18 +332,7 @@ func TestSelectKey(t *testing.T) {
 		if err := provision(t, &s); err != nil {
 			t.Fatal(err)
 		}
-		req := httptest.NewRequest("GET", "/", nil)
-		if c.header != "" {
-			req.Header.Set("X-Tenant", c.header)
-		}
-		repl := caddy.NewReplacer()
-		repl.Map(func(key string) (any, bool) {
-			if name, ok := strings.CutPrefix(key, "http.request.header."); ok {
-				return req.Header.Get(name), true
-			}
-			return nil, false
-		})
-		req = req.WithContext(context.WithValue(req.Context(), caddy.ReplacerCtxKey, repl))
+		req := tenantRequest(c.header)
 		seen := map[string]bool{}
 		for range 200 {
 			seen[s.Select(pool, req, nil).Dial] = true

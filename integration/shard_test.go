@@ -265,6 +265,8 @@ func TestShuffleShardConfigErrors(t *testing.T) {
 			assertLoadError(t, shardProxy(ups, c.policy, ""), "caddyfile", c.want)
 		})
 	}
+	assertLoadError(t, caddyfileServer("\treverse_proxy "+ups[0].addr+" {\n\t\tlb_policy shuffle_shard {http.request.header.X-Tenant}\n\t}"),
+		"caddyfile", "size 2 (the default): larger than the 1 upstreams")
 	json := jsonServer(`{"handler": "reverse_proxy", "upstreams": [{"dial": "`+ups[0].addr+`"}],
 		"load_balancing": {"selection_policy": {"policy": "shuffle_shard", "key": "{http.request.header.X-Tenant}", "size": -1}}}`, "")
 	assertLoadError(t, json, "json", "size -1: must be at least 1")

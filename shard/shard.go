@@ -93,8 +93,9 @@ func (s *Selection) Provision(ctx caddy.Context) error {
 	if name, ok := strings.CutPrefix(s.Key, "{"); ok && strings.IndexAny(name, "{}") == len(name)-1 {
 		s.placeholder = name[:len(name)-1]
 	}
+	size := strconv.Itoa(s.Size)
 	if s.Size == 0 {
-		s.Size = DefaultSize
+		s.Size, size = DefaultSize, strconv.Itoa(DefaultSize)+" (the default)"
 	}
 	if s.Size < 1 {
 		return fmt.Errorf("size %d: must be at least 1", s.Size)
@@ -106,10 +107,17 @@ func (s *Selection) Provision(ctx caddy.Context) error {
 	default:
 		return fmt.Errorf("fallback %q: must be %q or %q", s.Fallback, FallbackNext, FallbackNone)
 	}
-	for _, m := range ctx.Modules() {
-		if h, ok := m.(*reverseproxy.Handler); ok && h.DynamicUpstreamsRaw == nil && len(h.Upstreams) > 0 && s.Size > len(h.Upstreams) {
-			return fmt.Errorf("size %d: larger than the %d upstreams", s.Size, len(h.Upstreams))
+	// The nearest reverse_proxy is the one whose upstreams this policy picks.
+	mods := ctx.Modules()
+	for i := len(mods) - 1; i >= 0; i-- {
+		h, ok := mods[i].(*reverseproxy.Handler)
+		if !ok {
+			continue
 		}
+		if h.DynamicUpstreamsRaw == nil && len(h.Upstreams) > 0 && s.Size > len(h.Upstreams) {
+			return fmt.Errorf("size %s: larger than the %d upstreams", size, len(h.Upstreams))
+		}
+		break
 	}
 	return nil
 }

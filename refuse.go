@@ -170,9 +170,10 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 	// response's own, since Caddy's header replacements edit values in
 	// place.
 	vals := make([]string, 3)
+	hdr := w.Header() // once: each call goes through Caddy's writer wrappers
 	set := func(name, v string) {
 		vals[0] = v
-		w.Header()[name] = vals[:1:1]
+		hdr[name] = vals[:1:1]
 		vals = vals[1:]
 	}
 	set(hdrCacheControl, "no-store")

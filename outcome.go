@@ -26,6 +26,7 @@ import (
 type outcomeWriter struct {
 	caddyhttp.ResponseWriterWrapper
 	status int
+	left   bool          // the client had gone when the status was written
 	store  backend.Store // the store that decided
 	limits []*Limit
 	reqs   []backend.Request
@@ -73,6 +74,7 @@ func watchOutcome(w http.ResponseWriter, s *scratch) *outcomeWriter {
 func (o *outcomeWriter) WriteHeader(code int) {
 	if o.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		o.status = code
+		o.left = o.detached.parent != nil && o.detached.parent.Err() != nil
 	}
 	o.ResponseWriter.WriteHeader(code)
 }
@@ -102,6 +104,7 @@ func (o *outcomeWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 func (o *outcomeWriter) wrote() {
 	if o.status == 0 {
 		o.status = http.StatusOK
+		o.left = o.detached.parent != nil && o.detached.parent.Err() != nil
 	}
 }
 
@@ -124,7 +127,16 @@ func (o *outcomeWriter) finalStatus(err error) int {
 
 // serveOutcome hands the request on through o, then settles its limits.
 func (h *Handler) serveOutcome(o *outcomeWriter, r *http.Request, next caddyhttp.Handler) error {
+	o.detached.parent = r.Context()
 	err := next.ServeHTTP(o, r)
+	if o.left || (o.status == 0 && r.Context().Err() != nil) {
+		// The client left before the status was written: the
+		// application may have done the work all the same (sent the
+		// message, checked the password), so the unit stays taken and
+		// nothing is cleared. The 499 the proxy writes for the cancelled
+		// request is not an outcome.
+		return err
+	}
 	h.settle(o, r, o.finalStatus(err))
 	return err
 }
@@ -134,7 +146,6 @@ func (h *Handler) serveOutcome(o *outcomeWriter, r *http.Request, next caddyhttp
 // It runs after the response, so a client that left does not stop it.
 func (h *Handler) settle(o *outcomeWriter, r *http.Request, status int) {
 	hdr := o.Header()
-	o.detached.parent = r.Context()
 	ctx := &o.detached
 	n := 0
 	for i, l := range o.limits {

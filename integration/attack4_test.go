@@ -1,0 +1,61 @@
+package integration
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// slowSender is an application that does its work (sends a message) as
+// soon as a request arrives, then takes a while to answer 200, whether
+// the client is still there or not, as most applications do.
+func slowSender(t *testing.T, delay time.Duration) (addr string, sent *atomic.Int64) {
+	sent = new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sent.Add(1)
+		time.Sleep(delay)
+		fmt.Fprint(w, "sent")
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://"), sent
+}
+
+// A client that hangs up after its request reached the application, but
+// before the answer, does not learn the outcome, and neither does the
+// limit: the unit it took stays taken. Before, the proxy's 499 for the
+// cancelled request did not match count_when 2xx, the unit was given
+// back, and a client could have a text message sent as often as it liked
+// through a one-minute cooldown by hanging up each time.
+func TestAttack4ClientLeavesBeforeAnswer(t *testing.T) {
+	addr, sent := slowSender(t, 400*time.Millisecond)
+	newTester(t, caddyfileServer(`
+	rate_limit {
+		zone attack4_abort {
+			scope gap {
+				by ip
+				cooldown 60s
+				count_when status 2xx
+			}
+		}
+	}
+	reverse_proxy `+addr), "caddyfile")
+	impatient := &http.Client{Timeout: 150 * time.Millisecond}
+	for range 5 {
+		resp, err := impatient.Post(fmt.Sprintf("http://localhost:%d/otp/send", httpPort), "text/plain", nil)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusTooManyRequests {
+				continue
+			}
+		}
+		// Let the proxy see the client leave and settle.
+		time.Sleep(400 * time.Millisecond)
+	}
+	if got := sent.Load(); got != 1 {
+		t.Fatalf("the application sent %d messages within a 60s cooldown to a client that hung up each time, want 1", got)
+	}
+}

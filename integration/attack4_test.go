@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -57,5 +58,36 @@ func TestAttack4ClientLeavesBeforeAnswer(t *testing.T) {
 	}
 	if got := sent.Load(); got != 1 {
 		t.Fatalf("the application sent %d messages within a 60s cooldown to a client that hung up each time, want 1", got)
+	}
+}
+
+// The same client, hanging up in the middle of a chunked body it has
+// sent most of: the application has the request, the proxy fails to
+// read the rest of the body.
+func TestAttack4ClientLeavesMidBody(t *testing.T) {
+	addr, sent := slowSender(t, 400*time.Millisecond)
+	newTester(t, caddyfileServer(`
+	rate_limit {
+		zone attack4_abort_body {
+			scope gap {
+				by ip
+				cooldown 60s
+				count_when status 2xx
+			}
+		}
+	}
+	reverse_proxy `+addr), "caddyfile")
+	for range 5 {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", httpPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST /otp/send HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n10\r\n{\"phone\":\"0171\"}\r\n")
+		time.Sleep(150 * time.Millisecond)
+		c.Close()
+		time.Sleep(400 * time.Millisecond)
+	}
+	if got := sent.Load(); got != 1 {
+		t.Fatalf("the application was reached %d times within a 60s cooldown by a client that hung up mid-body each time, want 1", got)
 	}
 }

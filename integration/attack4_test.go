@@ -91,3 +91,24 @@ func TestAttack4ClientLeavesMidBody(t *testing.T) {
 		t.Fatalf("the application was reached %d times within a 60s cooldown by a client that hung up mid-body each time, want 1", got)
 	}
 }
+
+// Caddy's own placeholders for the whole request body read the body as
+// much as a field does: a limit keyed by them guards what the body says,
+// and leases no more than one keyed by a field.
+func TestAttack4LeaseWholeBodyKey(t *testing.T) {
+	for _, key := range []string{"{http.request.body}", "{http.request.body_base64}"} {
+		t.Run(key, func(t *testing.T) {
+			assertLoadError(t, caddyfileServer(`	rate_limit {
+		backend redis {
+			address 127.0.0.1:1
+		}
+		zone attack4_lease_body {
+			key `+key+`
+			rate 1000/1m
+			lease 10
+		}
+	}
+	respond "ok"`), "caddyfile", "read from the request body")
+		})
+	}
+}

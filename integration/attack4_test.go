@@ -112,3 +112,21 @@ func TestAttack4LeaseWholeBodyKey(t *testing.T) {
 		})
 	}
 }
+
+// count_when and reset_when set on a zone made only of scopes would do
+// nothing (a scope does not inherit them): every failed login and every
+// success would count alike, and no success would forgive. The config is
+// refused at the option's line, as the zone's other own options are.
+func TestAttack4OutcomeOnZoneOfScopes(t *testing.T) {
+	assertLoadError(t, caddyfileServer(`	rate_limit {
+		zone attack4_scopes_only {
+			count_when status 401
+			reset_when status 2xx
+			scope user {
+				key {http.request.header.X-User}
+				rate 5/15m
+			}
+		}
+	}
+	respond "ok"`), "caddyfile", "count_when, reset_when would do nothing on a zone without a rate of its own")
+}

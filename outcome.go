@@ -25,7 +25,9 @@ import (
 // scratch goes back to the pool before the request is handed on.
 type outcomeWriter struct {
 	caddyhttp.ResponseWriterWrapper
-	status int
+	// status is an int32 so that left fits beside it: the writer stays in
+	// its allocation size class.
+	status int32
 	left   bool          // the client had gone when the status was written
 	store  backend.Store // the store that decided
 	limits []*Limit
@@ -73,7 +75,7 @@ func watchOutcome(w http.ResponseWriter, s *scratch) *outcomeWriter {
 // Early Hints) come before the real one, while 101 ends the exchange.
 func (o *outcomeWriter) WriteHeader(code int) {
 	if o.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
-		o.status = code
+		o.status = int32(code) // WriteHeader panics on codes past 999
 		o.left = o.detached.parent != nil && o.detached.parent.Err() != nil
 	}
 	o.ResponseWriter.WriteHeader(code)
@@ -113,7 +115,7 @@ func (o *outcomeWriter) wrote() {
 // routes answer with it, as a reverse proxy's 502), else 200.
 func (o *outcomeWriter) finalStatus(err error) int {
 	if o.status != 0 {
-		return o.status
+		return int(o.status)
 	}
 	if err == nil {
 		return http.StatusOK

@@ -190,3 +190,33 @@ func TestOutcomeClientLeft(t *testing.T) {
 		})
 	}
 }
+
+// The header fields count_when and reset_when match are those of the
+// response as it was written: a handler around this one may remove some
+// on their way out (header -Field), after which they are gone from the
+// map the limit would otherwise look at once the response is over.
+func TestOutcomeHeaderAsWritten(t *testing.T) {
+	cfg := `{"rate_limits": {"outcome_header_as_written": {"key": "{http.vars.client_ip}", "max_events": 2, "window": "1m", "count_when": {"headers": {"X-Login-Result": ["failed"]}}}}}`
+	h, cleanup, err := provisionJSON([]byte(cfg), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	for i := range 3 {
+		w, r := benchRequest(t, "http://example.com/login", "192.0.2.10:4242")
+		reached := false
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+			reached = true
+			w.Header().Set("X-Login-Result", "failed")
+			w.WriteHeader(http.StatusOK)
+			w.Header().Del("X-Login-Result") // as header -X-Login-Result does on the way out
+			return nil
+		})
+		if err := h.ServeHTTP(w, r, next); err != nil && i < 2 {
+			t.Fatal(err)
+		}
+		if want := i < 2; reached != want {
+			t.Fatalf("failure %d reached the application: %v, want %v", i+1, reached, want)
+		}
+	}
+}

@@ -130,3 +130,45 @@ func TestAttack4OutcomeOnZoneOfScopes(t *testing.T) {
 	}
 	respond "ok"`), "caddyfile", "count_when, reset_when would do nothing on a zone without a rate of its own")
 }
+
+// An application that says a login failed in a header the site keeps to
+// itself (`header -X-Login-Result`, applied as the response goes out):
+// count_when matches the header as the application wrote it. Before, the
+// header was gone by the time the limit settled, no failure matched, and
+// every wrong password was given back: unlimited guesses.
+func TestAttack4CountWhenHiddenHeader(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("pw") != "right" {
+			w.Header().Set("X-Login-Result", "failed")
+		}
+		fmt.Fprint(w, "page")
+	}))
+	t.Cleanup(srv.Close)
+	tester := newTester(t, caddyfileServer(`
+	header -X-Login-Result
+	rate_limit {
+		zone attack4_hidden_header {
+			by ip
+			rate 2/15m
+			count_when header X-Login-Result failed
+		}
+	}
+	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")), "caddyfile")
+	expectN(t, tester, 5, http.StatusOK, "GET", "/?pw=right")
+	for i := range 2 {
+		if code, _, _ := do(t, tester, "GET", "/?pw=wrong"); code != http.StatusOK {
+			t.Fatalf("failure #%d: %d", i+1, code)
+		}
+	}
+	resp, err := http.Get(fmt.Sprintf("http://localhost:%d/?pw=wrong", httpPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Header.Get("X-Login-Result") != "" {
+		t.Fatalf("the header reached the client")
+	}
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("third failure: %d, want 429", resp.StatusCode)
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -33,6 +32,17 @@ const maxBatch = 64
 // flight at once: the next batch is encoded and written while Redis runs
 // the previous one.
 const maxInFlight = 2
+
+// Script arguments boxed once, so that building a call does not allocate
+// them.
+var (
+	scriptHash any = script.Hash()
+	realArg    any = "0"
+	shadowArg  any = "1"
+)
+
+// argsPool holds the argument slices of batch calls.
+var argsPool = sync.Pool{New: func() any { return new([]any) }}
 
 // pending is one request's decision waiting in a batch.
 type pending struct {
@@ -139,7 +149,7 @@ func (b *batcher) next() {
 // answer. Requests whose deadline passed while they queued are not sent.
 // The call's deadline is the latest of its requests'.
 func (b *batcher) send(batch []*pending) {
-	live := batch[:0:0]
+	live := batch[:0] // send owns batch
 	var deadline time.Time
 	for _, p := range batch {
 		if err := p.ctx.Err(); err != nil {
@@ -165,21 +175,34 @@ func (b *batcher) send(batch []*pending) {
 	for _, p := range live {
 		nkeys += len(p.items)
 	}
-	hdr := s.header("m")
-	keys := make([]string, 0, nkeys)
-	args := append(make([]any, 0, len(hdr)+len(live)+9*nkeys), hdr...)
+	// The call's arguments are built in one slice, taken from a pool
+	// and given back once the reply is read: EVALSHA, the keys, the
+	// header, then each request's item count and items.
+	buf := argsPool.Get().(*[]any)
+	defer func() {
+		clear(*buf)
+		*buf = (*buf)[:0]
+		argsPool.Put(buf)
+	}()
+	args := append((*buf)[:0], "evalsha", scriptHash, nkeys)
 	for _, p := range live {
-		args = append(args, strconv.Itoa(len(p.items)))
 		for i := range p.items {
-			keys = append(keys, p.items[i].key)
-			x1 := "0"
+			args = append(args, p.items[i].key)
+		}
+	}
+	args = append(args, s.header("m")...)
+	for _, p := range live {
+		args = append(args, len(p.items))
+		for i := range p.items {
+			x1 := realArg
 			if p.items[i].shadow {
-				x1 = "1"
+				x1 = shadowArg
 			}
 			args = itemArgs(args, &p.items[i], x1, "")
 		}
 	}
-	gs := []group{{cmd: evalCmd(ctx, keys, args)}}
+	*buf = args
+	gs := []group{{cmd: goredis.NewCmd(ctx, args...)}}
 	err := s.run(ctx, gs)
 	if err == nil {
 		err = parseBatch(gs[0].cmd, live)

@@ -345,9 +345,12 @@ func (s *Store) prepare(ctx context.Context, mode string, gs []group, items []it
 	}
 }
 
-func itemArgs(args []any, it *item, x1, x2 string) []any {
-	c := it.conf
-	return append(args, c.kind, c.p1, c.p2, strconv.FormatInt(it.cost, 10), x1, x2, c.lin, c.gen, c.hist, c.from)
+// itemArgs appends one item's script arguments. The cost goes as an int64,
+// which go-redis writes as the same decimal bulk string without the
+// allocation of formatting and boxing a string.
+func itemArgs(args []any, it *item, x1, x2 any) []any {
+	c := &it.conf.boxed
+	return append(args, c[0], c[1], c[2], it.cost, x1, x2, c[3], c[4], c[5], c[6])
 }
 
 // Decide answers reqs all or nothing (backend.Store). On a cluster, keys

@@ -46,12 +46,13 @@ var argsPool = sync.Pool{New: func() any { return new([]any) }}
 
 // pending is one request's decision waiting in a batch.
 type pending struct {
-	ctx     context.Context
-	items   []item
-	results []algorithms.Result
-	allowed bool
-	err     error
-	done    chan struct{}
+	ctx      context.Context // the caller's: a request that left is not sent
+	deadline time.Time
+	items    []item
+	results  []algorithms.Result
+	allowed  bool
+	err      error
+	done     chan struct{}
 }
 
 // batcher gathers the decisions of one store (on a cluster: of one hash
@@ -77,10 +78,11 @@ func (s *Store) batcherFor(items []item) *batcher {
 }
 
 // decide decides items (one request, one slot) in a batch. It waits for
-// the answer until ctx ends; a request whose batch was already sent may
-// still be decided once by Redis after that, as a call of its own would.
-func (b *batcher) decide(ctx context.Context, items []item, results []algorithms.Result) (bool, error) {
-	p := &pending{ctx: ctx, items: items, results: results, done: make(chan struct{})}
+// the answer until ctx ends or the deadline passes; a request whose batch
+// was already sent may still be decided once by Redis after that, as a
+// call of its own would.
+func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, results []algorithms.Result) (bool, error) {
+	p := &pending{ctx: ctx, deadline: deadline, items: items, results: results, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
 	if b.inFlight < maxInFlight {
@@ -95,17 +97,39 @@ func (b *batcher) decide(ctx context.Context, items []item, results []algorithms
 		b.mu.Unlock()
 	}
 	select {
+	case <-p.done: // sent by this goroutine: no timer needed
+		return p.allowed, p.err
+	default:
+	}
+	t := timers.Get().(*time.Timer)
+	t.Reset(time.Until(deadline))
+	defer func() {
+		t.Stop() // a stopped timer's channel is empty since Go 1.23
+		timers.Put(t)
+	}()
+	var err error
+	select {
 	case <-p.done:
 		return p.allowed, p.err
 	case <-ctx.Done():
-		select {
-		case <-p.done: // answered just in time: the answer, not the deadline
-			return p.allowed, p.err
-		default:
-			return false, ctx.Err()
-		}
+		err = ctx.Err()
+	case <-t.C:
+		err = context.DeadlineExceeded
+	}
+	select {
+	case <-p.done: // answered just in time: the answer, not the deadline
+		return p.allowed, p.err
+	default:
+		return false, err
 	}
 }
+
+// timers holds the stopped timers of waiting requests.
+var timers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
 
 // take removes the next batch from the queue; b.mu is held.
 func (b *batcher) take() []*pending {
@@ -151,22 +175,24 @@ func (b *batcher) next() {
 func (b *batcher) send(batch []*pending) {
 	live := batch[:0] // send owns batch
 	var deadline time.Time
+	now := time.Now()
 	for _, p := range batch {
-		if err := p.ctx.Err(); err != nil {
+		err := p.ctx.Err()
+		if err == nil && !now.Before(p.deadline) {
+			err = context.DeadlineExceeded
+		}
+		if err != nil {
 			p.err = err
 			close(p.done)
 			continue
 		}
-		if d, ok := p.ctx.Deadline(); ok && d.After(deadline) {
-			deadline = d
+		if p.deadline.After(deadline) {
+			deadline = p.deadline
 		}
 		live = append(live, p)
 	}
 	if len(live) == 0 {
 		return
-	}
-	if deadline.IsZero() {
-		deadline = time.Now().Add(b.s.timeout)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()

@@ -363,9 +363,23 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 	if err != nil || len(items) == 0 {
 		return err == nil, err
 	}
-	// The deadline covers waiting for another request's answer too.
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
+	// The deadline covers waiting for another request's answer too. The
+	// batched path checks it itself (the batcher before sending, the
+	// waiter with a pooled timer): a context of its own per request
+	// cost a timer, a channel and a registration with the parent's.
+	deadline := time.Now().Add(s.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	parent := ctx
+	var cancel context.CancelFunc = func() {}
+	defer func() { cancel() }()
+	bounded := func() context.Context {
+		if ctx == parent {
+			ctx, cancel = context.WithDeadline(parent, deadline)
+		}
+		return ctx
+	}
 	results := make([]algorithms.Result, len(items))
 	var sent int64
 	var epoch uint64
@@ -385,7 +399,7 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 			}
 			select {
 			case <-wait:
-			case <-ctx.Done():
+			case <-bounded().Done():
 				return false, fmt.Errorf("redis backend: %w", ctx.Err())
 			}
 		}
@@ -398,9 +412,9 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 	allowed := true
 	var failed error
 	if len(gs) == 1 && !s.opts.NoBatch && !s.opts.pipeline {
-		allowed, failed = s.batcherFor(items).decide(ctx, items, results)
+		allowed, failed = s.batcherFor(items).decide(parent, deadline, items, results)
 	} else {
-		allowed, failed = s.decideGroups(ctx, gs, items, results)
+		allowed, failed = s.decideGroups(bounded(), gs, items, results)
 	}
 	if failed != nil || !allowed {
 		if len(gs) > 1 {

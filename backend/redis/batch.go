@@ -52,7 +52,23 @@ type pending struct {
 	results  []algorithms.Result
 	allowed  bool
 	err      error
-	done     chan struct{}
+	// done gets one value when the answer is in; its buffer of one
+	// lets the sender go on whether or not the caller still waits.
+	done chan struct{}
+}
+
+// pendings holds the pending requests whose callers took their answer; a
+// request abandoned at its deadline is left to the collector, since its
+// batch may still answer it.
+var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
+
+// answer returns p's answer, once its done value was taken, and gives p
+// back to the pool.
+func (p *pending) answer() (bool, error) {
+	allowed, err := p.allowed, p.err
+	*p = pending{done: p.done}
+	pendings.Put(p)
+	return allowed, err
 }
 
 // batcher gathers the decisions of one store (on a cluster: of one hash
@@ -82,7 +98,8 @@ func (s *Store) batcherFor(items []item) *batcher {
 // was already sent may still be decided once by Redis after that, as a
 // call of its own would.
 func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, results []algorithms.Result) (bool, error) {
-	p := &pending{ctx: ctx, deadline: deadline, items: items, results: results, done: make(chan struct{})}
+	p := pendings.Get().(*pending)
+	p.ctx, p.deadline, p.items, p.results = ctx, deadline, items, results
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
 	if b.inFlight < maxInFlight {
@@ -98,7 +115,7 @@ func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, 
 	}
 	select {
 	case <-p.done: // sent by this goroutine: no timer needed
-		return p.allowed, p.err
+		return p.answer()
 	default:
 	}
 	t := timers.Get().(*time.Timer)
@@ -110,7 +127,7 @@ func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, 
 	var err error
 	select {
 	case <-p.done:
-		return p.allowed, p.err
+		return p.answer()
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-t.C:
@@ -118,7 +135,7 @@ func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, 
 	}
 	select {
 	case <-p.done: // answered just in time: the answer, not the deadline
-		return p.allowed, p.err
+		return p.answer()
 	default:
 		return false, err
 	}
@@ -183,7 +200,7 @@ func (b *batcher) send(batch []*pending) {
 		}
 		if err != nil {
 			p.err = err
-			close(p.done)
+			p.done <- struct{}{}
 			continue
 		}
 		if p.deadline.After(deadline) {
@@ -237,7 +254,7 @@ func (b *batcher) send(batch []*pending) {
 		if err != nil {
 			p.err = err
 		}
-		close(p.done)
+		p.done <- struct{}{}
 	}
 }
 
@@ -278,7 +295,14 @@ func parseBatch(cmd *goredis.Cmd, live []*pending) error {
 			o++
 			continue
 		}
-		v := make([]int64, 1+7*len(p.items))
+		var small [1 + 7*4]int64 // up to four keys without an allocation
+		n := 1 + 7*len(p.items)
+		var v []int64
+		if n <= len(small) {
+			v = small[:n]
+		} else {
+			v = make([]int64, n)
+		}
 		for i := range v {
 			if v[i], err = num(o + i); err != nil {
 				return err

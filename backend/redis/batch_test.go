@@ -166,7 +166,7 @@ func TestBatchFailingRequestFailsAlone(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ps = append(ps, &pending{ctx: ctx, deadline: time.Now().Add(time.Minute), items: items, results: make([]algorithms.Result, 1), done: make(chan struct{})})
+		ps = append(ps, &pending{ctx: ctx, deadline: time.Now().Add(time.Minute), items: items, results: make([]algorithms.Result, 1), done: make(chan struct{}, 1)})
 	}
 	s.batcherFor(ps[0].items).send(ps)
 	if ps[1].err == nil || !strings.Contains(ps[1].err.Error(), "WRONGTYPE") {

@@ -313,6 +313,20 @@ func (s *Store) groups(items []item) []group {
 	return gs
 }
 
+// oneSlot reports whether items make one group, without making it.
+func (s *Store) oneSlot(items []item) bool {
+	if !s.cluster && !s.opts.split {
+		return true
+	}
+	sl := slotOf(items[0].key)
+	for i := 1; i < len(items); i++ {
+		if slotOf(items[i].key) != sl {
+			return false
+		}
+	}
+	return true
+}
+
 // header is the script's first arguments: the mode, the clock (empty for
 // the server's TIME) and the expiry extension.
 func (s *Store) header(mode string) []any {
@@ -408,12 +422,13 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 		sent, epoch = s.cache.mark()
 	}
 
-	gs := s.groups(items)
+	var gs []group // nil when batched: one group
 	allowed := true
 	var failed error
-	if len(gs) == 1 && !s.opts.NoBatch && !s.opts.pipeline {
+	if !s.opts.NoBatch && !s.opts.pipeline && s.oneSlot(items) {
 		allowed, failed = s.batcherFor(items).decide(parent, deadline, items, results)
 	} else {
+		gs = s.groups(items)
 		allowed, failed = s.decideGroups(bounded(), gs, items, results)
 	}
 	if failed != nil || !allowed {

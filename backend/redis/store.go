@@ -388,8 +388,10 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 	parent := ctx
 	var cancel context.CancelFunc = func() {}
 	defer func() { cancel() }()
-	bounded := func() context.Context {
-		if ctx == parent {
+	made := false
+	bounded := func() context.Context { // made once, where needed
+		if !made {
+			made = true
 			ctx, cancel = context.WithDeadline(parent, deadline)
 		}
 		return ctx

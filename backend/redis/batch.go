@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -34,14 +33,42 @@ const maxBatch = 64
 // the previous one.
 const maxInFlight = 2
 
+// Script arguments boxed once, so that building a call does not allocate
+// them.
+var (
+	scriptHash any = script.Hash()
+	realArg    any = "0"
+	shadowArg  any = "1"
+)
+
+// argsPool holds the argument slices of batch calls.
+var argsPool = sync.Pool{New: func() any { return new([]any) }}
+
 // pending is one request's decision waiting in a batch.
 type pending struct {
-	ctx     context.Context
-	items   []item
-	results []algorithms.Result
-	allowed bool
-	err     error
-	done    chan struct{}
+	ctx      context.Context // the caller's: a request that left is not sent
+	deadline time.Time
+	items    []item
+	results  []algorithms.Result
+	allowed  bool
+	err      error
+	// done gets one value when the answer is in; its buffer of one
+	// lets the sender go on whether or not the caller still waits.
+	done chan struct{}
+}
+
+// pendings holds the pending requests whose callers took their answer; a
+// request abandoned at its deadline is left to the collector, since its
+// batch may still answer it.
+var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
+
+// answer returns p's answer, once its done value was taken, and gives p
+// back to the pool.
+func (p *pending) answer() (bool, error) {
+	allowed, err := p.allowed, p.err
+	*p = pending{done: p.done}
+	pendings.Put(p)
+	return allowed, err
 }
 
 // batcher gathers the decisions of one store (on a cluster: of one hash
@@ -67,10 +94,12 @@ func (s *Store) batcherFor(items []item) *batcher {
 }
 
 // decide decides items (one request, one slot) in a batch. It waits for
-// the answer until ctx ends; a request whose batch was already sent may
-// still be decided once by Redis after that, as a call of its own would.
-func (b *batcher) decide(ctx context.Context, items []item, results []algorithms.Result) (bool, error) {
-	p := &pending{ctx: ctx, items: items, results: results, done: make(chan struct{})}
+// the answer until ctx ends or the deadline passes; a request whose batch
+// was already sent may still be decided once by Redis after that, as a
+// call of its own would.
+func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, results []algorithms.Result) (bool, error) {
+	p := pendings.Get().(*pending)
+	p.ctx, p.deadline, p.items, p.results = ctx, deadline, items, results
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
 	if b.inFlight < maxInFlight {
@@ -85,17 +114,39 @@ func (b *batcher) decide(ctx context.Context, items []item, results []algorithms
 		b.mu.Unlock()
 	}
 	select {
+	case <-p.done: // sent by this goroutine: no timer needed
+		return p.answer()
+	default:
+	}
+	t := timers.Get().(*time.Timer)
+	t.Reset(time.Until(deadline))
+	defer func() {
+		t.Stop() // a stopped timer's channel is empty since Go 1.23
+		timers.Put(t)
+	}()
+	var err error
+	select {
 	case <-p.done:
-		return p.allowed, p.err
+		return p.answer()
 	case <-ctx.Done():
-		select {
-		case <-p.done: // answered just in time: the answer, not the deadline
-			return p.allowed, p.err
-		default:
-			return false, ctx.Err()
-		}
+		err = ctx.Err()
+	case <-t.C:
+		err = context.DeadlineExceeded
+	}
+	select {
+	case <-p.done: // answered just in time: the answer, not the deadline
+		return p.answer()
+	default:
+		return false, err
 	}
 }
+
+// timers holds the stopped timers of waiting requests.
+var timers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
 
 // take removes the next batch from the queue; b.mu is held.
 func (b *batcher) take() []*pending {
@@ -139,24 +190,26 @@ func (b *batcher) next() {
 // answer. Requests whose deadline passed while they queued are not sent.
 // The call's deadline is the latest of its requests'.
 func (b *batcher) send(batch []*pending) {
-	live := batch[:0:0]
+	live := batch[:0] // send owns batch
 	var deadline time.Time
+	now := time.Now()
 	for _, p := range batch {
-		if err := p.ctx.Err(); err != nil {
+		err := p.ctx.Err()
+		if err == nil && !now.Before(p.deadline) {
+			err = context.DeadlineExceeded
+		}
+		if err != nil {
 			p.err = err
-			close(p.done)
+			p.done <- struct{}{}
 			continue
 		}
-		if d, ok := p.ctx.Deadline(); ok && d.After(deadline) {
-			deadline = d
+		if p.deadline.After(deadline) {
+			deadline = p.deadline
 		}
 		live = append(live, p)
 	}
 	if len(live) == 0 {
 		return
-	}
-	if deadline.IsZero() {
-		deadline = time.Now().Add(b.s.timeout)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
@@ -165,21 +218,34 @@ func (b *batcher) send(batch []*pending) {
 	for _, p := range live {
 		nkeys += len(p.items)
 	}
-	hdr := s.header("m")
-	keys := make([]string, 0, nkeys)
-	args := append(make([]any, 0, len(hdr)+len(live)+9*nkeys), hdr...)
+	// The call's arguments are built in one slice, taken from a pool
+	// and given back once the reply is read: EVALSHA, the keys, the
+	// header, then each request's item count and items.
+	buf := argsPool.Get().(*[]any)
+	defer func() {
+		clear(*buf)
+		*buf = (*buf)[:0]
+		argsPool.Put(buf)
+	}()
+	args := append((*buf)[:0], "evalsha", scriptHash, nkeys)
 	for _, p := range live {
-		args = append(args, strconv.Itoa(len(p.items)))
 		for i := range p.items {
-			keys = append(keys, p.items[i].key)
-			x1 := "0"
+			args = append(args, p.items[i].key)
+		}
+	}
+	args = append(args, s.header("m")...)
+	for _, p := range live {
+		args = append(args, len(p.items))
+		for i := range p.items {
+			x1 := realArg
 			if p.items[i].shadow {
-				x1 = "1"
+				x1 = shadowArg
 			}
 			args = itemArgs(args, &p.items[i], x1, "")
 		}
 	}
-	gs := []group{{cmd: evalCmd(ctx, keys, args)}}
+	*buf = args
+	gs := []group{{cmd: goredis.NewCmd(ctx, args...)}}
 	err := s.run(ctx, gs)
 	if err == nil {
 		err = parseBatch(gs[0].cmd, live)
@@ -188,7 +254,7 @@ func (b *batcher) send(batch []*pending) {
 		if err != nil {
 			p.err = err
 		}
-		close(p.done)
+		p.done <- struct{}{}
 	}
 }
 
@@ -229,7 +295,14 @@ func parseBatch(cmd *goredis.Cmd, live []*pending) error {
 			o++
 			continue
 		}
-		v := make([]int64, 1+7*len(p.items))
+		var small [1 + 7*4]int64 // up to four keys without an allocation
+		n := 1 + 7*len(p.items)
+		var v []int64
+		if n <= len(small) {
+			v = small[:n]
+		} else {
+			v = make([]int64, n)
+		}
 		for i := range v {
 			if v[i], err = num(o + i); err != nil {
 				return err

@@ -166,7 +166,7 @@ func TestBatchFailingRequestFailsAlone(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ps = append(ps, &pending{ctx: ctx, items: items, results: make([]algorithms.Result, 1), done: make(chan struct{})})
+		ps = append(ps, &pending{ctx: ctx, deadline: time.Now().Add(time.Minute), items: items, results: make([]algorithms.Result, 1), done: make(chan struct{}, 1)})
 	}
 	s.batcherFor(ps[0].items).send(ps)
 	if ps[1].err == nil || !strings.Contains(ps[1].err.Error(), "WRONGTYPE") {
@@ -176,5 +176,43 @@ func TestBatchFailingRequestFailsAlone(t *testing.T) {
 		if ps[i].err != nil || !ps[i].allowed || ps[i].results[0].Remaining != 4 {
 			t.Fatalf("request %d: err %v allowed %v %+v", i, ps[i].err, ps[i].allowed, ps[i].results[0])
 		}
+	}
+}
+
+// A queued request whose client left returns at once and is never sent;
+// a request queued after it, on the pooled timer the first one used,
+// waits for its answer and is decided.
+func TestBatchDropsRequestWhoseClientLeft(t *testing.T) {
+	c := standaloneClient(t)
+	s := uncachedStore(t, c, time.Minute)
+	z := mustZone(t, s, "left", algorithms.NameTokenBucket, policy(5, time.Hour))
+	_, queued, release := holdBatcher(t, s, z)
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, 1)
+	go func() {
+		_, err := s.Decide(ctx, []backend.Request{{Limit: z, Key: "gone", Cost: 1}}, make([]algorithms.Result, 1))
+		errs <- err
+	}()
+	waitQueued(t, queued, 1)
+	cancel()
+	if err := <-errs; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v, want the cancellation", err)
+	}
+	type answer struct {
+		ok  bool
+		err error
+	}
+	answers := make(chan answer, 1)
+	go func() {
+		ok, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "stays", Cost: 1}}, make([]algorithms.Result, 1))
+		answers <- answer{ok, err}
+	}()
+	waitQueued(t, queued, 2)
+	release()
+	if a := <-answers; a.err != nil || !a.ok {
+		t.Fatalf("the request that stayed: allowed %v, err %v", a.ok, a.err)
+	}
+	if n, _ := c.Exists(context.Background(), z.(*zone).prefix+"gone}").Result(); n != 0 {
+		t.Fatal("the request whose client left was charged")
 	}
 }

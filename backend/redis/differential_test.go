@@ -448,7 +448,7 @@ func (tw *twin) doBatch(reqs [][]ask) {
 			b = nb
 		}
 		o.of = of
-		o.p = &pending{ctx: context.Background(), items: items, results: make([]algorithms.Result, len(items)), done: make(chan struct{})}
+		o.p = &pending{ctx: context.Background(), deadline: time.Now().Add(time.Minute), items: items, results: make([]algorithms.Result, len(items)), done: make(chan struct{}, 1)}
 		batch = append(batch, o)
 	}
 	flush()

@@ -313,6 +313,20 @@ func (s *Store) groups(items []item) []group {
 	return gs
 }
 
+// oneSlot reports whether items make one group, without making it.
+func (s *Store) oneSlot(items []item) bool {
+	if !s.cluster && !s.opts.split {
+		return true
+	}
+	sl := slotOf(items[0].key)
+	for i := 1; i < len(items); i++ {
+		if slotOf(items[i].key) != sl {
+			return false
+		}
+	}
+	return true
+}
+
 // header is the script's first arguments: the mode, the clock (empty for
 // the server's TIME) and the expiry extension.
 func (s *Store) header(mode string) []any {
@@ -345,9 +359,12 @@ func (s *Store) prepare(ctx context.Context, mode string, gs []group, items []it
 	}
 }
 
-func itemArgs(args []any, it *item, x1, x2 string) []any {
-	c := it.conf
-	return append(args, c.kind, c.p1, c.p2, strconv.FormatInt(it.cost, 10), x1, x2, c.lin, c.gen, c.hist, c.from)
+// itemArgs appends one item's script arguments. The cost goes as an int64,
+// which go-redis writes as the same decimal bulk string without the
+// allocation of formatting and boxing a string.
+func itemArgs(args []any, it *item, x1, x2 any) []any {
+	c := &it.conf.boxed
+	return append(args, c[0], c[1], c[2], it.cost, x1, x2, c[3], c[4], c[5], c[6])
 }
 
 // Decide answers reqs all or nothing (backend.Store). On a cluster, keys
@@ -360,9 +377,25 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 	if err != nil || len(items) == 0 {
 		return err == nil, err
 	}
-	// The deadline covers waiting for another request's answer too.
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
+	// The deadline covers waiting for another request's answer too. The
+	// batched path checks it itself (the batcher before sending, the
+	// waiter with a pooled timer): a context of its own per request
+	// cost a timer, a channel and a registration with the parent's.
+	deadline := time.Now().Add(s.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	parent := ctx
+	var cancel context.CancelFunc = func() {}
+	defer func() { cancel() }()
+	made := false
+	bounded := func() context.Context { // made once, where needed
+		if !made {
+			made = true
+			ctx, cancel = context.WithDeadline(parent, deadline)
+		}
+		return ctx
+	}
 	results := make([]algorithms.Result, len(items))
 	var sent int64
 	var epoch uint64
@@ -382,7 +415,7 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 			}
 			select {
 			case <-wait:
-			case <-ctx.Done():
+			case <-bounded().Done():
 				return false, fmt.Errorf("redis backend: %w", ctx.Err())
 			}
 		}
@@ -391,13 +424,14 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 		sent, epoch = s.cache.mark()
 	}
 
-	gs := s.groups(items)
+	var gs []group // nil when batched: one group
 	allowed := true
 	var failed error
-	if len(gs) == 1 && !s.opts.NoBatch && !s.opts.pipeline {
-		allowed, failed = s.batcherFor(items).decide(ctx, items, results)
+	if !s.opts.NoBatch && !s.opts.pipeline && s.oneSlot(items) {
+		allowed, failed = s.batcherFor(items).decide(parent, deadline, items, results)
 	} else {
-		allowed, failed = s.decideGroups(ctx, gs, items, results)
+		gs = s.groups(items)
+		allowed, failed = s.decideGroups(bounded(), gs, items, results)
 	}
 	if failed != nil || !allowed {
 		if len(gs) > 1 {

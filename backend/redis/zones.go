@@ -100,6 +100,9 @@ type zoneConf struct {
 	gen    string
 	hist   string
 	from   string // the script's from argument
+	// boxed holds kind, p1, p2 and lin, gen, hist, from as script
+	// arguments, boxed once: boxing them per call allocated each.
+	boxed [7]any
 
 	genN    int64
 	maxDebt int64 // the zone's maxDebt when this conf was made
@@ -321,6 +324,7 @@ func (z *zoneState) apply(r *registration, now int64) {
 	}
 	next.hist = h.String()
 	next.from = fromArg(z.from)
+	next.boxed = [7]any{next.kind, next.p1, next.p2, next.lin, next.gen, next.hist, next.from}
 	z.conf.Store(next)
 }
 

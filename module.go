@@ -22,6 +22,8 @@ import (
 	_ "github.com/sluicehq/sluice/backend/memory"
 	_ "github.com/sluicehq/sluice/backend/redis"
 	"github.com/sluicehq/sluice/keys"
+	// The shuffle_shard load-balancing policy ships with the handler.
+	_ "github.com/sluicehq/sluice/shard"
 )
 
 func init() {

@@ -265,3 +265,37 @@ func TestConcurrencyConfigErrors(t *testing.T) {
 	respond "ok"`), "caddyfile", want)
 	}
 }
+
+// In JSON, a scope may cap concurrency alone beside the zone's rate: the
+// zone's rate and the scope's cap both apply.
+func TestConcurrencyJSONScope(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	u := newCountingUpstream(t, func(r *http.Request) {
+		if r.Header.Get("X-Hang") != "" {
+			arrived <- struct{}{}
+			<-release
+		}
+	})
+	newTester(t, jsonServer(`{"handler": "rate_limit", "rate_limits": {"conc_json": {
+		"key": "static", "max_events": 100, "window": "1m",
+		"scopes": {"inflight": {"key": "{http.request.header.X-Tenant}", "concurrency": 1}}}}},
+		{"handler": "reverse_proxy", "upstreams": [{"dial": "`+strings.TrimPrefix(u.URL, "http://")+`"}]}`, ""), "json")
+	done := make(chan struct{})
+	go func() {
+		_, _ = get(context.Background(), "X-Hang", "1", "X-Tenant", "a")
+		close(done)
+	}()
+	within(t, arrived, "tenant a's first request")
+	if resp, err := get(context.Background(), "X-Tenant", "a"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("tenant a's second request in flight: %v %v, want 503", resp, err)
+	}
+	if resp, err := get(context.Background(), "X-Tenant", "b"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("tenant b: %v %v, want 200 (its own slot)", resp, err)
+	}
+	close(release)
+	within(t, done, "tenant a's first request to end")
+	if resp, err := get(context.Background(), "X-Tenant", "a"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("tenant a after its slot was freed: %v %v", resp, err)
+	}
+}

@@ -50,6 +50,20 @@ func within(t *testing.T, ch <-chan struct{}, what string) {
 	}
 }
 
+// holdingUpstream holds a request sent with X-Hang until release is
+// closed, signalling arrived when it gets there; others pass at once.
+func holdingUpstream(t *testing.T) (*countingUpstream, chan struct{}, chan struct{}) {
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	u := newCountingUpstream(t, func(r *http.Request) {
+		if r.Header.Get("X-Hang") != "" {
+			arrived <- struct{}{}
+			<-release
+		}
+	})
+	return u, arrived, release
+}
+
 func concSite(t *testing.T, zone, opts string, u *countingUpstream) *caddytest.Tester {
 	return newTester(t, caddyfileServer(fmt.Sprintf(`
 	rate_limit {
@@ -183,14 +197,7 @@ func TestConcurrencyDisconnectFreesSlot(t *testing.T) {
 // Beyond the queue's wait, a request is refused with 503 and Retry-After,
 // counted under reason concurrency; the rate's unit is given back.
 func TestConcurrencyRefusal(t *testing.T) {
-	arrived := make(chan struct{}, 1)
-	release := make(chan struct{})
-	u := newCountingUpstream(t, func(r *http.Request) {
-		if r.Header.Get("X-Hang") != "" {
-			arrived <- struct{}{}
-			<-release
-		}
-	})
+	u, arrived, release := holdingUpstream(t)
 	concSite(t, "conc_refuse", "key static\n\t\t\trate 3/1h\n\t\t\tconcurrency 1\n\t\t\tqueue 200ms", u)
 	done := make(chan struct{})
 	go func() {
@@ -269,14 +276,7 @@ func TestConcurrencyConfigErrors(t *testing.T) {
 // In JSON, a scope may cap concurrency alone beside the zone's rate: the
 // zone's rate and the scope's cap both apply.
 func TestConcurrencyJSONScope(t *testing.T) {
-	arrived := make(chan struct{}, 1)
-	release := make(chan struct{})
-	u := newCountingUpstream(t, func(r *http.Request) {
-		if r.Header.Get("X-Hang") != "" {
-			arrived <- struct{}{}
-			<-release
-		}
-	})
+	u, arrived, release := holdingUpstream(t)
 	newTester(t, jsonServer(`{"handler": "rate_limit", "rate_limits": {"conc_json": {
 		"key": "static", "max_events": 100, "window": "1m",
 		"scopes": {"inflight": {"key": "{http.request.header.X-Tenant}", "concurrency": 1}}}}},

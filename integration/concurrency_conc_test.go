@@ -181,14 +181,21 @@ func TestConcurrencyDisconnectFreesSlot(t *testing.T) {
 	}
 	cancel()
 	within(t, done, "the client that left")
+	eventuallyOK(t, "the slot of a client that left was never freed")
+}
+
+// eventuallyOK sends requests until one is served. A client may read its
+// whole response a moment before the handler returns and frees its slot.
+func eventuallyOK(t *testing.T, what string, header ...string) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		resp, err := get(context.Background())
+		resp, err := get(context.Background(), header...)
 		if err == nil && resp.StatusCode == http.StatusOK {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the slot of a client that left was never freed: %v %v", resp, err)
+			t.Fatalf("%s: %v %v", what, resp, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -295,7 +302,39 @@ func TestConcurrencyJSONScope(t *testing.T) {
 	}
 	close(release)
 	within(t, done, "tenant a's first request to end")
-	if resp, err := get(context.Background(), "X-Tenant", "a"); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("tenant a after its slot was freed: %v %v", resp, err)
+	eventuallyOK(t, "tenant a after its slot was freed", "X-Tenant", "a")
+}
+
+// A request waiting in line whose client leaves gives up its place: it
+// never reaches the upstream, and the slot goes to the next request.
+func TestConcurrencyWaiterLeaves(t *testing.T) {
+	u, arrived, release := holdingUpstream(t)
+	var quitterSeen atomic.Bool
+	hold := u.hold
+	u.hold = func(r *http.Request) {
+		if r.Header.Get("X-Quitter") != "" {
+			quitterSeen.Store(true)
+		}
+		hold(r)
+	}
+	concSite(t, "conc_quit", "key static\n\t\t\tconcurrency 1\n\t\t\tqueue 30s", u)
+	done := make(chan struct{})
+	go func() {
+		_, _ = get(context.Background(), "X-Hang", "1")
+		close(done)
+	}()
+	within(t, arrived, "the held request")
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := get(ctx, "X-Quitter", "1"); err == nil {
+		t.Fatal("the waiting request was answered while the only slot was held")
+	}
+	close(release)
+	within(t, done, "the held request to end")
+	if resp, err := get(context.Background()); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the next request: %v %v, want 200", resp, err)
+	}
+	if quitterSeen.Load() {
+		t.Fatal("a request whose client left while in line reached the upstream")
 	}
 }

@@ -312,7 +312,10 @@ func (c hotPathCase) sendDiscard(tb testing.TB) func() {
 	if err := h.ServeHTTP(w, r, okHandler); err != nil {
 		tb.Fatal(err)
 	}
+	_, r = benchRequest(tb, c.target, c.remote)
+	fresh := freshReplacer(r)
 	return func() {
+		fresh()
 		if err := h.ServeHTTP(w, r, okHandler); (err != nil) != c.denied {
 			tb.Fatalf("error %v, want one: %v", err, c.denied)
 		}

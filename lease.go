@@ -46,10 +46,21 @@ func (l *Limit) checkLease(alg string) error {
 			return fmt.Errorf("lease: a key normalized as %s is an account identifier (login, one-time code), where every attempt counts: remove lease", norm.Name)
 		}
 	}
-	if t, err := keys.ParseTemplate(l.Key); err == nil && t.NeedsBody() {
+	if t, err := keys.ParseTemplate(l.Key); err == nil && (t.NeedsBody() || readsWholeBody(t)) {
 		return fmt.Errorf("lease: a key read from the request body is an account identifier (login, one-time code), where every attempt counts: remove lease")
 	}
 	return nil
+}
+
+// readsWholeBody reports whether t reads Caddy's own placeholders for the
+// whole request body, which are read from the body as much as a field is.
+func readsWholeBody(t keys.Template) bool {
+	for _, p := range t.Placeholders() {
+		if p == "http.request.body" || p == "http.request.body_base64" {
+			return true
+		}
+	}
+	return false
 }
 
 // rateText writes a rate as the Caddyfile's rate option does: 1000/1m.

@@ -27,6 +27,8 @@ func TestCheckLease(t *testing.T) {
 		{"fail closed", func(l *Limit) { l.Fail = FailClosed }, "fails closed"},
 		{"fail local", func(l *Limit) { l.Fail = FailLocal }, ""},
 		{"body", func(l *Limit) { l.Key = "{http.request.body.json.user}" }, "request body"},
+		{"whole body", func(l *Limit) { l.Key = "{http.request.body}" }, "request body"},
+		{"whole body base64", func(l *Limit) { l.Key = "k:{http.request.body_base64}" }, "request body"},
 		{"phone", func(l *Limit) { l.Normalize = []Normalize{{Name: "phone", Region: "BD"}} }, "normalized as phone"},
 		{"credentials", func(l *Limit) { l.Normalize = []Normalize{{Name: "credentials"}} }, "normalized as credentials"},
 		{"lower", func(l *Limit) { l.Normalize = []Normalize{{Name: "lower"}} }, ""},

@@ -25,11 +25,19 @@ import (
 // scratch goes back to the pool before the request is handed on.
 type outcomeWriter struct {
 	caddyhttp.ResponseWriterWrapper
-	status int
-	store  backend.Store // the store that decided
-	limits []*Limit
-	reqs   []backend.Request
-	out    []algorithms.Result
+	// status is an int32 so that left and the masks fit beside it: the
+	// writer stays in its allocation size class.
+	status int32
+	left   bool // the client had gone when the status was written
+	// counted and reset hold, for the first maskLimits limits, whether
+	// count_when and reset_when matched when the status was written: the
+	// header fields as the application wrote them, before a handler
+	// around this one removes some on their way out (header -Field).
+	counted, reset uint8
+	store          backend.Store // the store that decided
+	limits         []*Limit
+	reqs           []backend.Request
+	out            []algorithms.Result
 	// Room for the usual one or two such limits, in the same allocation
 	// as the writer.
 	limitBuf [2]*Limit
@@ -72,7 +80,7 @@ func watchOutcome(w http.ResponseWriter, s *scratch) *outcomeWriter {
 // Early Hints) come before the real one, while 101 ends the exchange.
 func (o *outcomeWriter) WriteHeader(code int) {
 	if o.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
-		o.status = code
+		o.note(code)
 	}
 	o.ResponseWriter.WriteHeader(code)
 }
@@ -101,8 +109,41 @@ func (o *outcomeWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 func (o *outcomeWriter) wrote() {
 	if o.status == 0 {
-		o.status = http.StatusOK
+		o.note(http.StatusOK)
 	}
+}
+
+// maskLimits is how many limits' matches the writer notes when the status
+// is written; the matchers of any further ones see the fields as they are
+// once the response is over.
+const maskLimits = 8
+
+// note records the final status, whether the client had left, and which
+// matchers match the response as it is about to go out.
+func (o *outcomeWriter) note(code int) {
+	o.status = int32(code) // WriteHeader panics on codes past 999
+	o.left = o.detached.parent != nil && o.detached.parent.Err() != nil
+	hdr := o.Header()
+	for i, l := range o.limits[:min(len(o.limits), maskLimits)] {
+		if l.CountWhen != nil && l.CountWhen.Match(code, hdr) {
+			o.counted |= 1 << i
+		}
+		if l.ResetWhen != nil && l.ResetWhen.Match(code, hdr) {
+			o.reset |= 1 << i
+		}
+	}
+}
+
+// matches reports whether m of the i-th limit matches the response:
+// as noted when the status was written, else now.
+func (o *outcomeWriter) matches(m *caddyhttp.ResponseMatcher, noted uint8, i, status int) bool {
+	if m == nil {
+		return false
+	}
+	if o.status != 0 && i < maskLimits {
+		return noted&(1<<i) != 0
+	}
+	return m.Match(status, o.Header())
 }
 
 // finalStatus is the status the client gets: the one written, else the
@@ -110,7 +151,7 @@ func (o *outcomeWriter) wrote() {
 // routes answer with it, as a reverse proxy's 502), else 200.
 func (o *outcomeWriter) finalStatus(err error) int {
 	if o.status != 0 {
-		return o.status
+		return int(o.status)
 	}
 	if err == nil {
 		return http.StatusOK
@@ -124,7 +165,16 @@ func (o *outcomeWriter) finalStatus(err error) int {
 
 // serveOutcome hands the request on through o, then settles its limits.
 func (h *Handler) serveOutcome(o *outcomeWriter, r *http.Request, next caddyhttp.Handler) error {
+	o.detached.parent = r.Context()
 	err := next.ServeHTTP(o, r)
+	if o.left || (o.status == 0 && r.Context().Err() != nil) {
+		// The client left before the status was written: the
+		// application may have done the work all the same (sent the
+		// message, checked the password), so the unit stays taken and
+		// nothing is cleared. The 499 the proxy writes for the cancelled
+		// request is not an outcome.
+		return err
+	}
 	h.settle(o, r, o.finalStatus(err))
 	return err
 }
@@ -133,17 +183,15 @@ func (h *Handler) serveOutcome(o *outcomeWriter, r *http.Request, next caddyhttp
 // does not match, and clears the keys of those whose reset_when it does.
 // It runs after the response, so a client that left does not stop it.
 func (h *Handler) settle(o *outcomeWriter, r *http.Request, status int) {
-	hdr := o.Header()
-	o.detached.parent = r.Context()
 	ctx := &o.detached
 	n := 0
 	for i, l := range o.limits {
 		switch {
-		case l.ResetWhen != nil && l.ResetWhen.Match(status, hdr):
+		case o.matches(l.ResetWhen, o.reset, i, status):
 			if err := h.resetKey(ctx, o.store, l, o.reqs[i].Key); err != nil {
 				h.logger.Error("clearing a key after a response that resets it", zap.String("zone", l.zone.name), zap.String("scope", l.scope), zap.Error(err))
 			}
-		case l.CountWhen != nil && !l.CountWhen.Match(status, hdr):
+		case l.CountWhen != nil && !o.matches(l.CountWhen, o.counted, i, status):
 			o.reqs[n], o.out[n] = o.reqs[i], o.out[i]
 			n++
 		}

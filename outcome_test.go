@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -146,5 +147,76 @@ func TestOutcomeAllocations(t *testing.T) {
 				t.Fatalf("%v allocations per request, want at most %v", got, want)
 			}
 		})
+	}
+}
+
+// A client that left before the status was written does not know the
+// outcome, and neither does the limit: whatever status a handler writes
+// to nobody (the proxy's 499), or none, the unit stays taken and nothing
+// is cleared.
+func TestOutcomeClientLeft(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		write func(w http.ResponseWriter) error
+	}{
+		{"proxy writes 499", func(w http.ResponseWriter) error { w.WriteHeader(499); return nil }},
+		{"error 499", func(http.ResponseWriter) error { return caddyhttp.Error(499, context.Canceled) }},
+		{"reset status to nobody", func(w http.ResponseWriter) error { w.WriteHeader(200); return nil }},
+		{"nothing", func(http.ResponseWriter) error { return nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := `{"rate_limits": {"outcome_left_` + strings.ReplaceAll(tc.name, " ", "_") + `": {"key": "{http.vars.client_ip}", "max_events": 2, "window": "1m", "count_when": {"status_code": [2]}, "reset_when": {"status_code": [200]}}}}`
+			h, cleanup, err := provisionJSON([]byte(cfg), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(cleanup)
+			for i := range 3 {
+				w, r := benchRequest(t, "http://example.com/send", "192.0.2.9:4242")
+				ctx, cancel := context.WithCancel(r.Context())
+				r = r.WithContext(ctx)
+				reached := false
+				next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+					reached = true
+					cancel() // the client hangs up while the application works
+					return tc.write(w)
+				})
+				_ = h.ServeHTTP(w, r, next)
+				cancel()
+				if want := i < 2; reached != want {
+					t.Fatalf("request %d reached the application: %v, want %v", i+1, reached, want)
+				}
+			}
+		})
+	}
+}
+
+// The header fields count_when and reset_when match are those of the
+// response as it was written: a handler around this one may remove some
+// on their way out (header -Field), after which they are gone from the
+// map the limit would otherwise look at once the response is over.
+func TestOutcomeHeaderAsWritten(t *testing.T) {
+	cfg := `{"rate_limits": {"outcome_header_as_written": {"key": "{http.vars.client_ip}", "max_events": 2, "window": "1m", "count_when": {"headers": {"X-Login-Result": ["failed"]}}}}}`
+	h, cleanup, err := provisionJSON([]byte(cfg), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	for i := range 3 {
+		w, r := benchRequest(t, "http://example.com/login", "192.0.2.10:4242")
+		reached := false
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+			reached = true
+			w.Header().Set("X-Login-Result", "failed")
+			w.WriteHeader(http.StatusOK)
+			w.Header().Del("X-Login-Result") // as header -X-Login-Result does on the way out
+			return nil
+		})
+		if err := h.ServeHTTP(w, r, next); err != nil && i < 2 {
+			t.Fatal(err)
+		}
+		if want := i < 2; reached != want {
+			t.Fatalf("failure %d reached the application: %v, want %v", i+1, reached, want)
+		}
 	}
 }

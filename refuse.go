@@ -126,8 +126,12 @@ func (f *refusal) scopeValue() any {
 	return f.limit.scopeName
 }
 
-// phReason names why a request was refused, on every refusal.
-const phReason = "http.rate_limit.reason"
+// phReason names why a request was refused, on every refusal; phPrefix
+// starts every placeholder Sluice sets.
+const (
+	phReason = "http.rate_limit.reason"
+	phPrefix = "http.rate_limit."
+)
 
 // refusal is one refused request: what the client is told, and what the
 // operator's log and metrics get.
@@ -142,6 +146,9 @@ type refusal struct {
 	key        string        // logged with log_key
 	detail     error         // logged: what exactly was wrong
 	violated   []*Limit      // the limits that denied, for problem bodies
+	// The denying limit's numbers for placeholders: its quota, what
+	// remains and the seconds until it is full again.
+	quota, remaining, reset int64
 }
 
 // refusalCounters are a zone's series of refused requests, one per reason,
@@ -165,9 +172,10 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 	// response's own, since Caddy's header replacements edit values in
 	// place.
 	vals := make([]string, 3)
+	hdr := w.Header() // once: each call goes through Caddy's writer wrappers
 	set := func(name, v string) {
 		vals[0] = v
-		w.Header()[name] = vals[:1:1]
+		hdr[name] = vals[:1:1]
 		vals = vals[1:]
 	}
 	set(hdrCacheControl, "no-store")
@@ -175,7 +183,10 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 		set(hdrRetryAfter, intText(f.retryAfter))
 	}
 	if repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); repl != nil {
-		h.setRefusalPlaceholders(repl, f)
+		refusalValues{
+			zone: z, limit: f.limit, key: f.key, reason: f.reason, retryAfter: f.retryAfter,
+			quota: f.quota, remaining: f.remaining, reset: f.reset,
+		}.provide(repl)
 	}
 	if c := z.refused[f.reason]; c != nil {
 		c.Inc()
@@ -217,31 +228,82 @@ var contentTypes = map[string]string{
 	RespondText:    "text/plain; charset=utf-8",
 }
 
-func (h *Handler) setRefusalPlaceholders(repl *caddy.Replacer, f refusal) {
-	z := f.zone
-	repl.Set(phReason, reasonInfo[f.reason].value)
-	repl.Set(phName, z.boxedName())
-	repl.Set(phScope, f.scopeValue())
-	if f.retryAfter >= 0 {
-		repl.Set(phRetryAfter, intValue(f.retryAfter))
-	} else {
-		repl.Set(phRetryAfter, minusOne)
+// refusalValues are the placeholders of one refusal. A replacer provider
+// answers them when a page or a log reads one: setting them would cost a
+// lock and a map write each (ten per refusal, a third of a flood's deny
+// path), mostly for placeholders nothing reads.
+type refusalValues struct {
+	zone  *Zone
+	limit *Limit // nil when the zone refused (deny list)
+	key   string
+	// The decision's numbers (a denial) and the Retry-After seconds (-1:
+	// none is sent).
+	quota, remaining, reset, retryAfter int64
+	reason                              reason
+}
+
+// refusalPlaceholders are the names refusalValues answers.
+var refusalPlaceholders = [...]string{phReason, phName, phScope, phRetryAfter, phDenylisted, phKey, phZone, phLimit, phRemaining, phReset}
+
+// lookup is the provider. Caddy leaves a placeholder that is not known as
+// it is written, so a JSON page would break: a refusal that decided
+// nothing reports its zone with no quota and an empty key.
+func (v refusalValues) lookup(name string) (any, bool) {
+	if len(name) < len(phPrefix) || name[:len(phPrefix)] != phPrefix {
+		return nil, false
 	}
-	// Caddy leaves a placeholder that is not set as it is written, so a
-	// JSON page would break: a refusal that decided nothing reports its
-	// zone with no quota.
-	if f.reason != reasonRateLimited {
-		repl.Set(phKey, "")
-		repl.Set(phZone, z.boxedName())
-		repl.Set(phLimit, intValue(0))
-		repl.Set(phRemaining, intValue(0))
-		repl.Set(phReset, intValue(0))
+	decided := v.reason == reasonRateLimited
+	switch name {
+	case phReason:
+		return reasonInfo[v.reason].value, true
+	case phName:
+		return v.zone.boxedName(), true
+	case phScope:
+		f := refusal{limit: v.limit}
+		return f.scopeValue(), true
+	case phRetryAfter:
+		if v.retryAfter < 0 {
+			return minusOne, true
+		}
+		return intValue(v.retryAfter), true
+	case phDenylisted:
+		if v.reason == reasonDenylisted {
+			return v.zone.boxedName(), true
+		}
+		return "", true
+	case phKey:
+		if decided {
+			return v.key, true
+		}
+		return "", true
+	case phZone:
+		if decided && v.limit != nil {
+			return v.limit.zoneName, true
+		}
+		return v.zone.boxedName(), true
+	case phLimit:
+		return intValue(v.quota), true
+	case phRemaining:
+		return intValue(v.remaining), true
+	case phReset:
+		return intValue(v.reset), true
 	}
-	if f.reason == reasonDenylisted {
-		repl.Set(phDenylisted, z.boxedName())
-	} else {
-		repl.Set(phDenylisted, "")
+	return nil, false
+}
+
+// provide makes v's placeholders known to repl. Values Set on the
+// replacer come before any provider, so when an earlier handler of this
+// request has set some (an allowed decision sets the zone and its
+// numbers), every one is set instead: the refusal's must win.
+func (v refusalValues) provide(repl *caddy.Replacer) {
+	if _, earlier := repl.Get(phZone); earlier {
+		for _, name := range refusalPlaceholders {
+			val, _ := v.lookup(name)
+			repl.Set(name, val)
+		}
+		return
 	}
+	repl.Map(v.lookup)
 }
 
 func (h *Handler) refusalFields(r *http.Request, f refusal) []zap.Field {
@@ -448,8 +510,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	if h.headers {
 		writeHeaders(w, s.limits, s.reqs, s.out)
 	}
-	setPlaceholders(repl, l, res)
-	repl.Set(phKey, key)
+	f.quota, f.remaining, f.reset = res.Limit, res.Remaining, secondsUp(res.ResetAfter)
 	l.metrics.declined()
 	if h.events.ShouldEmit("rate_limit_exceeded") {
 		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{

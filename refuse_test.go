@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -220,8 +221,10 @@ func BenchmarkRefuse(b *testing.B) {
 			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
 			w := headerWriter{http.Header{}}
 			f := refusal{reason: reasonRateLimited, zone: z, limit: &Limit{zone: z, scope: "ip", scopeName: "ip"}, retryAfter: 42}
+			fresh := freshReplacer(r)
 			b.ReportAllocs()
 			for b.Loop() {
+				fresh()
 				_ = h.refuse(w, r, f)
 			}
 		})
@@ -265,5 +268,40 @@ func TestRefusalHeadersAreTheResponsesOwn(t *testing.T) {
 	h := second.Header()
 	if h.Get("Cache-Control") != "no-store" || h.Get("Content-Type") != "application/json" || h.Get("Retry-After") != "3" {
 		t.Fatalf("second refusal's headers: %v", h)
+	}
+}
+
+// A refusal's placeholders are read from a provider, which Caddy consults
+// after the values an earlier handler set: a denial after an allowed
+// decision in the same request must still report its own numbers.
+func TestRefusalPlaceholdersWinOverEarlierOnes(t *testing.T) {
+	z := &Zone{name: "login"}
+	z.nameValue = z.name
+	l := &Limit{zone: z, scope: "ip", zoneName: z.name, scopeName: "ip"}
+	f := refusal{reason: reasonRateLimited, zone: z, limit: l, retryAfter: 9, key: "192.0.2.7", quota: 5, remaining: 0, reset: 5000}
+	want := map[string]string{
+		phReason: "rate_limit_exceeded", phName: "login", phScope: "ip", phRetryAfter: "9", phDenylisted: "",
+		phKey: "192.0.2.7", phZone: "login", phLimit: "5", phRemaining: "0", phReset: "5000",
+	}
+	for _, earlier := range []bool{false, true} {
+		h := &Handler{Respond: RespondJSON, denyLog: zap.NewNop()}
+		repl := caddy.NewReplacer()
+		if earlier {
+			setPlaceholders(repl, &Limit{zone: &Zone{name: "api"}, zoneName: "api"}, algorithms.Result{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: int64(time.Second)})
+			repl.Set(phKey, "stale")
+		}
+		r := httptest.NewRequest("GET", "http://example.com/", nil)
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+		if err := h.refuse(httptest.NewRecorder(), r, f); err != nil {
+			t.Fatal(err)
+		}
+		for ph, v := range want {
+			if got, ok := repl.GetString(ph); !ok || got != v {
+				t.Errorf("earlier values %v: {%s} = %q (known %v), want %q", earlier, ph, got, ok, v)
+			}
+		}
+		if got := repl.ReplaceAll("{http.rate_limit.unknown}|{system.slash}", "-"); got != "-|/" {
+			t.Errorf("earlier values %v: other placeholders read %q", earlier, got)
+		}
 	}
 }

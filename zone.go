@@ -404,6 +404,7 @@ func (l *Limit) ownOnly() []string {
 		option{l.MaxDelay != 0, "max_delay"}, option{l.Cost != nil, "cost"}, option{len(l.Normalize) > 0, "normalize"},
 		option{l.Hash != "", "hash"}, option{l.IPv4Prefix != 0, "ipv4_prefix"}, option{l.IPv6Prefix != 0, "ipv6_prefix"},
 		option{l.Missing != "", "missing"}, option{l.MaxKeys != 0, "max_keys"}, option{l.Lease != 0, "lease"},
+		option{l.CountWhen != nil, "count_when"}, option{l.ResetWhen != nil, "reset_when"},
 		option{l.Queue != 0, "queue"},
 	)
 }

@@ -176,7 +176,7 @@ done
 for name in "${names[@]}"; do
 	c=$(awk '{print $1}' "$tmp/cpu.$name" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
 	r=$(awk '{print $2}' "$tmp/cpu.$name" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
-	printf '%-21s CPU per request (medians): Caddy %5s µs' "$name" "$c"
+	printf '%-21s CPU per request (medians): Caddy %5s µs (runs: %s)' "$name" "$c" "$(awk '{printf "%s ", $1}' "$tmp/cpu.$name")"
 	if [ "$mode" = redis ]; then printf ', Redis %5s µs' "$r"; fi
 	echo
 done

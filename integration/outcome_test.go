@@ -167,18 +167,22 @@ func TestOutcomeConcurrentWrongPasswords(t *testing.T) {
 						other.Add(1)
 					}
 				}
-				// The application answers once every request was either
-				// refused or is waiting in it: none can still slip in.
-				if denied.Load()+u.wrong.Load() >= n {
-					u.open()
-				}
 			})
 		}
-		// A request that neither got refused nor reached the application
-		// would hold the gate shut: open it after a while regardless.
-		timer := time.AfterFunc(10*time.Second, u.open)
+		// The application answers once every request was either refused
+		// or is waiting in it: none can still slip in. Polled, since the
+		// last to arrive may be one reaching the application after every
+		// refusal came back. A request that did neither would hold the
+		// gate shut: it opens after a while regardless.
+		go func() {
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+				if denied.Load()+u.wrong.Load() >= n {
+					break
+				}
+			}
+			u.open()
+		}()
 		wg.Wait()
-		timer.Stop()
 		if u.wrong.Load() != 5 || unauthorized.Load() != 5 || denied.Load() != n-5 || other.Load() != 0 {
 			t.Fatalf("upstream saw %d; answers: %d 401, %d 429, %d other; want 5, 5, %d, 0", u.wrong.Load(), unauthorized.Load(), denied.Load(), other.Load(), n-5)
 		}

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // MaxKeyLen is the longest key kept as it is; a longer one is replaced by
@@ -199,6 +200,13 @@ func lookup(r *http.Request, repl *caddy.Replacer, body *Body, name string) (str
 	if r != nil && repeated(r, name) {
 		return "", ErrAmbiguous
 	}
+	if v, ok := strings.CutPrefix(name, varsPrefix); ok && r != nil {
+		// What Caddy's provider answers, without walking the replacer's
+		// providers (about a fifth of deciding a "by ip" request).
+		if vars, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
+			return caddy.ToString(vars[v]), nil
+		}
+	}
 	v, _ := repl.GetString(name)
 	if strings.HasPrefix(name, cookiePrefix) {
 		v = cookieValue(v)
@@ -225,6 +233,7 @@ func cookieValue(v string) string {
 const (
 	headerPrefix = "http.request.header."
 	queryPrefix  = "http.request.uri.query."
+	varsPrefix   = "http.vars."
 	cookiePrefix = "http.request.cookie."
 )
 

@@ -248,3 +248,22 @@ func BenchmarkKey(b *testing.B) {
 		})
 	}
 }
+
+// A vars placeholder is read from the request's variables directly; the
+// value is the one Caddy's replacer gives, whatever its type.
+func TestVarsPlaceholderAsCaddyReadsIt(t *testing.T) {
+	k, err := NewKeyer("{http.vars.who}", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []any{"alice", 42, 3.5, true, []byte("bytes")} {
+		r := httptest.NewRequest("GET", "/", nil)
+		repl := caddy.NewReplacer()
+		r = caddyhttp.PrepareRequest(r, repl, httptest.NewRecorder(), &caddyhttp.Server{})
+		caddyhttp.SetVar(r.Context(), "who", v)
+		want, _ := repl.GetString("http.vars.who")
+		if key, err := k.Key(r, repl, nil); err != nil || key != want || want == "" {
+			t.Errorf("%#v: key %q, %v; Caddy reads %q", v, key, err, want)
+		}
+	}
+}

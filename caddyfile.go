@@ -448,6 +448,12 @@ func (p *limitParser) option(opt string) error {
 		l.IPv6Prefix, err = intArg(d, p.where, opt, 0, 128)
 	case "lease":
 		l.Lease, err = positiveArg(d, p.where, opt)
+	case "concurrency":
+		l.Concurrency, err = positiveArg(d, p.where, opt)
+	case "queue":
+		var dur time.Duration
+		dur, err = durationArg(d, p.where, opt)
+		l.Queue = caddy.Duration(dur)
 	case "max_keys":
 		var n int64
 		n, err = positiveArg(d, p.where, opt)
@@ -577,9 +583,9 @@ func (p *limitParser) finish(needRate bool) error {
 	switch {
 	case p.seen["rate"] && (p.seen["events"] || p.seen["window"]):
 		return p.errAt(max(p.lines["rate"], p.lines["events"], p.lines["window"]), "use either rate or events and window, not both")
-	case (l.MaxEvents == 0 || l.Window == 0) && (needRate || l.MaxEvents != 0 || l.Window != 0):
+	case (l.MaxEvents == 0 || l.Window == 0) && ((needRate && l.Concurrency == 0) || l.MaxEvents != 0 || l.Window != 0):
 		return p.errAt(p.line, "a rate limit zone requires both a window and maximum events (rate 100/1m, or events and window)")
-	case l.MaxEvents == 0: // a zone made only of scopes
+	case l.MaxEvents == 0 && l.Concurrency == 0: // a zone made only of scopes
 		if unused := l.ownOnly(); len(unused) > 0 {
 			return p.errAt(cmp.Or(p.lines[unused[0]], p.lines["by"], p.line), "%v", ownOnlyError(unused))
 		}

@@ -42,6 +42,13 @@ const (
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	s := getScratch()
 	pass, err := h.limit(w, r, s)
+	if pass && len(s.conc) > 0 {
+		var held *heldSlots
+		held, pass, err = h.acquire(w, r, s)
+		// Deferred, so a panic, an error or a hijacked connection frees
+		// the slots too, once the handlers after this one return.
+		defer held.release()
+	}
 	var o *outcomeWriter
 	if pass && h.outcomes {
 		o = watchOutcome(w, s)
@@ -109,7 +116,7 @@ func (h *Handler) collect(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 		case listed == listAllow:
 			continue
 		}
-		for _, l := range z.limits {
+		for _, l := range z.keyed {
 			if answered, err := h.collectLimit(w, r, repl, s, l); answered {
 				return true, err
 			}
@@ -141,6 +148,12 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 			s.note(shadowMissingKey, z, l, err)
 		case l.Missing == MissingDeny:
 			return true, h.refuse(w, r, refusal{reason: reasonMissingKey, zone: z, limit: l, retryAfter: -1, detail: err})
+		}
+	}
+	if l.conc != nil {
+		s.conc = append(s.conc, concReq{l, key})
+		if l.concOnly() {
+			return false, nil
 		}
 	}
 	cost, err := l.Cost.eval(r, repl, s.body)
@@ -268,7 +281,7 @@ func (h *Handler) reportShadow(r *http.Request, s *scratch, decided bool) {
 func collectBodyFields(zones []*Zone) *keys.BodyFields {
 	f := new(keys.BodyFields)
 	for _, z := range zones {
-		for _, l := range z.limits {
+		for _, l := range z.keyed {
 			f.Add(l.keyer.Template())
 			if l.Cost != nil {
 				f.Add(l.Cost.tmpl)

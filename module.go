@@ -256,7 +256,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 
 func readsBody(zones []*Zone) bool {
 	for _, z := range zones {
-		for _, l := range z.limits {
+		for _, l := range z.keyed {
 			if l.keyer.NeedsBody() || l.Cost.needsBody() {
 				return true
 			}

@@ -61,6 +61,7 @@ const (
 	reasonMissingKey
 	reasonBadCost
 	reasonDenylisted
+	reasonConcurrency
 	numReasons
 )
 
@@ -77,6 +78,7 @@ var reasonInfo = [numReasons]struct {
 	reasonMissingKey:  {"missing_key", nil, http.StatusBadRequest, ErrMissingKey, "request refused: its rate limit key is missing", zapcore.InfoLevel},
 	reasonBadCost:     {"bad_cost", nil, http.StatusBadRequest, ErrBadCost, "request refused: its cost cannot be used", zapcore.InfoLevel},
 	reasonDenylisted:  {"denylisted", nil, http.StatusForbidden, ErrDenylisted, "request refused by deny list", zapcore.InfoLevel},
+	reasonConcurrency: {"concurrency", nil, http.StatusServiceUnavailable, ErrConcurrency, "request refused: too many requests in flight", zapcore.InfoLevel},
 }
 
 func init() {
@@ -353,7 +355,7 @@ func (h *Handler) appendBody(b []byte, f refusal) []byte {
 		switch f.reason {
 		case reasonRateLimited:
 			typ, title = problemQuotaExceeded, "Quota Exceeded"
-		case reasonUnavailable:
+		case reasonUnavailable, reasonConcurrency:
 			typ, title = problemReducedCapacity, "Temporary Reduced Capacity"
 		}
 		b = append(b, `{"type":`...)
@@ -434,6 +436,10 @@ func appendMessage(b []byte, f refusal) []byte {
 	case reasonMissingKey:
 		b = append(b, "The request lacks a value this endpoint is rate limited by: "...)
 		return append(append(b, missingClass(f.detail)...), '.')
+	case reasonConcurrency:
+		b = append(b, "The server is busy. Retry in "...)
+		b = strconv.AppendInt(b, f.retryAfter, 10)
+		return append(b, " seconds."...)
 	case reasonBadCost:
 		return append(b, "The request's cost is not a whole number of at least 0, or cannot be read."...)
 	}

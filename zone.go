@@ -83,6 +83,7 @@ type Zone struct {
 	allowMatch caddyhttp.MatcherSets
 	denyMatch  caddyhttp.MatcherSets
 	limits     []*Limit // the zone's own (if it has a rate) and its scopes
+	keyed      []*Limit // limits plus those of concurrency alone: every key built
 	allowC     prometheus.Counter
 	denyC      prometheus.Counter
 	status     int
@@ -273,6 +274,24 @@ type Limit struct {
 	// correct password forgives the failures before it. Default: unset.
 	ResetWhen *caddyhttp.ResponseMatcher `json:"reset_when,omitempty"`
 
+	// Concurrency caps how many requests of a key (of the whole zone, with
+	// a static key) may be in flight at once: a slot is taken when the
+	// request is admitted and freed when the handlers after rate_limit
+	// return (the response written, the client gone, an error or a
+	// panic). A request beyond the cap is refused with 503 Service
+	// Unavailable and Retry-After. With a rate, a request must pass both,
+	// and a rate unit taken for a request the cap refuses is given back;
+	// without one (no max_events and window), the limit caps concurrency
+	// alone. Counted per Caddy instance, on the memory backend only.
+	// Default: 0 (no cap); at most 2^30.
+	Concurrency int64 `json:"concurrency,omitempty"`
+
+	// Queue makes a request beyond the concurrency cap wait up to this long
+	// for a slot, in order of arrival, before it is refused; a waiter whose
+	// client leaves gives up its place. Default: 0 (refused at once); at
+	// most 1h.
+	Queue caddy.Duration `json:"queue,omitempty"`
+
 	zone      *Zone
 	scope     string // "" for the zone's own limit
 	keyer     *keys.Keyer
@@ -283,6 +302,7 @@ type Limit struct {
 	cfg       backend.LimitConfig // as registered with the store
 	local     backend.Limit       // the in-process fallback of a "local" limit
 	failC     prometheus.Counter
+	conc      *concLimiter // nil without concurrency
 	// The zone and scope names as placeholder values, converted once:
 	// converting a string to an interface value allocates.
 	zoneName, scopeName any
@@ -352,7 +372,7 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 	// The zone's own limit exists when it has a rate (or is the only one:
 	// then its errors name the missing fields).
 	own := z.Limit
-	if own.MaxEvents != 0 || own.Window != 0 || len(z.Scopes) == 0 {
+	if own.MaxEvents != 0 || own.Window != 0 || own.Concurrency != 0 || len(z.Scopes) == 0 {
 		if err := z.addLimit(&z.Limit, "", store, logger, configID(ctx)); err != nil {
 			return err
 		}
@@ -385,6 +405,7 @@ func (l *Limit) ownOnly() []string {
 		option{l.Hash != "", "hash"}, option{l.IPv4Prefix != 0, "ipv4_prefix"}, option{l.IPv6Prefix != 0, "ipv6_prefix"},
 		option{l.Missing != "", "missing"}, option{l.MaxKeys != 0, "max_keys"}, option{l.Lease != 0, "lease"},
 		option{l.CountWhen != nil, "count_when"}, option{l.ResetWhen != nil, "reset_when"},
+		option{l.Queue != 0, "queue"},
 	)
 }
 
@@ -465,6 +486,13 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	if err := l.provision(logger); err != nil {
 		return err
 	}
+	if err := l.provisionConc(store); err != nil {
+		return err
+	}
+	z.keyed = append(z.keyed, l)
+	if l.concOnly() {
+		return nil
+	}
 	policy := l.policy()
 	var err error
 	if l.Lease > 0 && z.Shadow {
@@ -519,9 +547,15 @@ func (l *Limit) check() (string, error) {
 	default:
 		return "", fmt.Errorf("missing must be shared, skip or deny, got %q", l.Missing)
 	}
-	alg, err := algorithms.Check(l.Algorithm, l.policy())
-	if err != nil {
+	if err := l.checkConc(); err != nil {
 		return "", err
+	}
+	alg := ""
+	if !l.concOnly() {
+		var err error
+		if alg, err = algorithms.Check(l.Algorithm, l.policy()); err != nil {
+			return "", err
+		}
 	}
 	if err := l.checkOutcome(); err != nil {
 		return "", err
@@ -571,7 +605,9 @@ func (l *Limit) provision(logger *zap.Logger) error {
 	l.Missing = cmp.Or(l.Missing, MissingShared)
 	l.Fail = cmp.Or(l.Fail, FailOpen)
 	l.algorithm = alg
-	l.maxCost = algorithms.MaxCost(alg, l.policy())
+	if alg != "" {
+		l.maxCost = algorithms.MaxCost(alg, l.policy())
+	}
 
 	opts := keys.Options{IPv4Prefix: l.IPv4Prefix, IPv6Prefix: l.IPv6Prefix}
 	for i, n := range l.Normalize {

@@ -1,0 +1,340 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// countingUpstream counts the requests it is serving at once and the most
+// it ever served at once. hold decides how long each request stays.
+type countingUpstream struct {
+	*httptest.Server
+	now, peak atomic.Int64
+	hold      func(r *http.Request)
+}
+
+func newCountingUpstream(t *testing.T, hold func(r *http.Request)) *countingUpstream {
+	u := &countingUpstream{hold: hold}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := u.now.Add(1)
+		for p := u.peak.Load(); n > p && !u.peak.CompareAndSwap(p, n); p = u.peak.Load() {
+		}
+		u.hold(r)
+		u.now.Add(-1)
+		_, _ = io.WriteString(w, "ok")
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// within waits for ch, failing the test rather than hanging it.
+func within(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// holdingUpstream holds a request sent with X-Hang until release is
+// closed, signalling arrived when it gets there; others pass at once.
+func holdingUpstream(t *testing.T) (*countingUpstream, chan struct{}, chan struct{}) {
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	u := newCountingUpstream(t, func(r *http.Request) {
+		if r.Header.Get("X-Hang") != "" {
+			arrived <- struct{}{}
+			<-release
+		}
+	})
+	return u, arrived, release
+}
+
+func concSite(t *testing.T, zone, opts string, u *countingUpstream) *caddytest.Tester {
+	return newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		zone %s {
+			%s
+		}
+	}
+	reverse_proxy %s`, zone, opts, strings.TrimPrefix(u.URL, "http://"))), "caddyfile")
+}
+
+func get(ctx context.Context, header ...string) (*http.Response, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, httpBase+"/", nil)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	return resp, err
+}
+
+// Under 200 concurrent clients, the upstream never serves more than the
+// cap at once, and every client is served in its turn from the queue.
+func TestConcurrencyCapUnderLoad(t *testing.T) {
+	u := newCountingUpstream(t, func(*http.Request) { time.Sleep(20 * time.Millisecond) })
+	concSite(t, "conc_load", "key static\n\t\t\tconcurrency 5\n\t\t\tqueue 30s", u)
+	const clients = 200
+	var wg sync.WaitGroup
+	var ok, other atomic.Int64
+	for range clients {
+		wg.Go(func() {
+			resp, err := get(context.Background())
+			if err == nil && resp.StatusCode == http.StatusOK {
+				ok.Add(1)
+			} else {
+				other.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if peak := u.peak.Load(); peak > 5 || peak < 2 {
+		t.Fatalf("the upstream served %d requests at once, want at most 5 (and the cap used)", peak)
+	}
+	if ok.Load() != clients {
+		t.Fatalf("%d of %d clients served, %d not", ok.Load(), clients, other.Load())
+	}
+	t.Logf("peak in flight at the upstream: %d of 5", u.peak.Load())
+}
+
+// Requests waiting for a slot leave the queue in the order they arrived.
+func TestConcurrencyQueueOrder(t *testing.T) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var order []int
+	arrived := make(chan struct{}, 10)
+	u := newCountingUpstream(t, func(r *http.Request) {
+		n, _ := strconv.Atoi(r.Header.Get("X-N"))
+		mu.Lock()
+		order = append(order, n)
+		mu.Unlock()
+		arrived <- struct{}{}
+		<-release
+	})
+	concSite(t, "conc_order", "key static\n\t\t\tconcurrency 1\n\t\t\tqueue 30s", u)
+	var wg sync.WaitGroup
+	send := func(n int) {
+		wg.Go(func() {
+			if resp, err := get(context.Background(), "X-N", strconv.Itoa(n)); err != nil || resp.StatusCode != http.StatusOK {
+				t.Errorf("request %d: %v %v", n, resp, err)
+			}
+		})
+	}
+	send(0)
+	within(t, arrived, "the first request")
+	for n := 1; n <= 5; n++ {
+		send(n)
+		// No signal tells a request is in line: give it time to get there.
+		time.Sleep(50 * time.Millisecond)
+	}
+	for range 5 {
+		release <- struct{}{}
+		within(t, arrived, "the next in line")
+	}
+	release <- struct{}{}
+	wg.Wait()
+	if peak := u.peak.Load(); peak != 1 {
+		t.Fatalf("the upstream served %d requests at once, want 1", peak)
+	}
+	if fmt.Sprint(order) != "[0 1 2 3 4 5]" {
+		t.Fatalf("the upstream got the requests in order %v, want arrival order [0 1 2 3 4 5]", order)
+	}
+}
+
+// A client that goes away frees its slot for the next request.
+func TestConcurrencyDisconnectFreesSlot(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	u := newCountingUpstream(t, func(r *http.Request) {
+		if r.Header.Get("X-Hang") != "" {
+			arrived <- struct{}{}
+			<-r.Context().Done()
+		}
+	})
+	concSite(t, "conc_gone", "key static\n\t\t\tconcurrency 1", u)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		_, _ = get(ctx, "X-Hang", "1")
+		close(done)
+	}()
+	within(t, arrived, "the hanging request")
+	if resp, err := get(context.Background()); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("a second request while the slot is held: %v %v, want 503", resp, err)
+	}
+	cancel()
+	within(t, done, "the client that left")
+	eventuallyOK(t, "the slot of a client that left was never freed")
+}
+
+// eventuallyOK sends requests until one is served. A client may read its
+// whole response a moment before the handler returns and frees its slot.
+func eventuallyOK(t *testing.T, what string, header ...string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := get(context.Background(), header...)
+		if err == nil && resp.StatusCode == http.StatusOK {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v %v", what, resp, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Beyond the queue's wait, a request is refused with 503 and Retry-After,
+// counted under reason concurrency; the rate's unit is given back.
+func TestConcurrencyRefusal(t *testing.T) {
+	u, arrived, release := holdingUpstream(t)
+	concSite(t, "conc_refuse", "key static\n\t\t\trate 3/1h\n\t\t\tconcurrency 1\n\t\t\tqueue 200ms", u)
+	done := make(chan struct{})
+	go func() {
+		_, _ = get(context.Background(), "X-Hang", "1")
+		close(done)
+	}()
+	within(t, arrived, "the held request")
+	start := time.Now()
+	resp, err := get(context.Background())
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("beyond the queue: %v %v, want 503 with Retry-After 1", resp, err)
+	}
+	if waited := time.Since(start); waited < 200*time.Millisecond {
+		t.Fatalf("refused after %v, before the queue's 200ms", waited)
+	}
+	close(release)
+	<-done
+	// 3 per hour: the held request and two more, the refused one's unit
+	// having been given back.
+	for i := range 2 {
+		if resp, err := get(context.Background()); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d after the refusal: %v %v, want 200 (the refused request's unit given back)", i, resp, err)
+		}
+	}
+	if resp, _ := get(context.Background()); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("the 4th request got %d, want 429", resp.StatusCode)
+	}
+	metrics := adminRequest(t, "GET", "/metrics", "", "")
+	if !strings.Contains(metrics, `caddy_rate_limit_refused_requests_total{reason="concurrency",zone="conc_refuse"} 1`) {
+		t.Fatal("the refusal is not counted under reason concurrency")
+	}
+	if !strings.Contains(metrics, `caddy_rate_limit_in_flight_requests{scope="",zone="conc_refuse"} 0`) {
+		t.Fatal("the in-flight gauge is missing or not back to 0")
+	}
+}
+
+// Concurrency needs slots shared by the fleet on Redis, which are not
+// built: the config is refused, not silently per instance.
+func TestConcurrencyRedisRefused(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	assertLoadError(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		backend redis {
+			address %s
+		}
+		zone conc_redis {
+			key static
+			concurrency 5
+		}
+	}
+	respond "ok"`, redis.Addr)), "caddyfile", "slots shared through Redis")
+}
+
+// Options only a rate reads are refused on a limit of concurrency alone.
+func TestConcurrencyConfigErrors(t *testing.T) {
+	for cfg, want := range map[string]string{
+		"key static\n\t\t\tconcurrency 2\n\t\t\tburst 5":       "burst would do nothing",
+		"key static\n\t\t\tqueue 1s":                           "requires both a window",
+		"key static\n\t\t\tconcurrency 2\n\t\t\tqueue 2h":      "queue must be",
+		"key static\n\t\t\tconcurrency 2000000000":             "concurrency must be",
+		"key static\n\t\t\tconcurrency 2\n\t\t\tshadow":        "shadow zone",
+		"key static\n\t\t\trate 1/1s\n\t\t\tqueue 1s":          "queue would do nothing",
+		"key static\n\t\t\tconcurrency 0":                      "concurrency",
+		"key static\n\t\t\tconcurrency 2\n\t\t\tconcurrency 3": "already specified",
+	} {
+		assertLoadError(t, caddyfileServer(`
+	rate_limit {
+		zone conc_bad {
+			`+cfg+`
+		}
+	}
+	respond "ok"`), "caddyfile", want)
+	}
+}
+
+// In JSON, a scope may cap concurrency alone beside the zone's rate: the
+// zone's rate and the scope's cap both apply.
+func TestConcurrencyJSONScope(t *testing.T) {
+	u, arrived, release := holdingUpstream(t)
+	newTester(t, jsonServer(`{"handler": "rate_limit", "rate_limits": {"conc_json": {
+		"key": "static", "max_events": 100, "window": "1m",
+		"scopes": {"inflight": {"key": "{http.request.header.X-Tenant}", "concurrency": 1}}}}},
+		{"handler": "reverse_proxy", "upstreams": [{"dial": "`+strings.TrimPrefix(u.URL, "http://")+`"}]}`, ""), "json")
+	done := make(chan struct{})
+	go func() {
+		_, _ = get(context.Background(), "X-Hang", "1", "X-Tenant", "a")
+		close(done)
+	}()
+	within(t, arrived, "tenant a's first request")
+	if resp, err := get(context.Background(), "X-Tenant", "a"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("tenant a's second request in flight: %v %v, want 503", resp, err)
+	}
+	if resp, err := get(context.Background(), "X-Tenant", "b"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("tenant b: %v %v, want 200 (its own slot)", resp, err)
+	}
+	close(release)
+	within(t, done, "tenant a's first request to end")
+	eventuallyOK(t, "tenant a after its slot was freed", "X-Tenant", "a")
+}
+
+// A request waiting in line whose client leaves gives up its place: it
+// never reaches the upstream, and the slot goes to the next request.
+func TestConcurrencyWaiterLeaves(t *testing.T) {
+	u, arrived, release := holdingUpstream(t)
+	var quitterSeen atomic.Bool
+	hold := u.hold
+	u.hold = func(r *http.Request) {
+		if r.Header.Get("X-Quitter") != "" {
+			quitterSeen.Store(true)
+		}
+		hold(r)
+	}
+	concSite(t, "conc_quit", "key static\n\t\t\tconcurrency 1\n\t\t\tqueue 30s", u)
+	done := make(chan struct{})
+	go func() {
+		_, _ = get(context.Background(), "X-Hang", "1")
+		close(done)
+	}()
+	within(t, arrived, "the held request")
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := get(ctx, "X-Quitter", "1"); err == nil {
+		t.Fatal("the waiting request was answered while the only slot was held")
+	}
+	close(release)
+	within(t, done, "the held request to end")
+	if resp, err := get(context.Background()); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the next request: %v %v, want 200", resp, err)
+	}
+	if quitterSeen.Load() {
+		t.Fatal("a request whose client left while in line reached the upstream")
+	}
+}

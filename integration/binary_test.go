@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -60,14 +59,17 @@ func runCaddy(t *testing.T, args ...string) (string, error) {
 	return string(out), err
 }
 
+// freePort is a free loopback port below the ephemeral range (see
+// freePorts).
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		if p, ok := freePorts(1); ok {
+			return p
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free loopback port")
+	return 0
 }
 
 func TestBinaryListsModule(t *testing.T) {

@@ -4,6 +4,7 @@ package integration
 
 import (
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -44,21 +45,40 @@ func envPort(name string, n int) int {
 }
 
 // freePorts finds n consecutive free loopback ports and returns the first.
+// They are picked below the kernel's ephemeral range: a port from that
+// range (what listening on port 0 gives) is free when picked, but any
+// outgoing connection of the tests (to Redis, to Caddy itself) may take it
+// as its local port before a Caddy listens on it ("address already in
+// use").
 func freePorts(n int) (int, bool) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	low := ephemeralLow()
+	if low < 10000+n {
 		return 0, false
 	}
-	defer l.Close()
-	first := l.Addr().(*net.TCPAddr).Port
-	for p := first + 1; p < first+n; p++ {
-		next, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+	first := 10000 + rand.IntN(low-10000-n)
+	for p := first; p < first+n; p++ {
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
 		if err != nil {
 			return 0, false
 		}
-		defer next.Close()
+		defer l.Close()
 	}
 	return first, true
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
+// default when it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	if f := strings.Fields(string(b)); len(f) == 2 {
+		if p, err := strconv.Atoi(f[0]); err == nil {
+			return p
+		}
+	}
+	return 32768
 }
 
 // withPorts rewrites a config written for the default ports (admin 2999,

@@ -21,13 +21,8 @@ func perfRedis(t *testing.T) (string, *goredis.Client) {
 	if err != nil {
 		t.Skip("needs redis-server")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	_, port, _ := net.SplitHostPort(addr)
+	port := strconv.Itoa(freePort(t))
+	addr := net.JoinHostPort("127.0.0.1", port)
 	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

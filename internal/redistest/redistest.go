@@ -10,6 +10,7 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -117,18 +118,24 @@ func StartServer(conf func(port int) string, args ...string) (*Server, error) {
 }
 
 // FreePort returns a free loopback TCP port whose cluster bus port
-// (port + 10000) is free too.
+// (port + 10000) is free too. Both are below the kernel's ephemeral range,
+// so that no outgoing connection of the tests takes one as its local port
+// between this check and the server's listen.
 func FreePort() (int, error) {
+	low := ephemeralLow()
+	if low < 21000 {
+		low = 65536 // a range starting low: above it is all there is
+	}
 	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
+		port := 10000 + rand.IntN(low-20000)
 		if port+10000 > 65535 {
 			continue
 		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
 		b, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
 		if err != nil {
 			continue
@@ -137,6 +144,21 @@ func FreePort() (int, error) {
 		return port, nil
 	}
 	return 0, fmt.Errorf("no free port pair found")
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
+// default when it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	if f := strings.Fields(string(b)); len(f) == 2 {
+		if p, err := strconv.Atoi(f[0]); err == nil {
+			return p
+		}
+	}
+	return 32768
 }
 
 func waitPing(addr, password string, within time.Duration) error {

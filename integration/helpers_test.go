@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	_ "github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // The ports of the in-process Caddy: free loopback ports picked when the
@@ -51,7 +52,7 @@ func envPort(name string, n int) int {
 // as its local port before a Caddy listens on it ("address already in
 // use").
 func freePorts(n int) (int, bool) {
-	low := ephemeralLow()
+	low := redistest.EphemeralLow()
 	if low < 10000+n {
 		return 0, false
 	}
@@ -64,21 +65,6 @@ func freePorts(n int) (int, bool) {
 		defer l.Close()
 	}
 	return first, true
-}
-
-// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
-// default when it cannot be read).
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 32768
-	}
-	if f := strings.Fields(string(b)); len(f) == 2 {
-		if p, err := strconv.Atoi(f[0]); err == nil {
-			return p
-		}
-	}
-	return 32768
 }
 
 // withPorts rewrites a config written for the default ports (admin 2999,

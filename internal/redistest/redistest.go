@@ -122,7 +122,7 @@ func StartServer(conf func(port int) string, args ...string) (*Server, error) {
 // so that no outgoing connection of the tests takes one as its local port
 // between this check and the server's listen.
 func FreePort() (int, error) {
-	low := ephemeralLow()
+	low := EphemeralLow()
 	if low < 21000 {
 		low = 65536 // a range starting low: above it is all there is
 	}
@@ -146,9 +146,10 @@ func FreePort() (int, error) {
 	return 0, fmt.Errorf("no free port pair found")
 }
 
-// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
-// default when it cannot be read).
-func ephemeralLow() int {
+// EphemeralLow is the first port of the kernel's ephemeral range (Linux's
+// default when it cannot be read): ports below it are never given to
+// outgoing connections.
+func EphemeralLow() int {
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
 		return 32768

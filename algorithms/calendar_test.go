@@ -20,8 +20,8 @@ func utc(s string) int64 {
 func TestBounds(t *testing.T) {
 	tests := []struct {
 		name, align, tz, now string
-		start, end         string
-		hours              float64 // the window's real length
+		start, end           string
+		hours                float64 // the window's real length
 	}{
 		{"Dhaka: the last second of a day", AlignDay, "Asia/Dhaka", "2026-03-15T17:59:59Z", "2026-03-14T18:00:00Z", "2026-03-15T18:00:00Z", 24},
 		{"Dhaka: midnight starts the next", AlignDay, "Asia/Dhaka", "2026-03-15T18:00:00Z", "2026-03-15T18:00:00Z", "2026-03-16T18:00:00Z", 24},

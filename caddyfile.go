@@ -492,6 +492,8 @@ func (p *limitParser) option(opt string) error {
 		l.CountWhen, err = parseResponseMatcher(d, p.where, opt)
 	case "reset_when":
 		l.ResetWhen, err = parseResponseMatcher(d, p.where, opt)
+	case "charge_when", "reservation_ttl", "align", "timezone":
+		return p.budgetOption(opt)
 	case "missing":
 		if l.Missing, err = oneArg(d); err == nil {
 			switch l.Missing {

@@ -62,6 +62,7 @@ const (
 	reasonBadCost
 	reasonDenylisted
 	reasonConcurrency
+	reasonBudget
 	numReasons
 )
 
@@ -79,6 +80,7 @@ var reasonInfo = [numReasons]struct {
 	reasonBadCost:     {"bad_cost", nil, http.StatusBadRequest, ErrBadCost, "request refused: its cost cannot be used", zapcore.InfoLevel},
 	reasonDenylisted:  {"denylisted", nil, http.StatusForbidden, ErrDenylisted, "request refused by deny list", zapcore.InfoLevel},
 	reasonConcurrency: {"concurrency", nil, http.StatusServiceUnavailable, ErrConcurrency, "request refused: too many requests in flight", zapcore.InfoLevel},
+	reasonBudget:      {"budget_exhausted", nil, 0, ErrBudgetExhausted, "spend budget exhausted", zapcore.InfoLevel},
 }
 
 func init() {
@@ -95,6 +97,9 @@ var minusOne any = int64(-1)
 func (z *Zone) refusalStatus(rs reason) int {
 	if s := reasonInfo[rs].status; s != 0 {
 		return s
+	}
+	if rs == reasonBudget {
+		return cmp.Or(z.Status, http.StatusServiceUnavailable)
 	}
 	return cmp.Or(z.status, http.StatusTooManyRequests)
 }
@@ -252,7 +257,7 @@ func (v refusalValues) lookup(name string) (any, bool) {
 	if len(name) < len(phPrefix) || name[:len(phPrefix)] != phPrefix {
 		return nil, false
 	}
-	decided := v.reason == reasonRateLimited
+	decided := v.reason == reasonRateLimited || v.reason == reasonBudget
 	switch name {
 	case phReason:
 		return reasonInfo[v.reason].value, true
@@ -355,7 +360,7 @@ func (h *Handler) appendBody(b []byte, f refusal) []byte {
 		switch f.reason {
 		case reasonRateLimited:
 			typ, title = problemQuotaExceeded, "Quota Exceeded"
-		case reasonUnavailable, reasonConcurrency:
+		case reasonUnavailable, reasonConcurrency, reasonBudget:
 			typ, title = problemReducedCapacity, "Temporary Reduced Capacity"
 		}
 		b = append(b, `{"type":`...)
@@ -436,6 +441,8 @@ func appendMessage(b []byte, f refusal) []byte {
 	case reasonMissingKey:
 		b = append(b, "The request lacks a value this endpoint is rate limited by: "...)
 		return append(append(b, missingClass(f.detail)...), '.')
+	case reasonBudget:
+		return appendBudgetMessage(b, f)
 	case reasonConcurrency:
 		b = append(b, "The server is busy. Retry in "...)
 		b = strconv.AppendInt(b, f.retryAfter, 10)
@@ -496,7 +503,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		}
 	}
 	l, res, key := s.limits[worst], s.out[worst], s.reqs[worst].Key
-	f := refusal{reason: reasonRateLimited, zone: l.zone, limit: l, retryAfter: -1, key: key, violated: violated, wait: time.Duration(res.RetryAfter)}
+	f := refusal{reason: l.denyReason(), zone: l.zone, limit: l, retryAfter: -1, key: key, violated: violated, wait: time.Duration(res.RetryAfter)}
 	if res.RetryAfter != algorithms.Never {
 		if h.Jitter > 0 {
 			random := h.jitterFn

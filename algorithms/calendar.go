@@ -131,7 +131,7 @@ func CheckAlign(align, tz, alg string, p Policy) error {
 	}
 	if want := AlignWindow[align]; p.Window != want {
 		spelled := map[string]string{AlignHour: "1h", AlignDay: "1d", AlignMonth: "30d"}[align]
-		return fmt.Errorf("align %s needs a window of %s (rate <n>/%s), got %s", align, spelled, spelled, FormatSpan(p.Window))
+		return fmt.Errorf("align %s needs a window of %s (such as rate 100/%s), got %s", align, spelled, spelled, FormatSpan(p.Window))
 	}
 	return nil
 }

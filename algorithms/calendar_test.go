@@ -143,8 +143,8 @@ func TestCheckAlign(t *testing.T) {
 		{AlignDay, "Asia/Dhakka", NameFixedWindow, day, `timezone: unknown time zone "Asia/Dhakka"`},
 		{"week", "", NameFixedWindow, day, `align must be hour, day or month, got "week"`},
 		{AlignDay, "", NameSlidingWindow, day, "align applies only to algorithm fixed_window, not sliding_window"},
-		{AlignDay, "", NameFixedWindow, Policy{Limit: 1, Window: int64(time.Hour)}, "align day needs a window of 1d (rate <n>/1d), got 1h"},
-		{AlignHour, "", NameFixedWindow, day, "align hour needs a window of 1h (rate <n>/1h), got 24h"},
+		{AlignDay, "", NameFixedWindow, Policy{Limit: 1, Window: int64(time.Hour)}, "align day needs a window of 1d (such as rate 100/1d), got 1h"},
+		{AlignHour, "", NameFixedWindow, day, "align hour needs a window of 1h (such as rate 100/1h), got 24h"},
 		{"", "Asia/Dhaka", NameFixedWindow, day, "timezone applies only with align"},
 	}
 	for _, tt := range tests {

@@ -132,8 +132,10 @@ func (h *Handler) settleCharges(o *outcomeWriter, answered bool, status int) {
 	}
 	var buf [2][4]int
 	commit, release := buf[0][:0], buf[1][:0]
+	all := true // every limit is a budget
 	for i, l := range o.limits {
 		if l.ChargeWhen == nil || o.reqs[i].Reserve <= 0 {
+			all = false
 			continue
 		}
 		if answered && o.matches(l.ChargeWhen, o.charged, i, status) {
@@ -142,21 +144,26 @@ func (h *Handler) settleCharges(o *outcomeWriter, answered bool, status int) {
 			release = append(release, i)
 		}
 	}
-	for _, set := range [2]struct {
-		which  []int
-		commit bool
-	}{{commit, true}, {release, false}} {
-		if len(set.which) == 0 {
+	settle := func(reqs []backend.Request, out []algorithms.Result, commit bool) {
+		if err := res.Settle(&o.detached, reqs, out, commit); err != nil {
+			h.logger.Error("settling a spend budget's reservation (it expires by itself after reservation_ttl)", zap.Bool("commit", commit), zap.Error(err))
+		}
+	}
+	if all && (len(commit) == 0 || len(release) == 0) {
+		// The usual case, settled without copying the requests.
+		settle(o.reqs, o.out, len(release) == 0)
+		return
+	}
+	for k, which := range [2][]int{commit, release} {
+		if len(which) == 0 {
 			continue
 		}
-		reqs := make([]backend.Request, len(set.which))
-		out := make([]algorithms.Result, len(set.which))
-		for k, i := range set.which {
-			reqs[k], out[k] = o.reqs[i], o.out[i]
+		reqs := make([]backend.Request, len(which))
+		out := make([]algorithms.Result, len(which))
+		for j, i := range which {
+			reqs[j], out[j] = o.reqs[i], o.out[i]
 		}
-		if err := res.Settle(&o.detached, reqs, out, set.commit); err != nil {
-			h.logger.Error("settling a spend budget's reservation (it expires by itself after reservation_ttl)", zap.Bool("commit", set.commit), zap.Error(err))
-		}
+		settle(reqs, out, k == 0)
 	}
 }
 

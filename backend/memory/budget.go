@@ -91,11 +91,11 @@ func (s *Store) expireDue(reqs []backend.Request, now int64) error {
 			s.resv.mu.Unlock()
 			return fmt.Errorf("zone %q was not registered with the memory backend", r.Limit.Name())
 		}
-		due = s.resv.takeDue(resvKey{z, r.Key}, now, due)
+		due = s.resv.takeDue(resvKey{z, r.Key}, now, due, false)
 		if now >= s.resv.sweepAt {
 			s.resv.sweepAt = now + r.Reserve
 			for k := range s.resv.keys {
-				due = s.resv.takeDue(k, now, due)
+				due = s.resv.takeDue(k, now, due, true)
 			}
 		}
 	}
@@ -111,10 +111,15 @@ type resvDue struct {
 	v reservation
 }
 
-// takeDue removes k's reservations due at now, appending them to due.
-// The caller holds rs.mu.
-func (rs *reservations) takeDue(k resvKey, now int64, due []resvDue) []resvDue {
-	live := rs.keys[k]
+// takeDue removes k's reservations due at now, appending them to due; a
+// key left without any is dropped when drop is set (a key being decided
+// keeps its room for the reservation it is about to hold). The caller
+// holds rs.mu.
+func (rs *reservations) takeDue(k resvKey, now int64, due []resvDue, drop bool) []resvDue {
+	live, ok := rs.keys[k]
+	if !ok {
+		return due
+	}
 	n := 0
 	for _, v := range live {
 		if v.deadline <= now {
@@ -124,10 +129,9 @@ func (rs *reservations) takeDue(k resvKey, now int64, due []resvDue) []resvDue {
 		live[n] = v
 		n++
 	}
-	if n == 0 {
+	if n == 0 && drop {
 		delete(rs.keys, k)
 	} else if n < len(live) {
-		clear(live[n:])
 		rs.keys[k] = live[:n]
 	}
 	return due
@@ -156,9 +160,9 @@ func (s *Store) Settle(_ context.Context, reqs []backend.Request, granted []algo
 				break
 			}
 		}
-		if len(live) == 0 {
-			delete(s.resv.keys, k)
-		} else {
+		if found {
+			// Kept when empty, for the key's next reservation; the
+			// pass over every key drops it.
 			s.resv.keys[k] = live
 		}
 		s.resv.mu.Unlock()

@@ -231,6 +231,12 @@ func TestBudgetCalendarNewYork(t *testing.T) {
 	if want := time.Date(2026, 3, 9, 4, 0, 0, 0, time.UTC).UnixNano() - tw.clock; g.out[0].RetryAfter != want {
 		t.Fatalf("retry after %v, want %v (local midnight)", time.Duration(g.out[0].RetryAfter), time.Duration(want))
 	}
+	// The admin API reads the key by the same calendar on both stores.
+	mu, merr := tw.mem.Inspect(context.Background(), tw.memZ[0], "k")
+	ru, rerr := tw.red.Inspect(context.Background(), tw.redZ[0], "k")
+	if merr != nil || rerr != nil || mu != ru || mu.RetryAfter != g.out[0].RetryAfter {
+		t.Fatalf("inspect: memory %+v %v, redis %+v %v", mu, merr, ru, rerr)
+	}
 	tw.clock = time.Date(2026, 3, 9, 4, 0, 0, 0, time.UTC).UnixNano()
 	tw.must(true, "k")
 }

@@ -99,7 +99,10 @@ func TestBudgetRefusalBodies(t *testing.T) {
 			t.Cleanup(cleanup)
 			send := budgetSend(t, h, http.StatusOK)
 			send()
-			next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { t.Fatal("a spent budget reached the upstream"); return nil })
+			next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+				t.Fatal("a spent budget reached the upstream")
+				return nil
+			})
 			_, r := benchRequest(t, "http://example.com/sms", "192.0.2.7:4242")
 			rec := httptest.NewRecorder()
 			if err := h.ServeHTTP(rec, r, next); err != nil {

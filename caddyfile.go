@@ -125,8 +125,12 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        cooldown   <duration>
 //	        count_when <response matcher>
 //	        reset_when <response matcher>
+//	        charge_when <response matcher>
+//	        reservation_ttl <duration>
+//	        align      hour|day|month
+//	        timezone   <IANA time zone>
 //	        scope <name> {
-//	            <the options above, from key to reset_when>
+//	            <the options above, from key to timezone>
 //	        }
 //	        allow       <cidr...>
 //	        deny        <cidr...>

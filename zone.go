@@ -247,7 +247,7 @@ type Limit struct {
 	// disagree, one "closed" limit refuses it; otherwise the "local" ones
 	// decide it and the "open" ones let it through. A scope without a
 	// policy takes its zone's. The memory backend never fails. Default:
-	// "open".
+	// "open"; "closed" for a spend budget (charge_when).
 	Fail string `json:"fail,omitempty"`
 
 	// Lease makes each Caddy instance take this many units of a key from

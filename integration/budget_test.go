@@ -356,3 +356,37 @@ func TestBudgetKilledCaddyReservationExpires(t *testing.T) {
 		t.Fatalf("after the committed send: %d, want 503", code)
 	}
 }
+
+// The text message budget of docs/outcomes.md, as written: failed sends
+// cost nothing, and the hour's 500 messages spend the hour's budget (the
+// day's, 5,000 in Dhaka, is tested with a fake clock in the stores).
+func TestDocsOutcomeSMSBudget(t *testing.T) {
+	u := newPaidUpstream(t)
+	tester := newTester(t, docOutcomeSite(t, "zone sms_budget {", u.addr()), "caddyfile")
+	sms := func(answer string) (int, string) {
+		code, _, body := do(t, tester, "POST", "/sms/send", "X-Answer", answer)
+		return code, body
+	}
+	for i := range 5 {
+		if code, _ := sms("502"); code != http.StatusBadGateway {
+			t.Fatalf("failed send #%d: %d, want 502", i+1, code)
+		}
+	}
+	for i := range 500 {
+		if code, body := sms("200"); code != http.StatusOK {
+			t.Fatalf("message #%d of the hour: %d %q", i+1, code, body)
+		}
+	}
+	before := u.hits.Load()
+	code, body := sms("200")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, `"code":"budget_exhausted"`) || !strings.Contains(body, `"scope":"hour"`) {
+		t.Fatalf("message 501 of the hour: %d %q, want 503 budget_exhausted by the hour's scope", code, body)
+	}
+	if u.hits.Load() != before {
+		t.Fatal("a message over the budget reached the provider")
+	}
+	// Other routes of the site are not the budget's.
+	if code, _, _ := do(t, tester, "GET", "/status", "X-Answer", "200"); code != http.StatusOK {
+		t.Fatalf("another route: %d", code)
+	}
+}

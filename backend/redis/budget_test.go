@@ -240,3 +240,48 @@ func TestBudgetCalendarNewYork(t *testing.T) {
 	tw.clock = time.Date(2026, 3, 9, 4, 0, 0, 0, time.UTC).UnixNano()
 	tw.must(true, "k")
 }
+
+// BenchmarkBudgetRedis is one request's store calls on one client, in
+// series: a decision alone, against a decision with a reservation and its
+// commit (two script calls) or release, and a calendar window's decision.
+//
+//	go test -run '^$' -bench BudgetRedis -benchmem ./backend/redis/
+func BenchmarkBudgetRedis(b *testing.B) {
+	cal, err := algorithms.NewCalendar(algorithms.AlignDay, "Asia/Dhaka")
+	if err != nil {
+		b.Fatal(err)
+	}
+	day := algorithms.Policy{Limit: algorithms.MaxEvents, Window: int64(24 * time.Hour)}
+	for _, c := range []struct {
+		name   string
+		cal    *algorithms.Calendar
+		settle int // 0: none, 1: commit, 2: release
+	}{{"plain", nil, 0}, {"charge_when/commit", nil, 1}, {"charge_when/release", nil, 2}, {"align_day", cal, 0}} {
+		b.Run(c.name, func(b *testing.B) {
+			s := newStore(b, standaloneClient(b))
+			z, err := s.Register(backend.LimitConfig{Name: "bench-budget", Algorithm: algorithms.NameFixedWindow, Policy: day, Calendar: c.cal})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			out := make([]algorithms.Result, 1)
+			var token uint64
+			b.ReportAllocs()
+			for b.Loop() {
+				token++
+				req := []backend.Request{{Limit: z, Key: "k", Cost: 1}}
+				if c.settle > 0 {
+					req[0].Reserve, req[0].Token = int64(time.Minute), token
+				}
+				if _, err := s.Decide(ctx, req, out); err != nil {
+					b.Fatal(err)
+				}
+				if c.settle > 0 {
+					if err := s.Settle(ctx, req, out, c.settle == 1); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

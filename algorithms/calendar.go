@@ -40,6 +40,11 @@ func NewCalendar(align, tz string) (*Calendar, error) {
 		return nil, fmt.Errorf("align must be hour, day or month, got %q", align)
 	}
 	loc := time.UTC
+	if tz == "Local" {
+		// Each server's own setting: instances of a fleet could cut
+		// different days.
+		return nil, fmt.Errorf("timezone: name the time zone (such as Asia/Dhaka) rather than Local, which depends on each server's settings")
+	}
 	if tz != "" {
 		var err error
 		if loc, err = time.LoadLocation(tz); err != nil {

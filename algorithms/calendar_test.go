@@ -146,6 +146,9 @@ func TestCheckAlign(t *testing.T) {
 		{AlignDay, "", NameFixedWindow, Policy{Limit: 1, Window: int64(time.Hour)}, "align day needs a window of 1d (such as rate 100/1d), got 1h"},
 		{AlignHour, "", NameFixedWindow, day, "align hour needs a window of 1h (such as rate 100/1h), got 24h"},
 		{"", "Asia/Dhaka", NameFixedWindow, day, "timezone applies only with align"},
+		{AlignDay, "Local", NameFixedWindow, day, "rather than Local"},
+		{AlignDay, "../../etc/passwd", NameFixedWindow, day, "unknown time zone"},
+		{AlignDay, "asia/dhaka", NameFixedWindow, day, "unknown time zone"},
 	}
 	for _, tt := range tests {
 		err := CheckAlign(tt.align, tt.tz, tt.alg, tt.p)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -186,6 +187,59 @@ func TestBudgetRefundedOnClientAbort(t *testing.T) {
 		}
 		if code, _, _ := paidSend(t, tester, "200"); code != http.StatusServiceUnavailable {
 			t.Fatalf("third paid send: %d, want 503", code)
+		}
+	})
+}
+
+// Releases never give back more than was reserved: 60 concurrent sends,
+// two in three failing, against a budget of 5, then sends until it is
+// spent, commit exactly 5 messages in all.
+func TestBudgetConcurrentNeverMoreThanReserved(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newPaidUpstream(t)
+		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %s {
+			key sms
+			rate 5/1d
+			charge_when status 2xx
+		}
+	}
+	reverse_proxy %s`, backend, prefix+"budget_concurrent", u.addr())), "caddyfile")
+		var sent, other atomic.Int64
+		var wg sync.WaitGroup
+		for i := range 60 {
+			wg.Go(func() {
+				answer := "502"
+				if i%3 == 0 {
+					answer = "200"
+				}
+				req, _ := http.NewRequest("POST", httpBase+"/sms", nil)
+				req.Header.Set("X-Answer", answer)
+				resp, err := tester.Client.Do(req)
+				if err != nil {
+					other.Add(1)
+					return
+				}
+				resp.Body.Close()
+				switch resp.StatusCode {
+				case http.StatusOK:
+					sent.Add(1)
+				case http.StatusBadGateway, http.StatusServiceUnavailable:
+				default:
+					other.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		for range 10 {
+			if code, _, _ := paidSend(t, tester, "200"); code == http.StatusOK {
+				sent.Add(1)
+			}
+		}
+		if sent.Load() != 5 || other.Load() != 0 {
+			t.Fatalf("%d messages sent (%d other answers), want exactly the budget of 5", sent.Load(), other.Load())
 		}
 	})
 }

@@ -105,33 +105,26 @@ func TestBudgetCommittedOn2xx(t *testing.T) {
 	})
 }
 
-// An upstream's 502 gives the unit back: ten failed sends spend nothing.
-func TestBudgetRefundedOn502(t *testing.T) {
-	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
-		u := newPaidUpstream(t)
-		tester := budgetSite(t, backend, prefix+"budget_502", u)
-		for i := range 10 {
-			if code, _, _ := paidSend(t, tester, "502"); code != http.StatusBadGateway {
-				t.Fatalf("failed send #%d: %d, want 502", i+1, code)
-			}
-		}
-		spend(t, tester, u)
-	})
-}
-
-// An upstream that does not answer in time (the proxy's 504) gives the
-// unit back.
-func TestBudgetRefundedOnTimeout(t *testing.T) {
-	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
-		u := newPaidUpstream(t)
-		tester := budgetSite(t, backend, prefix+"budget_timeout", u)
-		for i := range 3 {
-			if code, _, _ := paidSend(t, tester, "hang"); code != http.StatusGatewayTimeout {
-				t.Fatalf("timed out send #%d: %d, want 504", i+1, code)
-			}
-		}
-		spend(t, tester, u)
-	})
+// An upstream's failure gives the unit back: its 502, or no answer in
+// time (the proxy's 504). Ten failed sends spend nothing.
+func TestBudgetRefundedOnUpstreamFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name, answer string
+		want         int
+	}{{"502", "502", http.StatusBadGateway}, {"timeout", "hang", http.StatusGatewayTimeout}} {
+		t.Run(tc.name, func(t *testing.T) {
+			outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+				u := newPaidUpstream(t)
+				tester := budgetSite(t, backend, prefix+"budget_failed_"+tc.name, u)
+				for i := range 10 {
+					if code, _, _ := paidSend(t, tester, tc.answer); code != tc.want {
+						t.Fatalf("failed send #%d: %d, want %d", i+1, code, tc.want)
+					}
+				}
+				spend(t, tester, u)
+			})
+		})
+	}
 }
 
 // A client that goes away while the upstream works gives the unit back.

@@ -52,24 +52,24 @@ func newPaidUpstream(t *testing.T) *paidUpstream {
 
 func (u *paidUpstream) addr() string { return strings.TrimPrefix(u.srv.URL, "http://") }
 
-// budgetSite is a spend budget of 2 per day, for the whole site, in front
-// of u, with an upstream timeout of 300ms.
-func budgetSite(t *testing.T, backend, zone string, u *paidUpstream) *caddytest.Tester {
+// budgetSite is a spend budget of rate for the whole site, in front of u,
+// whose answers the proxy waits for up to timeout.
+func budgetSite(t *testing.T, backend, zone, rate, timeout string, u *paidUpstream) *caddytest.Tester {
 	return newTester(t, caddyfileServer(fmt.Sprintf(`
 	rate_limit {
 		%s
 		respond json
 		zone %s {
 			key sms
-			rate 2/1d
+			rate %s
 			charge_when status 2xx
 		}
 	}
 	reverse_proxy %s {
 		transport http {
-			response_header_timeout 300ms
+			response_header_timeout %s
 		}
-	}`, backend, zone, u.addr())), "caddyfile")
+	}`, backend, zone, rate, u.addr(), timeout)), "caddyfile")
 }
 
 func paidSend(t *testing.T, tester *caddytest.Tester, answer string) (int, string, string) {
@@ -101,7 +101,7 @@ func spend(t *testing.T, tester *caddytest.Tester, u *paidUpstream) {
 func TestBudgetCommittedOn2xx(t *testing.T) {
 	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
 		u := newPaidUpstream(t)
-		spend(t, budgetSite(t, backend, prefix+"budget_2xx", u), u)
+		spend(t, budgetSite(t, backend, prefix+"budget_2xx", "2/1d", "10s", u), u)
 	})
 }
 
@@ -115,7 +115,7 @@ func TestBudgetRefundedOnUpstreamFailure(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			outcomeBackends(t, func(t *testing.T, backend, prefix string) {
 				u := newPaidUpstream(t)
-				tester := budgetSite(t, backend, prefix+"budget_failed_"+tc.name, u)
+				tester := budgetSite(t, backend, prefix+"budget_failed_"+tc.name, "2/1d", "300ms", u)
 				for i := range 10 {
 					if code, _, _ := paidSend(t, tester, tc.answer); code != tc.want {
 						t.Fatalf("failed send #%d: %d, want %d", i+1, code, tc.want)
@@ -131,16 +131,7 @@ func TestBudgetRefundedOnUpstreamFailure(t *testing.T) {
 func TestBudgetRefundedOnClientAbort(t *testing.T) {
 	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
 		u := newPaidUpstream(t)
-		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
-	rate_limit {
-		%s
-		zone %s {
-			key sms
-			rate 2/1d
-			charge_when status 2xx
-		}
-	}
-	reverse_proxy %s`, backend, prefix+"budget_abort", u.addr())), "caddyfile")
+		tester := budgetSite(t, backend, prefix+"budget_abort", "2/1d", "10s", u)
 		for i := range 3 {
 			ctx, cancel := context.WithCancel(context.Background())
 			req, _ := http.NewRequestWithContext(ctx, "POST", httpBase+"/sms", nil)
@@ -190,16 +181,7 @@ func TestBudgetRefundedOnClientAbort(t *testing.T) {
 func TestBudgetConcurrentNeverMoreThanReserved(t *testing.T) {
 	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
 		u := newPaidUpstream(t)
-		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
-	rate_limit {
-		%s
-		zone %s {
-			key sms
-			rate 5/1d
-			charge_when status 2xx
-		}
-	}
-	reverse_proxy %s`, backend, prefix+"budget_concurrent", u.addr())), "caddyfile")
+		tester := budgetSite(t, backend, prefix+"budget_concurrent", "5/1d", "10s", u)
 		var sent, other atomic.Int64
 		var wg sync.WaitGroup
 		for i := range 60 {

@@ -25,8 +25,8 @@ func TestShedRule(t *testing.T) {
 		shed               [MaxShedPriority + 1]bool // by priority 0…4
 	}{
 		{0, 10, [5]bool{}},
-		{8, 10, [5]bool{}},  // load 0.8: threshold 0
-		{9, 10, [5]bool{}},  // 0.9: threshold 1, priority > 4
+		{8, 10, [5]bool{}}, // load 0.8: threshold 0
+		{9, 10, [5]bool{}}, // 0.9: threshold 1, priority > 4
 		{10, 10, [5]bool{false, false, false, false, true}},   // 1.0: threshold 2
 		{11, 10, [5]bool{false, false, false, true, true}},    // 1.1: threshold 3
 		{12, 10, [5]bool{false, false, true, true, true}},     // 1.2: threshold 4

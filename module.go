@@ -139,8 +139,10 @@ type Handler struct {
 
 	shed     *shedGroup // nil without shed
 	shedReg  *shedReg
-	shedZone *Zone        // refuses in the group's name
-	tarpit   *tarpitState // nil without tarpit
+	shedZone *Zone // refuses in the group's name
+	// shedDetail is the log's error of a shed request.
+	shedDetail error
+	tarpit     *tarpitState // nil without tarpit
 }
 
 // maxJitter bounds jitter: 10 adds up to ten times the wait.

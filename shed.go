@@ -126,6 +126,7 @@ func (h *Handler) provisionShed(owner any) error {
 		z.refused[reasonShed] = metrics.refused.WithLabelValues(s.Group, reasonInfo[reasonShed].name)
 	}
 	h.shedZone = z
+	h.shedDetail = shedEdge(s)
 	return nil
 }
 
@@ -155,19 +156,18 @@ func (h *Handler) shedding() bool {
 func (h *Handler) refuseShed(w http.ResponseWriter, r *http.Request) error {
 	return unlessAnswered(h.refuse(w, r, refusal{
 		reason: reasonShed, zone: h.shedZone, retryAfter: retryAfterSeconds(shedRetryAfter), wait: shedRetryAfter,
-		detail: shedDetail{h.shed.inFlight.Load(), h.Shed.Capacity, h.Shed.Priority},
+		detail: h.shedDetail,
 	}))
 }
 
-// shedDetail is what the log line of a shed request says: the load that
-// shed it.
-type shedDetail struct {
-	inFlight, capacity int64
-	priority           int
-}
-
-func (d shedDetail) Error() string {
-	return fmt.Sprintf("%d requests in flight for a capacity of %d (load %.2f) shed priority %d", d.inFlight, d.capacity, float64(d.inFlight)/float64(d.capacity), d.priority)
+// shedEdge is the error the log line of a shed request carries: when this
+// handler's priority is shed. Made once, so a shed request allocates
+// nothing for it.
+func shedEdge(s *Shed) error {
+	// Shed when 10 × in flight > (13 − priority) × capacity.
+	edge := (13 - int64(s.Priority)) * s.Capacity
+	return fmt.Errorf("priority %d is shed while more than %d requests are in flight in group %q (load above %.1f of capacity %d)",
+		s.Priority, edge/10, s.Group, float64(13-s.Priority)/10, s.Capacity)
 }
 
 // shedCollector reports each group's requests in flight and capacity at

@@ -206,3 +206,92 @@ func TestShedTarpitProvisionErrors(t *testing.T) {
 		t.Fatal("a refused config left its group behind")
 	}
 }
+
+// BenchmarkShed is the shedding check and count of one request:
+//
+//	go test -run '^$' -bench 'Shed' -benchmem -count 3 .
+func BenchmarkShed(b *testing.B) {
+	h, cleanup, err := provisionJSON([]byte(`{"shed": {"group": "bench_shed", "capacity": 1000, "priority": 3}}`), backend.SystemNow)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(cleanup)
+	h.shed.inFlight.Store(900) // load 0.9: admitted, the arithmetic done
+	b.Run("check", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if h.shedding() {
+				b.Fatal("shed at load 0.9")
+			}
+		}
+	})
+	b.Run("check_and_count_parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if h.shedding() {
+					b.Fatal("shed")
+				}
+				h.shed.inFlight.Add(1)
+				h.shed.inFlight.Add(-1)
+			}
+		})
+	})
+	// Through ServeHTTP, a handler with shed alone (no zone).
+	b.Run("serve_admitted", func(b *testing.B) {
+		w, r := benchRequest(b, "http://example.com/", "192.0.2.7:4242")
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := h.ServeHTTP(w, r, okHandler); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("serve_without_shed", func(b *testing.B) {
+		bare, cleanup, err := provisionJSON([]byte(`{}`), backend.SystemNow)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer cleanup()
+		w, r := benchRequest(b, "http://example.com/", "192.0.2.7:4242")
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := bare.ServeHTTP(w, r, okHandler); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("serve_shed", func(b *testing.B) {
+		h.shed.inFlight.Store(1500)
+		defer h.shed.inFlight.Store(900)
+		w, r := benchRequest(b, "http://example.com/", "192.0.2.7:4242")
+		fresh := freshReplacer(r)
+		b.ReportAllocs()
+		for b.Loop() {
+			fresh()
+			if err := h.ServeHTTP(w, r, okHandler); err == nil {
+				b.Fatal("not shed")
+			}
+		}
+	})
+}
+
+// The check and count of an admitted request allocate nothing.
+func TestShedAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector drops pooled values")
+	}
+	h, cleanup, err := provisionJSON([]byte(`{"shed": {"group": "alloc_shed", "capacity": 10, "priority": 4}}`), backend.SystemNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanup()
+	w, r := benchRequest(t, "http://example.com/", "192.0.2.7:4242")
+	if n := testing.AllocsPerRun(100, func() {
+		if err := h.ServeHTTP(w, r, okHandler); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Fatalf("%v allocations per admitted request", n)
+	}
+}

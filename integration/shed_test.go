@@ -405,3 +405,56 @@ func TestTarpitCapUnderFlood(t *testing.T) {
 	t.Logf("%d clients × %d requests in %s: %d held for ≥ 2 s, peak held %d (tarpit_max %d); Caddy's goroutines %v before, %d at the peak, %v after",
 		clients, perClient, elapsed.Round(time.Millisecond), slow.Load(), peakHeld.Load(), tarpitMax, before, peakG.Load(), after)
 }
+
+// A shed request's built-in body and error page say load_shed, in the name
+// of the group, distinct from a rate limit's 429.
+func TestShedAnswerBodies(t *testing.T) {
+	release := make(chan struct{})
+	u := newCountingUpstream(t, func(r *http.Request) {
+		if r.Header.Get("X-Hang") != "" {
+			<-release
+		}
+	})
+	up := strings.TrimPrefix(u.URL, "http://")
+	tester := newTester(t, caddyfileServer(`
+	handle /hold {
+		rate_limit {
+			shed itest_shed_body {
+				capacity 1
+			}
+		}
+		reverse_proxy `+up+`
+	}
+	handle /json {
+		rate_limit {
+			shed itest_shed_body {
+				priority 4
+				capacity 1
+			}
+			respond json
+		}
+		reverse_proxy `+up+`
+	}
+	handle /page {
+		rate_limit {
+			shed itest_shed_body {
+				priority 4
+				capacity 1
+			}
+		}
+		reverse_proxy `+up+`
+	}
+	handle_errors {
+		respond "{http.rate_limit.reason} {http.rate_limit.exceeded.name} {http.error.status_code} {http.error.message}"
+	}`), "caddyfile")
+	letGo := holdRequests(t, u, release, 1) // load 1.0: priority 4 is shed
+	defer letGo()
+	code, ra, body := do(t, tester, "GET", "/json")
+	if want := `{"error":{"code":"load_shed","message":"The server is busy. Retry in 1 seconds.","retry_after":1,"zone":"itest_shed_body"}}`; code != 503 || ra != "1" || body != want {
+		t.Fatalf("respond json: %d, Retry-After %q, %s; want 503, 1, %s", code, ra, body, want)
+	}
+	code, _, body = do(t, tester, "GET", "/page")
+	if want := "load_shed itest_shed_body 503 server overloaded: request shed"; code != 503 || body != want {
+		t.Fatalf("error page: %d %q, want 503 %q", code, body, want)
+	}
+}

@@ -513,6 +513,8 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		writeHeaders(w, s.limits, s.reqs, s.out)
 	}
 	f.quota, f.remaining, f.reset = res.Limit, res.Remaining, secondsUp(res.ResetAfter)
+	// Before anything is written or counted: the tarpit delays the whole
+	// answer, and a denial is counted when it is given.
 	h.hold(r)
 	l.metrics.declined()
 	if h.events.ShouldEmit("rate_limit_exceeded") {

@@ -36,8 +36,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 		return nil, err
 	}
 	// A handler without a backend of its own uses the file's default.
-	if g, ok := h.Option("rate_limit").(globalOptions); ok && len(handler.BackendRaw) == 0 {
+	g, _ := h.Option("rate_limit").(globalOptions)
+	if len(handler.BackendRaw) == 0 {
 		handler.BackendRaw = g.backend
+	}
+	if err := applyGlobalShed(h.Dispenser, handler.Shed, g.shed); err != nil {
+		return nil, err
 	}
 	return &handler, nil
 }
@@ -45,6 +49,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // globalOptions are the `rate_limit` global options of a Caddyfile.
 type globalOptions struct {
 	backend json.RawMessage
+	shed    map[string]int64 // load shedding groups' capacities
 }
 
 // parseGlobalOption reads the global options block
@@ -52,11 +57,15 @@ type globalOptions struct {
 //	{
 //	    rate_limit {
 //	        backend <name> [{ <options of that backend> }]
+//	        shed <group> {
+//	            capacity <n>
+//	        }
 //	    }
 //	}
 //
 // whose backend is the default of every rate_limit handler of the file
-// that does not name one, so that a fleet's Redis is written once.
+// that does not name one, so that a fleet's Redis is written once, and
+// whose shed groups give their capacity to every handler that names them.
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	if existing != nil {
 		return nil, d.Err("rate_limit global options given twice")
@@ -77,8 +86,20 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, err
 			}
 			g.backend = raw
+		case "shed":
+			s, err := unmarshalShed(d, true)
+			if err != nil {
+				return nil, err
+			}
+			if _, dup := g.shed[s.Group]; dup {
+				return nil, d.Errf("shed %q already defined", s.Group)
+			}
+			if g.shed == nil {
+				g.shed = map[string]int64{}
+			}
+			g.shed[s.Group] = s.Capacity
 		default:
-			return nil, d.Errf("unrecognized rate_limit global option %q (want backend)", opt)
+			return nil, d.Errf("unrecognized rate_limit global option %q (want backend or shed)", opt)
 		}
 	}
 	return g, nil
@@ -144,6 +165,12 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    disable_metrics
 //	    body_limit     <size>
 //	    backend        <name> [{ <options of that backend> }]
+//	    shed <group> {
+//	        priority <0-4>
+//	        capacity <n>
+//	    }
+//	    tarpit         <duration>
+//	    tarpit_max     <n>
 //	    distributed {
 //	        read_interval  <duration>
 //	        write_interval <duration>
@@ -245,6 +272,18 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 		case "headers", "respond":
 			if err := h.unmarshalContract(d, opt); err != nil {
+				return err
+			}
+
+		case "shed":
+			s, err := unmarshalShed(d, false)
+			if err != nil {
+				return err
+			}
+			h.Shed = s
+
+		case "tarpit", "tarpit_max":
+			if err := h.unmarshalTarpit(d, opt); err != nil {
 				return err
 			}
 

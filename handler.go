@@ -40,6 +40,9 @@ const (
 // ServeHTTP decides the request against every zone it matches, once and all
 // or nothing, then answers 429 or passes it on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if h.shedding() {
+		return h.refuseShed(w, r)
+	}
 	s := getScratch()
 	pass, err := h.limit(w, r, s)
 	if pass && len(s.conc) > 0 {
@@ -56,9 +59,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// The scratch goes back before next runs: a slow upstream must not
 	// hold one per request in flight.
 	s.release()
-	switch {
-	case !pass:
+	if !pass {
 		return err
+	}
+	if h.shed != nil {
+		// Counted only once admitted: a request refused or held in a
+		// tarpit loads nothing behind this handler.
+		h.shed.inFlight.Add(1)
+		defer h.shed.inFlight.Add(-1)
+	}
+	switch {
 	case o != nil:
 		return h.serveOutcome(o, r, next)
 	}

@@ -62,6 +62,7 @@ const (
 	reasonBadCost
 	reasonDenylisted
 	reasonConcurrency
+	reasonShed
 	numReasons
 )
 
@@ -79,6 +80,7 @@ var reasonInfo = [numReasons]struct {
 	reasonBadCost:     {"bad_cost", nil, http.StatusBadRequest, ErrBadCost, "request refused: its cost cannot be used", zapcore.InfoLevel},
 	reasonDenylisted:  {"denylisted", nil, http.StatusForbidden, ErrDenylisted, "request refused by deny list", zapcore.InfoLevel},
 	reasonConcurrency: {"concurrency", nil, http.StatusServiceUnavailable, ErrConcurrency, "request refused: too many requests in flight", zapcore.InfoLevel},
+	reasonShed:        {"load_shed", nil, http.StatusServiceUnavailable, ErrShed, "request shed: the server is overloaded", zapcore.InfoLevel},
 }
 
 func init() {
@@ -355,7 +357,7 @@ func (h *Handler) appendBody(b []byte, f refusal) []byte {
 		switch f.reason {
 		case reasonRateLimited:
 			typ, title = problemQuotaExceeded, "Quota Exceeded"
-		case reasonUnavailable, reasonConcurrency:
+		case reasonUnavailable, reasonConcurrency, reasonShed:
 			typ, title = problemReducedCapacity, "Temporary Reduced Capacity"
 		}
 		b = append(b, `{"type":`...)
@@ -436,7 +438,7 @@ func appendMessage(b []byte, f refusal) []byte {
 	case reasonMissingKey:
 		b = append(b, "The request lacks a value this endpoint is rate limited by: "...)
 		return append(append(b, missingClass(f.detail)...), '.')
-	case reasonConcurrency:
+	case reasonConcurrency, reasonShed:
 		b = append(b, "The server is busy. Retry in "...)
 		b = strconv.AppendInt(b, f.retryAfter, 10)
 		return append(b, " seconds."...)
@@ -511,6 +513,9 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		writeHeaders(w, s.limits, s.reqs, s.out)
 	}
 	f.quota, f.remaining, f.reset = res.Limit, res.Remaining, secondsUp(res.ResetAfter)
+	// Before anything is written or counted: the tarpit delays the whole
+	// answer, and a denial is counted when it is given.
+	h.hold(r)
 	l.metrics.declined()
 	if h.events.ShouldEmit("rate_limit_exceeded") {
 		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{

@@ -50,7 +50,7 @@ type tierSet struct {
 	expr string // the tier template, as configured
 	// Where the value is read without Caddy's replacer (which boxes every
 	// value it returns): a request header, or a var an earlier handler set.
-	header string // canonical header name
+	header  string // canonical header name
 	varName string
 	byName  map[string]*Limit
 	def     *Limit

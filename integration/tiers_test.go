@@ -227,11 +227,11 @@ func TestTiersConcurrency(t *testing.T) {
 // at load, naming the field.
 func TestTiersConfigErrors(t *testing.T) {
 	for cfg, want := range map[string]string{
-		"tiers {\n\t\t\t\tfree 1/s\n\t\t\t\tdefault free\n\t\t\t}":                                              "tiers: set tier to the placeholder",
+		"tiers {\n\t\t\t\tfree 1/s\n\t\t\t\tdefault free\n\t\t\t}":                                                "tiers: set tier to the placeholder",
 		"tier {http.vars.plan}\n\t\t\ttiers {\n\t\t\t\tfree 1/s\n\t\t\t\tfree 2/s\n\t\t\t\tdefault free\n\t\t\t}": "given twice",
-		"tier {http.vars.plan}\n\t\t\ttiers {\n\t\t\t\tfree 1/s\n\t\t\t\tdefault pro\n\t\t\t}":                     "is not in the tiers table (free)",
-		"tier plan\n\t\t\ttiers {\n\t\t\t\tfree 1/s\n\t\t\t\tdefault free\n\t\t\t}":                                "has no placeholder",
-		"tier {http.vars.plan}\n\t\t\ttiers {\n\t\t\t\tfree 1/s\n\t\t\t}":                                          "tiers: no default tier",
+		"tier {http.vars.plan}\n\t\t\ttiers {\n\t\t\t\tfree 1/s\n\t\t\t\tdefault pro\n\t\t\t}":                    "is not in the tiers table (free)",
+		"tier plan\n\t\t\ttiers {\n\t\t\t\tfree 1/s\n\t\t\t\tdefault free\n\t\t\t}":                               "has no placeholder",
+		"tier {http.vars.plan}\n\t\t\ttiers {\n\t\t\t\tfree 1/s\n\t\t\t}":                                         "tiers: no default tier",
 	} {
 		assertLoadError(t, caddyfileServer(`
 	rate_limit {

@@ -147,6 +147,25 @@ func testTiers(t *testing.T, zone, backend string) {
 		!strings.Contains(doc.Error.Message, "quota") || doc.Error.Scope != "monthly" || ra < 3600 {
 		t.Fatalf("the month spent: %d, Retry-After %q, %s (%v): want 402 quota_exceeded of scope monthly", r.code, r.header.Get("Retry-After"), r.body, err)
 	}
+	// The admin API names a scope's tiers by the scope: carol's month is
+	// spent in free, untouched in pro, and a reset gives it back.
+	code, body := adminCall(t, "GET", "/rate_limit/zones/"+zone+"/keys/acct-carol?scope=monthly")
+	var st struct {
+		Limits []struct {
+			Scope     string
+			Remaining int64
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &st); err != nil || code != 200 || len(st.Limits) != 2 ||
+		!strings.HasPrefix(st.Limits[0].Scope, "monthly@free:") || st.Limits[0].Remaining != 0 || st.Limits[1].Remaining != 500000 {
+		t.Fatalf("carol's month through the admin API: %d %s", code, body)
+	}
+	if code, body := adminCall(t, "DELETE", "/rate_limit/zones/"+zone+"/keys/acct-carol?scope=monthly"); code != 200 {
+		t.Fatalf("reset: %d %s", code, body)
+	}
+	if r := fetch(t, tester, "GET", "/", carol("carol-3")...); r.code != 200 {
+		t.Fatalf("after the reset: %d %s", r.code, r.body)
+	}
 	// The rate still answers 429 for an account with its month left.
 	expectN(t, tester, 10, 200, "GET", "/", "X-Key", "dan", "X-Account", "acct-dan")
 	if r := fetch(t, tester, "GET", "/", "X-Key", "dan", "X-Account", "acct-dan"); r.code != 429 {

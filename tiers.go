@@ -229,8 +229,12 @@ func (z *Zone) addTiers(l *Limit, scope string, store backend.Store, logger *zap
 	for _, t := range l.Tiers {
 		c := l.tierLimit(t)
 		alg, _ := algorithms.Check(c.Algorithm, c.policy())
+		p := c.policy()
+		if algorithms.UsesBurst(alg) && p.Burst == 0 {
+			p.Burst = p.Limit // the default, spelled out or not, is one policy
+		}
 		c.base = scope
-		if err := z.addLimit(c, tierScope(scope, t.Name, tierVersion(alg, c.policy())), store, logger, owner); err != nil {
+		if err := z.addLimit(c, tierScope(scope, t.Name, tierVersion(alg, p)), store, logger, owner); err != nil {
 			return fmt.Errorf("tiers: tier %q: %w", t.Name, err)
 		}
 		ts.byName[t.Name] = c

@@ -158,8 +158,8 @@ func TestTierVersion(t *testing.T) {
 		}
 		seen[w] = what
 	}
-	// Concurrency is not state of the store: changing it keeps the tier's
-	// usage.
+	// Concurrency is not state of the store, and a default written out is
+	// the same policy: neither renames the tier's state.
 	a, ca, err := provisionJSON([]byte(`{"rate_limits": {"tier_ver": {"key": "k", "tier": "{http.vars.plan}", "default_tier": "free",
 		"tiers": [{"name": "free", "max_events": 5, "window": "1m", "concurrency": 2}]}}}`), nil)
 	if err != nil {
@@ -174,6 +174,21 @@ func TestTierVersion(t *testing.T) {
 	defer cb()
 	if a.zones[0].limits[0].scope != b.zones[0].limits[0].scope {
 		t.Fatalf("a change of concurrency renamed the state: %s, %s", a.zones[0].limits[0].scope, b.zones[0].limits[0].scope)
+	}
+	c, cc, err := provisionJSON([]byte(`{"rate_limits": {"tier_ver2": {"key": "k", "tier": "{http.vars.plan}", "default_tier": "free", "algorithm": "gcra",
+		"tiers": [{"name": "free", "max_events": 5, "window": "1m"}]}}}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc()
+	d, cd, err := provisionJSON([]byte(`{"rate_limits": {"tier_ver2": {"key": "k", "tier": "{http.vars.plan}", "default_tier": "free", "algorithm": "gcra",
+		"tiers": [{"name": "free", "max_events": 5, "window": "1m", "burst": 5}]}}}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cd()
+	if c.zones[0].limits[0].scope != d.zones[0].limits[0].scope {
+		t.Fatalf("burst 5 written out on 5/1m renamed the state: %s, %s", c.zones[0].limits[0].scope, d.zones[0].limits[0].scope)
 	}
 }
 

@@ -308,3 +308,19 @@ func TestTiersReload(t *testing.T) {
 	expect429(t, tester, 1, 3600, "GET", "/", "X-Key", "k")
 	expect429(t, tester, 1, 3600, "GET", "/", "X-Key", "k", "X-Plan", "pro")
 }
+
+// The plans example of docs/protection.md, as written: a free key spends
+// its burst of 10, is admitted at once as pro, and an unknown plan is free.
+func TestDocsTiersExample(t *testing.T) {
+	tester := newTester(t, docSite(t, "../docs/protection.md", "tier {http.request.header.X-Plan}"), "caddyfile")
+	key := []string{"X-API-Key", "doc-key"}
+	if got := count(t, tester, 11, key...); got[200] != 10 || got[429] != 1 {
+		t.Fatalf("free: %v, want 10 and a 429", got)
+	}
+	if got := count(t, tester, 201, append(key, "X-Plan", "pro")...); got[200] != 200 || got[429] != 1 {
+		t.Fatalf("pro: %v, want its burst of 200 and a 429", got)
+	}
+	if got := count(t, tester, 11, "X-API-Key", "doc-other", "X-Plan", "platinum"); got[200] != 10 || got[429] != 1 {
+		t.Fatalf("unknown plan: %v, want free's 10 and a 429", got)
+	}
+}

@@ -457,20 +457,18 @@ func appendJSONString(b []byte, s string) []byte {
 // inside a JSON string as it is.
 func appendMessage(b []byte, f refusal) []byte {
 	switch f.reason {
-	case reasonRateLimited:
-		if f.retryAfter < 0 {
-			return append(b, "This request asks for more than the rate limit can ever allow."...)
+	case reasonRateLimited, reasonQuota:
+		limit, head, tail := "the rate limit", "Too many requests. Retry in ", " seconds."
+		if f.reason == reasonQuota {
+			limit, head, tail = "the quota", "The quota for this period is used up. Retry in ", " seconds, or upgrade the plan."
 		}
-		b = append(b, "Too many requests. Retry in "...)
-		b = strconv.AppendInt(b, f.retryAfter, 10)
-		return append(b, " seconds."...)
-	case reasonQuota:
 		if f.retryAfter < 0 {
-			return append(b, "This request asks for more than the quota can ever allow."...)
+			b = append(b, "This request asks for more than "...)
+			return append(append(b, limit...), " can ever allow."...)
 		}
-		b = append(b, "The quota for this period is used up. Retry in "...)
+		b = append(b, head...)
 		b = strconv.AppendInt(b, f.retryAfter, 10)
-		return append(b, " seconds, or upgrade the plan."...)
+		return append(b, tail...)
 	case reasonUnavailable:
 		b = append(b, "The rate limiter cannot decide this request now. Retry in "...)
 		b = strconv.AppendInt(b, f.retryAfter, 10)

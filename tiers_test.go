@@ -160,35 +160,22 @@ func TestTierVersion(t *testing.T) {
 	}
 	// Concurrency is not state of the store, and a default written out is
 	// the same policy: neither renames the tier's state.
-	a, ca, err := provisionJSON([]byte(`{"rate_limits": {"tier_ver": {"key": "k", "tier": "{http.vars.plan}", "default_tier": "free",
-		"tiers": [{"name": "free", "max_events": 5, "window": "1m", "concurrency": 2}]}}}`), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ca()
-	b, cb, err := provisionJSON([]byte(`{"rate_limits": {"tier_ver": {"key": "k", "tier": "{http.vars.plan}", "default_tier": "free",
-		"tiers": [{"name": "free", "max_events": 5, "window": "1m", "concurrency": 3}]}}}`), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cb()
-	if a.zones[0].limits[0].scope != b.zones[0].limits[0].scope {
-		t.Fatalf("a change of concurrency renamed the state: %s, %s", a.zones[0].limits[0].scope, b.zones[0].limits[0].scope)
-	}
-	c, cc, err := provisionJSON([]byte(`{"rate_limits": {"tier_ver2": {"key": "k", "tier": "{http.vars.plan}", "default_tier": "free", "algorithm": "gcra",
-		"tiers": [{"name": "free", "max_events": 5, "window": "1m"}]}}}`), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc()
-	d, cd, err := provisionJSON([]byte(`{"rate_limits": {"tier_ver2": {"key": "k", "tier": "{http.vars.plan}", "default_tier": "free", "algorithm": "gcra",
-		"tiers": [{"name": "free", "max_events": 5, "window": "1m", "burst": 5}]}}}`), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cd()
-	if c.zones[0].limits[0].scope != d.zones[0].limits[0].scope {
-		t.Fatalf("burst 5 written out on 5/1m renamed the state: %s, %s", c.zones[0].limits[0].scope, d.zones[0].limits[0].scope)
+	for _, pair := range [][2]string{
+		{`"tiers": [{"name": "free", "max_events": 5, "window": "1m", "concurrency": 2}]`, `"tiers": [{"name": "free", "max_events": 5, "window": "1m", "concurrency": 3}]`},
+		{`"algorithm": "gcra", "tiers": [{"name": "free", "max_events": 5, "window": "1m"}]`, `"algorithm": "gcra", "tiers": [{"name": "free", "max_events": 5, "window": "1m", "burst": 5}]`},
+	} {
+		var scopes [2]string
+		for i, tiers := range pair {
+			h, cleanup, err := provisionJSON([]byte(`{"rate_limits": {"tier_ver": {"key": "k", "tier": "{http.vars.plan}", "default_tier": "free", `+tiers+`}}}`), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			scopes[i] = h.zones[0].limits[0].scope
+			cleanup()
+		}
+		if scopes[0] != scopes[1] {
+			t.Fatalf("%s and %s: the state is renamed from %s to %s", pair[0], pair[1], scopes[0], scopes[1])
+		}
 	}
 }
 

@@ -63,6 +63,11 @@ type tierSet struct {
 // the value was empty.
 func (t *tierSet) pick(r *http.Request, repl *caddy.Replacer) (l *Limit, empty bool) {
 	v := t.value(r, repl)
+	if len(v) > maxTierName {
+		// No tier has such a name: not worth hashing a value a client
+		// may have made a megabyte long.
+		return t.def, false
+	}
 	if l, ok := t.byName[v]; ok {
 		return l, false
 	}

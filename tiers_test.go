@@ -63,6 +63,8 @@ func TestTierPick(t *testing.T) {
 		{"padded", "{http.request.header.X-Plan}", http.Header{"X-Plan": {" pro"}}, nil, "free", false},
 		{"header twice", "{http.request.header.X-Plan}", http.Header{"X-Plan": {"pro", "pro"}}, nil, "free", true},
 		{"joined", "{http.request.header.X-Plan}", http.Header{"X-Plan": {"free,pro"}}, nil, "free", false},
+		{"huge", "{http.request.header.X-Plan}", http.Header{"X-Plan": {strings.Repeat("pro", 1<<18)}}, nil, "free", false},
+		{"control character", "{http.request.header.X-Plan}", http.Header{"X-Plan": {"pro\x00"}}, nil, "free", false},
 		{"header name in another case", "{http.request.header.x-plan}", http.Header{"X-Plan": {"pro"}}, nil, "pro", false},
 		{"var", "{http.vars.plan}", nil, map[string]any{"plan": "pro"}, "pro", false},
 		{"var unset", "{http.vars.plan}", nil, nil, "free", true},

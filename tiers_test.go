@@ -291,6 +291,7 @@ func TestTierProvisionErrors(t *testing.T) {
 		{"cost above a tier", `"key": "k", "cost": 20, "tier": "{http.vars.plan}", "default_tier": "free", "tiers": [{"name": "free", "max_events": 10, "window": "1m"}]`, `zone "z": tiers: tier "free": cost 20 can never pass`},
 		{"tier in a scope", `"key": "k", "max_events": 5, "window": "1m", "scopes": {"m": {"tier": "{http.vars.plan}", "default_tier": "gold", ` + tiers + `}}`, `zone "z": scope "m": default tier "gold" is not in the tiers table`},
 		{"tier on a zone of scopes", `"tier": "{http.vars.plan}", "scopes": {"m": {"max_events": 5, "window": "1m"}}`, `zone "z": tier would do nothing on a zone without a rate of its own`},
+		{"tiered scope status", `"key": "k", "max_events": 5, "window": "1m", "scopes": {"m": {"status": 99, "tier": "{http.vars.plan}", "default_tier": "free", ` + tiers + `}}`, `zone "z": scope "m": status must be from 400 to 599, got 99`},
 		{"scope status", `"key": "k", "max_events": 5, "window": "1m", "scopes": {"m": {"max_events": 5, "window": "1m", "status": 302}}`, `zone "z": scope "m": status must be from 400 to 599, got 302`},
 	}
 	for _, tt := range tests {

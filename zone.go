@@ -493,12 +493,12 @@ func loadMatchers(ctx caddy.Context, z *Zone, field string, sets *caddyhttp.Matc
 	return nil
 }
 
-// scoped prefixes err with the scope it is about, if any.
+// scoped prefixes err with the scope it is about (as configured), if any.
 func (l *Limit) scoped(err error) error {
-	if l.scope == "" {
+	if l.shownScope() == "" {
 		return err
 	}
-	return fmt.Errorf("scope %q: %w", l.scope, err)
+	return fmt.Errorf("scope %q: %w", l.shownScope(), err)
 }
 
 // displayName names a limit in messages: the zone, or "<zone>/<scope>".

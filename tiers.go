@@ -209,8 +209,8 @@ func tierVersion(alg string, p algorithms.Policy) string {
 	return fmt.Sprintf("%08x", h.Sum32())
 }
 
-// tierScope is the name of tier's limit of the limit scope ("" for a
-// zone's own): in metrics, the admin API and the store.
+// tierScope names the limit of one tier of scope ("" for a zone's own
+// limit) in metrics, the admin API and the store.
 func tierScope(scope, tier, version string) string {
 	return scope + "@" + tier + ":" + version
 }
@@ -255,7 +255,7 @@ func (z *Zone) addTiers(l *Limit, scope string, store backend.Store, logger *zap
 			ts.earlier = append(ts.earlier, &earlierWatch{name: ph})
 		}
 		if strings.HasPrefix(strings.ToLower(ph), "http.request.header.") {
-			logger.Warn("a rate limit's tier is read from a request header: a client chooses its own tier unless a proxy or handler before rate_limit sets or removes that header (request_header -"+strings.TrimPrefix(ph, "http.request.header.")+")",
+			logger.Warn("a rate limit's tier is read from a request header: any client can name its own tier unless a proxy in front of Caddy, or a handler that runs before rate_limit, sets that header",
 				zap.String("zone", z.name), zap.String("scope", scope), zap.String("tier", l.Tier))
 		}
 	}

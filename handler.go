@@ -137,6 +137,13 @@ func (h *Handler) collect(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 
 // collectLimit appends the store request of limit l, unless l skips r.
 func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch, l *Limit) (answered bool, err error) {
+	if l.tiers != nil {
+		tier, empty := l.tiers.pick(r, repl)
+		if empty {
+			l.warnEmpty(h.logger, repl, l.tiers.earlier, "tier")
+		}
+		l = tier
+	}
 	z := l.zone
 	if s.body == nil && (l.keyer.NeedsBody() || l.Cost.needsBody()) {
 		s.body = keys.ReadBody(r, h.BodyLimit, h.bodyFields)

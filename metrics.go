@@ -59,7 +59,7 @@ func newMetricSet() *metricSet {
 		}, []string{"zone", "scope", "policy"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "refused_requests_total",
-			Help: "Requests refused, by the zone that refused them and why: rate_limit_exceeded, backend_unavailable, missing_key, bad_cost, denylisted, concurrency or load_shed (whose zone label is the shedding group).",
+			Help: "Requests refused, by the zone that refused them and why: rate_limit_exceeded, quota_exceeded, backend_unavailable, missing_key, bad_cost, denylisted, concurrency or load_shed (whose zone label is the shedding group).",
 		}, []string{"zone", "reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "process_time_seconds",

@@ -1,9 +1,11 @@
 package sluice
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -104,12 +106,11 @@ func (l *Limit) request(key string, cost int64) backend.Request {
 	return r
 }
 
-// denyReason is why a request this limit denies is refused.
-func (l *Limit) denyReason() reason {
-	if l.ChargeWhen != nil {
-		return reasonBudget
-	}
-	return reasonRateLimited
+// budgetDenial is the status and reason of a denial by a spend budget:
+// its own status, else its zone's, else 503 (the server's limit, not the
+// client's).
+func (l *Limit) budgetDenial() (int, reason) {
+	return cmp.Or(l.Status, l.zone.Status, http.StatusServiceUnavailable), reasonBudget
 }
 
 func appendBudgetMessage(b []byte, f refusal) []byte {

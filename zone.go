@@ -274,7 +274,7 @@ type Limit struct {
 	// reserved before it is handed on, committed when its response
 	// matches (status 2xx: the paid call went through) and released
 	// otherwise (an upstream error or timeout, a 5xx, a client that went
-	// away). A denied request gets 503 (the zone's status if set), and the
+	// away). A denied request gets 503 (the limit's status if set, else the zone's), and the
 	// limit fails closed unless its fail says otherwise. Default: unset.
 	ChargeWhen *caddyhttp.ResponseMatcher `json:"charge_when,omitempty"`
 

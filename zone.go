@@ -274,8 +274,9 @@ type Limit struct {
 	// reserved before it is handed on, committed when its response
 	// matches (status 2xx: the paid call went through) and released
 	// otherwise (an upstream error or timeout, a 5xx, a client that went
-	// away). A denied request gets 503 (the limit's status if set, else the zone's), and the
-	// limit fails closed unless its fail says otherwise. Default: unset.
+	// away). A denied request gets 503 (the limit's status if set, else
+	// the zone's), and the limit fails closed unless its fail says
+	// otherwise. Default: unset.
 	ChargeWhen *caddyhttp.ResponseMatcher `json:"charge_when,omitempty"`
 
 	// ReservationTTL is how long a charge_when reservation lasts when

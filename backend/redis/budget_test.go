@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/backend/memory"
@@ -32,9 +34,14 @@ type budgetZone struct {
 
 func newBudgetTwin(t *testing.T, clock time.Time, ttl time.Duration, zones ...budgetZone) *budgetTwin {
 	t.Helper()
+	return newBudgetTwinOn(t, standaloneClient(t), clock, ttl, zones...)
+}
+
+func newBudgetTwinOn(t *testing.T, client goredis.UniversalClient, clock time.Time, ttl time.Duration, zones ...budgetZone) *budgetTwin {
+	t.Helper()
 	tw := &budgetTwin{t: t, clock: clock.UnixNano(), ttl: int64(ttl)}
 	tw.mem = memory.New(memory.Options{Now: func() int64 { return tw.clock }, SweepInterval: 24 * time.Hour})
-	red, err := New(standaloneClient(t), Options{KeyPrefix: uniquePrefix(t), Timeout: 10 * time.Second, now: func() int64 { return tw.clock }, ttlExtra: 3_600_000})
+	red, err := New(client, Options{KeyPrefix: uniquePrefix(t), Timeout: 10 * time.Second, now: func() int64 { return tw.clock }, ttlExtra: 3_600_000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,6 +167,44 @@ func TestBudgetReservations(t *testing.T) {
 			}
 		})
 	}
+}
+
+// On a Redis Cluster, a key's reservations live in its state's slot: a
+// budget of a zone and a scope over two keys (two slots, two calls, one
+// taken back when the other denies) reserves, releases and expires as on
+// one server.
+func TestBudgetOnCluster(t *testing.T) {
+	tw := newBudgetTwinOn(t, clusterClient(t), time.Date(2026, 3, 15, 9, 0, 0, 0, time.UTC), time.Minute,
+		budgetZone{alg: algorithms.NameFixedWindow, p: algorithms.Policy{Limit: 2, Window: int64(24 * time.Hour)}},
+		budgetZone{scope: "hour", alg: algorithms.NameSlidingWindow, p: algorithms.Policy{Limit: 3, Window: int64(time.Hour)}})
+	keys := []string{"a", "b"}
+	reserve := func(allowed bool) budgetGrant {
+		t.Helper()
+		tw.token++
+		var g budgetGrant
+		for i, k := range keys { // the zone on one key, the scope on another
+			g.mem = append(g.mem, backend.Request{Limit: tw.memZ[i], Key: k, Cost: 1, Reserve: tw.ttl, Token: tw.token})
+			g.red = append(g.red, backend.Request{Limit: tw.redZ[i], Key: k, Cost: 1, Reserve: tw.ttl, Token: tw.token})
+		}
+		mo, ro := make([]algorithms.Result, 2), make([]algorithms.Result, 2)
+		ma, merr := tw.mem.Decide(context.Background(), g.mem, mo)
+		ra, rerr := tw.red.Decide(context.Background(), g.red, ro)
+		if merr != nil || rerr != nil || ma != allowed || ra != allowed || mo[0] != ro[0] || mo[1] != ro[1] {
+			t.Fatalf("want allowed %v: memory %v %v %+v, redis %v %v %+v", allowed, ma, merr, mo, ra, rerr, ro)
+		}
+		g.out = mo
+		return g
+	}
+	a := reserve(true)
+	tw.settle(reserve(true), true)
+	reserve(false) // the day's cap denies; the hour's unit is taken back
+	tw.settle(a, false)
+	c := reserve(true)
+	reserve(false)
+	tw.clock += tw.ttl
+	reserve(true) // c expired on both keys
+	tw.settle(c, false)
+	reserve(false) // c's late release gave nothing back twice
 }
 
 // Two caps on one budget, reserved, committed and released together: a

@@ -143,34 +143,40 @@ func (rs *reservations) takeDue(k resvKey, now int64, due []resvDue, drop bool) 
 func (s *Store) Settle(_ context.Context, reqs []backend.Request, granted []algorithms.Result, commit bool) error {
 	now := s.now()
 	for i, r := range reqs {
-		if r.Reserve <= 0 || r.Cost <= 0 || !granted[i].Allowed {
-			continue
-		}
 		z, ok := r.Limit.(zoneOps)
 		if !ok {
 			return fmt.Errorf("zone %q was not registered with the memory backend", r.Limit.Name())
 		}
-		k := resvKey{z, r.Key}
-		s.resv.mu.Lock()
-		live, found := s.resv.keys[k], false
-		for j, v := range live {
-			if v.token == r.Token && v.granted.At == granted[i].At {
-				found = true
-				live = append(live[:j], live[j+1:]...)
-				break
-			}
-		}
-		if found {
-			// Kept when empty, for the key's next reservation; the
-			// pass over every key drops it.
-			s.resv.keys[k] = live
-		}
-		s.resv.mu.Unlock()
-		if found && !commit {
-			z.refund(z.hash(r.Key), now, granted[i], r.Cost)
-		}
+		s.settle(z, r, granted[i], commit, now)
 	}
 	return nil
+}
+
+// settle commits or releases r's reservation, made by the decision that
+// granted it; a release refunds its units only if it was still held.
+func (s *Store) settle(z zoneOps, r backend.Request, granted algorithms.Result, commit bool, now int64) {
+	if r.Reserve <= 0 || r.Cost <= 0 || !granted.Allowed {
+		return
+	}
+	k := resvKey{z, r.Key}
+	s.resv.mu.Lock()
+	live, found := s.resv.keys[k], false
+	for j, v := range live {
+		if v.token == r.Token && v.granted.At == granted.At {
+			found = true
+			live = append(live[:j], live[j+1:]...)
+			break
+		}
+	}
+	if found {
+		// Kept when empty, for the key's next reservation; the
+		// pass over every key drops it.
+		s.resv.keys[k] = live
+	}
+	s.resv.mu.Unlock()
+	if found && !commit {
+		z.refund(z.hash(r.Key), now, granted, r.Cost)
+	}
 }
 
 // Interface guard.

@@ -1,0 +1,140 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+// slowUpstream answers each request with the status in X-Answer (200 when
+// absent) after X-Sleep milliseconds, and signals each request it gets.
+type slowUpstream struct {
+	srv *httptest.Server
+	got chan struct{}
+}
+
+func newSlowUpstream(t *testing.T) *slowUpstream {
+	u := &slowUpstream{got: make(chan struct{}, 64)}
+	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.got <- struct{}{}
+		if ms, _ := strconv.Atoi(r.Header.Get("X-Sleep")); ms > 0 {
+			select {
+			case <-time.After(time.Duration(ms) * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		code, _ := strconv.Atoi(r.Header.Get("X-Answer"))
+		w.WriteHeader(max(code, http.StatusOK))
+		fmt.Fprint(w, "sent")
+	}))
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+func (u *slowUpstream) addr() string { return strings.TrimPrefix(u.srv.URL, "http://") }
+
+// a6send sends one request with the given upstream answer and delay, and
+// gives up on it after abandon (0: never).
+func a6send(tester *caddytest.Tester, sleep string, abandon time.Duration) int {
+	ctx := context.Background()
+	if abandon > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, abandon)
+		defer cancel()
+	}
+	req, _ := http.NewRequestWithContext(ctx, "POST", httpBase+"/sms", nil)
+	req.Header.Set("X-Sleep", sleep)
+	resp, err := tester.Client.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// A request that a budget allowed and another limit then refused after
+// the decision (a concurrency cap, or a client leaving a leaky_bucket
+// queue) gives its units back by releasing its reservation: its expiry
+// then gives nothing more. Each round below commits one paid call and
+// has one such request refused; with the budget of 2, only two rounds
+// may reach the provider, however long the game goes on.
+func TestAttack6BudgetRefusedAfterDecisionReleasesOnce(t *testing.T) {
+	rounds := func(t *testing.T, tester *caddytest.Tester, u *slowUpstream, refused func() int) {
+		t.Helper()
+		sent := 0
+		for round := range 5 {
+			codes := make(chan int, 1)
+			go func() { codes <- a6send(tester, "400", 0) }()
+			select {
+			case <-u.got:
+			case code := <-codes:
+				if code == http.StatusOK {
+					t.Fatalf("round %d: 200 without reaching the provider", round+1)
+				}
+				continue // the budget is spent
+			}
+			if code := refused(); code == http.StatusOK {
+				t.Fatalf("round %d: the second request passed", round+1)
+			}
+			if <-codes == http.StatusOK {
+				sent++
+			}
+			// Past the refused request's reservation_ttl: its expiry
+			// must not give its unit back a second time.
+			time.Sleep(1200 * time.Millisecond)
+		}
+		if sent != 2 {
+			t.Fatalf("%d paid calls committed, want the budget of 2", sent)
+		}
+	}
+	t.Run("concurrency", func(t *testing.T) {
+		u := newSlowUpstream(t)
+		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		zone attack6_conc {
+			key sms
+			rate 2/1h
+			algorithm fixed_window
+			charge_when status 2xx
+			reservation_ttl 1s
+			concurrency 1
+		}
+	}
+	reverse_proxy %s`, u.addr())), "caddyfile")
+		rounds(t, tester, u, func() int { return a6send(tester, "0", 0) })
+	})
+	t.Run("queue", func(t *testing.T) {
+		outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+			u := newSlowUpstream(t)
+			tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %sattack6_budget {
+			key sms
+			rate 2/1h
+			algorithm fixed_window
+			charge_when status 2xx
+			reservation_ttl 1s
+		}
+		zone %sattack6_queue {
+			key sms
+			rate 1/1s
+			algorithm leaky_bucket
+			max_delay 5s
+		}
+	}
+	reverse_proxy %s`, backend, prefix, prefix, u.addr())), "caddyfile")
+			// The second request waits for its slot in the queue, and
+			// its client leaves before it comes.
+			rounds(t, tester, u, func() int { return a6send(tester, "0", 200*time.Millisecond) })
+		})
+	})
+}

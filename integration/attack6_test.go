@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,4 +140,64 @@ func TestAttack6BudgetRefusedAfterDecisionReleasesOnce(t *testing.T) {
 			rounds(t, tester, u, func() int { return a6send(tester, "0", 200*time.Millisecond) })
 		})
 	})
+}
+
+// heapAfterGC is the live heap of this process, where caddytest runs Caddy.
+func heapAfterGC() int64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// A flood of keys through a budget, each request settled, leaves no
+// memory behind beyond the zone's max_keys: the keys without a live
+// reservation are dropped at once, not at the next pass over every key
+// (once per reservation_ttl, here a day).
+func TestAttack6BudgetKeyFloodMemory(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone attack6_flood {
+			key {http.request.header.X-K}
+			rate 10/1d
+			algorithm fixed_window
+			charge_when status 2xx
+			reservation_ttl 24h
+			max_keys 100
+		}
+	}
+	respond "ok"`), "caddyfile")
+	flood := func(from, n int) {
+		var wg sync.WaitGroup
+		var next atomic.Int64
+		for range 16 {
+			wg.Go(func() {
+				for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+					req, _ := http.NewRequest("GET", httpBase+"/", nil)
+					req.Header.Set("X-K", "k"+strconv.Itoa(from+int(i)))
+					resp, err := tester.Client.Do(req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						t.Errorf("key %d: %d", from+int(i), resp.StatusCode)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	flood(0, 2000) // connections and pools warmed up
+	before := heapAfterGC()
+	const keys = 20000
+	flood(1_000_000, keys)
+	grown := heapAfterGC() - before
+	t.Logf("heap grew by %d bytes for %d keys", grown, keys)
+	if grown > 1<<20 {
+		t.Fatalf("heap grew by %d bytes (%d per key) for %d settled keys with max_keys 100, want under 1 MiB", grown, grown/keys, keys)
+	}
 }

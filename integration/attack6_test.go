@@ -201,3 +201,51 @@ func TestAttack6BudgetKeyFloodMemory(t *testing.T) {
 		t.Fatalf("heap grew by %d bytes (%d per key) for %d settled keys with max_keys 100, want under 1 MiB", grown, grown/keys, keys)
 	}
 }
+
+// A budget's call is charged when its status is written, not when its
+// body ends: a 2xx streamed for longer than reservation_ttl (a long LLM
+// answer, or a client that reads it slowly) is committed all the same,
+// where its reservation used to expire mid-stream and the commit at the
+// end to find nothing left to charge.
+func TestAttack6BudgetStreamOutlivesReservation(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "first tokens ")
+		_ = http.NewResponseController(w).Flush()
+		select {
+		case <-time.After(1300 * time.Millisecond):
+		case <-r.Context().Done():
+		}
+		fmt.Fprint(w, "last tokens")
+	}))
+	t.Cleanup(upstream.Close)
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %sattack6_stream {
+			key llm
+			rate 2/1h
+			algorithm fixed_window
+			charge_when status 2xx
+			reservation_ttl 1s
+		}
+	}
+	reverse_proxy %s {
+		flush_interval -1
+	}`, backend, prefix, strings.TrimPrefix(upstream.URL, "http://"))), "caddyfile")
+		// Each call is decided while the one before still streams, past
+		// its reservation's deadline: the decision that releases expired
+		// reservations sees it.
+		codes := make([]int, 4)
+		var wg sync.WaitGroup
+		for i := range codes {
+			wg.Go(func() { codes[i], _, _ = do(t, tester, "POST", "/chat") })
+			time.Sleep(1100 * time.Millisecond)
+		}
+		wg.Wait()
+		if codes[0] != http.StatusOK || codes[1] != http.StatusOK || codes[2] != http.StatusServiceUnavailable || codes[3] != http.StatusServiceUnavailable {
+			t.Fatalf("four streamed answers against a budget of 2: %v, want [200 200 503 503]", codes)
+		}
+	})
+}

@@ -249,3 +249,54 @@ func TestAttack6BudgetStreamOutlivesReservation(t *testing.T) {
 		}
 	})
 }
+
+// A key reset through the admin API while one of its budget's calls is
+// in flight starts afresh: that call's release afterwards gives back
+// nothing of the fresh budget.
+func TestAttack6BudgetResetDropsReservations(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newSlowUpstream(t)
+		name := prefix + "attack6_reset"
+		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %s {
+			key {http.request.header.X-K}
+			rate 3/1h
+			algorithm fixed_window
+			charge_when status 2xx
+			reservation_ttl 1m
+		}
+	}
+	reverse_proxy %s`, backend, name, u.addr())), "caddyfile")
+		failed := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequest("POST", httpBase+"/sms", nil)
+			req.Header.Set("X-K", "acme")
+			req.Header.Set("X-Sleep", "800")
+			req.Header.Set("X-Answer", "500")
+			resp, err := tester.Client.Do(req)
+			if err != nil {
+				failed <- 0
+				return
+			}
+			resp.Body.Close()
+			failed <- resp.StatusCode
+		}()
+		<-u.got
+		adminRequest(t, "DELETE", "/rate_limit/zones/"+name+"/keys/acme", "", "")
+		var codes []int
+		for range 3 {
+			code, _, _ := do(t, tester, "POST", "/sms", "X-K", "acme")
+			codes = append(codes, code)
+		}
+		if code := <-failed; code != http.StatusInternalServerError {
+			t.Fatalf("the failing call: %d, want 500", code)
+		}
+		code, _, _ := do(t, tester, "POST", "/sms", "X-K", "acme")
+		codes = append(codes, code)
+		if fmt.Sprint(codes) != "[200 200 200 503]" {
+			t.Fatalf("after a reset: %v, want [200 200 200 503]: the budget of 3, and no more", codes)
+		}
+	})
+}

@@ -107,7 +107,9 @@ func (s *Store) Reset(ctx context.Context, l backend.Limit, key string) error {
 	s.forget(it)
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	err = s.client.Del(ctx, it.key).Err()
+	// The key's open reservations go with it: released later, they would
+	// give back units of the fresh state (the set shares the key's slot).
+	err = s.client.Del(ctx, it.key, it.key+":R").Err()
 	s.forget(it)
 	if err != nil {
 		return fmt.Errorf("redis backend: reset: %w", err)

@@ -40,3 +40,26 @@ func TestBudgetRefundReleasesReservation(t *testing.T) {
 		})
 	}
 }
+
+// A reset drops the key's open reservations with its state: releasing
+// one afterwards gives back nothing of the fresh quota.
+func TestBudgetResetDropsReservations(t *testing.T) {
+	for _, alg := range []string{algorithms.NameFixedWindow, algorithms.NameSlidingWindow, algorithms.NameTokenBucket} {
+		t.Run(alg, func(t *testing.T) {
+			tw := newBudgetTwin(t, time.Date(2026, 3, 15, 9, 0, 0, 0, time.UTC), time.Minute,
+				budgetZone{alg: alg, p: algorithms.Policy{Limit: 2, Window: int64(24 * time.Hour)}})
+			a := tw.must(true, "k")
+			if err := tw.mem.Reset(context.Background(), tw.memZ[0], "k"); err != nil {
+				t.Fatal(err)
+			}
+			if err := tw.red.Reset(context.Background(), tw.redZ[0], "k"); err != nil {
+				t.Fatal(err)
+			}
+			tw.settle(tw.must(true, "k"), true)
+			tw.settle(tw.must(true, "k"), true)
+			tw.settle(a, false)
+			tw.clock += 2 * tw.ttl
+			tw.must(false, "k")
+		})
+	}
+}

@@ -274,6 +274,20 @@ type Limit struct {
 	// correct password forgives the failures before it. Default: unset.
 	ResetWhen *caddyhttp.ResponseMatcher `json:"reset_when,omitempty"`
 
+	// Settle reads the request's real cost from its response once it is
+	// over, as one placeholder: {http.response.header.X-Tokens-Used} (the
+	// header field as written with the status, else a trailer of that
+	// name), {http.response.trailer.X-Tokens-Used} (a trailer only), or
+	// any other placeholder known after the response. The cost taken
+	// before the request was handed on is then an estimate: the
+	// difference is given back when the real cost is lower (never more
+	// than was taken), and charged when it is higher, even past the limit,
+	// so that the key owes it and waits it out. A value that is missing,
+	// given twice, or not a whole number from 0 to 10^15 keeps the
+	// estimate (logged at most once a minute per limit). Not with lease
+	// or max_delay. Default: unset, the cost taken is final.
+	Settle string `json:"settle,omitempty"`
+
 	// Concurrency caps how many requests of a key (of the whole zone, with
 	// a static key) may be in flight at once: a slot is taken when the
 	// request is admitted and freed when the handlers after rate_limit
@@ -309,6 +323,7 @@ type Limit struct {
 	hdr                 limitHeaders
 	// Placeholders of the key and cost that an earlier handler must set.
 	keyEarlier, costEarlier []*earlierWatch
+	settle                  *settler // nil without settle
 }
 
 // Normalize is one normalizer of a key: its name and its options.
@@ -405,7 +420,7 @@ func (l *Limit) ownOnly() []string {
 		option{l.Hash != "", "hash"}, option{l.IPv4Prefix != 0, "ipv4_prefix"}, option{l.IPv6Prefix != 0, "ipv6_prefix"},
 		option{l.Missing != "", "missing"}, option{l.MaxKeys != 0, "max_keys"}, option{l.Lease != 0, "lease"},
 		option{l.CountWhen != nil, "count_when"}, option{l.ResetWhen != nil, "reset_when"},
-		option{l.Queue != 0, "queue"},
+		option{l.Queue != 0, "queue"}, option{l.Settle != "", "settle"},
 	)
 }
 
@@ -558,6 +573,9 @@ func (l *Limit) check() (string, error) {
 		}
 	}
 	if err := l.checkOutcome(); err != nil {
+		return "", err
+	}
+	if err := l.checkSettle(); err != nil {
 		return "", err
 	}
 	if l.Cost != nil {

@@ -1,0 +1,70 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+// Settle settles each request at its real cost (backend.Settler): one
+// script call (mode s) per slot, each key settled in turn, as in the
+// memory store.
+func (s *Store) Settle(ctx context.Context, reqs []backend.Request, granted []algorithms.Result, actual []int64) error {
+	items := make([]item, 0, len(reqs))
+	xs := make([][2]string, 0, len(reqs))
+	for i, r := range reqs {
+		z, ok := r.Limit.(*zone)
+		if !ok {
+			return fmt.Errorf("zone %q was not registered with the redis backend", r.Limit.Name())
+		}
+		cost := min(max(r.Cost, 0), maxCost)
+		act := min(max(actual[i], 0), algorithms.MaxSettle)
+		if !granted[i].Allowed || act == cost {
+			continue
+		}
+		conf := z.st.conf.Load()
+		z.st.use(conf)
+		items = append(items, item{key: z.prefix + r.Key + "}", conf: conf, cost: cost})
+		xs = append(xs, [2]string{strconv.FormatInt(granted[i].At, 10), strconv.FormatInt(act, 10)})
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if s.cache != nil {
+		// A denial remembered for these keys may no longer hold.
+		s.cache.forget(items)
+	}
+	gs := s.groups(items)
+	s.prepare(ctx, "s", gs, items, func(i int) (string, string) { return xs[i][0], xs[i][1] })
+	err := s.run(ctx, gs)
+	if s.cache != nil {
+		s.cache.forget(items)
+	}
+	for g := range gs {
+		if e := gs[g].cmd.Err(); e != nil {
+			err = e
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("redis backend: settle: %w", err)
+	}
+	return nil
+}
+
+// Settle settles through the breaker (backend.Settler). A limit that
+// settles never leases (the handler refuses the two together), so its
+// requests always reached Redis.
+func (m *Module) Settle(ctx context.Context, reqs []backend.Request, granted []algorithms.Result, actual []int64) error {
+	_, err := m.breaker.do(ctx, func() (bool, error) { return true, m.Store.Settle(ctx, reqs, granted, actual) })
+	return err
+}
+
+var (
+	_ backend.Settler = (*Store)(nil)
+	_ backend.Settler = (*Module)(nil)
+)

@@ -82,6 +82,8 @@ func (l *Limit) checkSettle() error {
 		return err
 	}
 	switch {
+	case l.concOnly():
+		return fmt.Errorf("settle needs a rate (max_events and window): a limit of concurrency alone has no cost to settle")
 	case l.Lease > 0:
 		return fmt.Errorf("settle cannot be used with lease: units spent locally from a lease are not the shared state a real cost would be settled in")
 	case l.MaxDelay > 0:
@@ -108,6 +110,9 @@ func (h *Handler) provisionSettle(l *Limit) error {
 type settleNotes struct {
 	vals  [maxSettleNoted][]string
 	noted uint8 // which of vals were noted
+	// actual is the argument of Settle, here so that it does not escape
+	// on its own.
+	actual [1]int64
 }
 
 const maxSettleNoted = 2
@@ -239,8 +244,8 @@ func (h *Handler) settleCost(o *outcomeWriter, r *http.Request, i, status int) {
 		return
 	}
 	st := o.store.(backend.Settler) // checked at provision
-	actual := [1]int64{n}
-	if err := st.Settle(&o.detached, o.reqs[i:i+1], o.out[i:i+1], actual[:]); err != nil {
+	o.settle.actual[0] = n
+	if err := st.Settle(&o.detached, o.reqs[i:i+1], o.out[i:i+1], o.settle.actual[:]); err != nil {
 		h.logger.Error("settling a cost after the response", zap.String("zone", l.zone.name), zap.String("scope", l.scope), zap.Error(err))
 	}
 }

@@ -63,6 +63,7 @@ func TestCheckSettle(t *testing.T) {
 		{"no field", Limit{Settle: "{http.response.header.}"}, "names no field"},
 		{"request", Limit{Settle: "{http.request.header.X-Tokens}"}, "settle reads the response"},
 		{"lease", Limit{Settle: "{http.response.header.X-Tokens-Used}", Lease: 5}, "settle cannot be used with lease"},
+		{"concurrency alone", Limit{Settle: "{http.response.header.X-Tokens-Used}", Concurrency: 5}, "settle needs a rate"},
 		{"queue", Limit{Settle: "{http.response.header.X-Tokens-Used}", MaxDelay: caddy.Duration(time.Second)}, "settle cannot be used with max_delay"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -354,5 +355,79 @@ func TestSettleClientLeft(t *testing.T) {
 	}))
 	if got := g.usage().Remaining; got != 195000 {
 		t.Fatalf("%d remaining, want 195000 (the estimate kept)", got)
+	}
+}
+
+// settleSend is one request through a token bucket whose cost is read
+// from a request header, settled (settle != "") at used by the answer.
+func settleSend(tb testing.TB, name, settle, used string) func() {
+	tb.Helper()
+	var ticking atomic.Int64
+	ticking.Store(fuzzStart)
+	tick := func() int64 { return ticking.Add(int64(time.Second)) }
+	cfg := `{"rate_limits": {"hot_settle_` + name + `": {"key": "{http.vars.client_ip}", "max_events": 200000, "window": "1m", "algorithm": "token_bucket",
+		"cost": "{http.request.header.X-Cost}"` + settle + `}}}`
+	h, cleanup, err := provisionJSON([]byte(cfg), tick)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(cleanup)
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+		w.Header().Set("X-Tokens-Used", used)
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	w, r := benchRequest(tb, "http://example.com/v1/chat", "192.0.2.7:4242")
+	r.Header.Set("X-Cost", "5000")
+	return func() {
+		if err := h.ServeHTTP(w, r, next); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+var settleCases = []struct{ name, settle, used string }{
+	{"no_settle", "", "1800"},
+	{"settle_refund", `, "settle": "{http.response.header.X-Tokens-Used}"`, "1800"},
+	{"settle_extra", `, "settle": "{http.response.header.X-Tokens-Used}"`, "5001"},
+	{"settle_equal", `, "settle": "{http.response.header.X-Tokens-Used}"`, "5000"},
+	{"settle_garbage", `, "settle": "{http.response.header.X-Tokens-Used}"`, "lots"},
+}
+
+// BenchmarkSettleServeHTTP is what settling adds to a request on an
+// existing key (memory store, the cost read from a request header).
+//
+//	go test -run '^$' -bench SettleServeHTTP -benchmem .
+func BenchmarkSettleServeHTTP(b *testing.B) {
+	for _, c := range settleCases {
+		b.Run(c.name, func(b *testing.B) {
+			send := settleSend(b, c.name, c.settle, c.used)
+			send()
+			b.ReportAllocs()
+			for b.Loop() {
+				send()
+			}
+		})
+	}
+}
+
+// A settled request allocates one value: the writer that notes the
+// status and the settled field, in one allocation.
+func TestSettleAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops values at random under the race detector")
+	}
+	// The cost read from a header allocates the same with or without.
+	base := settleSend(t, "alloc_base", "", "1800")
+	base()
+	baseline := testing.AllocsPerRun(200, base)
+	for _, c := range settleCases[1:] {
+		t.Run(c.name, func(t *testing.T) {
+			send := settleSend(t, "alloc_"+c.name, c.settle, c.used)
+			send()
+			if got := testing.AllocsPerRun(200, send); got > baseline+1 {
+				t.Fatalf("%v allocations per request, want at most %v (one more than without settle)", got, baseline+1)
+			}
+		})
 	}
 }

@@ -358,32 +358,40 @@ func TestSettleClientLeft(t *testing.T) {
 	}
 }
 
-// settleSend is one request through a token bucket whose cost is read
-// from a request header, settled (settle != "") at used by the answer.
-func settleSend(tb testing.TB, name, settle, used string) func() {
+// hotSend is one request sent again and again through a handler of cfg on
+// a clock that ticks a second per reading, with the request headers given.
+func hotSend(tb testing.TB, cfg string, next caddyhttp.Handler, header ...string) func() {
 	tb.Helper()
 	var ticking atomic.Int64
 	ticking.Store(fuzzStart)
 	tick := func() int64 { return ticking.Add(int64(time.Second)) }
-	cfg := `{"rate_limits": {"hot_settle_` + name + `": {"key": "{http.vars.client_ip}", "max_events": 200000, "window": "1m", "algorithm": "token_bucket",
-		"cost": "{http.request.header.X-Cost}"` + settle + `}}}`
 	h, cleanup, err := provisionJSON([]byte(cfg), tick)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(cleanup)
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
-		w.Header().Set("X-Tokens-Used", used)
-		w.WriteHeader(http.StatusOK)
-		return nil
-	})
-	w, r := benchRequest(tb, "http://example.com/v1/chat", "192.0.2.7:4242")
-	r.Header.Set("X-Cost", "5000")
+	w, r := benchRequest(tb, "http://example.com/login", "192.0.2.7:4242")
+	for i := 0; i+1 < len(header); i += 2 {
+		r.Header.Set(header[i], header[i+1])
+	}
 	return func() {
 		if err := h.ServeHTTP(w, r, next); err != nil {
 			tb.Fatal(err)
 		}
 	}
+}
+
+// settleSend is one request through a token bucket whose cost is read
+// from a request header, settled (settle != "") at used by the answer.
+func settleSend(tb testing.TB, name, settle, used string) func() {
+	tb.Helper()
+	cfg := `{"rate_limits": {"hot_settle_` + name + `": {"key": "{http.vars.client_ip}", "max_events": 200000, "window": "1m", "algorithm": "token_bucket",
+		"cost": "{http.request.header.X-Cost}"` + settle + `}}}`
+	return hotSend(tb, cfg, caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+		w.Header().Set("X-Tokens-Used", used)
+		w.WriteHeader(http.StatusOK)
+		return nil
+	}), "X-Cost", "5000")
 }
 
 var settleCases = []struct{ name, settle, used string }{
@@ -400,15 +408,21 @@ var settleCases = []struct{ name, settle, used string }{
 //	go test -run '^$' -bench SettleServeHTTP -benchmem .
 func BenchmarkSettleServeHTTP(b *testing.B) {
 	for _, c := range settleCases {
-		b.Run(c.name, func(b *testing.B) {
-			send := settleSend(b, c.name, c.settle, c.used)
-			send()
-			b.ReportAllocs()
-			for b.Loop() {
-				send()
-			}
-		})
+		benchSend(b, c.name, func(tb testing.TB) func() { return settleSend(tb, c.name, c.settle, c.used) })
 	}
+}
+
+// benchSend benchmarks, as name, the request mk makes, sent again and
+// again on an existing key.
+func benchSend(b *testing.B, name string, mk func(testing.TB) func()) {
+	b.Run(name, func(b *testing.B) {
+		send := mk(b)
+		send()
+		b.ReportAllocs()
+		for b.Loop() {
+			send()
+		}
+	})
 }
 
 // A settled request allocates one value: the writer that notes the

@@ -30,15 +30,21 @@ type Settler[S any] interface {
 	Settle(s S, now int64, granted Result, estimate, actual int64) S
 }
 
+// refundDown settles a real cost at or below the estimate: the
+// difference is given back as a refund of that many units.
+func refundDown[S any](refund func(S, int64, Result, int64) S, s S, now int64, granted Result, estimate, actual int64) S {
+	if actual == estimate {
+		return s
+	}
+	return refund(s, now, granted, estimate-actual)
+}
+
 // Settle gives tokens back or adds the extra to the debt: a debt beyond
 // the capacity delays the next request by what is owed beyond it, at the
 // refill rate.
 func (b *bucket) Settle(s Bucket, now int64, granted Result, estimate, actual int64) Bucket {
 	if actual <= estimate {
-		if actual == estimate {
-			return s
-		}
-		return b.Refund(s, now, granted, estimate-actual)
+		return refundDown(b.Refund, s, now, granted, estimate, actual)
 	}
 	d := b.debt(s, now)
 	most := max(b.capacity, MaxDebt)
@@ -68,10 +74,7 @@ func (l *LeakyBucket) Settle(s Bucket, now int64, granted Result, estimate, actu
 // limit if need be, until it ends.
 func (a *FixedWindow) Settle(s Window, now int64, granted Result, estimate, actual int64) Window {
 	if actual <= estimate {
-		if actual == estimate {
-			return s
-		}
-		return a.Refund(s, now, granted, estimate-actual)
+		return refundDown(a.Refund, s, now, granted, estimate, actual)
 	}
 	start, count := a.current(s, now)
 	return Window{Start: start, Count: min(count+min(actual-estimate, maxOwed), maxOwed)}
@@ -81,10 +84,7 @@ func (a *FixedWindow) Settle(s Window, now int64, granted Result, estimate, actu
 // current window, and weighs on the next one as it slides.
 func (a *SlidingCounter) Settle(s Counter, now int64, granted Result, estimate, actual int64) Counter {
 	if actual <= estimate {
-		if actual == estimate {
-			return s
-		}
-		return a.Refund(s, now, granted, estimate-actual)
+		return refundDown(a.Refund, s, now, granted, estimate, actual)
 	}
 	c, _ := a.roll(s, now)
 	c.Curr = min(c.Curr+min(actual-estimate, maxOwed), maxOwed)

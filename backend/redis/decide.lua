@@ -723,47 +723,54 @@ local function libL()
 		redis.call('SETRANGE', key, 0, logHeader(l))
 	end
 
-	-- logRefund gives back the event the granted decision logged: cost
-	-- units at time at, the newest such event; events of other requests
-	-- are never touched. Times never decrease along a format-2 log (an
-	-- event is logged at or after the last one, which is live), so the
-	-- event is found by bisection.
-	local function logRefund(l, cost, at, key, W)
-		if not l.n or cost <= 0 then return end
-		if l.wide ~= 2 then
-			l = logRewrite(l, 2)
-			if not l then return end
-		end
+	-- logFind is the newest live event of cost units logged at time at
+	-- (refunds and settles). Times never decrease along a format-2 log (an
+	-- event is logged at or after the last one, which is live), so it is
+	-- found by bisection.
+	local function logFind(l, cost, at)
 		local lo, hi = l.h + 1, l.n
-		if lo > hi or logEvent(l, lo) > at then return end
+		if lo > hi or logEvent(l, lo) > at then return nil end
 		while lo < hi do
 			local mid = floor((lo + hi + 1) / 2)
 			if logEvent(l, mid) <= at then lo = mid else hi = mid - 1 end
 		end
 		for i = lo, l.h + 1, -1 do
 			local t, u = logEvent(l, i)
-			if t < at then return end
-			if u == cost then
-				l.sum = l.sum - cost
-				if i == l.n then
-					-- The last event goes, and the given-back ones before it:
-					-- the last event stays live.
-					l.n = i - 1
-					while l.n > l.h and select(2, logEvent(l, l.n)) == 0 do l.n = l.n - 1 end
-				else
-					redis.call('SETRANGE', key, HDR + (i - 1) * 20, struct.pack('<d', -(t - l.base) - 1))
-					logFenSub(l, key, i, cost)
-				end
-				l.chunks = {}
-				if l.n == l.h then
-					redis.call('DEL', key)
-					return
-				end
-				redis.call('SETRANGE', key, 0, logHeader(l))
-				redis.call('PEXPIRE', key, px(logNewest(l) + W))
-				return
-			end
+			if t < at then return nil end
+			if u == cost then return i end
 		end
+		return nil
+	end
+
+	-- logRefund gives back the event the granted decision logged: cost
+	-- units at time at, the newest such event; events of other requests
+	-- are never touched.
+	local function logRefund(l, cost, at, key, W)
+		if not l.n or cost <= 0 then return end
+		if l.wide ~= 2 then
+			l = logRewrite(l, 2)
+			if not l then return end
+		end
+		local i = logFind(l, cost, at)
+		if not i then return end
+		local t = logEvent(l, i)
+		l.sum = l.sum - cost
+		if i == l.n then
+			-- The last event goes, and the given-back ones before it:
+			-- the last event stays live.
+			l.n = i - 1
+			while l.n > l.h and select(2, logEvent(l, l.n)) == 0 do l.n = l.n - 1 end
+		else
+			redis.call('SETRANGE', key, HDR + (i - 1) * 20, struct.pack('<d', -(t - l.base) - 1))
+			logFenSub(l, key, i, cost)
+		end
+		l.chunks = {}
+		if l.n == l.h then
+			redis.call('DEL', key)
+			return
+		end
+		redis.call('SETRANGE', key, 0, logHeader(l))
+		redis.call('PEXPIRE', key, px(logNewest(l) + W))
 	end
 	-- logGrant gives back the newest live units (an operator's grant,
 	-- algorithms.SlidingLog.Grant): events given back whole are cut off
@@ -806,22 +813,6 @@ local function libL()
 	end
 
 	-- SETTLE (sliding log): algorithms.SlidingLog.Settle, for settle.go.
-	-- logFind is the newest live event of cost units logged at time at.
-	local function logFind(l, cost, at)
-		local lo, hi = l.h + 1, l.n
-		if lo > hi or logEvent(l, lo) > at then return nil end
-		while lo < hi do
-			local mid = floor((lo + hi + 1) / 2)
-			if logEvent(l, mid) <= at then lo = mid else hi = mid - 1 end
-		end
-		for i = lo, l.h + 1, -1 do
-			local t, u = logEvent(l, i)
-			if t < at then return nil end
-			if u == cost then return i end
-		end
-		return nil
-	end
-
 	-- logSettle rewrites the units of the event a granted decision logged
 	-- (est units at time at) to act, giving it back at 0; when the event
 	-- has left the window, the extra is logged now. The log holds at most

@@ -35,25 +35,7 @@ func (s *Store) Settle(ctx context.Context, reqs []backend.Request, granted []al
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	if s.cache != nil {
-		// A denial remembered for these keys may no longer hold.
-		s.cache.forget(items)
-	}
-	gs := s.groups(items)
-	s.prepare(ctx, "s", gs, items, func(i int) (string, string) { return xs[i][0], xs[i][1] })
-	err := s.run(ctx, gs)
-	if s.cache != nil {
-		s.cache.forget(items)
-	}
-	for g := range gs {
-		if e := gs[g].cmd.Err(); e != nil {
-			err = e
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("redis backend: settle: %w", err)
-	}
-	return nil
+	return s.runEach(ctx, "s", "settle", items, func(i int) (string, string) { return xs[i][0], xs[i][1] })
 }
 
 // Settle settles through the breaker (backend.Settler). A limit that

@@ -1344,14 +1344,17 @@ if mode == 's' then
 	for i = 1, n do
 		local a = args[i]
 		local k, est, act = a.kind, a.cost, tonumber(a.x2)
-		if k == 'l' then
-			local s = load(k, a.key, a.p1, a.lin, a.gen, a.hist)
+		-- A key whose usage moved to another kind of state (a reload that
+		-- changed the algorithm) keeps its mark: nothing is written over it.
+		local s, _, moved = load(k, a.key, a.p1, a.lin, a.gen, a.hist)
+		if moved then
+			-- settled nowhere: the request's units are in the other kind
+		elseif k == 'l' then
 			libL().settle(s, est, act, rel(a.x1) or -P53, a.key, a.p1)
 		elseif act < est then
 			a.cost = est - act
 			refundOne(a)
 		elseif act > est and k ~= 'q' then
-			local s = load(k, a.key, a.p1, a.lin, a.gen, a.hist)
 			local extra = act - est
 			local r
 			if k == 'b' then

@@ -243,7 +243,12 @@ func (h *Handler) settleCost(o *outcomeWriter, r *http.Request, i, status int) {
 	if n == o.reqs[i].Cost {
 		return
 	}
-	st := o.store.(backend.Settler) // checked at provision
+	// The store was checked at provision; the in-process store that
+	// decides "local" limits while Redis is away settles too.
+	st, ok := o.store.(backend.Settler)
+	if !ok {
+		return
+	}
 	o.settle.actual[0] = n
 	if err := st.Settle(&o.detached, o.reqs[i:i+1], o.out[i:i+1], o.settle.actual[:]); err != nil {
 		h.logger.Error("settling a cost after the response", zap.String("zone", l.zone.name), zap.String("scope", l.scope), zap.Error(err))

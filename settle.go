@@ -71,8 +71,9 @@ func parseSettle(expr string) (*settler, error) {
 	return s, nil
 }
 
-// checkSettle validates settle with the options it cannot go with.
-func (l *Limit) checkSettle() error {
+// checkSettle validates settle with the options it cannot go with, for
+// the limit's canonical algorithm alg.
+func (l *Limit) checkSettle(alg string) error {
 	if l.Settle == "" {
 		l.settle = nil
 		return nil
@@ -84,8 +85,8 @@ func (l *Limit) checkSettle() error {
 	switch {
 	case l.concOnly():
 		return fmt.Errorf("settle needs a rate (max_events and window): a limit of concurrency alone has no cost to settle")
-	case l.Lease > 0:
-		return fmt.Errorf("settle cannot be used with lease: units spent locally from a lease are not the shared state a real cost would be settled in")
+	case l.Lease > 0 && alg == algorithms.NameSlidingWindow:
+		return fmt.Errorf("settle cannot be used with lease on a sliding_window: a request spent from a lease has no event of its own in the shared log to settle (use token_bucket, gcra or a window counter, or remove lease)")
 	case l.MaxDelay > 0:
 		return fmt.Errorf("settle cannot be used with max_delay: a queued request's slot is spent once it leaves the queue")
 	}

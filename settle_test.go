@@ -62,12 +62,18 @@ func TestCheckSettle(t *testing.T) {
 		{"text around", Limit{Settle: "{http.vars.a} tokens"}, "settle must be one placeholder"},
 		{"no field", Limit{Settle: "{http.response.header.}"}, "names no field"},
 		{"request", Limit{Settle: "{http.request.header.X-Tokens}"}, "settle reads the response"},
-		{"lease", Limit{Settle: "{http.response.header.X-Tokens-Used}", Lease: 5}, "settle cannot be used with lease"},
+		{"lease", Limit{Settle: "{http.response.header.X-Tokens-Used}", Lease: 5}, "settle cannot be used with lease on a sliding_window"},
+		{"lease, bucket", Limit{Settle: "{http.response.header.X-Tokens-Used}", Lease: 5, Algorithm: algorithms.NameTokenBucket}, ""},
+		{"lease, window", Limit{Settle: "{http.response.header.X-Tokens-Used}", Lease: 5, Algorithm: algorithms.NameFixedWindow}, ""},
 		{"concurrency alone", Limit{Settle: "{http.response.header.X-Tokens-Used}", Concurrency: 5}, "settle needs a rate"},
 		{"queue", Limit{Settle: "{http.response.header.X-Tokens-Used}", MaxDelay: caddy.Duration(time.Second)}, "settle cannot be used with max_delay"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.l.checkSettle()
+			alg := tc.l.Algorithm
+			if alg == "" {
+				alg = algorithms.NameSlidingWindow
+			}
+			err := tc.l.checkSettle(alg)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
@@ -77,7 +83,7 @@ func TestCheckSettle(t *testing.T) {
 		})
 	}
 	l := Limit{Settle: "{http.response.header.x-tokens-used}"}
-	if err := l.checkSettle(); err != nil || l.settle.field != "X-Tokens-Used" || l.settle.trailer != "Trailer:X-Tokens-Used" {
+	if err := l.checkSettle(algorithms.NameSlidingWindow); err != nil || l.settle.field != "X-Tokens-Used" || l.settle.trailer != "Trailer:X-Tokens-Used" {
 		t.Fatalf("settle %+v, %v", l.settle, err)
 	}
 }

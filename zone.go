@@ -284,8 +284,9 @@ type Limit struct {
 	// than was taken), and charged when it is higher, even past the limit,
 	// so that the key owes it and waits it out. A value that is missing,
 	// given twice, or not a whole number from 0 to 10^15 keeps the
-	// estimate (logged at most once a minute per limit). Not with lease
-	// or max_delay. Default: unset, the cost taken is final.
+	// estimate (logged at most once a minute per limit). Not with
+	// max_delay, nor with lease on a sliding_window. Default: unset, the
+	// cost taken is final.
 	Settle string `json:"settle,omitempty"`
 
 	// Concurrency caps how many requests of a key (of the whole zone, with
@@ -575,7 +576,7 @@ func (l *Limit) check() (string, error) {
 	if err := l.checkOutcome(); err != nil {
 		return "", err
 	}
-	if err := l.checkSettle(); err != nil {
+	if err := l.checkSettle(alg); err != nil {
 		return "", err
 	}
 	if l.Cost != nil {

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/sluicehq/sluice/algorithms"
@@ -38,11 +39,22 @@ func (s *Store) Settle(ctx context.Context, reqs []backend.Request, granted []al
 	return s.runEach(ctx, "s", "settle", items, func(i int) (string, string) { return xs[i][0], xs[i][1] })
 }
 
-// Settle settles through the breaker (backend.Settler). A limit that
-// settles never leases (the handler refuses the two together), so its
-// requests always reached Redis.
+// Settle settles through the breaker (backend.Settler), in Redis itself
+// for a leased limit too: a bucket's tokens and a window's units are
+// alike, so a real cost settled in Redis's state is exact whether the
+// estimate was spent from a lease or not (the handler refuses a leased
+// sliding_window, whose request has no event of its own in Redis).
 func (m *Module) Settle(ctx context.Context, reqs []backend.Request, granted []algorithms.Result, actual []int64) error {
-	_, err := m.breaker.do(ctx, func() (bool, error) { return true, m.Store.Settle(ctx, reqs, granted, actual) })
+	inner, cloned := reqs, false
+	for i, r := range reqs {
+		if ll, ok := r.Limit.(*leasedLimit); ok {
+			if !cloned {
+				inner, cloned = slices.Clone(reqs), true
+			}
+			inner[i].Limit = ll.Limit
+		}
+	}
+	_, err := m.breaker.do(ctx, func() (bool, error) { return true, m.Store.Settle(ctx, inner, granted, actual) })
 	return err
 }
 

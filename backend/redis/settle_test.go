@@ -162,3 +162,59 @@ func BenchmarkSettle(b *testing.B) {
 		})
 	}
 }
+
+// A leased limit settles in Redis itself: the request's estimate was
+// spent from a lease, and the difference is given back to (or charged
+// in) Redis's state, exactly, for buckets and window counters alike.
+func TestSettleThroughLease(t *testing.T) {
+	addr := standalone(t)
+	for _, alg := range []string{algorithms.NameTokenBucket, algorithms.NameFixedWindow, algorithms.NameSlidingCounter} {
+		t.Run(alg, func(t *testing.T) {
+			prefix := uniquePrefix(t)
+			m, err := provisionModule(t, `{"addresses": ["`+addr+`"], "key_prefix": "`+prefix+`", "timeout": "10s"}`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := policy(1000, time.Hour)
+			h, err := m.Register(backend.LimitConfig{Name: "leased_settle", Algorithm: alg, Policy: p, Lease: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			left := func() int64 {
+				t.Helper()
+				s := newStore(t, standaloneClient(t))
+				s.prefix = prefix
+				z := mustZone(t, s, "leased_settle", alg, p)
+				u, err := s.Inspect(ctx, z, "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return u.Remaining
+			}
+			reqs := []backend.Request{{Limit: h, Key: "k", Cost: 5}}
+			out := make([]algorithms.Result, 1)
+			if ok, err := m.Decide(ctx, reqs, out); !ok || err != nil {
+				t.Fatal(ok, err)
+			}
+			if got := left(); got != 990 {
+				t.Fatalf("Redis has %d left, want 990 (a lease of 10)", got)
+			}
+			if err := m.Settle(ctx, reqs, out, []int64{2}); err != nil {
+				t.Fatal(err)
+			}
+			if got := left(); got != 993 {
+				t.Fatalf("after settling 5 at 2: Redis has %d left, want 993", got)
+			}
+			if ok, err := m.Decide(ctx, reqs, out); !ok || err != nil { // the lease's last 5
+				t.Fatal(ok, err)
+			}
+			if err := m.Settle(ctx, reqs, out, []int64{9}); err != nil {
+				t.Fatal(err)
+			}
+			if got := left(); got != 989 {
+				t.Fatalf("after settling 5 at 9: Redis has %d left, want 989", got)
+			}
+		})
+	}
+}

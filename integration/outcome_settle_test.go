@@ -237,3 +237,37 @@ func TestSettleConfigErrors(t *testing.T) {
 	respond "ok"`), "caddyfile", tc.want)
 	}
 }
+
+// With a lease, the estimate is spent from the lease and the real cost is
+// settled in Redis itself: 1000 leased, 500 spent, 200 used, 300 back.
+func TestSettleWithLease(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	zone := fmt.Sprintf("settle_lease_%d", time.Now().UnixNano())
+	u := newTokenUpstream(t, nil)
+	tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		backend redis {
+			address %s
+			key_prefix settle%d:
+		}
+		zone %s {
+			key {http.request.header.X-Tenant}
+			rate 100000/1m
+			algorithm token_bucket
+			lease 1000
+			cost {http.request.header.X-Cost}
+			settle {http.response.header.X-Tokens-Used}
+		}
+	}
+	reverse_proxy %s`, redis.Addr, time.Now().UnixNano(), zone, u.addr)), "caddyfile")
+	start := time.Now()
+	code, _, _ := do(t, tester, "POST", "/v1/chat/completions", "X-Tenant", "t1", "X-Cost", "500", "X-Test-Used", "200")
+	if code != http.StatusOK {
+		t.Fatalf("chat: %d", code)
+	}
+	ls := keyOp(t, "GET", "/rate_limit/zones/"+zone+"/keys/t1")
+	refill := int64(time.Since(start)*100000/time.Minute) + 1
+	if got := ls[0].Remaining; got < 99300 || got > 99300+refill {
+		t.Fatalf("Redis has %d left, want 99300 (1000 leased, 300 given back; + up to %d refilled)", got, refill)
+	}
+}

@@ -47,11 +47,11 @@ func (s *Store) Settle(ctx context.Context, reqs []backend.Request, granted []al
 func (m *Module) Settle(ctx context.Context, reqs []backend.Request, granted []algorithms.Result, actual []int64) error {
 	inner, cloned := reqs, false
 	for i, r := range reqs {
-		if ll, ok := r.Limit.(*leasedLimit); ok {
+		if l := unlease(r.Limit); l != r.Limit {
 			if !cloned {
 				inner, cloned = slices.Clone(reqs), true
 			}
-			inner[i].Limit = ll.Limit
+			inner[i].Limit = l
 		}
 	}
 	_, err := m.breaker.do(ctx, func() (bool, error) { return true, m.Store.Settle(ctx, inner, granted, actual) })

@@ -67,6 +67,8 @@ func (l *Limit) checkBudget(alg string) error {
 		return fmt.Errorf("charge_when needs a rate (rate <n>/<window>)")
 	case l.CountWhen != nil || l.ResetWhen != nil:
 		return fmt.Errorf("charge_when cannot be used with count_when or reset_when on one limit: a spend budget commits or releases each unit by the response itself")
+	case l.Settle != "":
+		return fmt.Errorf("charge_when cannot be used with settle yet: a reservation is committed or released whole, and settling a part of it is not built")
 	case l.Lease > 0:
 		return fmt.Errorf("charge_when cannot be used with lease: units spent locally from a lease are not reservations the store can release")
 	case l.MaxDelay > 0:
@@ -146,7 +148,7 @@ func (h *Handler) settleCharges(o *outcomeWriter, answered bool, status int) {
 		}
 	}
 	settle := func(reqs []backend.Request, out []algorithms.Result, commit bool) {
-		if err := res.Settle(&o.detached, reqs, out, commit); err != nil {
+		if err := res.SettleReservations(&o.detached, reqs, out, commit); err != nil {
 			h.logger.Error("settling a spend budget's reservation (it expires by itself after reservation_ttl)", zap.Bool("commit", commit), zap.Error(err))
 		}
 	}

@@ -150,6 +150,7 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        reservation_ttl <duration>
 //	        align      hour|day|month
 //	        timezone   <IANA time zone>
+//	        settle     <placeholder>
 //	        concurrency <n>
 //	        queue      <duration>
 //	        status     <code>
@@ -544,6 +545,8 @@ func (p *limitParser) option(opt string) error {
 		l.ResetWhen, err = parseResponseMatcher(d, p.where, opt)
 	case "charge_when", "reservation_ttl", "align", "timezone":
 		return p.budgetOption(opt)
+	case "settle":
+		l.Settle, err = oneArg(d)
 	case "status":
 		var v string
 		if v, err = oneArg(d); err == nil {

@@ -296,6 +296,20 @@ type Limit struct {
 	// Timezone is the IANA time zone of Align ("Asia/Dhaka",
 	// "America/New_York"). Default: UTC.
 	Timezone string `json:"timezone,omitempty"`
+	// Settle reads the request's real cost from its response once it is
+	// over, as one placeholder: {http.response.header.X-Tokens-Used} (the
+	// header field as written with the status, else a trailer of that
+	// name), {http.response.trailer.X-Tokens-Used} (a trailer only), or
+	// any other placeholder known after the response. The cost taken
+	// before the request was handed on is then an estimate: the
+	// difference is given back when the real cost is lower (never more
+	// than was taken), and charged when it is higher, even past the limit,
+	// so that the key owes it and waits it out. A value that is missing,
+	// given twice, or not a whole number from 0 to 10^15 keeps the
+	// estimate (logged at most once a minute per limit). Not with
+	// max_delay, nor with lease on a sliding_window. Default: unset, the
+	// cost taken is final.
+	Settle string `json:"settle,omitempty"`
 
 	// Concurrency caps how many requests of a key (of the whole zone, with
 	// a static key) may be in flight at once: a slot is taken when the
@@ -368,6 +382,7 @@ type Limit struct {
 	hdr                 limitHeaders
 	// Placeholders of the key and cost that an earlier handler must set.
 	keyEarlier, costEarlier []*earlierWatch
+	settle                  *settler // nil without settle
 }
 
 // Normalize is one normalizer of a key: its name and its options.
@@ -467,6 +482,7 @@ func (l *Limit) ownOnly() []string {
 		option{l.Queue != 0, "queue"}, option{l.Tier != "", "tier"}, option{l.DefaultTier != "", "default_tier"},
 		option{l.ChargeWhen != nil, "charge_when"}, option{l.ReservationTTL != 0, "reservation_ttl"},
 		option{l.Align != "", "align"}, option{l.Timezone != "", "timezone"},
+		option{l.Settle != "", "settle"},
 	)
 }
 
@@ -633,6 +649,9 @@ func (l *Limit) check() (string, error) {
 		return "", err
 	}
 	if err := l.checkBudget(alg); err != nil {
+		return "", err
+	}
+	if err := l.checkSettle(alg); err != nil {
 		return "", err
 	}
 	if l.Cost != nil {

@@ -137,10 +137,10 @@ func (rs *reservations) takeDue(k resvKey, now int64, due []resvDue, drop bool) 
 	return due
 }
 
-// Settle commits or releases the reservations of reqs (backend.Reserver).
+// SettleReservations commits or releases the reservations of reqs (backend.Reserver).
 // Only a reservation still held is released: one that expired, or was
 // settled before, gives nothing back.
-func (s *Store) Settle(_ context.Context, reqs []backend.Request, granted []algorithms.Result, commit bool) error {
+func (s *Store) SettleReservations(_ context.Context, reqs []backend.Request, granted []algorithms.Result, commit bool) error {
 	now := s.now()
 	for i, r := range reqs {
 		if r.Reserve <= 0 || r.Cost <= 0 || !granted[i].Allowed {

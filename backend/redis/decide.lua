@@ -5,7 +5,8 @@
 -- KEYS[i]   the state of one (zone, scope, key).
 -- ARGV[1]   "d" decide, "u" decide for an undo, "r" refund, "x" undo,
 --           "m" decide many requests, each on its own (see the end),
---           "k" commit and "e" release reservations (SPEND BUDGETS).
+--           "k" commit and "e" release reservations (SPEND BUDGETS),
+--           "s" settle a real cost (SETTLE, near the end).
 -- ARGV[2,3] "" and "" to read the clock with TIME; tests pass seconds and
 --           nanoseconds instead so that Redis and the memory store see the
 --           same instants.
@@ -20,8 +21,9 @@
 --   p2     burst (b), max_delay (q) or limit (w, c, l)
 --   cost   units, already summed over repeated keys and capped by the caller
 --   x1     decide: "1" for a shadow request; refund: the decision's time
---   x2     refund: the decision's delay (q); decide: "" or a reservation,
---          settle and undo: its token (see SPEND BUDGETS)
+--   x2     refund: the decision's delay (q); settle: the real cost;
+--          decide: "" or a reservation, commit, release and undo: its
+--          token (see SPEND BUDGETS)
 --   lin    the lineage of the zone's policy history in the calling process
 --   gen    the generation of the calling process's current policy
 --   hist   the policy changes "at,gen,param;..." oldest first (may be "")
@@ -762,47 +764,54 @@ local function libL()
 		redis.call('SETRANGE', key, 0, logHeader(l))
 	end
 
-	-- logRefund gives back the event the granted decision logged: cost
-	-- units at time at, the newest such event; events of other requests
-	-- are never touched. Times never decrease along a format-2 log (an
-	-- event is logged at or after the last one, which is live), so the
-	-- event is found by bisection.
-	local function logRefund(l, cost, at, key, W)
-		if not l.n or cost <= 0 then return end
-		if l.wide ~= 2 then
-			l = logRewrite(l, 2)
-			if not l then return end
-		end
+	-- logFind is the newest live event of cost units logged at time at
+	-- (refunds and settles). Times never decrease along a format-2 log (an
+	-- event is logged at or after the last one, which is live), so it is
+	-- found by bisection.
+	local function logFind(l, cost, at)
 		local lo, hi = l.h + 1, l.n
-		if lo > hi or logEvent(l, lo) > at then return end
+		if lo > hi or logEvent(l, lo) > at then return nil end
 		while lo < hi do
 			local mid = floor((lo + hi + 1) / 2)
 			if logEvent(l, mid) <= at then lo = mid else hi = mid - 1 end
 		end
 		for i = lo, l.h + 1, -1 do
 			local t, u = logEvent(l, i)
-			if t < at then return end
-			if u == cost then
-				l.sum = l.sum - cost
-				if i == l.n then
-					-- The last event goes, and the given-back ones before it:
-					-- the last event stays live.
-					l.n = i - 1
-					while l.n > l.h and select(2, logEvent(l, l.n)) == 0 do l.n = l.n - 1 end
-				else
-					redis.call('SETRANGE', key, HDR + (i - 1) * 20, struct.pack('<d', -(t - l.base) - 1))
-					logFenSub(l, key, i, cost)
-				end
-				l.chunks = {}
-				if l.n == l.h then
-					redis.call('DEL', key)
-					return
-				end
-				redis.call('SETRANGE', key, 0, logHeader(l))
-				redis.call('PEXPIRE', key, px(logNewest(l) + W))
-				return
-			end
+			if t < at then return nil end
+			if u == cost then return i end
 		end
+		return nil
+	end
+
+	-- logRefund gives back the event the granted decision logged: cost
+	-- units at time at, the newest such event; events of other requests
+	-- are never touched.
+	local function logRefund(l, cost, at, key, W)
+		if not l.n or cost <= 0 then return end
+		if l.wide ~= 2 then
+			l = logRewrite(l, 2)
+			if not l then return end
+		end
+		local i = logFind(l, cost, at)
+		if not i then return end
+		local t = logEvent(l, i)
+		l.sum = l.sum - cost
+		if i == l.n then
+			-- The last event goes, and the given-back ones before it:
+			-- the last event stays live.
+			l.n = i - 1
+			while l.n > l.h and select(2, logEvent(l, l.n)) == 0 do l.n = l.n - 1 end
+		else
+			redis.call('SETRANGE', key, HDR + (i - 1) * 20, struct.pack('<d', -(t - l.base) - 1))
+			logFenSub(l, key, i, cost)
+		end
+		l.chunks = {}
+		if l.n == l.h then
+			redis.call('DEL', key)
+			return
+		end
+		redis.call('SETRANGE', key, 0, logHeader(l))
+		redis.call('PEXPIRE', key, px(logNewest(l) + W))
 	end
 	-- logGrant gives back the newest live units (an operator's grant,
 	-- algorithms.SlidingLog.Grant): events given back whole are cut off
@@ -844,7 +853,61 @@ local function libL()
 		redis.call('PEXPIRE', key, px(logNewest(l) + W))
 	end
 
+	-- SETTLE (sliding log): algorithms.SlidingLog.Settle, for settle.go.
+	-- logSettle rewrites the units of the event a granted decision logged
+	-- (est units at time at) to act, giving it back at 0; when the event
+	-- has left the window, the extra is logged now. The log holds at most
+	-- 2^32 - 1 units.
+	local function logSettle(l, est, act, at, key, W)
+		if act == est then return end
+		local room = 4294967295
+		if l.n then
+			-- Pruned for good, as the memory store's log is.
+			logPrune(l, W)
+			logKeep(l, key)
+			l.h0 = l.h
+			if not logNewest(l) then l = {} end
+		end
+		if l.n then room = max(room - l.sum, 0) end
+		if act == 0 then
+			logRefund(l, est, at, key, W)
+			return
+		end
+		local i
+		if l.n and est > 0 then
+			if l.wide ~= 2 then l = logRewrite(l, 2) or {} end
+			if l.n then i = logFind(l, est, at) end
+		end
+		if not i then
+			local extra = act - est
+			if extra > room then extra = room end
+			if extra > 0 then logTake(l, W, extra, key) end
+			return
+		end
+		local u = act
+		if u > est + room then u = est + room end
+		if u == est then return end
+		redis.call('SETRANGE', key, HDR + (i - 1) * 20 + 8, struct.pack('<I4', u))
+		logFenSub(l, key, i, est - u)
+		l.sum = l.sum + u - est
+		redis.call('SETRANGE', key, 0, logHeader(l))
+		l.chunks = {}
+		-- Nodes past 2^47 would make prefix sums inexact: a rewrite makes
+		-- them cover the live events alone.
+		local j = i
+		while j <= l.n do
+			if l.fens[j] > FENMAX then
+				l = logRewrite(l, 2)
+				redis.call('PEXPIRE', key, px(logNewest(l) + W))
+				return
+			end
+			j = j + lowbit(j)
+		end
+	end
+	-- END SETTLE (sliding log)
+
 	Llib = {load = logLoad, decide = logDecide, take = logTake, keep = logKeep, refund = logRefund, grant = logGrant, rewrite = logRewrite}
+	Llib.settle = logSettle -- SETTLE
 	return Llib
 end
 
@@ -1402,6 +1465,52 @@ if mode == 'r' then
 	for i = 1, n do refundOne(args[i]) end
 	return {}
 end
+
+-- SETTLE: a request's real cost once its response told it (settle.go,
+-- algorithms' Settle). cost is the estimate the decision took, x1 the
+-- decision's time, x2 the real cost. Less is given back as a refund of
+-- the difference; more is charged past the limit: a bucket's debt (at
+-- most 2^52 ns, or its capacity), a window's count (at most 2 * 10^15).
+if mode == 's' then
+	local MAXOWED = 2000000000000000
+	for i = 1, n do
+		local a = args[i]
+		local k, est, act = a.kind, a.cost, tonumber(a.x2)
+		-- A key whose usage moved to another kind of state (a reload that
+		-- changed the algorithm) keeps its mark: nothing is written over it.
+		local s, _, moved = load(k, a.key, a.p1, a.lin, a.gen, a.hist)
+		if moved then
+			-- settled nowhere: the request's units are in the other kind
+		elseif k == 'l' then
+			libL().settle(s, est, act, rel(a.x1) or -P53, a.key, a.p1)
+		elseif act < est then
+			a.cost = est - act
+			refundOne(a)
+		elseif act > est and k ~= 'q' then
+			local extra = act - est
+			local r
+			if k == 'b' then
+				local T = a.p1
+				local most = max(a.p2 * T, P52)
+				local d = 0
+				if s.tat and s.tat > now then d = s.tat - now end
+				if d < most then
+					if extra > floordiv(most - d, T) then d = most else d = d + extra * T end
+					r = {tat = now + d}
+				end
+			elseif k == 'w' then
+				r = libW().take(s, a.p1, math.min(extra, MAXOWED))
+				if r.count > MAXOWED then r.count = MAXOWED end
+			else
+				r = libC().take(s, a.p1, math.min(extra, MAXOWED))
+				if r.curr > MAXOWED then r.curr = MAXOWED end
+			end
+			if r then store(k, a.key, r, a.p1, a.lin, a.gen, a.p1) end
+		end
+	end
+	return {}
+end
+-- END SETTLE
 
 -- An undo takes back a decision that other slots of the same request
 -- denied: a key nobody wrote since gets its value from before the decision

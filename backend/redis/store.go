@@ -606,22 +606,29 @@ func (s *Store) refund(ctx context.Context, mode string, items []item, which []i
 	for k, i := range which {
 		sub[k] = items[i]
 	}
-	if s.cache != nil {
-		// Units come back: a denial remembered for these keys may no
-		// longer hold, whatever the call's fate (again once it ran).
-		s.cache.forget(sub)
-	}
-	gs := s.groups(sub)
-	s.prepare(ctx, mode, gs, sub, func(i int) (string, string) {
+	return s.runEach(ctx, mode, "refund", sub, func(i int) (string, string) {
 		r := granted[which[i]]
 		if sub[i].token != "" {
 			return strconv.FormatInt(r.At, 10), sub[i].token
 		}
 		return strconv.FormatInt(r.At, 10), strconv.FormatInt(r.Delay, 10)
 	})
+}
+
+// runEach runs the script in mode for items, each key in turn (a refund,
+// an undo, a settle), with the per-key arguments xs; what names the
+// operation in errors.
+func (s *Store) runEach(ctx context.Context, mode, what string, items []item, xs func(i int) (string, string)) error {
+	if s.cache != nil {
+		// Units come back: a denial remembered for these keys may no
+		// longer hold, whatever the call's fate (again once it ran).
+		s.cache.forget(items)
+	}
+	gs := s.groups(items)
+	s.prepare(ctx, mode, gs, items, xs)
 	err := s.run(ctx, gs)
 	if s.cache != nil {
-		s.cache.forget(sub)
+		s.cache.forget(items)
 	}
 	for g := range gs {
 		if e := gs[g].cmd.Err(); e != nil {
@@ -629,7 +636,7 @@ func (s *Store) refund(ctx context.Context, mode string, items []item, which []i
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("redis backend: refund: %w", err)
+		return fmt.Errorf("redis backend: %s: %w", what, err)
 	}
 	return nil
 }

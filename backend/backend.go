@@ -41,6 +41,10 @@ type LimitConfig struct {
 	// once and then spends locally (0: every request asks the store). A
 	// store that decides in-process refuses it: it would change nothing.
 	Lease int64
+	// Lockout locks a key its limit denies out for a while, longer each
+	// time (nil: never). The store writes the lock-out in the operation
+	// that denies, so that concurrent requests see it at once.
+	Lockout Lockout
 	// Owner identifies the config that registers the zone. One config may
 	// register a name twice only with the same policy: two rates for one
 	// state would make whichever registered last apply to both.

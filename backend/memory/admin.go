@@ -20,20 +20,26 @@ func (z *zone[S]) inspect(h hkey, now int64) algorithms.Usage {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	alg := z.t.current(sh).alg // first: it rebases the shard's states
+	conf := z.t.current(sh) // first: it rebases the shard's states
+	alg := conf.alg
 	s := sh.get(h)
 	if l, ok := any(s).(*algorithms.Log); ok {
 		// Reading a log prunes it: read a copy, so inspecting changes
 		// nothing, as in the Redis store.
 		s = any(l.Clone()).(S)
 	}
-	return alg.Usage(s, now)
+	u := alg.Usage(s, now)
+	if wait := sh.lockouts[h].Locked(now); wait > 0 && conf.lockout != nil {
+		u.Remaining, u.RetryAfter, u.ResetAfter = 0, wait, wait // as LockedOut
+	}
+	return u
 }
 
 func (z *zone[S]) reset(h hkey) {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	delete(sh.lockouts, h)
 	if sh.n == 0 {
 		return
 	}

@@ -139,7 +139,7 @@ type registration[S any] struct {
 
 func (r *registration[S]) RegisteredBy() any                   { return r.owner }
 func (r *registration[S]) RegisteredPolicy() algorithms.Policy { return r.alg.Policy() }
-func (r *registration[S]) RegisteredLockout() backend.Lockout   { return r.lockout }
+func (r *registration[S]) RegisteredLockout() backend.Lockout  { return r.lockout }
 
 func newTable[S any](id poolKey, maxKeys int, now func() int64) *table[S] {
 	n := 1

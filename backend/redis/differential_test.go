@@ -68,8 +68,8 @@ type config struct {
 }
 
 type twin struct {
-	t      testing.TB
-	c      chooser
+	t testing.TB
+	c chooser
 	// lc draws the lock-outs, apart from c, so that runs draw the same
 	// zones and steps with lock-outs as without.
 	lc     chooser

@@ -45,8 +45,12 @@ func (tw *twin) level(key string, level int32, wait int64) {
 	tw.t.Helper()
 	ctx := context.Background()
 	for name, get := range map[string]func() (backend.LockoutState, int64, error){
-		"memory": func() (backend.LockoutState, int64, error) { return tw.cur.mem.InspectLockout(ctx, tw.cur.memZ[0], key) },
-		"redis":  func() (backend.LockoutState, int64, error) { return tw.cur.red.InspectLockout(ctx, tw.cur.redZ[0], key) },
+		"memory": func() (backend.LockoutState, int64, error) {
+			return tw.cur.mem.InspectLockout(ctx, tw.cur.memZ[0], key)
+		},
+		"redis": func() (backend.LockoutState, int64, error) {
+			return tw.cur.red.InspectLockout(ctx, tw.cur.redZ[0], key)
+		},
 	} {
 		st, w, err := get()
 		if err != nil || st.Level != level || w != wait {

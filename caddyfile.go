@@ -125,8 +125,9 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        cooldown   <duration>
 //	        count_when <response matcher>
 //	        reset_when <response matcher>
+//	        lockout    <duration...>
 //	        scope <name> {
-//	            <the options above, from key to reset_when>
+//	            <the options above, from key to lockout>
 //	        }
 //	        allow       <cidr...>
 //	        deny        <cidr...>
@@ -492,6 +493,8 @@ func (p *limitParser) option(opt string) error {
 		l.CountWhen, err = parseResponseMatcher(d, p.where, opt)
 	case "reset_when":
 		l.ResetWhen, err = parseResponseMatcher(d, p.where, opt)
+	case "lockout":
+		l.Lockout, err = parseLockout(d, p.where)
 	case "missing":
 		if l.Missing, err = oneArg(d); err == nil {
 			switch l.Missing {

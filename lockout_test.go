@@ -1,0 +1,195 @@
+package sluice
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// Provisioning refuses lock-outs that cannot mean what they say, naming
+// the field.
+func TestLockoutProvisionErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, limit, zone, want string
+	}{
+		{"zero step", `"lockout": ["1m", 0]`, "", `lockout: step 2 must be positive`},
+		{"negative step", `"lockout": ["-1m"]`, "", `lockout: step 1 must be positive`},
+		{"decreasing", `"lockout": ["5m", "1m"]`, "", `lockout: each step must be at least as long as the one before: step 2 is 1m after 5m`},
+		{"too long", `"lockout": ["721h"]`, "", `lockout: step 1 must be at most 720h`},
+		{"empty list", `"lockout": []`, "", `lockout: give at least one step`},
+		{"shadow", `"lockout": ["1m"]`, `, "shadow": true`, `lockout: a shadow zone never denies`},
+		{"queue", `"lockout": ["1m"], "algorithm": "leaky_bucket", "max_delay": "1s"`, "", `lockout cannot be used with max_delay`},
+		{"lease", `"lockout": ["1m"], "lease": 2, "max_events": 1000`, "", `lockout cannot be used with lease`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			limit := `"key": "{http.vars.client_ip}", "max_events": 5, "window": "1m", ` + tc.limit
+			if strings.Contains(tc.limit, "max_events") {
+				limit = `"key": "{http.vars.client_ip}", "window": "1m", ` + tc.limit
+			}
+			cfg := `{"rate_limits": {"lockout_err": {` + limit + tc.zone + `}}}`
+			_, cleanup, err := provisionJSON([]byte(cfg), nil)
+			if err == nil {
+				cleanup()
+				t.Fatalf("provisioned %s", cfg)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+	// A concurrency cap alone has no rate to deny by.
+	cfg := `{"rate_limits": {"lockout_conc": {"key": "{http.vars.client_ip}", "concurrency": 2, "lockout": ["1m"]}}}`
+	if _, cleanup, err := provisionJSON([]byte(cfg), nil); err == nil || !strings.Contains(err.Error(), "lockout needs a rate") {
+		if err == nil {
+			cleanup()
+		}
+		t.Fatalf("concurrency alone: %v", err)
+	}
+}
+
+func TestLockoutCaddyfileErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, block, want string
+		line              int
+	}{
+		{"no steps", "rate_limit {\n\tzone a {\n\t\trate 5/m\n\t\tlockout\n\t}\n}", "lockout needs at least one duration", 5},
+		{"bad step", "rate_limit {\n\tzone a {\n\t\trate 5/m\n\t\tlockout 1m soon\n\t}\n}", `invalid lockout step 2 "soon"`, 5},
+		{"decreasing", "rate_limit {\n\tzone a {\n\t\trate 5/m\n\t\tlockout 1h 1m\n\t\tkey {http.vars.client_ip}\n\t}\n}", "each step must be at least as long as the one before", 5},
+		{"twice", "rate_limit {\n\tzone a {\n\t\trate 5/m\n\t\tlockout 1m\n\t\tlockout 2m\n\t}\n}", "lockout already specified", 6},
+		{"in a scope with a queue", "rate_limit {\n\tzone a {\n\t\tscope s {\n\t\t\trate 5/m\n\t\t\talgorithm leaky_bucket\n\t\t\tmax_delay 1s\n\t\t\tlockout 1m\n\t\t}\n\t}\n}", "lockout cannot be used with max_delay", 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := ":8080\n" + tc.block + "\n"
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "Caddyfile:"+strconv.Itoa(tc.line)) {
+				t.Fatalf("error %v, want %q at line %d", err, tc.want, tc.line)
+			}
+		})
+	}
+}
+
+// lockoutLogin is a login limit of 3 failures a minute, counted by the
+// response, with lockout 1m 5m 24h, on a fake clock; login answers what
+// the password says.
+func lockoutLogin(tb testing.TB, name string, clock *atomic.Int64) func(password string) (status int, retry string, reached bool) {
+	tb.Helper()
+	cfg := `{"rate_limits": {"` + name + `": {"key": "{http.vars.client_ip}", "max_events": 3, "window": "10m",
+		"count_when": {"status_code": [401]}, "reset_when": {"status_code": [2]}, "lockout": ["1m", "5m", "24h"]}}}`
+	h, cleanup, err := provisionJSON([]byte(cfg), clock.Load)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(cleanup)
+	return func(password string) (int, string, bool) {
+		reached := false
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+			reached = true
+			if password == "right" {
+				w.WriteHeader(http.StatusOK)
+			} else {
+				w.WriteHeader(http.StatusUnauthorized)
+			}
+			return nil
+		})
+		_, r := benchRequest(tb, "http://example.com/login", "192.0.2.77:4242")
+		rec := httptest.NewRecorder()
+		status := http.StatusOK
+		if err := h.ServeHTTP(rec, r, next); err != nil {
+			var he caddyhttp.HandlerError
+			if !errors.As(err, &he) {
+				tb.Fatal(err)
+			}
+			status = he.StatusCode
+		} else if rec.Code != 0 {
+			status = rec.Code
+		}
+		return status, rec.Header().Get("Retry-After"), reached
+	}
+}
+
+// Through the handler, on a fake clock: Retry-After is the lock-out's
+// remainder, each lock-out after the one before ended is the next step,
+// and a good password (reset_when) clears the level.
+func TestLockoutThroughHandler(t *testing.T) {
+	var clock atomic.Int64
+	clock.Store(fuzzStart)
+	login := lockoutLogin(t, "lockout_handler", &clock)
+	expect := func(password string, status int, retry string, reached bool) {
+		t.Helper()
+		s, r, got := login(password)
+		if s != status || r != retry || got != reached {
+			t.Fatalf("%s password at +%s: %d Retry-After %q reached=%v; want %d %q reached=%v",
+				password, time.Duration(clock.Load()-fuzzStart), s, r, got, status, retry, reached)
+		}
+	}
+	for range 3 {
+		expect("wrong", 401, "", true)
+	}
+	expect("wrong", 429, "60", false)
+	expect("right", 429, "60", false) // a lock-out holds for good passwords too
+	clock.Add(int64(time.Minute))
+	expect("wrong", 429, "300", false) // the three failures still count: 5m
+	clock.Add(int64(5 * time.Minute))
+	expect("wrong", 429, "86400", false)
+	clock.Add(int64(24 * time.Hour))
+	for range 3 {
+		expect("wrong", 401, "", true)
+	}
+	expect("wrong", 429, "86400", false) // the last step repeats
+	clock.Add(int64(24 * time.Hour))
+	expect("right", 200, "", true) // forgives the failures and the level
+	for range 3 {
+		expect("wrong", 401, "", true)
+	}
+	expect("wrong", 429, "60", false)
+}
+
+// BenchmarkLockoutServeHTTP is what lockout adds to a request: allowed
+// (below the limit) and denied (the limit's own denial, or a lock-out's),
+// on the memory store, against the same zone without lockout.
+//
+//	go test -run '^$' -bench LockoutServeHTTP -benchmem .
+func BenchmarkLockoutServeHTTP(b *testing.B) {
+	for _, lockout := range []string{"", `, "lockout": ["1m", "5m", "24h"]`} {
+		for _, denied := range []bool{false, true} {
+			name := map[bool]string{false: "allowed", true: "denied"}[denied]
+			if lockout == "" {
+				name += "/plain"
+			} else {
+				name += "/lockout"
+			}
+			b.Run(name, func(b *testing.B) {
+				// A clock that never moves: below the limit, a request
+				// never reaches it (the bucket is huge); at it, every
+				// request is denied (a cost above the room left).
+				max := "1000000000000"
+				if denied {
+					max = "1"
+				}
+				cfg := `{"rate_limits": {"bench_lockout_` + strings.ReplaceAll(name, "/", "_") + `": {"key": "{http.vars.client_ip}", "max_events": ` + max + `, "window": "1h", "algorithm": "token_bucket"` + lockout + `}}}`
+				var clock atomic.Int64
+				clock.Store(fuzzStart)
+				h, cleanup, err := provisionJSON([]byte(cfg), clock.Load)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(cleanup)
+				next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+				w, r := benchRequest(b, "http://example.com/login", "192.0.2.7:4242")
+				_ = h.ServeHTTP(w, r, next)
+				b.ReportAllocs()
+				for b.Loop() {
+					_ = h.ServeHTTP(w, r, next)
+				}
+			})
+		}
+	}
+}

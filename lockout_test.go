@@ -152,44 +152,70 @@ func TestLockoutThroughHandler(t *testing.T) {
 	expect("wrong", 429, "60", false)
 }
 
-// BenchmarkLockoutServeHTTP is what lockout adds to a request: allowed
-// (below the limit) and denied (the limit's own denial, or a lock-out's),
-// on the memory store, against the same zone without lockout.
+// lockoutSend returns a request on one key through a token_bucket zone,
+// with lockout or not: allowed (100/1m, the clock a second on per
+// request) or denied (1/1h, the clock a nanosecond on: after the first
+// denial, by the limit, or with lockout by the lock-out).
+func lockoutSend(tb testing.TB, name, lockout string, denied bool) func() {
+	tb.Helper()
+	rate, step := `"max_events": 100, "window": "1m"`, int64(time.Second)
+	if denied {
+		rate, step = `"max_events": 1, "window": "1h"`, 1
+	}
+	cfg := `{"rate_limits": {"hot_lockout_` + name + `": {"key": "{http.vars.client_ip}", ` + rate + `, "algorithm": "token_bucket"` + lockout + `}}}`
+	var ticking atomic.Int64
+	ticking.Store(fuzzStart)
+	h, cleanup, err := provisionJSON([]byte(cfg), func() int64 { return ticking.Add(step) })
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(cleanup)
+	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+	w, r := benchRequest(tb, "http://example.com/login", "192.0.2.7:4242")
+	send := func() { _ = h.ServeHTTP(w, r, next) }
+	send()
+	send()
+	return send
+}
+
+var lockoutCases = []struct{ name, lockout string }{
+	{"plain", ""},
+	{"lockout", `, "lockout": ["1m", "5m", "24h"]`},
+}
+
+// BenchmarkLockoutServeHTTP is what lockout adds to a request on the
+// memory store, against the same zone without lockout.
 //
 //	go test -run '^$' -bench LockoutServeHTTP -benchmem .
 func BenchmarkLockoutServeHTTP(b *testing.B) {
-	for _, lockout := range []string{"", `, "lockout": ["1m", "5m", "24h"]`} {
-		for _, denied := range []bool{false, true} {
-			name := map[bool]string{false: "allowed", true: "denied"}[denied]
-			if lockout == "" {
-				name += "/plain"
-			} else {
-				name += "/lockout"
-			}
+	for _, denied := range []bool{false, true} {
+		for _, c := range lockoutCases {
+			name := map[bool]string{false: "allowed", true: "denied"}[denied] + "/" + c.name
 			b.Run(name, func(b *testing.B) {
-				// A clock that never moves: below the limit, a request
-				// never reaches it (the bucket is huge); at it, every
-				// request is denied (a cost above the room left).
-				max := "1000000000000"
-				if denied {
-					max = "1"
-				}
-				cfg := `{"rate_limits": {"bench_lockout_` + strings.ReplaceAll(name, "/", "_") + `": {"key": "{http.vars.client_ip}", "max_events": ` + max + `, "window": "1h", "algorithm": "token_bucket"` + lockout + `}}}`
-				var clock atomic.Int64
-				clock.Store(fuzzStart)
-				h, cleanup, err := provisionJSON([]byte(cfg), clock.Load)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(cleanup)
-				next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
-				w, r := benchRequest(b, "http://example.com/login", "192.0.2.7:4242")
-				_ = h.ServeHTTP(w, r, next)
+				send := lockoutSend(b, strings.ReplaceAll(name, "/", "_"), c.lockout, denied)
 				b.ReportAllocs()
 				for b.Loop() {
-					_ = h.ServeHTTP(w, r, next)
+					send()
 				}
 			})
+		}
+	}
+}
+
+// Lockout allocates nothing on a request, allowed or locked out: the same
+// as the zone without it.
+func TestLockoutAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops values at random under the race detector")
+	}
+	for _, denied := range []bool{false, true} {
+		var got [2]float64
+		for i, c := range lockoutCases {
+			send := lockoutSend(t, "allocs_"+c.name+strconv.FormatBool(denied), c.lockout, denied)
+			got[i] = testing.AllocsPerRun(200, send)
+		}
+		if got[1] > got[0] {
+			t.Fatalf("denied=%v: %v allocations with lockout, %v without", denied, got[1], got[0])
 		}
 	}
 }

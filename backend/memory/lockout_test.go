@@ -176,3 +176,40 @@ func TestLockoutReload(t *testing.T) {
 		t.Fatal("still locked out after lockout was removed")
 	}
 }
+
+// BenchmarkLockoutDecide is what lockout adds to a decision: allowed (a
+// nil check while no key of the shard was ever locked out, a map lookup
+// after), and denied (the limit's own denial against a lock-out's), on
+// one key, against the same zone without lockout.
+//
+//	go test -run '^$' -bench LockoutDecide -benchmem ./backend/memory/
+func BenchmarkLockoutDecide(b *testing.B) {
+	for _, denied := range []bool{false, true} {
+		for _, lo := range []backend.Lockout{nil, steps} {
+			name := map[bool]string{false: "allowed", true: "denied"}[denied] + map[bool]string{false: "/plain", true: "/lockout"}[lo != nil]
+			b.Run(name, func(b *testing.B) {
+				c := newFakeClock()
+				s := New(Options{Now: c.now})
+				b.Cleanup(func() { _ = s.Close() })
+				p := algorithms.Policy{Limit: 1 << 40, Window: 1 << 50}
+				if denied {
+					p = algorithms.Policy{Limit: 1, Window: int64(time.Hour)}
+				}
+				z, err := s.Register(backend.LimitConfig{Name: b.Name(), Algorithm: algorithms.NameTokenBucket, Policy: p, Lockout: lo})
+				if err != nil {
+					b.Fatal(err)
+				}
+				reqs := []backend.Request{{Limit: z, Key: "10.0.0.1", Cost: 1}}
+				out := make([]algorithms.Result, 1)
+				ctx := context.Background()
+				for range 2 {
+					_, _ = s.Decide(ctx, reqs, out)
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					_, _ = s.Decide(ctx, reqs, out)
+				}
+			})
+		}
+	}
+}

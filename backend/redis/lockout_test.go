@@ -268,3 +268,52 @@ func TestLockoutRegisterRefuses(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkLockoutScript is what lockout adds to a decision in Redis:
+// the record's GET (and, on the denial that starts a lock-out, its SET),
+// against the same zone without lockout; one call per decision, no cache.
+//
+//	go test -run '^$' -bench LockoutScript -benchmem ./backend/redis/
+func BenchmarkLockoutScript(b *testing.B) {
+	for _, denied := range []bool{false, true} {
+		for _, lo := range []backend.Lockout{nil, loginSteps} {
+			name := map[bool]string{false: "allowed", true: "denied"}[denied] + map[bool]string{false: "/plain", true: "/lockout"}[lo != nil]
+			b.Run(name, func(b *testing.B) {
+				c := standaloneClient(b)
+				s, err := New(c, Options{KeyPrefix: uniquePrefix(b), Timeout: 10 * time.Second, NoCache: true, NoBatch: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { s.Close() })
+				p := policy(1_000_000, 1_000_000*time.Second)
+				if denied {
+					p = policy(1, time.Hour)
+				}
+				z, err := s.Register(backend.LimitConfig{Name: "bench", Algorithm: algorithms.NameTokenBucket, Policy: p, Lockout: lo})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ctx := context.Background()
+				reqs := []backend.Request{{Limit: z, Key: "10.0.0.1", Cost: 1}}
+				out := make([]algorithms.Result, 1)
+				for range 2 { // the script is loaded, the key exists (and is locked out)
+					if _, err := s.Decide(ctx, reqs, out); err != nil {
+						b.Fatal(err)
+					}
+				}
+				calls0, usec0 := commandStats(b, c)
+				b.ReportAllocs()
+				b.ResetTimer()
+				for b.Loop() {
+					if _, err := s.Decide(ctx, reqs, out); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				if calls1, usec1 := commandStats(b, c); calls1 > calls0 {
+					b.ReportMetric((usec1-usec0)/(calls1-calls0), "server_µs/call")
+				}
+			})
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -168,5 +169,54 @@ func TestLockoutConfigErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			assertLoadError(t, caddyfileServer("rate_limit {\n\t\tzone lockout_bad {\n\t\t\tby ip\n\t\t\t"+tc.opts+"\n\t\t}\n\t}\n\trespond \"ok\""), "caddyfile", tc.want)
 		})
+	}
+}
+
+// The login with lock-outs of docs/outcomes.md, as written.
+func TestDocsOutcomeLockout(t *testing.T) {
+	t.Setenv("SLUICE_KEY_SECRET", "an-example-secret-of-32-bytes!!!")
+	addr, hits := bodyUpstream(t, `"password":"right"`, http.StatusUnauthorized)
+	tester := newTester(t, docOutcomeSite(t, "lockout 1m 5m 24h", addr), "caddyfile")
+	attempt := func(user, password string) (int, string) {
+		req, _ := http.NewRequest("POST", httpBase+"/login", strings.NewReader(`{"username":"`+user+`","password":"`+password+`"}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := tester.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Retry-After")
+	}
+	for i := range 5 {
+		if code, _ := attempt("Nadia", "wrong"); code != http.StatusUnauthorized {
+			t.Fatalf("failure #%d: %d, want 401", i+1, code)
+		}
+	}
+	before := hits.Load()
+	if code, ra := attempt(" nadia", "wrong"); code != http.StatusTooManyRequests || ra != "60" {
+		t.Fatalf("sixth failure: %d Retry-After %q, want 429 and 60", code, ra)
+	}
+	var wg sync.WaitGroup
+	var refused atomic.Int64
+	for range 50 {
+		wg.Go(func() {
+			if code, ra := attempt("NADIA", "wrong"); code == http.StatusTooManyRequests && (ra == "60" || ra == "59") {
+				refused.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if code, _ := attempt("nadia", "right"); code != http.StatusTooManyRequests || refused.Load() != 50 || hits.Load() != before {
+		t.Fatalf("during the lock-out: right password %d, %d of 50 wrong ones refused, application reached %d times; want 429, 50, 0",
+			code, refused.Load(), hits.Load()-before)
+	}
+	if code, _ := attempt("karim", "right"); code != http.StatusOK {
+		t.Fatalf("another username: %d, want 200", code)
+	}
+	if code, body := adminCall(t, "DELETE", "/rate_limit/zones/login/keys/Nadia"); code != http.StatusOK {
+		t.Fatalf("reset: %d %s", code, body)
+	}
+	if code, _ := attempt("nadia", "right"); code != http.StatusOK {
+		t.Fatalf("after an operator's reset: %d, want 200", code)
 	}
 }

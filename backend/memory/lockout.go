@@ -24,13 +24,19 @@ func (t *table[S]) lockoutCap() int {
 	return max(int(t.maxKeys.Load())/len(t.shards), 1)
 }
 
+// lockWait is how long h stays locked out from now (0: it is not). The
+// caller holds sh.mu.
+func (sh *shard[S]) lockWait(h hkey, now int64) int64 {
+	if sh.lockouts == nil {
+		return 0
+	}
+	return sh.lockouts[h].Locked(now)
+}
+
 // lockedOut applies h's lock-out to r, the algorithm's answer at now. The
 // caller holds sh.mu.
 func (sh *shard[S]) lockedOut(h hkey, r algorithms.Result, now int64) algorithms.Result {
-	if sh.lockouts == nil {
-		return r
-	}
-	if wait := sh.lockouts[h].Locked(now); wait > 0 {
+	if wait := sh.lockWait(h, now); wait > 0 {
 		return backend.LockedOut(r, wait)
 	}
 	return r
@@ -45,7 +51,7 @@ func (t *table[S]) lockOut(sh *shard[S], lo backend.Lockout, h hkey, r algorithm
 	}
 	st, found := sh.lockouts[h]
 	if st.Locked(now) > 0 {
-		return r
+		return r // decided with the lock-out already (the multi-limit path)
 	}
 	if !found && len(sh.lockouts) >= t.lockoutCap() {
 		t.makeLockoutRoom(sh, lo, now)

@@ -206,8 +206,12 @@ func BenchmarkLockoutDecide(b *testing.B) {
 					_, _ = s.Decide(ctx, reqs, out)
 				}
 				b.ReportAllocs()
+				cpu0 := cpuNanos()
 				for b.Loop() {
 					_, _ = s.Decide(ctx, reqs, out)
+				}
+				if cpu := cpuNanos() - cpu0; cpu > 0 {
+					b.ReportMetric(float64(cpu)/float64(b.N), "cpu-ns/op")
 				}
 			})
 		}

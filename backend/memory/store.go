@@ -312,7 +312,10 @@ func (z *zone[S]) decideOne(h hkey, now, cost int64, shadow bool) (algorithms.Re
 	}
 	r := alg.Decide(s, now, cost)
 	if conf.lockout != nil {
-		if r = sh.lockedOut(h, r, now); !r.Allowed && !shadow {
+		// One look at the record: locked out, or denied now and locked.
+		if wait := sh.lockWait(h, now); wait > 0 {
+			r = backend.LockedOut(r, wait)
+		} else if !r.Allowed && !shadow {
 			r = z.t.lockOut(sh, conf.lockout, h, r, now)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -20,6 +21,13 @@ import (
 // The record is "<end of the lock-out, Unix ns>:<level>" and expires when
 // its level is forgotten (the end plus the longest step).
 const kindLockout = 'o'
+
+// lockoutTrust is how long the over-limit cache answers a lock-out's
+// denial without asking Redis. A lock-out may last a day, and an operator
+// who lifts it (a reset through another instance's admin API) must not be
+// overruled by what this instance remembers for that long: past this, one
+// request per key and second asks Redis, which knows.
+const lockoutTrust = int64(time.Second)
 
 // lockoutArg is the script's lk argument of a limit: "" without lockout,
 // else "<place of the kind letter in the key, from 1>|<steps in ns,

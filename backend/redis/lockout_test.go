@@ -317,3 +317,49 @@ func BenchmarkLockoutScript(b *testing.B) {
 		}
 	}
 }
+
+// An operator's reset through one instance reaches the others within
+// lockoutTrust, although their caches remember the lock-out's denial, which
+// would last a day.
+func TestLockoutResetReachesOtherInstances(t *testing.T) {
+	client := standaloneClient(t)
+	prefix := uniquePrefix(t)
+	clock := t0
+	now := func() int64 { return clock }
+	cfg := backend.LimitConfig{Name: "login", Algorithm: algorithms.NameTokenBucket, Policy: policy(1, time.Hour), Lockout: backend.Lockout{24 * hour}}
+	var stores [2]*Store
+	var zones [2]backend.Limit
+	for i := range stores {
+		s, err := New(client, Options{KeyPrefix: prefix, Timeout: 10 * time.Second, now: now, ttlExtra: 3_600_000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		if zones[i], err = s.Register(cfg); err != nil {
+			t.Fatal(err)
+		}
+		stores[i] = s
+	}
+	decide := func(i int) algorithms.Result {
+		t.Helper()
+		out := make([]algorithms.Result, 1)
+		if _, err := stores[i].Decide(context.Background(), []backend.Request{{Limit: zones[i], Key: "k", Cost: 1}}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	decide(0)
+	if r := decide(0); r.RetryAfter != 24*hour {
+		t.Fatalf("%+v, want locked out for 24h", r)
+	}
+	if r := decide(0); r.Allowed { // answered by the cache
+		t.Fatalf("%+v", r)
+	}
+	if err := stores[1].Reset(context.Background(), zones[1], "k"); err != nil {
+		t.Fatal(err)
+	}
+	clock += lockoutTrust
+	if r := decide(0); !r.Allowed {
+		t.Fatalf("a second after another instance's reset: %+v, want allowed", r)
+	}
+}

@@ -267,6 +267,9 @@ func TestLockoutRegisterRefuses(t *testing.T) {
 			t.Errorf("lockout %v: %v, want refused", lo, err)
 		}
 	}
+	if _, err := s.Register(backend.LimitConfig{Name: t.Name(), Algorithm: algorithms.NameGCRA, Policy: policy(1000, time.Minute), Lease: 5, Lockout: loginSteps}); err == nil || !strings.Contains(err.Error(), "lockout cannot be used with lease") {
+		t.Errorf("lockout with lease: %v, want refused", err)
+	}
 }
 
 // BenchmarkLockoutScript is what lockout adds to a decision in Redis:

@@ -212,6 +212,11 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	if err := cfg.Lockout.Check(); err != nil {
 		return nil, err
 	}
+	if len(cfg.Lockout) > 0 && cfg.Lease > 0 {
+		// Leased units are spent and denied locally, out of the script
+		// that writes lock-outs.
+		return nil, fmt.Errorf("lockout cannot be used with lease: a denial from leased units would lock the key out on one instance only")
+	}
 	reg := &registration{alg: alg, policy: cfg.Policy, lockout: cfg.Lockout, lk: lockoutArg(len(prefix)-1, cfg.Lockout), owner: cfg.Owner}
 	if err := st.register(reg, s.now()); err != nil {
 		_, _ = zoneStates.Delete(key)

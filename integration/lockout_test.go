@@ -59,6 +59,21 @@ func wrongRetry(t *testing.T, tester *caddytest.Tester, u *loginUpstream, want s
 	}
 }
 
+// lockedLogin is a login site of zone (a limit of 3 failures with opts)
+// whose address has failed 3 times and then been locked out for 1s.
+func lockedLogin(t *testing.T, backend, zone, opts string) (*caddytest.Tester, *loginUpstream) {
+	t.Helper()
+	u := newLoginUpstream(t, false)
+	tester := loginSite(t, backend, zone, opts, u)
+	for range 3 {
+		if got := login(t, tester, "wrong"); got != http.StatusUnauthorized {
+			t.Fatalf("wrong password: %d, want 401", got)
+		}
+	}
+	wrongRetry(t, tester, u, "1")
+	return tester, u
+}
+
 // Escalation 1s → 2s → 4s → 4s: each time the address is denied again
 // after a lock-out ended (the three failures still fill the window), the
 // next lock-out is longer, and the last repeats. 50 wrong passwords at
@@ -67,14 +82,7 @@ func wrongRetry(t *testing.T, tester *caddytest.Tester, u *loginUpstream, want s
 func TestLockoutEscalation(t *testing.T) {
 	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
 		zone := prefix + "lockout_esc"
-		u := newLoginUpstream(t, false)
-		tester := loginSite(t, backend, zone, "rate 3/1m\n\t\t\tcount_when status 401\n\t\t\tlockout 1s 2s 4s", u)
-		for range 3 {
-			if got := login(t, tester, "wrong"); got != http.StatusUnauthorized {
-				t.Fatalf("wrong password: %d, want 401", got)
-			}
-		}
-		wrongRetry(t, tester, u, "1")
+		tester, u := lockedLogin(t, backend, zone, "rate 3/1m\n\t\t\tcount_when status 401\n\t\t\tlockout 1s 2s 4s")
 		if st := lockoutOf(t, zone, "127.0.0.1"); st.LockoutLevel != 1 || st.LockedOut <= 0 || st.LockedOut > 1 || st.Remaining != 0 {
 			t.Fatalf("admin API during the first lock-out: %+v", st)
 		}
@@ -131,14 +139,7 @@ func TestLockoutEscalation(t *testing.T) {
 func TestLockoutResetWhenClearsLevel(t *testing.T) {
 	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
 		zone := prefix + "lockout_reset"
-		u := newLoginUpstream(t, false)
-		tester := loginSite(t, backend, zone, "rate 3/3s\n\t\t\tcount_when status 401\n\t\t\treset_when status 2xx\n\t\t\tlockout 1s 2s 1h", u)
-		for range 3 {
-			if got := login(t, tester, "wrong"); got != http.StatusUnauthorized {
-				t.Fatalf("wrong password: %d, want 401", got)
-			}
-		}
-		wrongRetry(t, tester, u, "1")
+		tester, u := lockedLogin(t, backend, zone, "rate 3/3s\n\t\t\tcount_when status 401\n\t\t\treset_when status 2xx\n\t\t\tlockout 1s 2s 1h")
 		waitUnlocked(t, zone, "127.0.0.1")
 		wrongRetry(t, tester, u, "2")
 		waitUnlocked(t, zone, "127.0.0.1")

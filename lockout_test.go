@@ -219,3 +219,16 @@ func TestLockoutAllocations(t *testing.T) {
 		}
 	}
 }
+
+// caddy rate-limit inspect marks a locked-out key in its retry column.
+func TestPrintStatesLockout(t *testing.T) {
+	var b strings.Builder
+	err := printStates(&b, []keyState{
+		{Zone: "login", Key: "k", Limit: 5, RetryAfter: 299.5, ResetAfter: 299.5, LockoutLevel: 2, LockedOut: 299.5},
+		{Zone: "login", Key: "other", Limit: 5, Remaining: 5},
+	})
+	out := b.String()
+	if err != nil || !strings.Contains(out, "4m59.5s (locked out, level 2)") || strings.Count(out, "locked out") != 1 {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}

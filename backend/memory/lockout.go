@@ -105,6 +105,22 @@ func (sh *shard[S]) sweepLockouts(lo backend.Lockout, now int64) int {
 	return n
 }
 
+// adoptLockout is peer.adoptLockout: a record translated from a table of
+// another kind of state. A request decided by both tables since they were
+// linked may have written a later one here.
+func (t *table[S]) adoptLockout(h hkey, st backend.LockoutState) {
+	sh := t.shard(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if cur, ok := sh.lockouts[h]; ok && cur.Until >= st.Until {
+		return
+	}
+	if sh.lockouts == nil {
+		sh.lockouts = make(map[hkey]backend.LockoutState)
+	}
+	sh.lockouts[h] = st
+}
+
 // lockOut is zoneOps.lockOut: the caller holds h's shard lock.
 func (z *zone[S]) lockOut(h hkey, now int64, r algorithms.Result) algorithms.Result {
 	sh := z.t.shard(h)

@@ -217,3 +217,34 @@ func BenchmarkLockoutDecide(b *testing.B) {
 		}
 	}
 }
+
+// A reload that changes the kind of state (a window to a bucket) keeps
+// the lock-outs: the new table adopts the old one's records with its keys.
+func TestLockoutSurvivesKindChange(t *testing.T) {
+	c := newFakeClock()
+	p := algorithms.Policy{Limit: 1, Window: 3600 * sec}
+	register := func(alg string) (*Store, backend.Limit) {
+		s := New(Options{Now: c.now})
+		z, err := s.Register(backend.LimitConfig{Name: t.Name(), Algorithm: alg, Policy: p, Lockout: steps})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, z
+	}
+	old, oz := register(algorithms.NameSlidingWindow)
+	decide(t, old, backend.Request{Limit: oz, Key: "k", Cost: 1})
+	decide(t, old, backend.Request{Limit: oz, Key: "k", Cost: 1}) // locked out 1m
+	c.advance(time.Minute)
+	decide(t, old, backend.Request{Limit: oz, Key: "k", Cost: 1}) // 5m
+	cur, nz := register(algorithms.NameTokenBucket)
+	defer cur.Close()
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if level, wait := lockLevel(t, cur, nz, "k"); level != 2 || wait != 5*int64(time.Minute) {
+		t.Fatalf("after the switch: level %d for %v, want 2 for 5m", level, time.Duration(wait))
+	}
+	if _, out := decide(t, cur, backend.Request{Limit: nz, Key: "k", Cost: 1}); out[0].RetryAfter != 5*int64(time.Minute) {
+		t.Fatalf("%+v", out[0])
+	}
+}

@@ -232,3 +232,33 @@ func TestPrintStatesLockout(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 }
+
+// With tiers, each tier's limit locks its keys out with the limit's steps.
+func TestLockoutWithTiers(t *testing.T) {
+	var clock atomic.Int64
+	clock.Store(fuzzStart)
+	cfg := `{"rate_limits": {"lockout_tiers": {"key": "{http.vars.client_ip}", "tier": "{http.request.header.X-Plan}",
+		"tiers": [{"name": "free", "max_events": 1, "window": "1h"}, {"name": "pro", "max_events": 100, "window": "1h"}],
+		"default_tier": "free", "lockout": ["1m", "5m"]}}}`
+	h, cleanup, err := provisionJSON([]byte(cfg), clock.Load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+	send := func() string {
+		rec := httptest.NewRecorder()
+		_, r := benchRequest(t, "http://example.com/", "192.0.2.78:4242")
+		_ = h.ServeHTTP(rec, r, next)
+		return rec.Header().Get("Retry-After")
+	}
+	for i, want := range []string{"", "60", "60"} {
+		if got := send(); got != want {
+			t.Fatalf("request %d: Retry-After %q, want %q", i+1, got, want)
+		}
+	}
+	clock.Add(int64(time.Minute))
+	if got := send(); got != "300" {
+		t.Fatalf("after the first lock-out: Retry-After %q, want 300", got)
+	}
+}

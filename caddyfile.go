@@ -151,6 +151,7 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        align      hour|day|month
 //	        timezone   <IANA time zone>
 //	        settle     <placeholder>
+//	        lockout    <duration...>
 //	        concurrency <n>
 //	        queue      <duration>
 //	        status     <code>
@@ -547,6 +548,8 @@ func (p *limitParser) option(opt string) error {
 		return p.budgetOption(opt)
 	case "settle":
 		l.Settle, err = oneArg(d)
+	case "lockout":
+		l.Lockout, err = parseLockout(d, p.where)
 	case "status":
 		var v string
 		if v, err = oneArg(d); err == nil {

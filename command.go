@@ -194,6 +194,9 @@ func printStates(w io.Writer, states []keyState) error {
 		case s.RetryAfter > 0:
 			retry = secondsText(s.RetryAfter)
 		}
+		if s.LockedOut > 0 {
+			retry += fmt.Sprintf(" (locked out, level %d)", s.LockoutLevel)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d of %d\t%s\t%s\n", s.Zone, orDash(s.Scope), s.Key, s.Remaining, s.Limit, secondsText(s.ResetAfter), retry)
 	}
 	return tw.Flush()

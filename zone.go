@@ -267,7 +267,8 @@ type Limit struct {
 	CountWhen *caddyhttp.ResponseMatcher `json:"count_when,omitempty"`
 
 	// ResetWhen clears the key's state when the response matches: a
-	// correct password forgives the failures before it. Default: unset.
+	// correct password forgives the failures before it (and the key's
+	// lock-out level, with Lockout). Default: unset.
 	ResetWhen *caddyhttp.ResponseMatcher `json:"reset_when,omitempty"`
 
 	// ChargeWhen makes the limit a spend budget: a request's units are
@@ -310,6 +311,20 @@ type Limit struct {
 	// max_delay, nor with lease on a sliding_window. Default: unset, the
 	// cost taken is final.
 	Settle string `json:"settle,omitempty"`
+
+	// Lockout locks a key out when the limit denies it: for the first
+	// duration, every request of the key is denied (Retry-After says how
+	// long is left), whatever the limit's own count says. A key denied
+	// again once a lock-out has ended serves the next duration; the last
+	// one repeats ("1m", "5m", "24h": 1m, then 5m, then 24h every time).
+	// The level is forgotten once the key has gone the longest duration
+	// past the end of its last lock-out without being denied; a response
+	// that matches reset_when, or a reset through the admin API, clears
+	// it at once. A request whose cost can never pass does not lock a key
+	// out. Each duration is positive, at most 720h (30 days), and at least
+	// the one before; at most 16 of them. Not with max_delay, lease, a
+	// concurrency cap alone, or in a shadow zone. Default: none.
+	Lockout []caddy.Duration `json:"lockout,omitempty"`
 
 	// Concurrency caps how many requests of a key (of the whole zone, with
 	// a static key) may be in flight at once: a slot is taken when the
@@ -479,7 +494,7 @@ func (l *Limit) ownOnly() []string {
 		option{l.Hash != "", "hash"}, option{l.IPv4Prefix != 0, "ipv4_prefix"}, option{l.IPv6Prefix != 0, "ipv6_prefix"},
 		option{l.Missing != "", "missing"}, option{l.MaxKeys != 0, "max_keys"}, option{l.Lease != 0, "lease"},
 		option{l.CountWhen != nil, "count_when"}, option{l.ResetWhen != nil, "reset_when"},
-		option{l.Queue != 0, "queue"}, option{l.Tier != "", "tier"}, option{l.DefaultTier != "", "default_tier"},
+		option{l.Queue != 0, "queue"}, option{l.Lockout != nil, "lockout"}, option{l.Tier != "", "tier"}, option{l.DefaultTier != "", "default_tier"},
 		option{l.ChargeWhen != nil, "charge_when"}, option{l.ReservationTTL != 0, "reservation_ttl"},
 		option{l.Align != "", "align"}, option{l.Timezone != "", "timezone"},
 		option{l.Settle != "", "settle"},
@@ -586,7 +601,10 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	if l.Lease > 0 && z.Shadow {
 		return fmt.Errorf("lease: a shadow zone's requests never deny, and each is decided by the backend: remove lease")
 	}
-	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Owner: owner, Calendar: l.budget.cal}
+	if err := z.checkLockoutShadow(l); err != nil {
+		return err
+	}
+	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Lockout: l.lockoutSteps(), Owner: owner, Calendar: l.budget.cal}
 	l.handle, err = store.Register(l.cfg)
 	if err != nil {
 		return err
@@ -652,6 +670,9 @@ func (l *Limit) check() (string, error) {
 		return "", err
 	}
 	if err := l.checkSettle(alg); err != nil {
+		return "", err
+	}
+	if err := l.checkLockout(); err != nil {
 		return "", err
 	}
 	if l.Cost != nil {

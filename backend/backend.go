@@ -45,6 +45,10 @@ type LimitConfig struct {
 	// months of a time zone instead of windows from the Unix epoch; nil
 	// for epoch-aligned windows.
 	Calendar *algorithms.Calendar
+	// Lockout locks a key its limit denies out for a while, longer each
+	// time (nil: never). The store writes the lock-out in the operation
+	// that denies, so that concurrent requests see it at once.
+	Lockout Lockout
 	// Owner identifies the config that registers the zone. One config may
 	// register a name twice only with the same policy: two rates for one
 	// state would make whichever registered last apply to both.

@@ -37,7 +37,7 @@ func adminItem(l backend.Limit, key string, cost int64) (item, error) {
 	}
 	conf := z.st.conf.Load()
 	z.st.use(conf)
-	return item{key: z.prefix + key + "}", conf: conf, cost: min(cost, maxCost)}, nil
+	return item{key: z.stateKey(conf, key), conf: conf, cost: min(cost, maxCost)}, nil
 }
 
 // runAdmin runs the admin script once: a grant must not be sent again
@@ -95,7 +95,7 @@ func (s *Store) Inspect(ctx context.Context, l backend.Limit, key string) (algor
 	return u, nil
 }
 
-// Reset deletes the key's state (backend.Admin). Other instances of a
+// Reset deletes the key's state and lock-out record (backend.Admin). Other instances of a
 // fleet that remember the key as over its limit (their over-limit caches)
 // keep refusing it until the retry time they were told; other stores of
 // this process are told to forget it (Forget).
@@ -104,10 +104,15 @@ func (s *Store) Reset(ctx context.Context, l backend.Limit, key string) error {
 	if err != nil {
 		return err
 	}
+	lk, _, err := lockoutKey(l, key)
+	if err != nil {
+		return err
+	}
 	s.forget(it)
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	err = s.client.Del(ctx, it.key).Err()
+	// One command: the record has the state's hash tag (one cluster slot).
+	err = s.client.Del(ctx, it.key, lk).Err()
 	s.forget(it)
 	if err != nil {
 		return fmt.Errorf("redis backend: reset: %w", err)

@@ -31,6 +31,9 @@
 --          at,until;...": the kinds it may carry usage from, newest first,
 --          when the change was and until when their keys may live, and pos
 --          the place of the kind letter in the key
+--   lk     "" or, for a limit with lockout, "pos|step,step,...": the
+--          lock-out steps in ns and the place of the kind letter in the
+--          key (see LOCK-OUTS)
 --
 -- Reply (decide): now seconds, now nanoseconds, 1 if the request may
 -- proceed, then per key: allowed, limit, remaining, retry_after,
@@ -39,7 +42,7 @@
 -- its expiry in ms (PTTL) and the value written ("" when none). Refund and
 -- undo reply {}.
 
-local F = 10
+local F = 11
 local E9 = 1000000000
 local E6 = 1000000
 local P52 = 4503599627370496
@@ -1206,6 +1209,79 @@ local function loadItem(a)
 end
 
 ------------------------------------------------------------------------
+-- LOCK-OUTS (backend/lockout.go, line for line). A key its limit denies is
+-- locked out: every request of it is denied until the lock-out ends,
+-- whatever its state says; denied again by its limit after a lock-out, it
+-- serves the next step (the last one repeats). The record is a key of its
+-- own, the state's key with the kind letter replaced by 'o' (the same hash
+-- tag, one record whatever the algorithm), holding "<end, absolute
+-- ns>:<level>" and expiring when its level is forgotten: a full longest
+-- step after the end of its lock-out. It is read and written in the call
+-- that decides, so every instance of a fleet sees a lock-out at once.
+
+local lockoutSpecs = {}
+local function lockoutOf(spec)
+	local lo = lockoutSpecs[spec]
+	if lo then return lo end
+	local pos, rest = string.match(spec, '^(%d+)|(.*)$')
+	lo = {pos = tonumber(pos), steps = {}}
+	for d in string.gmatch(rest, '%d+') do lo.steps[#lo.steps + 1] = tonumber(d) end
+	lo.longest = lo.steps[#lo.steps]
+	lockoutSpecs[spec] = lo
+	return lo
+end
+
+-- lockRead reads the record of a's key: level 0 when there is none (or
+-- its end is out of the exact range: long forgotten).
+local function lockRead(a)
+	local lo = lockoutOf(a.lk)
+	local rec = {key = keyOf(a.key, lo.pos, 'o'), lo = lo, level = 0}
+	local v = redis.call('GET', rec.key)
+	if v then
+		local u, l = string.match(v, '^(%d+):(%d+)$')
+		if u then
+			rec.untl = rel(u)
+			if rec.untl then rec.level = tonumber(l) end
+		end
+	end
+	return rec
+end
+
+-- lockedOut denies r while rec's lock-out lasts (backend.LockedOut).
+local function lockedOut(rec, r)
+	if rec.level > 0 and rec.untl > now then
+		local wait = rec.untl - now
+		r[1] = 0
+		r[3] = 0
+		r[4] = wait
+		r[5] = wait
+		r[6] = 0
+		rec.locked = true
+	end
+	return r
+end
+
+-- lockOut locks rec's key out after its limit denied r, unless it is
+-- locked out already or r can never pass (backend.Lockout.Escalate), and
+-- reports whether it did.
+local function lockOut(rec, r)
+	if rec.locked or r[1] ~= 0 or r[4] == -1 then return false end
+	local lo = rec.lo
+	local level = 1
+	if rec.level > 0 and now - rec.untl < lo.longest then
+		level = rec.level + 1
+		if level > #lo.steps then level = #lo.steps end
+	end
+	local untl = now + lo.steps[level]
+	redis.call('SET', rec.key, abs(untl) .. ':' .. level, 'PX', px(untl + lo.longest))
+	r[3] = 0
+	r[4] = untl - now
+	r[5] = r[4]
+	r[6] = 0
+	return true
+end
+
+------------------------------------------------------------------------
 
 -- readArgs reads the arguments of n keys, KEYS[k0 + 1 .. k0 + n], from
 -- ARGV[o0 + 1] on.
@@ -1225,6 +1301,7 @@ local function readArgs(k0, o0, n)
 			gen = tonumber(ARGV[o + 8]),
 			hist = ARGV[o + 9],
 			from = ARGV[o + 10],
+			lk = ARGV[o + 11],
 		}
 		if not args[i].p1 then calArg(args[i], ARGV[o + 2]) end
 	end
@@ -1354,6 +1431,7 @@ local function decideKeys(args, undo, out, o)
 	end
 
 	local results = {}
+	local recs -- LOCK-OUTS: the records of the keys of limits with lockout
 	local allowed = true
 	out[o + 1] = 1
 	for i = 1, n do
@@ -1371,6 +1449,11 @@ local function decideKeys(args, undo, out, o)
 		else
 			r = libL().decide(s, a.p1, a.p2, a.cost)
 		end
+		if a.lk ~= '' then -- LOCK-OUTS
+			recs = recs or {}
+			recs[i] = lockRead(a)
+			r = lockedOut(recs[i], r)
+		end
 		results[i] = r
 		if r[1] == 0 and a.x1 ~= '1' then allowed = false end
 		local b = o + 1 + (i - 1) * 7
@@ -1383,6 +1466,18 @@ local function decideKeys(args, undo, out, o)
 	end
 
 	-- ADMIN MODES: the admin script (admin.lua) is inserted here.
+
+	-- LOCK-OUTS: a key its limit denied (not a shadow request's) is locked
+	-- out in the call that denied it.
+	if recs and not allowed then
+		for i = 1, n do
+			local r = results[i]
+			if recs[i] and args[i].x1 ~= '1' and lockOut(recs[i], r) then
+				local b = o + 1 + (i - 1) * 7
+				for j = 1, 6 do out[b + j] = r[j] end
+			end
+		end
+	end
 
 	for i = 1, n do
 		local a, s, key = args[i], states[i], args[i].key

@@ -28,7 +28,8 @@ func (s *Store) Settle(ctx context.Context, reqs []backend.Request, granted []al
 		}
 		conf := z.st.conf.Load()
 		z.st.use(conf)
-		items = append(items, item{key: z.prefix + r.Key + "}", conf: conf, cost: cost})
+		items = append(items, item{key: z.stateKey(conf, r.Key), conf: conf, cost: cost})
+		s.budgetItem(&items[len(items)-1], backend.Request{})
 		xs = append(xs, [2]string{strconv.FormatInt(granted[i].At, 10), strconv.FormatInt(act, 10)})
 	}
 	if len(items) == 0 {

@@ -175,9 +175,10 @@ func (s *Store) now() int64 {
 
 // zone is the store's handle on one (zone, scope, kind of state).
 type zone struct {
-	name   string
-	prefix string
-	st     *zoneState
+	name       string
+	prefix     string
+	lockPrefix string // of the key's lock-out record (lockout.go)
+	st         *zoneState
 }
 
 func (z *zone) Name() string { return z.name }
@@ -208,7 +209,15 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	if !loaded {
 		st.from = carryFrom(key, len(prefix)-1, s.now())
 	}
-	reg := &registration{alg: alg, policy: cfg.Policy, owner: cfg.Owner, cal: cfg.Calendar}
+	if err := cfg.Lockout.Check(); err != nil {
+		return nil, err
+	}
+	if len(cfg.Lockout) > 0 && cfg.Lease > 0 {
+		// Leased units are spent and denied locally, out of the script
+		// that writes lock-outs.
+		return nil, fmt.Errorf("lockout cannot be used with lease: a denial from leased units would lock the key out on one instance only")
+	}
+	reg := &registration{alg: alg, policy: cfg.Policy, lockout: cfg.Lockout, lk: lockoutArg(len(prefix)-1, cfg.Lockout), owner: cfg.Owner, cal: cfg.Calendar}
 	if err := st.register(reg, s.now()); err != nil {
 		_, _ = zoneStates.Delete(key)
 		return nil, err
@@ -216,7 +225,7 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	s.mu.Lock()
 	s.held = append(s.held, held{key: key, z: st, reg: reg})
 	s.mu.Unlock()
-	return &zone{name: cfg.Name, prefix: prefix, st: st}, nil
+	return &zone{name: cfg.Name, prefix: prefix, lockPrefix: zonePrefix(s.prefix, cfg.Name, cfg.Scope, kindLockout), st: st}, nil
 }
 
 // Close lets go of this store's zones; a zone's history is dropped when no
@@ -273,7 +282,8 @@ func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 		if !ok {
 			return nil, nil, fmt.Errorf("zone %q was not registered with the redis backend", r.Limit.Name())
 		}
-		key := z.prefix + r.Key + "}"
+		conf := z.st.conf.Load()
+		key := z.stateKey(conf, r.Key)
 		cost := min(max(r.Cost, 0), maxCost)
 		of[i] = -1
 		for j := range items {
@@ -285,7 +295,6 @@ func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 		}
 		if of[i] < 0 {
 			of[i] = len(items)
-			conf := z.st.conf.Load()
 			z.st.use(conf)
 			items = append(items, item{key: key, conf: conf, cost: cost, shadow: r.Shadow})
 			s.budgetItem(&items[len(items)-1], r)
@@ -350,7 +359,7 @@ func (s *Store) prepare(ctx context.Context, mode string, gs []group, items []it
 	hdr := s.header(mode)
 	for g := range gs {
 		keys := make([]string, len(gs[g].items))
-		args := append(make([]any, 0, len(hdr)+12*len(keys)), hdr...)
+		args := append(make([]any, 0, len(hdr)+13*len(keys)), hdr...)
 		for k, i := range gs[g].items {
 			keys[k] = items[i].key
 			x1, x2 := xs(i)
@@ -374,7 +383,7 @@ func itemArgs(args []any, it *item, x1, x2 any) []any {
 	if it.p1 != nil {
 		p1 = it.p1
 	}
-	return append(args, c[0], p1, c[2], it.cost, x1, x2, c[3], c[4], c[5], c[6])
+	return append(args, c[0], p1, c[2], it.cost, x1, x2, c[3], c[4], c[5], c[6], c[7])
 }
 
 // Decide answers reqs all or nothing (backend.Store). On a cluster, keys
@@ -587,7 +596,7 @@ func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []al
 		idx = append(idx, len(items))
 		conf := z.st.conf.Load()
 		z.st.use(conf)
-		items = append(items, item{key: z.prefix + r.Key + "}", conf: conf, cost: min(r.Cost, maxCost)})
+		items = append(items, item{key: z.stateKey(conf, r.Key), conf: conf, cost: min(r.Cost, maxCost)})
 		s.budgetItem(&items[len(items)-1], backend.Request{})
 		results = append(results, granted[i])
 	}

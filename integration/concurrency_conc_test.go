@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
-
-	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // countingUpstream counts the requests it is serving at once and the most
@@ -239,23 +237,6 @@ func TestConcurrencyRefusal(t *testing.T) {
 	if !strings.Contains(metrics, `caddy_rate_limit_in_flight_requests{scope="",zone="conc_refuse"} 0`) {
 		t.Fatal("the in-flight gauge is missing or not back to 0")
 	}
-}
-
-// Concurrency needs slots shared by the fleet on Redis, which are not
-// built: the config is refused, not silently per instance.
-func TestConcurrencyRedisRefused(t *testing.T) {
-	redis := redistest.Standalone(t, "")
-	assertLoadError(t, caddyfileServer(fmt.Sprintf(`
-	rate_limit {
-		backend redis {
-			address %s
-		}
-		zone conc_redis {
-			key static
-			concurrency 5
-		}
-	}
-	respond "ok"`, redis.Addr)), "caddyfile", "slots shared through Redis")
 }
 
 // Options only a rate reads are refused on a limit of concurrency alone.

@@ -3,6 +3,8 @@ package redis
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -235,8 +237,18 @@ func TestSlotsConfig(t *testing.T) {
 }
 
 // BenchmarkSlotAcquireRelease takes a slot of one of 1,000 keys and frees
-// it: two round trips to Redis.
+// it: two round trips to Redis, from one goroutine per CPU, then from 64
+// (requests in flight at once).
 func BenchmarkSlotAcquireRelease(b *testing.B) {
+	for _, par := range []int{1, 32} {
+		b.Run("goroutines_per_cpu_"+strconv.Itoa(par), func(b *testing.B) {
+			b.SetParallelism(par)
+			benchSlots(b)
+		})
+	}
+}
+
+func benchSlots(b *testing.B) {
 	s := newStore(b, standaloneClient(b))
 	z := mustSlots(b, s, "bench", 1000, 30*time.Second)
 	keys := make([]string, 1000)
@@ -258,4 +270,41 @@ func BenchmarkSlotAcquireRelease(b *testing.B) {
 			}
 		}
 	})
+}
+
+// slotsACL is what docs/redis.md adds to the least ACL of a Sluice user
+// for concurrency slots.
+const slotsACL = "+zadd +zrem +zremrangebyscore +zcard"
+
+// An ACL user with the documented rights takes, renews and frees slots.
+func TestSlotsACLUser(t *testing.T) {
+	addr := standalone(t)
+	admin := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { admin.Close() })
+	prefix := uniquePrefix(t)
+	args := []any{"ACL", "SETUSER", "slots-user", "reset", "on", ">slots-pass", "~" + prefix + "*", "resetchannels", "-@all", "+evalsha", "+eval", "+time", "+pexpire", "+client|setname"}
+	for _, f := range strings.Fields(slotsACL) {
+		args = append(args, f)
+	}
+	if err := admin.Do(context.Background(), args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	client := goredis.NewClient(&goredis.Options{Addr: addr, Username: "slots-user", Password: "slots-pass", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	s, err := New(client, Options{KeyPrefix: prefix, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	z := mustSlots(t, s, "acl", 1, time.Second).(*slotZone)
+	id, err := z.Acquire(context.Background(), "k")
+	if err != nil || id == "" {
+		t.Fatalf("acquire: %q %v", id, err)
+	}
+	if err := renew([]renewal{{z: z, set: z.prefix + "k}", ids: []any{z.ttlMs, id}}}); err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	if err := z.Release(context.Background(), "k", id); err != nil {
+		t.Fatalf("release: %v", err)
+	}
 }

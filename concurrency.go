@@ -329,7 +329,16 @@ func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Durat
 		switch {
 		case err == nil:
 			return heldSlot{sh: sh, key: cr.key, id: id}, nil
-		case !errors.Is(err, backend.ErrUnavailable) || l.Fail == FailClosed:
+		case !errors.Is(err, backend.ErrUnavailable):
+			return heldSlot{}, err
+		}
+		if l.failC != nil && l.concOnly() {
+			// A limit with a rate counted the request when its decision
+			// failed.
+			l.failC.Inc()
+		}
+		switch {
+		case l.Fail == FailClosed:
 			return heldSlot{}, err
 		case l.Fail != FailLocal || l.conc == nil:
 			h.warnFailure("rate limit backend unavailable: a concurrency limit that fails open admits without a slot", r, []*Limit{l}, err)

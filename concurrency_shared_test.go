@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluicehq/sluice/backend"
 )
@@ -300,5 +301,23 @@ func TestConcurrencySharedConfig(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", cfg, err, want)
 		}
+	}
+}
+
+// A limit of shared slots alone counts the requests its backend failed,
+// under its fail policy.
+func TestSharedConcFailuresCounted(t *testing.T) {
+	u := newUnitHandler(t, `{"rate_limits": {"ccf": {"key": "static", "concurrency": 1, "fail": "open"}}}`, byZone(nil))
+	l := u.h.zones[0].keyed[0]
+	f := newFakeSlots(1)
+	f.down = true
+	l.shared, l.conc = testShared(f, 0, 0), nil
+	l.failC = metrics.failures.WithLabelValues("ccf", "", "open")
+	before := testutil.ToFloat64(l.failC)
+	if a := u.serve(context.Background(), nil); a.code != http.StatusOK {
+		t.Fatalf("fail open: %d", a.code)
+	}
+	if got := testutil.ToFloat64(l.failC) - before; got != 1 {
+		t.Fatalf("%v failures counted, want 1", got)
 	}
 }

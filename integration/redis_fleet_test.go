@@ -116,7 +116,7 @@ func startFleet(t *testing.T, n int, cfg string, env ...string) *fleet {
 
 // startCaddy runs the built binary on a config file until the test ends,
 // with env added to its environment; a failed test shows its output.
-func startCaddy(t *testing.T, file string, env ...string) {
+func startCaddy(t *testing.T, file string, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(binary(t), "run", "--config", file)
 	cmd.Env = append(os.Environ(), env...)
@@ -132,6 +132,7 @@ func startCaddy(t *testing.T, file string, env ...string) {
 			t.Logf("caddy output (%s):\n%s", file, logs.String())
 		}
 	})
+	return cmd
 }
 
 type lockedBuilder struct {

@@ -54,20 +54,7 @@ func startSlotInstance(t *testing.T, addr, zone, options, upstream string) *slot
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(binary(t), "run", "--config", file)
-	cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	logs := &lockedBuilder{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("caddy output:\n%s", logs.String())
-		}
-	})
+	cmd := startCaddy(t, file, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
 	waitUp(t, base+"/up")
 	return &slotInstance{base: base, cmd: cmd}
@@ -239,19 +226,8 @@ func TestConcurrencyQueueMaxRefuses(t *testing.T) {
 // the line in the order they arrived.
 func TestRedisSlotsQueueOrder(t *testing.T) {
 	redis := redistest.Standalone(t, "")
-	release := make(chan struct{})
-	var mu sync.Mutex
-	var order []int
-	arrived := make(chan struct{}, 10)
-	u := newCountingUpstream(t, func(r *http.Request) {
-		n, _ := strconv.Atoi(r.Header.Get("X-N"))
-		mu.Lock()
-		order = append(order, n)
-		mu.Unlock()
-		arrived <- struct{}{}
-		<-release
-	})
-	newTester(t, caddyfileServer(fmt.Sprintf(`
+	expectQueueOrder(t, func(u *countingUpstream) {
+		newTester(t, caddyfileServer(fmt.Sprintf(`
 	rate_limit {
 		backend redis {
 			address %s
@@ -264,11 +240,32 @@ func TestRedisSlotsQueueOrder(t *testing.T) {
 		}
 	}
 	reverse_proxy %s`, redis.Addr, strings.TrimPrefix(u.URL, "http://"))), "caddyfile")
+	})
+}
+
+// expectQueueOrder loads a site of concurrency 1 with a queue in front of
+// the upstream it is given, holds one request there, sends five more 50 ms
+// apart, and requires the upstream to get them in that order, one at a time.
+func expectQueueOrder(t *testing.T, load func(u *countingUpstream)) {
+	t.Helper()
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var order []int
+	arrived := make(chan struct{}, 10)
+	u := newCountingUpstream(t, func(r *http.Request) {
+		n, _ := strconv.Atoi(r.Header.Get("X-N"))
+		mu.Lock()
+		order = append(order, n)
+		mu.Unlock()
+		arrived <- struct{}{}
+		<-release
+	})
+	load(u)
 	var wg sync.WaitGroup
 	send := func(n int) {
 		wg.Go(func() {
-			if code := status(context.Background(), httpBase, "X-N", strconv.Itoa(n)); code != http.StatusOK {
-				t.Errorf("request %d: %d", n, code)
+			if resp, err := get(context.Background(), "X-N", strconv.Itoa(n)); err != nil || resp.StatusCode != http.StatusOK {
+				t.Errorf("request %d: %v %v", n, resp, err)
 			}
 		})
 	}

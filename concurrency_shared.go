@@ -16,10 +16,14 @@ import (
 // Polling for a slot shared through the backend. Only the first request in
 // an instance's line for a key asks, so Redis sees at most one call per
 // waiting key and instance every slotPollMax, whatever the length of the
-// line; a slot freed by this instance wakes it at once.
+// line; a slot freed by this instance wakes it at once. With many keys
+// waiting (a flood of clients, each over its cap), each asks less often:
+// a limit's lines ask about slotPollBudget times a second in all, so the
+// flood cannot turn into one Redis call per key every 50 ms.
 const (
-	slotPollFirst = 2 * time.Millisecond
-	slotPollMax   = 50 * time.Millisecond
+	slotPollFirst  = 2 * time.Millisecond
+	slotPollMax    = 50 * time.Millisecond
+	slotPollBudget = 1000
 )
 
 // sharedConc is a concurrency limit whose slots the backend shares with
@@ -126,7 +130,10 @@ func (c *sharedConc) await(ctx context.Context, key string, line *list.List, w *
 		select {
 		case <-w.wake:
 		case <-poll.C:
-			delay = min(2*delay, slotPollMax)
+			c.mu.Lock()
+			keys := len(c.lines)
+			c.mu.Unlock()
+			delay = min(2*delay, max(slotPollMax, time.Duration(keys)*time.Second/slotPollBudget))
 		case <-fired:
 			return "", errQueueTimeout
 		case <-ctx.Done():

@@ -321,3 +321,46 @@ func TestSharedConcFailuresCounted(t *testing.T) {
 		t.Fatalf("%v failures counted, want 1", got)
 	}
 }
+
+// Many keys waiting at once ask the backend about slotPollBudget times a
+// second in all, not 20 times a second each.
+func TestSharedConcPollBudget(t *testing.T) {
+	f := newFakeSlots(1)
+	c := testShared(f, time.Minute, 0)
+	timer := &manualTimer{fire: make(chan time.Time)}
+	const keys = 500
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range keys {
+		k := strconv.Itoa(i)
+		if id, _ := c.take(ctx, k, timer.newTimer); id == "" {
+			t.Fatal("the first request of a key got no slot")
+		}
+		wg.Go(func() { _, _ = c.take(ctx, k, timer.newTimer) })
+	}
+	for i := range keys {
+		waitLine(t, c, strconv.Itoa(i), 1)
+	}
+	// Past the first doublings (2 … 32 ms), every head polls at its slowest.
+	start := time.Now()
+	for time.Since(start) < 300*time.Millisecond {
+		runtime.Gosched()
+	}
+	f.mu.Lock()
+	f.calls = 0
+	f.mu.Unlock()
+	start = time.Now()
+	for time.Since(start) < time.Second {
+		runtime.Gosched()
+	}
+	f.mu.Lock()
+	calls := f.calls
+	f.mu.Unlock()
+	cancel()
+	wg.Wait()
+	// 500 keys at 50 ms would be 10,000 calls a second.
+	if calls > 2*slotPollBudget {
+		t.Fatalf("%d backend calls in a second from %d waiting keys, want about %d", calls, keys, slotPollBudget)
+	}
+	t.Logf("%d calls in a second from %d waiting keys", calls, keys)
+}

@@ -117,6 +117,9 @@ type slotHolder struct {
 	sets    map[string]*heldSet
 	running bool
 	closed  bool
+	// shorter wakes the goroutine when a slot of a shorter TTL than it
+	// sleeps for is taken: that slot must be renewed sooner.
+	shorter chan struct{}
 	logger  *zap.Logger
 	every   time.Duration // how often the goroutine renews: the shortest TTL held ÷ 3
 }
@@ -221,12 +224,19 @@ func (h *slotHolder) hold(z *slotZone, set, id string) {
 		h.sets[set] = hs
 	}
 	hs.ids[id] = struct{}{}
+	if h.shorter == nil {
+		h.shorter = make(chan struct{}, 1)
+	}
 	if every := z.ttl / 3; h.every == 0 || every < h.every {
 		h.every = every
+		select {
+		case h.shorter <- struct{}{}:
+		default:
+		}
 	}
 	if !h.running {
 		h.running = true
-		go h.renewLoop()
+		go h.renewLoop(h.shorter)
 	}
 }
 
@@ -244,12 +254,25 @@ func (h *slotHolder) drop(set, id string) {
 // renewLoop renews the held slots every third of the shortest TTL, and
 // ends when none is held (the next acquire starts it again) or when the
 // store's client is gone.
-func (h *slotHolder) renewLoop() {
+func (h *slotHolder) renewLoop(shorter <-chan struct{}) {
+	// A wake-up sent before the loop started is for a TTL it reads below.
+	select {
+	case <-shorter:
+	default:
+	}
 	for {
 		h.mu.Lock()
 		every := h.every
 		h.mu.Unlock()
-		time.Sleep(every)
+		t := time.NewTimer(every)
+		select {
+		case <-t.C:
+		case <-shorter:
+			// Sleep again for the shorter third; the slots already held
+			// were due no sooner than before.
+			t.Stop()
+			continue
+		}
 		h.mu.Lock()
 		if len(h.sets) == 0 {
 			h.running, h.every = false, 0

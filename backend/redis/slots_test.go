@@ -308,3 +308,24 @@ func TestSlotsACLUser(t *testing.T) {
 		t.Fatalf("release: %v", err)
 	}
 }
+
+// A slot of a short TTL taken while the store sleeps for a long one is
+// still renewed in time.
+func TestSlotsShorterTTLRenewedInTime(t *testing.T) {
+	stores := slotStores(t, 2, standaloneU)
+	long := mustSlots(t, stores[0], "long", 1, time.Hour)
+	short, other := mustSlots(t, stores[0], "short", 1, time.Second), mustSlots(t, stores[1], "short", 1, time.Second)
+	if id, err := long.Acquire(context.Background(), "k"); err != nil || id == "" {
+		t.Fatal(id, err)
+	}
+	if id, err := short.Acquire(context.Background(), "k"); err != nil || id == "" {
+		t.Fatal(id, err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if got, err := other.Acquire(context.Background(), "k"); err != nil || got != "" {
+			t.Fatalf("the slot of a live store expired: it was renewed on the 1h slot's schedule")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

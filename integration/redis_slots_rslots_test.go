@@ -326,3 +326,48 @@ func TestRedisSlotsConfig(t *testing.T) {
 		t.Fatalf("a request under the Redis-shared cap got %d", code)
 	}
 }
+
+// With Redis unreachable, a concurrency limit follows its fail policy:
+// open admits (holding no slot), closed answers 503 backend_unavailable.
+func TestRedisSlotsFailPolicy(t *testing.T) {
+	newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		backend redis {
+			address 127.0.0.1:%d
+			timeout 50ms
+		}
+		zone rslots_fail_open {
+			match path /open
+			key static
+			concurrency 1
+			fail open
+		}
+		zone rslots_fail_closed {
+			match path /closed
+			key static
+			concurrency 1
+			fail closed
+		}
+	}
+	respond "ok"`, freePort(t))), "caddyfile")
+	for path, want := range map[string]int{"/open": http.StatusOK, "/closed": http.StatusServiceUnavailable} {
+		req, _ := http.NewRequest(http.MethodGet, httpBase+path, nil)
+		resp, err := slotClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("%s with Redis down: %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+	metrics := adminRequest(t, "GET", "/metrics", "", "")
+	for _, want := range []string{
+		`caddy_rate_limit_refused_requests_total{reason="backend_unavailable",zone="rslots_fail_closed"} 1`,
+		`caddy_rate_limit_backend_failures_total{policy="open",scope="",zone="rslots_fail_open"} 1`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}

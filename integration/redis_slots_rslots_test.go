@@ -371,3 +371,40 @@ func TestRedisSlotsFailPolicy(t *testing.T) {
 		}
 	}
 }
+
+// Each tier's concurrency is shared through Redis like any other: the
+// free tier's 2 slots of a key are taken, the pro tier's are its own.
+func TestRedisSlotsTiers(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	u, arrived, release := holdingUpstream(t)
+	newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		backend redis {
+			address %s
+			timeout 2s
+		}
+		zone rslots_tiers {
+			by header X-Key
+			tier {http.request.header.X-Plan}
+			tiers {
+				free 1000/1m concurrency 2
+				pro 1000/1m concurrency 3
+				default free
+			}
+		}
+	}
+	reverse_proxy %s`, redis.Addr, strings.TrimPrefix(u.URL, "http://"))), "caddyfile")
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { status(context.Background(), httpBase, "X-Key", "k", "X-Hang", "1") })
+		within(t, arrived, "a held request of the free tier")
+	}
+	if code := status(context.Background(), httpBase, "X-Key", "k"); code != http.StatusServiceUnavailable {
+		t.Fatalf("a third request of the free tier got %d, want 503", code)
+	}
+	if code := status(context.Background(), httpBase, "X-Key", "k", "X-Plan", "pro"); code != http.StatusOK {
+		t.Fatalf("the same key on the pro tier got %d, want 200 (its own slots)", code)
+	}
+	close(release)
+	wg.Wait()
+}

@@ -329,3 +329,26 @@ func TestSlotsShorterTTLRenewedInTime(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// On a cluster, the renewals of sets in different hash slots (one
+// pipeline, split by node) all arrive: no slot held by a live store
+// expires.
+func TestSlotsRenewedCluster(t *testing.T) {
+	stores := slotStores(t, 2, clusterU)
+	holder, other := mustSlots(t, stores[0], "renewc", 1, time.Second), mustSlots(t, stores[1], "renewc", 1, time.Second)
+	keys := []string{"a", "b", "c", "d", "e", "f"}
+	for _, k := range keys {
+		if id, err := holder.Acquire(context.Background(), k); err != nil || id == "" {
+			t.Fatal(k, id, err)
+		}
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, k := range keys {
+			if got, err := other.Acquire(context.Background(), k); err != nil || got != "" {
+				t.Fatalf("key %s: a slot held by a live store was taken by another: %q %v", k, got, err)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

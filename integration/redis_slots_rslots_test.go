@@ -29,7 +29,8 @@ type slotInstance struct {
 }
 
 // startSlotInstance runs the binary on a site whose rate_limit zone is
-// zone (with options), backed by the Redis at addr, in front of upstream.
+// zone (with options), backed by the Redis at addr (or by the options of
+// a redis backend, when addr holds spaces), in front of upstream.
 func startSlotInstance(t *testing.T, addr, zone, options, upstream string) *slotInstance {
 	t.Helper()
 	admin, port := freePort(t), freePort(t)
@@ -47,7 +48,7 @@ func startSlotInstance(t *testing.T, addr, zone, options, upstream string) *slot
 		reverse_proxy %s
 	}
 }
-`, port, redisBackend(3, "address "+addr), zone, options, strings.TrimPrefix(upstream, "http://"))
+`, port, redisBackend(3, strings.Split("address "+addr, "\n")...), zone, options, strings.TrimPrefix(upstream, "http://"))
 	cfg = strings.NewReplacer("@ADMIN@", strconv.Itoa(admin), "@HTTP@", strconv.Itoa(port)).Replace(cfg)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "Caddyfile")
@@ -407,4 +408,52 @@ func TestRedisSlotsTiers(t *testing.T) {
 	}
 	close(release)
 	wg.Wait()
+}
+
+// On a Redis Cluster, two instances share each key's slots, the keys
+// spread over the cluster's masters: no key ever has more than its cap at
+// the upstream.
+func TestRedisSlotsCluster(t *testing.T) {
+	nodes := redistest.Cluster(t)
+	var mu sync.Mutex
+	now, peak := map[string]int{}, map[string]int{}
+	u := newCountingUpstream(t, func(r *http.Request) {
+		k := r.Header.Get("X-Key")
+		mu.Lock()
+		now[k]++
+		peak[k] = max(peak[k], now[k])
+		mu.Unlock()
+		time.Sleep(10 * time.Millisecond)
+		mu.Lock()
+		now[k]--
+		mu.Unlock()
+	})
+	backend := strings.Join(nodes, " ") + "\ncluster"
+	opts := "by header X-Key\n\t\t\t\tconcurrency 2\n\t\t\t\tqueue 30s"
+	a := startSlotInstance(t, backend, "rslots_cluster", opts, u.URL)
+	b := startSlotInstance(t, backend, "rslots_cluster", opts, u.URL)
+	keys := []string{"alpha", "bravo", "charlie", "delta", "echo", "foxtrot"}
+	var wg sync.WaitGroup
+	var ok atomic.Int64
+	for i := range 120 {
+		base := a.base
+		if i%2 == 1 {
+			base = b.base
+		}
+		wg.Go(func() {
+			if status(context.Background(), base, "X-Key", keys[i%len(keys)]) == http.StatusOK {
+				ok.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if ok.Load() != 120 {
+		t.Fatalf("%d of 120 served", ok.Load())
+	}
+	for _, k := range keys {
+		if peak[k] > 2 || peak[k] < 1 {
+			t.Fatalf("key %s had %d requests at the upstream at once, want at most 2 (peaks %v)", k, peak[k], peak)
+		}
+	}
+	t.Logf("peaks per key at the upstream: %v", peak)
 }

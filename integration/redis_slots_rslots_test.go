@@ -457,3 +457,40 @@ func TestRedisSlotsCluster(t *testing.T) {
 	}
 	t.Logf("peaks per key at the upstream: %v", peak)
 }
+
+// A client that goes away frees its slot in Redis for the next request.
+func TestRedisSlotsDisconnectFreesSlot(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	arrived := make(chan struct{}, 1)
+	u := newCountingUpstream(t, func(r *http.Request) {
+		if r.Header.Get("X-Hang") != "" {
+			arrived <- struct{}{}
+			<-r.Context().Done()
+		}
+	})
+	newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		backend redis {
+			address %s
+			timeout 2s
+		}
+		zone rslots_gone {
+			key static
+			concurrency 1
+		}
+	}
+	reverse_proxy %s`, redis.Addr, strings.TrimPrefix(u.URL, "http://"))), "caddyfile")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		status(ctx, httpBase, "X-Hang", "1")
+		close(done)
+	}()
+	within(t, arrived, "the hanging request")
+	if code := status(context.Background(), httpBase); code != http.StatusServiceUnavailable {
+		t.Fatalf("a second request while the slot is held: %d, want 503", code)
+	}
+	cancel()
+	within(t, done, "the client that left")
+	eventuallyOK(t, "the slot of a client that left was never freed in Redis")
+}

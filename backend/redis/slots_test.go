@@ -352,3 +352,29 @@ func TestSlotsRenewedCluster(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// The renewing goroutine runs only while slots are held.
+func TestSlotsRenewerStops(t *testing.T) {
+	stores := slotStores(t, 1, standaloneU)
+	z := mustSlots(t, stores[0], "stop", 1, time.Second)
+	id, _ := z.Acquire(context.Background(), "k")
+	running := func() bool {
+		stores[0].slots.mu.Lock()
+		defer stores[0].slots.mu.Unlock()
+		return stores[0].slots.running
+	}
+	if !running() {
+		t.Fatal("no renewing goroutine while a slot is held")
+	}
+	if err := z.Release(context.Background(), "k", id); err != nil {
+		t.Fatal(err)
+	}
+	// It looks again a third of the TTL later, and ends.
+	deadline := time.Now().Add(2 * time.Second)
+	for running() {
+		if time.Now().After(deadline) {
+			t.Fatal("the renewing goroutine outlived the last slot")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -98,10 +99,11 @@ var slotSeq atomic.Uint64
 type slotZone struct {
 	s      *Store
 	prefix string // the set's key before the client's key
-	limit  string
 	ttl    time.Duration
 	ttlMs  string
-	guard  guard
+	// The limit and the TTL in ms as command arguments, converted once.
+	limitArg, ttlArg any
+	guard            guard
 }
 
 // guard runs a call to Redis (through the breaker, for the module).
@@ -126,7 +128,7 @@ type slotHolder struct {
 
 type heldSet struct {
 	z   *slotZone
-	ids map[string]struct{}
+	ids []string // few: the requests of one key in flight here
 }
 
 // RegisterSlots registers cfg's slots (backend.SlotStore).
@@ -141,11 +143,13 @@ func (s *Store) registerSlots(cfg backend.SlotConfig, g guard) (*slotZone, error
 	case cfg.TTL < MinSlotTTL || cfg.TTL > MaxSlotTTL:
 		return nil, fmt.Errorf("slot_ttl must be from %v to %v, got %v", MinSlotTTL, MaxSlotTTL, cfg.TTL)
 	}
-	return &slotZone{
+	z := &slotZone{
 		s: s, prefix: zonePrefix(s.prefix, cfg.Name, cfg.Scope, kindSlots),
-		limit: strconv.FormatInt(cfg.Limit, 10), ttl: cfg.TTL, ttlMs: strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
+		limitArg: strconv.FormatInt(cfg.Limit, 10), ttl: cfg.TTL, ttlMs: strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
 		guard: g,
-	}, nil
+	}
+	z.ttlArg = z.ttlMs
+	return z, nil
 }
 
 // Acquire takes a slot of key (backend.Slots).
@@ -159,7 +163,7 @@ func (z *slotZone) Acquire(ctx context.Context, key string) (string, error) {
 		sent = true
 		tctx, cancel := context.WithTimeout(ctx, z.s.timeout)
 		defer cancel()
-		n, err := runOnce(tctx, z.s.client, slotAcquire, set, z.limit, z.ttlMs, id)
+		n, err := z.acquireOnce(tctx, set, id)
 		return n == 1, err
 	})
 	switch {
@@ -191,25 +195,20 @@ func (z *slotZone) Release(ctx context.Context, key, id string) error {
 	return err
 }
 
-// runOnce runs a slot script on one key, never retried after it may have
-// run (see once), with the source sent again after NOSCRIPT.
-func runOnce(ctx context.Context, c goredis.UniversalClient, sc *goredis.Script, key string, args ...any) (int64, error) {
-	a := append([]any{"evalsha", sc.Hash(), 1, key}, args...)
-	cmd := goredis.NewCmd(ctx, a...)
-	_ = c.Process(ctx, once{cmd})
+// The acquire script's digest and source as command arguments, converted
+// to interface values once.
+var slotAcquireHash, slotAcquireArg any = slotAcquire.Hash(), slotAcquireSource
+
+// acquireOnce runs the acquire script on set, never retried after it may
+// have run (see once), with the source sent again after NOSCRIPT.
+func (z *slotZone) acquireOnce(ctx context.Context, set, id string) (int64, error) {
+	cmd := goredis.NewCmd(ctx, "evalsha", slotAcquireHash, 1, set, z.limitArg, z.ttlArg, id)
+	_ = z.s.client.Process(ctx, once{cmd})
 	if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		a[0], a[1] = "eval", slotSource(sc)
-		cmd = goredis.NewCmd(ctx, a...)
-		_ = c.Process(ctx, once{cmd})
+		cmd = goredis.NewCmd(ctx, "eval", slotAcquireArg, 1, set, z.limitArg, z.ttlArg, id)
+		_ = z.s.client.Process(ctx, once{cmd})
 	}
 	return cmd.Int64()
-}
-
-func slotSource(sc *goredis.Script) string {
-	if sc == slotAcquire {
-		return slotAcquireSource
-	}
-	return slotRenewSource
 }
 
 func (h *slotHolder) hold(z *slotZone, set, id string) {
@@ -220,10 +219,10 @@ func (h *slotHolder) hold(z *slotZone, set, id string) {
 	}
 	hs := h.sets[set]
 	if hs == nil {
-		hs = &heldSet{z: z, ids: make(map[string]struct{}, 1)}
+		hs = &heldSet{z: z}
 		h.sets[set] = hs
 	}
-	hs.ids[id] = struct{}{}
+	hs.ids = append(hs.ids, id)
 	if h.shorter == nil {
 		h.shorter = make(chan struct{}, 1)
 	}
@@ -244,7 +243,11 @@ func (h *slotHolder) drop(set, id string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if hs := h.sets[set]; hs != nil {
-		delete(hs.ids, id)
+		if i := slices.Index(hs.ids, id); i >= 0 {
+			last := len(hs.ids) - 1
+			hs.ids[i] = hs.ids[last]
+			hs.ids = hs.ids[:last]
+		}
 		if len(hs.ids) == 0 {
 			delete(h.sets, set)
 		}
@@ -283,7 +286,7 @@ func (h *slotHolder) renewLoop(shorter <-chan struct{}) {
 		for set, hs := range h.sets {
 			r := renewal{z: hs.z, set: set, ids: make([]any, 0, len(hs.ids)+1)}
 			r.ids = append(r.ids, hs.z.ttlMs)
-			for id := range hs.ids {
+			for _, id := range hs.ids {
 				r.ids = append(r.ids, id)
 			}
 			batch = append(batch, r)

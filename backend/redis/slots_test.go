@@ -378,3 +378,28 @@ func TestSlotsRenewerStops(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// After SCRIPT FLUSH (a restart, a failover), taking and renewing slots
+// send the scripts' source once and go on.
+func TestSlotsNoScriptRecovers(t *testing.T) {
+	stores := slotStores(t, 1, standaloneU)
+	z := mustSlots(t, stores[0], "flush", 2, time.Second).(*slotZone)
+	if err := stores[0].client.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	id, err := z.Acquire(context.Background(), "k")
+	if err != nil || id == "" {
+		t.Fatalf("acquire after SCRIPT FLUSH: %q %v", id, err)
+	}
+	if err := stores[0].client.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := stores[0].client.ZScore(context.Background(), z.prefix+"k}", id).Result()
+	time.Sleep(5 * time.Millisecond) // so that the renewed expiry is a later millisecond
+	if err := renew([]renewal{{z: z, set: z.prefix + "k}", ids: []any{z.ttlMs, id}}}); err != nil {
+		t.Fatalf("renew after SCRIPT FLUSH: %v", err)
+	}
+	if score, err := stores[0].client.ZScore(context.Background(), z.prefix+"k}", id).Result(); err != nil || score <= before {
+		t.Fatalf("the slot's expiry after its renewal: %v (before %v) %v", score, before, err)
+	}
+}

@@ -146,6 +146,10 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        cooldown   <duration>
 //	        count_when <response matcher>
 //	        reset_when <response matcher>
+//	        charge_when <response matcher>
+//	        reservation_ttl <duration>
+//	        align      hour|day|month
+//	        timezone   <IANA time zone>
 //	        concurrency <n>
 //	        queue      <duration>
 //	        status     <code>
@@ -544,6 +548,8 @@ func (p *limitParser) option(opt string) error {
 		l.CountWhen, err = parseResponseMatcher(d, p.where, opt)
 	case "reset_when":
 		l.ResetWhen, err = parseResponseMatcher(d, p.where, opt)
+	case "charge_when", "reservation_ttl", "align", "timezone":
+		return p.budgetOption(opt)
 	case "status":
 		var v string
 		if v, err = oneArg(d); err == nil {

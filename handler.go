@@ -183,7 +183,7 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 		}
 		return true, h.refuse(w, r, refusal{reason: reasonBadCost, zone: z, limit: l, retryAfter: -1, detail: err})
 	}
-	s.reqs = append(s.reqs, backend.Request{Limit: l.handle, Key: key, Cost: cost, Shadow: z.Shadow})
+	s.reqs = append(s.reqs, l.request(key, cost))
 	s.limits = append(s.limits, l)
 	return false, nil
 }

@@ -34,6 +34,7 @@ type outcomeWriter struct {
 	// header fields as the application wrote them, before a handler
 	// around this one removes some on their way out (header -Field).
 	counted, reset uint8
+	charged        uint8         // the same for charge_when (budget.go)
 	store          backend.Store // the store that decided
 	limits         []*Limit
 	reqs           []backend.Request
@@ -62,7 +63,7 @@ func (c *detachedContext) Value(key any) any        { return c.parent.Value(key)
 func watchOutcome(w http.ResponseWriter, s *scratch) *outcomeWriter {
 	var o *outcomeWriter
 	for i, l := range s.limits {
-		if l.CountWhen == nil && l.ResetWhen == nil {
+		if l.CountWhen == nil && l.ResetWhen == nil && l.ChargeWhen == nil {
 			continue
 		}
 		if o == nil {
@@ -131,6 +132,9 @@ func (o *outcomeWriter) note(code int) {
 		if l.ResetWhen != nil && l.ResetWhen.Match(code, hdr) {
 			o.reset |= 1 << i
 		}
+		if l.ChargeWhen != nil && l.ChargeWhen.Match(code, hdr) {
+			o.charged |= 1 << i
+		}
 	}
 }
 
@@ -172,7 +176,9 @@ func (h *Handler) serveOutcome(o *outcomeWriter, r *http.Request, next caddyhttp
 		// application may have done the work all the same (sent the
 		// message, checked the password), so the unit stays taken and
 		// nothing is cleared. The 499 the proxy writes for the cancelled
-		// request is not an outcome.
+		// request is not an outcome. A spend budget's reservation is
+		// released, though (budget.go).
+		h.settleCharges(o, false, 0)
 		return err
 	}
 	h.settle(o, r, o.finalStatus(err))
@@ -183,6 +189,7 @@ func (h *Handler) serveOutcome(o *outcomeWriter, r *http.Request, next caddyhttp
 // does not match, and clears the keys of those whose reset_when it does.
 // It runs after the response, so a client that left does not stop it.
 func (h *Handler) settle(o *outcomeWriter, r *http.Request, status int) {
+	h.settleCharges(o, true, status)
 	ctx := &o.detached
 	n := 0
 	for i, l := range o.limits {
@@ -221,10 +228,13 @@ func (h *Handler) resetKey(ctx context.Context, store backend.Store, l *Limit, k
 // provisionOutcome notes whether l settles by the response, and checks
 // that the store can clear a key for reset_when.
 func (h *Handler) provisionOutcome(l *Limit) error {
-	if l.CountWhen == nil && l.ResetWhen == nil {
+	if l.CountWhen == nil && l.ResetWhen == nil && l.ChargeWhen == nil {
 		return nil
 	}
 	h.outcomes = true
+	if _, ok := h.store.(backend.Reserver); l.ChargeWhen != nil && !ok {
+		return fmt.Errorf("zone %q: charge_when: the %T backend cannot hold reservations", l.zone.name, h.store)
+	}
 	if _, ok := h.store.(backend.Admin); l.ResetWhen != nil && !ok {
 		return fmt.Errorf("zone %q: reset_when: the %T backend cannot clear keys", l.zone.name, h.store)
 	}
@@ -236,7 +246,7 @@ func (l *Limit) checkOutcome() error {
 	for _, m := range []struct {
 		opt string
 		rm  *caddyhttp.ResponseMatcher
-	}{{"count_when", l.CountWhen}, {"reset_when", l.ResetWhen}} {
+	}{{"count_when", l.CountWhen}, {"reset_when", l.ResetWhen}, {"charge_when", l.ChargeWhen}} {
 		switch {
 		case m.rm == nil:
 			continue

@@ -70,6 +70,7 @@ const (
 	reasonConcurrency
 	reasonShed
 	reasonQuota
+	reasonBudget
 	numReasons
 )
 
@@ -89,6 +90,7 @@ var reasonInfo = [numReasons]struct {
 	reasonConcurrency: {"concurrency", nil, http.StatusServiceUnavailable, ErrConcurrency, "request refused: too many requests in flight", zapcore.InfoLevel},
 	reasonShed:        {"load_shed", nil, http.StatusServiceUnavailable, ErrShed, "request shed: the server is overloaded", zapcore.InfoLevel},
 	reasonQuota:       {"quota_exceeded", nil, 0, ErrQuotaExceeded, "quota exceeded", zapcore.InfoLevel},
+	reasonBudget:      {"budget_exhausted", nil, 0, ErrBudgetExhausted, "spend budget exhausted", zapcore.InfoLevel},
 }
 
 func init() {
@@ -106,6 +108,9 @@ func (z *Zone) refusalStatus(rs reason) int {
 	if s := reasonInfo[rs].status; s != 0 {
 		return s
 	}
+	if rs == reasonBudget {
+		return cmp.Or(z.Status, http.StatusServiceUnavailable)
+	}
 	return cmp.Or(z.status, http.StatusTooManyRequests)
 }
 
@@ -121,7 +126,7 @@ func denialReason(status int) reason {
 // status is the HTTP status of f: a denial answers with its limit's
 // status (a scope's own, else its zone's).
 func (f *refusal) status() int {
-	if f.limit != nil && f.limit.denyErr != nil && (f.reason == reasonRateLimited || f.reason == reasonQuota) {
+	if f.limit != nil && f.limit.denyErr != nil && (f.reason == reasonRateLimited || f.reason == reasonQuota || f.reason == reasonBudget) {
 		return f.limit.denyStatus
 	}
 	return f.zone.refusalStatus(f.reason)
@@ -129,7 +134,7 @@ func (f *refusal) status() int {
 
 // err is the Caddy error of f.
 func (f *refusal) err() error {
-	if f.limit != nil && f.limit.denyErr != nil && (f.reason == reasonRateLimited || f.reason == reasonQuota) {
+	if f.limit != nil && f.limit.denyErr != nil && (f.reason == reasonRateLimited || f.reason == reasonQuota || f.reason == reasonBudget) {
 		return f.limit.denyErr
 	}
 	return f.zone.refusalError(f.reason)
@@ -288,7 +293,7 @@ func (v refusalValues) lookup(name string) (any, bool) {
 	if len(name) < len(phPrefix) || name[:len(phPrefix)] != phPrefix {
 		return nil, false
 	}
-	decided := v.reason == reasonRateLimited || v.reason == reasonQuota
+	decided := v.reason == reasonRateLimited || v.reason == reasonQuota || v.reason == reasonBudget
 	switch name {
 	case phReason:
 		return reasonInfo[v.reason].value, true
@@ -391,7 +396,7 @@ func (h *Handler) appendBody(b []byte, f refusal) []byte {
 		switch f.reason {
 		case reasonRateLimited, reasonQuota:
 			typ, title = problemQuotaExceeded, "Quota Exceeded"
-		case reasonUnavailable, reasonConcurrency, reasonShed:
+		case reasonUnavailable, reasonConcurrency, reasonShed, reasonBudget:
 			typ, title = problemReducedCapacity, "Temporary Reduced Capacity"
 		}
 		b = append(b, `{"type":`...)
@@ -478,6 +483,8 @@ func appendMessage(b []byte, f refusal) []byte {
 	case reasonMissingKey:
 		b = append(b, "The request lacks a value this endpoint is rate limited by: "...)
 		return append(append(b, missingClass(f.detail)...), '.')
+	case reasonBudget:
+		return appendBudgetMessage(b, f)
 	case reasonConcurrency, reasonShed:
 		b = append(b, "The server is busy. Retry in "...)
 		b = strconv.AppendInt(b, f.retryAfter, 10)
@@ -622,6 +629,9 @@ func (l *Limit) provisionStatus(zoneStatus int) error {
 	}
 	status := cmp.Or(l.Status, zoneStatus)
 	l.denyReason = denialReason(status)
+	if l.ChargeWhen != nil {
+		status, l.denyReason = l.budgetDenial()
+	}
 	l.denyStatus = status
 	// Made once, boxed: a flood of denials allocates nothing for it.
 	l.denyErr = caddyhttp.HandlerError{StatusCode: status, Err: reasonInfo[l.denyReason].err}

@@ -243,7 +243,7 @@ type Limit struct {
 	// disagree, one "closed" limit refuses it; otherwise the "local" ones
 	// decide it and the "open" ones let it through. A scope without a
 	// policy takes its zone's. The memory backend never fails. Default:
-	// "open".
+	// "open"; "closed" for a spend budget (charge_when).
 	Fail string `json:"fail,omitempty"`
 
 	// Lease makes each Caddy instance take this many units of a key from
@@ -269,6 +269,33 @@ type Limit struct {
 	// ResetWhen clears the key's state when the response matches: a
 	// correct password forgives the failures before it. Default: unset.
 	ResetWhen *caddyhttp.ResponseMatcher `json:"reset_when,omitempty"`
+
+	// ChargeWhen makes the limit a spend budget: a request's units are
+	// reserved before it is handed on, committed when its response
+	// matches (status 2xx: the paid call went through) and released
+	// otherwise (an upstream error or timeout, a 5xx, a client that went
+	// away). A denied request gets 503 (the limit's status if set, else
+	// the zone's), and the limit fails closed unless its fail says
+	// otherwise. Default: unset.
+	ChargeWhen *caddyhttp.ResponseMatcher `json:"charge_when,omitempty"`
+
+	// ReservationTTL is how long a charge_when reservation lasts when
+	// nothing settles it (the Caddy that made it died, or the request
+	// never ended): its units then come back by themselves. Default: 1m;
+	// from 1s to 24h.
+	ReservationTTL caddy.Duration `json:"reservation_ttl,omitempty"`
+
+	// Align cuts a fixed_window limit's time into the calendar's "hour",
+	// "day" or "month" of Timezone instead of windows from the Unix epoch:
+	// the window must be 1h, 24h or 30d (720h) respectively, and each
+	// calendar unit gets max_events, whatever its real length (a day of 23
+	// or 25 hours when the clocks change, a month of 28 to 31 days).
+	// Default: unset (epoch-aligned windows).
+	Align string `json:"align,omitempty"`
+
+	// Timezone is the IANA time zone of Align ("Asia/Dhaka",
+	// "America/New_York"). Default: UTC.
+	Timezone string `json:"timezone,omitempty"`
 
 	// Concurrency caps how many requests of a key (of the whole zone, with
 	// a static key) may be in flight at once: a slot is taken when the
@@ -345,9 +372,10 @@ type Limit struct {
 	denyReason reason
 	// tiers picks the limit of a request's tier; nil without Tiers. Each
 	// tier's limit has its tier's name in tier.
-	tiers *tierSet
-	tier  string
-	base  string // a tier's scope as configured, without the tier
+	tiers  *tierSet
+	tier   string
+	base   string      // a tier's scope as configured, without the tier
+	budget limitBudget // charge_when and align (budget.go)
 	// The zone and scope names as placeholder values, converted once:
 	// converting a string to an interface value allocates.
 	zoneName, scopeName any
@@ -451,6 +479,8 @@ func (l *Limit) ownOnly() []string {
 		option{l.Missing != "", "missing"}, option{l.MaxKeys != 0, "max_keys"}, option{l.Lease != 0, "lease"},
 		option{l.CountWhen != nil, "count_when"}, option{l.ResetWhen != nil, "reset_when"},
 		option{l.Queue != 0, "queue"}, option{l.Tier != "", "tier"}, option{l.DefaultTier != "", "default_tier"},
+		option{l.ChargeWhen != nil, "charge_when"}, option{l.ReservationTTL != 0, "reservation_ttl"},
+		option{l.Align != "", "align"}, option{l.Timezone != "", "timezone"},
 	)
 }
 
@@ -554,7 +584,7 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	if l.Lease > 0 && z.Shadow {
 		return fmt.Errorf("lease: a shadow zone's requests never deny, and each is decided by the backend: remove lease")
 	}
-	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Owner: owner}
+	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Owner: owner, Calendar: l.budget.cal}
 	l.handle, err = store.Register(l.cfg)
 	if err != nil {
 		return err
@@ -616,6 +646,9 @@ func (l *Limit) check() (string, error) {
 	if err := l.checkOutcome(); err != nil {
 		return "", err
 	}
+	if err := l.checkBudget(alg); err != nil {
+		return "", err
+	}
 	if l.Cost != nil {
 		if err := l.Cost.validate(); err != nil {
 			return "", err
@@ -659,8 +692,11 @@ func (l *Limit) provision(logger *zap.Logger) error {
 		return err
 	}
 	l.Missing = cmp.Or(l.Missing, MissingShared)
-	l.Fail = cmp.Or(l.Fail, FailOpen)
+	l.Fail = cmp.Or(l.Fail, l.defaultFail())
 	l.algorithm = alg
+	if err := l.provisionBudget(); err != nil {
+		return err
+	}
 	if alg != "" {
 		l.maxCost = algorithms.MaxCost(alg, l.policy())
 	}

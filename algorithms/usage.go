@@ -158,7 +158,7 @@ func (a *FixedWindow) Usage(s Window, now int64) Usage {
 	start, count := a.current(s, now)
 	u := Usage{Limit: a.p.Limit, Remaining: max(a.p.Limit-count, 0)}
 	if count > 0 {
-		u.ResetAfter = start + a.p.Window - now
+		u.ResetAfter = a.end(start) - now
 	}
 	if u.Remaining == 0 {
 		u.RetryAfter = u.ResetAfter
@@ -173,7 +173,7 @@ func (a *FixedWindow) FromUsage(u Usage, now int64) Window {
 	if used <= 0 {
 		return Window{}
 	}
-	return Window{Start: now - now%a.p.Window, Count: used}
+	return Window{Start: a.start(now), Count: used}
 }
 
 func (a *SlidingCounter) Available(s Counter, now int64) int64 {

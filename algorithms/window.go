@@ -13,10 +13,40 @@ type Window struct {
 // algorithm and the least exact: a client can spend a whole window's quota
 // at the end of one window and again at the start of the next, up to twice
 // Limit within one Window of time (the boundary burst).
-type FixedWindow struct{ p Policy }
+//
+// With a Calendar, windows are the calendar's hours, days or months
+// instead, in its time zone (calendar.go).
+type FixedWindow struct {
+	p   Policy
+	cal *Calendar // nil: windows of p.Window from the epoch
+}
 
 // NewFixedWindow returns the fixed window for p. p must be valid.
 func NewFixedWindow(p Policy) *FixedWindow { return &FixedWindow{p: p} }
+
+// NewCalendarWindow returns the fixed window for p over the windows of
+// cal; a nil cal is NewFixedWindow.
+func NewCalendarWindow(p Policy, cal *Calendar) *FixedWindow { return &FixedWindow{p: p, cal: cal} }
+
+// Calendar is the window's calendar, nil for epoch-aligned windows.
+func (a *FixedWindow) Calendar() *Calendar { return a.cal }
+
+// start is the start of the window that contains now.
+func (a *FixedWindow) start(now int64) int64 {
+	if a.cal != nil {
+		s, _ := a.cal.Bounds(now)
+		return s
+	}
+	return now - now%a.p.Window
+}
+
+// end is the end of the window that starts at start.
+func (a *FixedWindow) end(start int64) int64 {
+	if a.cal != nil {
+		return a.cal.End(start)
+	}
+	return start + a.p.Window
+}
 
 func (a *FixedWindow) Policy() Policy { return a.p }
 
@@ -24,7 +54,7 @@ func (a *FixedWindow) Policy() Policy { return a.p }
 // A clock that stepped back into an earlier window keeps the later one, so
 // it cannot reopen a spent window.
 func (a *FixedWindow) current(s Window, now int64) (start, count int64) {
-	start = now - now%a.p.Window
+	start = a.start(now)
 	if start <= s.Start {
 		return s.Start, s.Count
 	}
@@ -34,7 +64,7 @@ func (a *FixedWindow) current(s Window, now int64) (start, count int64) {
 func (a *FixedWindow) Decide(s Window, now, cost int64) Result {
 	cost = max(cost, 0)
 	start, count := a.current(s, now)
-	end := start + a.p.Window - now
+	end := a.end(start) - now
 	reset := end
 	if count == 0 && cost == 0 {
 		reset = 0
@@ -65,7 +95,7 @@ func (a *FixedWindow) IdleAt(s Window) int64 {
 	if s.Count == 0 {
 		return 0
 	}
-	return s.Start + a.p.Window
+	return a.end(s.Start)
 }
 
 // Rebase moves the count onto the new window's grid when the window
@@ -73,6 +103,14 @@ func (a *FixedWindow) IdleAt(s Window) int64 {
 // change are counted in the new window that contains the change, so the
 // change neither frees nor locks quota beyond one window.
 func (a *FixedWindow) Rebase(s Window, at int64, old Policy) Window {
+	if a.cal != nil {
+		// A calendar fixes the window's length: only a window that
+		// ended before the change is dropped.
+		if s.Count != 0 && a.end(s.Start) <= at {
+			return Window{}
+		}
+		return s
+	}
 	if old.Window == a.p.Window || s.Count == 0 {
 		return s
 	}

@@ -41,6 +41,10 @@ type LimitConfig struct {
 	// once and then spends locally (0: every request asks the store). A
 	// store that decides in-process refuses it: it would change nothing.
 	Lease int64
+	// Calendar, for a fixed window, cuts time into the hours, days or
+	// months of a time zone instead of windows from the Unix epoch; nil
+	// for epoch-aligned windows.
+	Calendar *algorithms.Calendar
 	// Owner identifies the config that registers the zone. One config may
 	// register a name twice only with the same policy: two rates for one
 	// state would make whichever registered last apply to both.
@@ -62,6 +66,10 @@ type Request struct {
 	// Shadow requests are decided and counted but never make the request
 	// deny: they are taken only when they allow.
 	Shadow bool
+	// Reserve, when positive, holds the units taken as a reservation that
+	// lasts Reserve nanoseconds (see Reserver); Token tells it apart.
+	Reserve int64
+	Token   uint64
 }
 
 // Store decides requests against stored state.

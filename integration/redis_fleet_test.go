@@ -115,7 +115,8 @@ func startFleet(t *testing.T, n int, cfg string, env ...string) *fleet {
 }
 
 // startCaddy runs the built binary on a config file until the test ends,
-// with env added to its environment; a failed test shows its output.
+// with env added to its environment; a failed test shows its output. It
+// returns the process, for tests that kill it.
 func startCaddy(t *testing.T, file string, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(binary(t), "run", "--config", file)

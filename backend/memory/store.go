@@ -66,6 +66,7 @@ type Store struct {
 
 	mu   sync.Mutex
 	held []held
+	resv reservations // spend budgets' reservations (budget.go)
 }
 
 // held is a table this store registered with, and how to let go of it.
@@ -167,7 +168,7 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	case algorithms.KindLog:
 		return register(s, cfg, kind, algorithms.Algorithm[*algorithms.Log](algorithms.NewSlidingLog(p)))
 	case algorithms.KindWindow:
-		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Window](algorithms.NewFixedWindow(p)))
+		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Window](algorithms.NewCalendarWindow(p, cfg.Calendar)))
 	case algorithms.KindCounter:
 		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Counter](algorithms.NewSlidingCounter(p)))
 	}
@@ -335,14 +336,14 @@ func locate(loc []located, z zoneOps, h hkey, cost int64, req int32) []located {
 	return append(loc, l)
 }
 
-// Decide answers reqs all or nothing. The shards of every key involved are
+// decide answers reqs all or nothing. The shards of every key involved are
 // locked together, in one global order so that concurrent requests over
 // overlapping zones cannot deadlock, and nothing is taken unless every
 // non-shadow request is allowed. A limit whose algorithm a reload is
 // changing to another kind of state has a table of each kind (peers.go):
 // its request is decided by all of them, and answered by its own table
 // unless another denies.
-func (s *Store) Decide(_ context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
+func (s *Store) decide(_ context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
 	now := s.now()
 	if len(reqs) == 1 {
 		z, ok := reqs[0].Limit.(zoneOps)

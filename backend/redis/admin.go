@@ -43,6 +43,9 @@ func adminItem(l backend.Limit, key string, cost int64) (item, error) {
 // runAdmin runs the admin script once: a grant must not be sent again
 // after it may have run (once), and a NOSCRIPT reply means it did not run.
 func (s *Store) runAdmin(ctx context.Context, mode string, items []item) *goredis.Cmd {
+	for i := range items {
+		s.budgetItem(&items[i], backend.Request{}) // a calendar window's boundaries
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	keys := make([]string, len(items))

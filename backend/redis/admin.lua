@@ -69,11 +69,11 @@ if mode == 'g' then
 			elseif k == 'w' then
 				-- As a refund of a request taken in the window the key is
 				-- in, even if the clock stepped back out of it.
-				r = libW().refund(s, a.p1, a.cost, P53)
+				r = libW().refund(s, a.p1, a.cost, P53, a.cal)
 			else
 				r = grantCounter(s, a.p1, a.cost)
 			end
-			if r ~= s then store(k, key, r, a.p1, a.lin, a.gen, a.p1) end
+			if r ~= s then store(k, key, r, a.p1, a.lin, a.gen, a.p1, a.cal) end
 		end
 	end
 	return {}

@@ -241,7 +241,7 @@ func (b *batcher) send(batch []*pending) {
 			if p.items[i].shadow {
 				x1 = shadowArg
 			}
-			args = itemArgs(args, &p.items[i], x1, "")
+			args = itemArgs(args, &p.items[i], x1, p.items[i].resv)
 		}
 	}
 	*buf = args

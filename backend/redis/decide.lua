@@ -4,7 +4,8 @@
 --
 -- KEYS[i]   the state of one (zone, scope, key).
 -- ARGV[1]   "d" decide, "u" decide for an undo, "r" refund, "x" undo,
---           "m" decide many requests, each on its own (see the end).
+--           "m" decide many requests, each on its own (see the end),
+--           "k" commit and "e" release reservations (SPEND BUDGETS).
 -- ARGV[2,3] "" and "" to read the clock with TIME; tests pass seconds and
 --           nanoseconds instead so that Redis and the memory store see the
 --           same instants.
@@ -14,11 +15,13 @@
 -- Then F arguments per key, from ARGV[5 + (i-1)*F]:
 --   kind   b bucket (token bucket, GCRA, leaky meter), q leaky queue,
 --          w fixed window, c sliding window counter, l sliding log
---   p1     the rate parameter: interval T (b, q) or window W (w, c, l), ns
+--   p1     the rate parameter: interval T (b, q) or window W (w, c, l), ns;
+--          a calendar window's adds its boundaries (CALENDAR WINDOWS)
 --   p2     burst (b), max_delay (q) or limit (w, c, l)
 --   cost   units, already summed over repeated keys and capped by the caller
 --   x1     decide: "1" for a shadow request; refund: the decision's time
---   x2     refund: the decision's delay (q)
+--   x2     refund: the decision's delay (q); decide: "" or a reservation,
+--          settle and undo: its token (see SPEND BUDGETS)
 --   lin    the lineage of the zone's policy history in the calling process
 --   gen    the generation of the calling process's current policy
 --   hist   the policy changes "at,gen,param;..." oldest first (may be "")
@@ -289,21 +292,58 @@ local function libB()
 end
 
 ------------------------------------------------------------------------
+-- CALENDAR WINDOWS (backend/redis/budget.go). A fixed window aligned to
+-- the hours, days or months of a time zone comes with p1 written
+-- "<W>@<b0>,<b1>,<b2>,<b3>": the boundaries of three consecutive windows
+-- around the calling instance's clock, computed by Go (Lua has no time
+-- zone rules). The script picks the one that holds its own TIME, so the
+-- instances agree as long as their clocks are within a window of Redis's.
+
+-- calArg reads such a p1 into a.p1 (W, the nominal length that the
+-- policy history records) and a.cal (the boundaries, relative to now).
+local function calArg(a, raw)
+	local w, b0, b1, b2, b3 = string.match(raw, '^(%d+)@(%d+),(%d+),(%d+),(%d+)$')
+	if not w then error('bad window argument ' .. raw) end
+	a.p1 = tonumber(w)
+	a.cal = {rel(b0), rel(b1), rel(b2), rel(b3)}
+end
+
+-- calStart is the start of the window that holds t.
+local function calStart(cal, t)
+	for i = 1, 3 do
+		if cal[i] and cal[i + 1] and cal[i] <= t and t < cal[i + 1] then return cal[i] end
+	end
+	error('calendar window: the clock of Redis and of the Caddy that called differ by more than a window')
+end
+
+-- calEnd is the end of the window that starts at start (W after it for a
+-- start Go did not send: a window long over, whose end matters little).
+local function calEnd(cal, start, W)
+	for i = 1, 3 do
+		if cal[i] == start then return cal[i + 1] end
+	end
+	return start + W
+end
+-- END CALENDAR WINDOWS
+
+------------------------------------------------------------------------
 -- Fixed window: {start, count} (start nil: a fresh key).
 
 local Wlib
 local function libW()
 	if Wlib then return Wlib end
 	local absmod = libM().absmod
-	local function windowCurrent(s, W, t)
-		local start = t - absmod(t, W)
+	local function windowCurrent(s, W, t, cal)
+		local start
+		if cal then start = calStart(cal, t) else start = t - absmod(t, W) end
 		if s.start and start <= s.start then return s.start, s.count end
 		return start, 0
 	end
 
-	local function windowDecide(s, W, limit, cost)
-		local start, count = windowCurrent(s, W, now)
+	local function windowDecide(s, W, limit, cost, cal)
+		local start, count = windowCurrent(s, W, now, cal)
 		local stop = start + W - now
+		if cal then stop = calEnd(cal, start, W) - now end
 		local reset = stop
 		if count == 0 and cost == 0 then reset = 0 end
 		local r, done = counted(limit, count, cost, reset)
@@ -311,13 +351,13 @@ local function libW()
 		return r
 	end
 
-	local function windowTake(s, W, cost)
-		local start, count = windowCurrent(s, W, now)
+	local function windowTake(s, W, cost, cal)
+		local start, count = windowCurrent(s, W, now, cal)
 		return {start = start, count = count + cost}
 	end
 
-	local function windowRefund(s, W, cost, at)
-		local start, count = windowCurrent(s, W, now)
+	local function windowRefund(s, W, cost, at, cal)
+		local start, count = windowCurrent(s, W, now, cal)
 		if start ~= s.start or at < start then return s end
 		count = count - cost
 		if count < 0 then count = 0 end
@@ -904,7 +944,7 @@ end
 
 -- store writes s with its expiry, or deletes the key when s is the zero
 -- state.
-local function store(kind, key, s, param, lin, gen, p1)
+local function store(kind, key, s, param, lin, gen, p1, cal)
 	local v, idle
 	local meta = metaOf(param, lin, gen)
 	if kind == 'b' or kind == 'q' then
@@ -918,6 +958,7 @@ local function store(kind, key, s, param, lin, gen, p1)
 		-- algorithm keeps such a start (it ends the window).
 		if s.start then
 			idle = s.start + p1
+			if cal then idle = calEnd(cal, s.start, p1) end
 			v = abs(s.start) .. string.format(':%d', s.count) .. meta
 		end
 	elseif s.start then
@@ -1122,6 +1163,7 @@ local function readArgs(k0, o0, n)
 			hist = ARGV[o + 9],
 			from = ARGV[o + 10],
 		}
+		if not args[i].p1 then calArg(args[i], ARGV[o + 2]) end
 	end
 	return args
 end
@@ -1141,15 +1183,93 @@ local function refundOne(a)
 		elseif k == 'q' then
 			r = libB().qrefund(s, a.p1, a.cost, at, tonumber(a.x2))
 		elseif k == 'w' then
-			r = libW().refund(s, a.p1, a.cost, at)
+			r = libW().refund(s, a.p1, a.cost, at, a.cal)
 		else
 			r = libC().refund(s, a.p1, a.cost, at)
 		end
 		-- Nothing to give back leaves the key as it is (a state idle now
 		-- is not idle for a clock that steps back).
-		if r ~= s then store(k, key, r, a.p1, a.lin, a.gen, a.p1) end
+		if r ~= s then store(k, key, r, a.p1, a.lin, a.gen, a.p1, a.cal) end
 	end
 end
+
+------------------------------------------------------------------------
+-- SPEND BUDGETS: reservations (backend/redis/budget.go). A decision whose
+-- x2 is "<ttl ms>:t<token>" reserves the units it takes: the member
+-- "t<token>:<time of the decision, ns>:<cost>" of the sorted set <key>:R,
+-- scored by its deadline in ms. Committing removes the member; releasing
+-- removes it and, only if it was there, refunds the units; a member past
+-- its deadline is released by the next decision of the key, so the
+-- reservation of a Caddy that died comes back with no Caddy left to give
+-- it back. The set lives as long as the state it holds units of.
+
+local function nowMs()
+	return NS * 1000 + floordiv(NN, E6)
+end
+
+local function member(tok, at, cost)
+	return tok .. ':' .. at .. ':' .. string.format('%d', cost)
+end
+
+-- expireDue releases the reservations of a's key whose deadline passed.
+local function expireDue(a)
+	local rk = a.key .. ':R'
+	local t = nowMs()
+	local due = redis.call('ZRANGEBYSCORE', rk, '-inf', t)
+	if #due == 0 then return end
+	for _, m in ipairs(due) do
+		local at, cost = string.match(m, '^t%d+:(%d+):(%d+)$')
+		if at then
+			refundOne({key = a.key, kind = a.kind, p1 = a.p1, cost = tonumber(cost), x1 = at, x2 = '0',
+				lin = a.lin, gen = a.gen, hist = a.hist, cal = a.cal})
+		end
+	end
+	redis.call('ZREMRANGEBYSCORE', rk, '-inf', t)
+end
+
+-- holdReservations records the reservations of an allowed request.
+local function holdReservations(args, results)
+	for i = 1, #args do
+		local a = args[i]
+		local ttl, tok = string.match(a.x2, '^(%d+):(t%d+)$')
+		if ttl and results[i][1] == 1 and a.cost > 0 then
+			ttl = tonumber(ttl)
+			local rk = a.key .. ':R'
+			redis.call('ZADD', rk, nowMs() + ttl, member(tok, abs(now), a.cost))
+			local keep = max(redis.call('PTTL', a.key), redis.call('PTTL', rk), ttl) + EXTRA
+			redis.call('PEXPIRE', rk, keep)
+		end
+	end
+end
+
+-- capRetry tells a denied reserving key the sooner of its wait and its
+-- earliest reservation's deadline: that one may come back first.
+local function capRetry(args, results, out, o)
+	for i = 1, #args do
+		local a, r = args[i], results[i]
+		if r[1] == 0 and r[4] > 0 and string.find(a.x2, ':t', 1, true) then
+			local first = redis.call('ZRANGE', a.key .. ':R', 0, 0, 'WITHSCORES')
+			if first[2] then
+				local w = (tonumber(first[2]) - NS * 1000) * E6 - NN
+				if w < 1 then w = 1 end
+				if w < r[4] then
+					r[4] = w
+					out[o + 1 + (i - 1) * 7 + 4] = w
+				end
+			end
+		end
+	end
+end
+
+-- settleOne commits (mode k) or releases (mode e) the reservation of a:
+-- x1 is the decision's time, x2 its token. An undo (mode x) of a
+-- reserving decision drops its reservation the same way.
+local function settleOne(a, release)
+	if redis.call('ZREM', a.key .. ':R', member(a.x2, a.x1, a.cost)) == 1 and release then
+		refundOne(a)
+	end
+end
+-- END SPEND BUDGETS
 
 -- decideKeys decides the keys of one request, all or nothing, and writes
 -- the reply from out[o + 1] on: 1 if the request may proceed, then 7
@@ -1160,6 +1280,7 @@ local function decideKeys(args, undo, out, o)
 	local before = {}
 	for i = 1, n do
 		local a = args[i]
+		if string.find(a.x2, ':t', 1, true) then expireDue(a) end
 		states[i] = loadItem(a)
 		-- (A log is given back by its refund, which is exact: no copy.)
 		if undo and a.kind ~= 'l' then
@@ -1181,7 +1302,7 @@ local function decideKeys(args, undo, out, o)
 		elseif k == 'q' then
 			r = libB().qdecide(s, a.p1, a.p2, a.cost)
 		elseif k == 'w' then
-			r = libW().decide(s, a.p1, a.p2, a.cost)
+			r = libW().decide(s, a.p1, a.p2, a.cost, a.cal)
 		elseif k == 'c' then
 			r = libC().decide(s, a.p1, a.p2, a.cost)
 		else
@@ -1193,7 +1314,10 @@ local function decideKeys(args, undo, out, o)
 		for j = 1, 6 do out[b + j] = r[j] end
 		out[b + 7] = 0
 	end
-	if not allowed then out[o + 1] = 0 end
+	if not allowed then
+		out[o + 1] = 0
+		capRetry(args, results, out, o)
+	end
 
 	-- ADMIN MODES: the admin script (admin.lua) is inserted here.
 
@@ -1212,14 +1336,15 @@ local function decideKeys(args, undo, out, o)
 				if k == 'b' or k == 'q' then
 					s = libB().take(s, a.p1, a.cost)
 				elseif k == 'w' then
-					s = libW().take(s, a.p1, a.cost)
+					s = libW().take(s, a.p1, a.cost, a.cal)
 				else
 					s = libC().take(s, a.p1, a.cost)
 				end
-				store(k, key, s, a.p1, a.lin, a.gen, a.p1)
+				store(k, key, s, a.p1, a.lin, a.gen, a.p1, a.cal)
 			end
 		end
 	end
+	if allowed then holdReservations(args, results) end
 	if undo then
 		for i = 1, n do
 			local b = before[i]
@@ -1265,6 +1390,12 @@ end
 local n = #KEYS
 local args = readArgs(0, 4, n)
 
+-- SPEND BUDGETS: commit ('k') or release ('e') reservations.
+if mode == 'k' or mode == 'e' then
+	for i = 1, n do settleOne(args[i], mode == 'e') end
+	return {}
+end
+
 -- A refund gives back each key in turn (one key may be refunded twice in
 -- one request), so each state is read just before its refund.
 if mode == 'r' then
@@ -1279,6 +1410,7 @@ end
 -- per key: the value before, its expiry (ms), the value written.
 if mode == 'x' then
 	for i = 1, n do
+		if sub(args[i].x2, 1, 1) == 't' then settleOne(args[i], false) end
 		local o = 4 + n * F + (i - 1) * 3
 		local old, ttl, new = ARGV[o + 1], tonumber(ARGV[o + 2]), ARGV[o + 3]
 		if args[i].kind ~= 'l' and new ~= '' and redis.call('GET', KEYS[i]) == new then

@@ -210,7 +210,7 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	if !loaded {
 		st.from = carryFrom(key, len(prefix)-1, s.now())
 	}
-	reg := &registration{alg: alg, policy: cfg.Policy, owner: cfg.Owner}
+	reg := &registration{alg: alg, policy: cfg.Policy, owner: cfg.Owner, cal: cfg.Calendar}
 	if err := st.register(reg, s.now()); err != nil {
 		_, _ = zoneStates.Delete(key)
 		return nil, err
@@ -251,6 +251,11 @@ type item struct {
 	// value the decision wrote.
 	before, after string
 	ttl           int64
+	// Spend budgets (budget.go): p1 is a calendar window's p1 argument
+	// (nil: the conf's), resv a decision's reservation argument and
+	// token the reservation a settle or an undo names.
+	p1          any
+	resv, token string
 }
 
 // group is the items of one script call: all of them, or those of one
@@ -286,6 +291,7 @@ func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 			conf := z.st.conf.Load()
 			z.st.use(conf)
 			items = append(items, item{key: key, conf: conf, cost: cost, shadow: r.Shadow})
+			s.budgetItem(&items[len(items)-1], r)
 		}
 	}
 	return items, of, nil
@@ -367,7 +373,11 @@ func (s *Store) prepare(ctx context.Context, mode string, gs []group, items []it
 // allocation of formatting and boxing a string.
 func itemArgs(args []any, it *item, x1, x2 any) []any {
 	c := &it.conf.boxed
-	return append(args, c[0], c[1], c[2], it.cost, x1, x2, c[3], c[4], c[5], c[6])
+	p1 := c[1]
+	if it.p1 != nil {
+		p1 = it.p1
+	}
+	return append(args, c[0], p1, c[2], it.cost, x1, x2, c[3], c[4], c[5], c[6])
 }
 
 // Decide answers reqs all or nothing (backend.Store). On a cluster, keys
@@ -468,9 +478,9 @@ func (s *Store) decideGroups(ctx context.Context, gs []group, items []item, resu
 	}
 	s.prepare(ctx, mode, gs, items, func(i int) (string, string) {
 		if items[i].shadow {
-			return "1", ""
+			return "1", items[i].resv
 		}
-		return "0", ""
+		return "0", items[i].resv
 	})
 	runErr := s.run(ctx, gs)
 	allowed := true
@@ -581,6 +591,7 @@ func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []al
 		conf := z.st.conf.Load()
 		z.st.use(conf)
 		items = append(items, item{key: z.prefix + r.Key + "}", conf: conf, cost: min(r.Cost, maxCost)})
+		s.budgetItem(&items[len(items)-1], backend.Request{})
 		results = append(results, granted[i])
 	}
 	if len(items) == 0 {
@@ -606,6 +617,9 @@ func (s *Store) refund(ctx context.Context, mode string, items []item, which []i
 	gs := s.groups(sub)
 	s.prepare(ctx, mode, gs, sub, func(i int) (string, string) {
 		r := granted[which[i]]
+		if sub[i].token != "" {
+			return strconv.FormatInt(r.At, 10), sub[i].token
+		}
 		return strconv.FormatInt(r.At, 10), strconv.FormatInt(r.Delay, 10)
 	})
 	err := s.run(ctx, gs)

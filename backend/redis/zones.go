@@ -77,7 +77,8 @@ type registration struct {
 	alg    string
 	policy algorithms.Policy
 	owner  any
-	last   *zoneConf // the conf it last made current
+	cal    *algorithms.Calendar // a calendar window's (budget.go)
+	last   *zoneConf            // the conf it last made current
 }
 
 func (r *registration) RegisteredBy() any                   { return r.owner }
@@ -106,6 +107,7 @@ type zoneConf struct {
 
 	genN    int64
 	maxDebt int64 // the zone's maxDebt when this conf was made
+	cal     *calendarArg
 }
 
 // use notes that a call decides or refunds with c.
@@ -325,6 +327,9 @@ func (z *zoneState) apply(r *registration, now int64) {
 	next.hist = h.String()
 	next.from = fromArg(z.from)
 	next.boxed = [7]any{next.kind, next.p1, next.p2, next.lin, next.gen, next.hist, next.from}
+	if r.cal != nil && kind == kindWindow {
+		next.cal = &calendarArg{cal: r.cal, w: next.p1}
+	}
 	z.conf.Store(next)
 }
 

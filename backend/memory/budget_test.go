@@ -1,0 +1,104 @@
+package memory
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+// Under concurrent reservations, releases, commits and double releases,
+// no more than the limit is ever held at once, and once every
+// reservation is released the key is back to its full quota: the state
+// never goes below empty, and nothing is given back twice.
+func TestBudgetConcurrentSettles(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	for _, alg := range []string{algorithms.NameFixedWindow, algorithms.NameSlidingWindow, algorithms.NameSlidingCounter, algorithms.NameTokenBucket, algorithms.NameGCRA} {
+		t.Run(alg, func(t *testing.T) {
+			const limit = 10
+			z := testZone(t, s, alg, algorithms.Policy{Limit: limit, Window: 3600 * sec}, 0)
+			var held, most atomic.Int64
+			var token atomic.Uint64
+			var wg sync.WaitGroup
+			for g := range 32 {
+				wg.Go(func() {
+					for i := range 200 {
+						req := backend.Request{Limit: z, Key: "k", Cost: 1, Reserve: 60 * sec, Token: token.Add(1)}
+						out := make([]algorithms.Result, 1)
+						ok, err := s.Decide(context.Background(), []backend.Request{req}, out)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if !ok {
+							continue
+						}
+						n := held.Add(1)
+						for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+						}
+						held.Add(-1)
+						// Release twice, or commit then release: the second
+						// settle must do nothing.
+						commit := (g+i)%7 == 0
+						_ = s.Settle(context.Background(), []backend.Request{req}, out, commit)
+						_ = s.Settle(context.Background(), []backend.Request{req}, out, false)
+						if commit {
+							// Give the committed unit back by hand, so that
+							// the key can be checked to be full at the end.
+							_ = s.Refund(context.Background(), []backend.Request{req}, out)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if most.Load() > limit {
+				t.Fatalf("%d reservations held at once, limit %d", most.Load(), limit)
+			}
+			_, out := decide(t, s, backend.Request{Limit: z, Key: "k", Cost: 0})
+			if out[0].Remaining != limit {
+				t.Fatalf("remaining %d after every reservation was settled, want %d", out[0].Remaining, limit)
+			}
+		})
+	}
+}
+
+// A reservation nobody settles (its request never ended: a hijacked
+// connection) expires after its life; the keys nobody asks for again are
+// dropped by a pass over them all.
+func TestBudgetUnsettledExpires(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	z := testZone(t, s, algorithms.NameSlidingWindow, algorithms.Policy{Limit: 1, Window: 3600 * sec}, 0)
+	ttl := int64(time.Minute)
+	reserve := func(key string, tok uint64) bool {
+		ok, _ := decide(t, s, backend.Request{Limit: z, Key: key, Cost: 1, Reserve: ttl, Token: tok})
+		return ok
+	}
+	if !reserve("a", 1) || !reserve("b", 2) || reserve("a", 3) {
+		t.Fatal("want a and b reserved, a's second refused")
+	}
+	c.advance(time.Minute - time.Nanosecond)
+	if reserve("a", 4) {
+		t.Fatal("a's reservation came back before its life ended")
+	}
+	c.advance(time.Nanosecond)
+	if !reserve("a", 5) {
+		t.Fatal("a's reservation did not come back when its life ended")
+	}
+	// b was never asked for again: the pass made by a's decision after a
+	// minute dropped it.
+	s.resv.mu.Lock()
+	_, kept := s.resv.keys[resvKey{z.(zoneOps), "b"}]
+	s.resv.mu.Unlock()
+	if kept {
+		t.Fatal("the expired reservation of a key nobody asks for is kept")
+	}
+	if ok, out := decide(t, s, backend.Request{Limit: z, Key: "b", Cost: 0}); !ok || out[0].Remaining != 1 {
+		t.Fatalf("b after its reservation expired: %+v", out[0])
+	}
+}

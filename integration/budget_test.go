@@ -1,0 +1,421 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// paidUpstream is a paid provider behind the proxy that answers what each
+// request's X-Answer says: a status ("200", "502"), or "hang" to answer
+// nothing until the proxy gives up on it. It counts the requests that
+// reach it, and signals each one that hangs.
+type paidUpstream struct {
+	srv     *httptest.Server
+	hits    atomic.Int64
+	hanging chan struct{}
+}
+
+func newPaidUpstream(t *testing.T) *paidUpstream {
+	u := &paidUpstream{hanging: make(chan struct{}, 16)}
+	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.hits.Add(1)
+		answer := r.Header.Get("X-Answer")
+		if answer == "hang" {
+			u.hanging <- struct{}{}
+			select {
+			case <-r.Context().Done():
+			case <-time.After(20 * time.Second):
+			}
+			return
+		}
+		code, _ := strconv.Atoi(answer)
+		w.WriteHeader(code)
+		fmt.Fprint(w, "sent")
+	}))
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+func (u *paidUpstream) addr() string { return strings.TrimPrefix(u.srv.URL, "http://") }
+
+// budgetSite is a spend budget of rate for the whole site, in front of u,
+// whose answers the proxy waits for up to timeout.
+func budgetSite(t *testing.T, backend, zone, rate, timeout string, u *paidUpstream) *caddytest.Tester {
+	return newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		respond json
+		zone %s {
+			key sms
+			rate %s
+			charge_when status 2xx
+		}
+	}
+	reverse_proxy %s {
+		transport http {
+			response_header_timeout %s
+		}
+	}`, backend, zone, rate, u.addr(), timeout)), "caddyfile")
+}
+
+func paidSend(t *testing.T, tester *caddytest.Tester, answer string) (int, string, string) {
+	t.Helper()
+	return do(t, tester, "POST", "/sms", "X-Answer", answer)
+}
+
+// spend sends 2xx answers until the budget of 2 is spent, then requires
+// the next request to be refused with the budget's 503 without reaching
+// the upstream.
+func spend(t *testing.T, tester *caddytest.Tester, u *paidUpstream) {
+	t.Helper()
+	for i := range 2 {
+		if code, _, body := paidSend(t, tester, "200"); code != http.StatusOK {
+			t.Fatalf("paid request #%d: %d %q, want 200", i+1, code, body)
+		}
+	}
+	before := u.hits.Load()
+	code, retry, body := paidSend(t, tester, "200")
+	if code != http.StatusServiceUnavailable || retry == "" || !strings.Contains(body, `"code":"budget_exhausted"`) || !strings.Contains(body, "budget for this is spent") {
+		t.Fatalf("a spent budget: %d, Retry-After %q, %q; want 503 with Retry-After and a body saying the budget is spent", code, retry, body)
+	}
+	if u.hits.Load() != before {
+		t.Fatal("a request refused by the spent budget reached the upstream")
+	}
+}
+
+// A 2xx commits the unit: two paid requests spend the budget of two.
+func TestBudgetCommittedOn2xx(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newPaidUpstream(t)
+		spend(t, budgetSite(t, backend, prefix+"budget_2xx", "2/1d", "10s", u), u)
+	})
+}
+
+// An upstream's failure gives the unit back: its 502, or no answer in
+// time (the proxy's 504). Ten failed sends spend nothing.
+func TestBudgetRefundedOnUpstreamFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name, answer string
+		want         int
+	}{{"502", "502", http.StatusBadGateway}, {"timeout", "hang", http.StatusGatewayTimeout}} {
+		t.Run(tc.name, func(t *testing.T) {
+			outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+				u := newPaidUpstream(t)
+				tester := budgetSite(t, backend, prefix+"budget_failed_"+tc.name, "2/1d", "300ms", u)
+				for i := range 10 {
+					if code, _, _ := paidSend(t, tester, tc.answer); code != tc.want {
+						t.Fatalf("failed send #%d: %d, want %d", i+1, code, tc.want)
+					}
+				}
+				spend(t, tester, u)
+			})
+		})
+	}
+}
+
+// A client that goes away while the upstream works gives the unit back.
+func TestBudgetRefundedOnClientAbort(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newPaidUpstream(t)
+		tester := budgetSite(t, backend, prefix+"budget_abort", "2/1d", "10s", u)
+		for i := range 3 {
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, "POST", httpBase+"/sms", nil)
+			req.Header.Set("X-Answer", "hang")
+			errc := make(chan error, 1)
+			go func() {
+				resp, err := tester.Client.Do(req)
+				if err == nil {
+					resp.Body.Close()
+					err = fmt.Errorf("answered %d", resp.StatusCode)
+				}
+				errc <- err
+			}()
+			select {
+			case <-u.hanging:
+			case err := <-errc:
+				t.Fatalf("abandoned send #%d: %v before reaching the upstream", i+1, err)
+			}
+			cancel()
+			<-errc
+		}
+		// The release runs once Caddy sees the client gone: the first
+		// paid send may come just before it.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			code, _, body := paidSend(t, tester, "200")
+			if code == http.StatusOK {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the budget did not come back after the clients left: %d %q", code, body)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if code, _, body := paidSend(t, tester, "200"); code != http.StatusOK {
+			t.Fatalf("second paid send: %d %q", code, body)
+		}
+		if code, _, _ := paidSend(t, tester, "200"); code != http.StatusServiceUnavailable {
+			t.Fatalf("third paid send: %d, want 503", code)
+		}
+	})
+}
+
+// Releases never give back more than was reserved: 60 concurrent sends,
+// two in three failing, against a budget of 5, then sends until it is
+// spent, commit exactly 5 messages in all.
+func TestBudgetConcurrentNeverMoreThanReserved(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newPaidUpstream(t)
+		tester := budgetSite(t, backend, prefix+"budget_concurrent", "5/1d", "10s", u)
+		var sent, other atomic.Int64
+		var wg sync.WaitGroup
+		for i := range 60 {
+			wg.Go(func() {
+				answer := "502"
+				if i%3 == 0 {
+					answer = "200"
+				}
+				req, _ := http.NewRequest("POST", httpBase+"/sms", nil)
+				req.Header.Set("X-Answer", answer)
+				resp, err := tester.Client.Do(req)
+				if err != nil {
+					other.Add(1)
+					return
+				}
+				resp.Body.Close()
+				switch resp.StatusCode {
+				case http.StatusOK:
+					sent.Add(1)
+				case http.StatusBadGateway, http.StatusServiceUnavailable:
+				default:
+					other.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		for range 10 {
+			if code, _, _ := paidSend(t, tester, "200"); code == http.StatusOK {
+				sent.Add(1)
+			}
+		}
+		if sent.Load() != 5 || other.Load() != 0 {
+			t.Fatalf("%d messages sent (%d other answers), want exactly the budget of 5", sent.Load(), other.Load())
+		}
+	})
+}
+
+// A budget fails closed unless its zone says otherwise: with Redis gone,
+// the budget refuses (503) while a plain limit lets requests through.
+func TestBudgetFailsClosed(t *testing.T) {
+	dead := fmt.Sprintf("backend redis {\n\t\t\taddress 127.0.0.1:%d\n\t\t\ttimeout 50ms\n\t\t}", freePort(t))
+	tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone budget_dead {
+			match {
+				path /sms
+			}
+			key sms
+			rate 2/1d
+			charge_when status 2xx
+		}
+		zone budget_dead_open {
+			match {
+				path /open
+			}
+			key sms
+			rate 2/1d
+			charge_when status 2xx
+			fail open
+		}
+		zone budget_dead_plain {
+			match {
+				path /plain
+			}
+			key sms
+			rate 2/1d
+		}
+	}
+	respond "ok"`, dead)), "caddyfile")
+	if code, _, _ := do(t, tester, "GET", "/sms"); code != http.StatusServiceUnavailable {
+		t.Fatalf("a budget with its store down: %d, want 503", code)
+	}
+	expectN(t, tester, 3, http.StatusOK, "GET", "/open")
+	expectN(t, tester, 3, http.StatusOK, "GET", "/plain")
+}
+
+// The budget's status is the zone's when it sets one, and its answer
+// keeps the numbers of the limit for the error page.
+func TestBudgetZoneStatus(t *testing.T) {
+	u := newPaidUpstream(t)
+	tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		respond problem
+		zone budget_status {
+			key sms
+			rate 1/1d
+			charge_when status 2xx
+			status 402
+		}
+	}
+	reverse_proxy %s`, u.addr())), "caddyfile")
+	if code, _, _ := paidSend(t, tester, "200"); code != http.StatusOK {
+		t.Fatalf("paid send: %d", code)
+	}
+	code, retry, body := paidSend(t, tester, "200")
+	if code != http.StatusPaymentRequired || retry == "" || !strings.Contains(body, "budget for this is spent") || !strings.Contains(body, `"status":402`) {
+		t.Fatalf("spent: %d %q %q, want 402 with Retry-After", code, retry, body)
+	}
+}
+
+// Spend budgets and calendar windows that cannot work are refused when
+// the config loads, naming the option.
+func TestBudgetConfigErrors(t *testing.T) {
+	for _, tt := range []struct{ opts, want string }{
+		{"rate 5/1d\n\t\t\talign day", "align applies only to algorithm fixed_window, not sliding_window"},
+		{"rate 5/1h\n\t\t\talgorithm fixed_window\n\t\t\talign day", "align day needs a window of 1d (such as rate 100/1d), got 1h"},
+		{"rate 5/1d\n\t\t\talgorithm fixed_window\n\t\t\talign day\n\t\t\ttimezone Asia/Dacca_", `timezone: unknown time zone \"Asia/Dacca_\"`},
+		{"rate 5/1d\n\t\t\talgorithm fixed_window\n\t\t\ttimezone Asia/Dhaka", "timezone applies only with align"},
+		{"rate 5/1d\n\t\t\treservation_ttl 1m", "reservation_ttl applies only with charge_when"},
+		{"rate 5/1d\n\t\t\tcharge_when status 2xx\n\t\t\treservation_ttl 10ms", "reservation_ttl must be from 1s to 24h0m0s, got 10ms"},
+		{"rate 5/1d\n\t\t\tcharge_when status 2xx\n\t\t\tcount_when status 2xx", "charge_when cannot be used with count_when or reset_when"},
+		{"rate 5/1d\n\t\t\tcharge_when", "charge_when"},
+	} {
+		assertLoadError(t, caddyfileServer(`
+	rate_limit {
+		zone budget_bad {
+			key sms
+			`+tt.opts+`
+		}
+	}
+	respond "ok"`), "caddyfile", tt.want)
+	}
+}
+
+// The reservation of a Caddy killed in the middle of a paid call comes
+// back by itself after reservation_ttl, and not before, with no Caddy left
+// that made it: the reservation lives in Redis with its deadline.
+func TestBudgetKilledCaddyReservationExpires(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	u := newPaidUpstream(t)
+	const ttl = 3 * time.Second
+	cfg := fleetGlobals("") + fmt.Sprintf(`:@HTTP@ {
+	handle /up {
+		respond ok
+	}
+	handle /sms {
+		rate_limit {
+			%s
+			respond json
+			zone budget_killed {
+				key sms
+				rate 1/1d
+				charge_when status 2xx
+				reservation_ttl %s
+			}
+		}
+		reverse_proxy %s
+	}
+}
+`, redisBackend(3, "address "+redis.Addr, fmt.Sprintf("key_prefix killed%d:", time.Now().UnixNano())), ttl, u.addr())
+	start := func() (base string, kill func()) {
+		admin, port := freePort(t), freePort(t)
+		dir := t.TempDir()
+		file := filepath.Join(dir, "Caddyfile")
+		text := strings.NewReplacer("@ADMIN@", strconv.Itoa(admin), "@HTTP@", strconv.Itoa(port)).Replace(cfg)
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := startCaddy(t, file, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+		base = "http://127.0.0.1:" + strconv.Itoa(port)
+		waitUp(t, base+"/up")
+		return base, func() { _ = cmd.Process.Kill() } // SIGKILL: nothing settles
+	}
+	post := func(base, answer string) int {
+		req, _ := http.NewRequest("POST", base+"/sms", nil)
+		req.Header.Set("X-Answer", answer)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	first, kill := start()
+	second, _ := start()
+	go post(first, "hang")
+	<-u.hanging // the unit is reserved, the call under way
+	reserved := time.Now()
+	kill()
+	for {
+		code := post(second, "200")
+		elapsed := time.Since(reserved)
+		if code == http.StatusOK {
+			if elapsed < ttl-250*time.Millisecond {
+				t.Fatalf("the dead Caddy's unit came back after %v, before its reservation_ttl %v", elapsed, ttl)
+			}
+			t.Logf("the unit came back %v after it was reserved (reservation_ttl %v)", elapsed.Round(time.Millisecond), ttl)
+			break
+		}
+		if code != http.StatusServiceUnavailable {
+			t.Fatalf("while the dead Caddy's unit is reserved: %d, want 503", code)
+		}
+		if elapsed > ttl+5*time.Second {
+			t.Fatalf("the dead Caddy's unit did not come back %v after it was reserved", elapsed)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Committed this time: the budget of one is spent.
+	if code := post(second, "200"); code != http.StatusServiceUnavailable {
+		t.Fatalf("after the committed send: %d, want 503", code)
+	}
+}
+
+// The text message budget of docs/outcomes.md, as written: failed sends
+// cost nothing, and the hour's 500 messages spend the hour's budget (the
+// day's, 5,000 in Dhaka, is tested with a fake clock in the stores).
+func TestDocsOutcomeSMSBudget(t *testing.T) {
+	u := newPaidUpstream(t)
+	tester := newTester(t, docOutcomeSite(t, "zone sms_budget {", u.addr()), "caddyfile")
+	sms := func(answer string) (int, string) {
+		code, _, body := do(t, tester, "POST", "/sms/send", "X-Answer", answer)
+		return code, body
+	}
+	for i := range 5 {
+		if code, _ := sms("502"); code != http.StatusBadGateway {
+			t.Fatalf("failed send #%d: %d, want 502", i+1, code)
+		}
+	}
+	for i := range 500 {
+		if code, body := sms("200"); code != http.StatusOK {
+			t.Fatalf("message #%d of the hour: %d %q", i+1, code, body)
+		}
+	}
+	before := u.hits.Load()
+	code, body := sms("200")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, `"code":"budget_exhausted"`) || !strings.Contains(body, `"scope":"hour"`) {
+		t.Fatalf("message 501 of the hour: %d %q, want 503 budget_exhausted by the hour's scope", code, body)
+	}
+	if u.hits.Load() != before {
+		t.Fatal("a message over the budget reached the provider")
+	}
+	// Other routes of the site are not the budget's.
+	if code, _, _ := do(t, tester, "GET", "/status", "X-Answer", "200"); code != http.StatusOK {
+		t.Fatalf("another route: %d", code)
+	}
+}

@@ -506,6 +506,12 @@ func (p *limitParser) option(opt string) error {
 		var dur time.Duration
 		dur, err = durationArg(d, p.where, opt)
 		l.Queue = caddy.Duration(dur)
+	case "queue_max":
+		l.QueueMax, err = positiveArg(d, p.where, opt)
+	case "slot_ttl":
+		var dur time.Duration
+		dur, err = durationArg(d, p.where, opt)
+		l.SlotTTL = caddy.Duration(dur)
 	case "max_keys":
 		var n int64
 		n, err = positiveArg(d, p.where, opt)

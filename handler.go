@@ -167,7 +167,7 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 			return true, h.refuse(w, r, refusal{reason: reasonMissingKey, zone: z, limit: l, retryAfter: -1, detail: err})
 		}
 	}
-	if l.conc != nil {
+	if l.conc != nil || l.shared != nil {
 		s.conc = append(s.conc, concReq{l, key})
 		if l.concOnly() {
 			return false, nil

@@ -334,8 +334,9 @@ type Limit struct {
 	// Unavailable and Retry-After. With a rate, a request must pass both,
 	// and a rate unit taken for a request the cap refuses is given back;
 	// without one (no max_events and window), the limit caps concurrency
-	// alone. Counted per Caddy instance, on the memory backend only.
-	// Default: 0 (no cap); at most 2^30.
+	// alone. On the memory backend, counted per Caddy instance; on the
+	// Redis backend, shared by every instance (see SlotTTL). Default: 0
+	// (no cap); at most 2^30.
 	Concurrency int64 `json:"concurrency,omitempty"`
 
 	// Status is the HTTP status of a request this limit denies, from 400
@@ -370,6 +371,18 @@ type Limit struct {
 	// most 1h.
 	Queue caddy.Duration `json:"queue,omitempty"`
 
+	// QueueMax caps how many requests of a key may wait in the queue at
+	// once (on the Redis backend, per Caddy instance); a request beyond
+	// it is refused with 503 at once. Default: 0 (no cap); at most 2^30.
+	QueueMax int64 `json:"queue_max,omitempty"`
+
+	// SlotTTL is how long a concurrency slot held in Redis lasts unless
+	// the instance holding it renews it. A live instance renews its slots
+	// every third of it, so a long request keeps its slot; the slots of an
+	// instance that dies mid-request are free again within SlotTTL. Redis
+	// backend only. Default: 30s; from 1s to 1h.
+	SlotTTL caddy.Duration `json:"slot_ttl,omitempty"`
+
 	zone      *Zone
 	scope     string // "" for the zone's own limit
 	keyer     *keys.Keyer
@@ -380,7 +393,8 @@ type Limit struct {
 	cfg       backend.LimitConfig // as registered with the store
 	local     backend.Limit       // the in-process fallback of a "local" limit
 	failC     prometheus.Counter
-	conc      *concLimiter // nil without concurrency
+	conc      *concLimiter // nil without concurrency; with shared slots, the "local" fallback
+	shared    *sharedConc  // slots shared through the backend (Redis)
 	// The answer of a denial by this limit, made at provision.
 	denyStatus int
 	denyErr    error
@@ -589,7 +603,7 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	if err := l.provision(logger); err != nil {
 		return err
 	}
-	if err := l.provisionConc(store); err != nil {
+	if err := l.provisionConc(store, logger); err != nil {
 		return err
 	}
 	z.keyed = append(z.keyed, l)

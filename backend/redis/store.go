@@ -84,6 +84,8 @@ type Store struct {
 
 	mu   sync.Mutex
 	held []held
+
+	slots slotHolder // concurrency slots held, renewed until released (slots.go)
 }
 
 type held struct {
@@ -232,6 +234,7 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 // running config uses it. It does not close the client, which its owner
 // may share.
 func (s *Store) Close() error {
+	s.slots.close()
 	s.mu.Lock()
 	held := s.held
 	s.held = nil

@@ -76,9 +76,9 @@ func TestAIMDVerdicts(t *testing.T) {
 	}
 	ms := int64(time.Millisecond)
 	for _, tc := range []struct {
-		name                 string
+		name                  string
 		requests, errors, lat int64
-		want                 verdict
+		want                  verdict
 	}{
 		{"no traffic holds", 0, 0, 0, verdictHold},
 		{"fast and clean grows", 100, 0, 100 * ms, verdictGrow},

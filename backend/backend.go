@@ -41,6 +41,10 @@ type LimitConfig struct {
 	// once and then spends locally (0: every request asks the store). A
 	// store that decides in-process refuses it: it would change nothing.
 	Lease int64
+	// MostEvents is the largest max_events the limit may be adjusted to
+	// while it runs (Adjustable); stores size what a key may hold by it.
+	// 0: Policy.Limit.
+	MostEvents int64
 	// Owner identifies the config that registers the zone. One config may
 	// register a name twice only with the same policy: two rates for one
 	// state would make whichever registered last apply to both.

@@ -20,7 +20,7 @@ func (z *zone[S]) inspect(h hkey, now int64) algorithms.Usage {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	alg := z.t.current(sh).alg // first: it rebases the shard's states
+	alg := z.alg(sh) // first: it rebases the shard's states
 	s := sh.get(h)
 	if l, ok := any(s).(*algorithms.Log); ok {
 		// Reading a log prunes it: read a copy, so inspecting changes
@@ -47,7 +47,7 @@ func (z *zone[S]) grant(h hkey, now, units int64) algorithms.Usage {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	alg := z.t.current(sh).alg
+	alg := z.alg(sh)
 	if sh.n == 0 {
 		return alg.Usage(*new(S), now)
 	}

@@ -13,6 +13,7 @@ import (
 	"math/bits"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -178,6 +179,7 @@ type zone struct {
 	name   string
 	prefix string
 	st     *zoneState
+	adj    atomic.Pointer[adjusted] // a max_events set while it runs (adjust.go)
 }
 
 func (z *zone) Name() string { return z.name }
@@ -280,7 +282,7 @@ func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 		}
 		if of[i] < 0 {
 			of[i] = len(items)
-			conf := z.st.conf.Load()
+			conf := z.conf()
 			z.st.use(conf)
 			items = append(items, item{key: key, conf: conf, cost: cost, shadow: r.Shadow})
 		}
@@ -575,7 +577,7 @@ func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []al
 			continue
 		}
 		idx = append(idx, len(items))
-		conf := z.st.conf.Load()
+		conf := z.conf()
 		z.st.use(conf)
 		items = append(items, item{key: z.prefix + r.Key + "}", conf: conf, cost: min(r.Cost, maxCost)})
 		results = append(results, granted[i])

@@ -1,11 +1,27 @@
 package sluice
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
 )
 
 // Adaptive makes a limit follow the health of what it protects: every
@@ -129,4 +145,369 @@ func (a *Adaptive) config(start, most int64) (aimdConfig, error) {
 		return c, fmt.Errorf("adaptive: error_rate low mark %v must be below the high mark %v", c.errLow, c.errHigh)
 	}
 	return c, nil
+}
+
+// The adaptive limits' series: the limit in force, its floor (an alert
+// watches a limit that sits there), and what the last interval saw.
+var (
+	adaptiveLimitG = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rate_limit", Name: "adaptive_limit",
+		Help: "The limit an adaptive limit is at: requests in flight for a concurrency limit, max_events for a rate, by zone and scope.",
+	}, []string{"zone", "scope"})
+	adaptiveMinG = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rate_limit", Name: "adaptive_min_limit",
+		Help: "The lowest an adaptive limit may go (its min), by zone and scope.",
+	}, []string{"zone", "scope"})
+	adaptiveP99G = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rate_limit", Name: "adaptive_latency_p99_seconds",
+		Help: "The 99th percentile latency of the requests an adaptive limit let through in its last interval with traffic, by zone and scope.",
+	}, []string{"zone", "scope"})
+	adaptiveErrG = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rate_limit", Name: "adaptive_error_ratio",
+		Help: "The share of the requests an adaptive limit let through in its last interval with traffic that failed (5xx or a handler error), by zone and scope.",
+	}, []string{"zone", "scope"})
+)
+
+var adaptiveCollectors = []prometheus.Collector{adaptiveLimitG, adaptiveMinG, adaptiveP99G, adaptiveErrG}
+
+// checkAdaptive validates the adaptive block of l, whose rate (if any)
+// uses algorithm alg, and keeps the controller's settings.
+func (l *Limit) checkAdaptive(alg string) error {
+	a := l.Adaptive
+	if a == nil {
+		return nil
+	}
+	switch {
+	case l.Concurrency != 0 && !l.concOnly():
+		return fmt.Errorf("adaptive: the limit has both a rate and a concurrency, and adapts one number: put the concurrency (or the rate) in a scope of its own")
+	case l.Concurrency == 0 && algorithms.KindOf(alg) == algorithms.KindBucket:
+		return fmt.Errorf("adaptive: algorithm %s keeps each key's state in the emission interval window ÷ max_events, which a new max_events would rewrite for every key each interval: use sliding_window, sliding_window_counter or fixed_window", alg)
+	case l.Lease != 0:
+		return fmt.Errorf("adaptive: a lease takes units in advance under the limit of the moment: remove lease or adaptive")
+	}
+	start, most := l.Concurrency, int64(MaxConcurrency)
+	if l.Concurrency == 0 {
+		start, most = l.MaxEvents, algorithms.MaxEvents
+		if alg == algorithms.NameSlidingWindow {
+			most = math.MaxUint32
+		}
+	}
+	cfg, err := a.config(start, most)
+	if err != nil {
+		return err
+	}
+	l.adaptCfg = cfg
+	return nil
+}
+
+// adaptiveLimit is a provisioned limit's controller and where its decisions
+// go.
+type adaptiveLimit struct {
+	l    *Limit
+	ctl  *aimd
+	set  func(int64) error
+	now  func() int64
+	log  *zap.Logger
+	lim  prometheus.Gauge
+	p99  prometheus.Gauge
+	errs prometheus.Gauge
+	last atomic.Pointer[decision] // the last interval with requests
+}
+
+// provisionAdaptive starts l's controller at its configured limit, once its
+// slots or its store handle exist.
+func (l *Limit) provisionAdaptive(logger *zap.Logger) error {
+	if l.Adaptive == nil {
+		return nil
+	}
+	a := &adaptiveLimit{
+		l: l, now: monotonic, log: logger,
+		lim:  adaptiveLimitG.WithLabelValues(l.zone.name, l.scope),
+		p99:  adaptiveP99G.WithLabelValues(l.zone.name, l.scope),
+		errs: adaptiveErrG.WithLabelValues(l.zone.name, l.scope),
+	}
+	start := l.Concurrency
+	if l.conc != nil {
+		a.set = func(n int64) error { l.conc.setMax(n); return nil }
+	} else {
+		start = l.MaxEvents
+		if h, ok := l.handle.(backend.Adjustable); !ok || !h.CanAdjust() {
+			return fmt.Errorf("adaptive: this backend cannot change max_events while the limit runs")
+		}
+		a.set = l.setMaxEvents
+	}
+	a.ctl = newAIMD(l.adaptCfg, start, a.now())
+	a.lim.Set(float64(a.ctl.current()))
+	adaptiveMinG.WithLabelValues(l.zone.name, l.scope).Set(float64(l.adaptCfg.min))
+	l.adapt = a
+	return nil
+}
+
+// setMaxEvents sets a rate's max_events in its store and in its local
+// fallback, which decides while a shared store is unavailable.
+func (l *Limit) setMaxEvents(n int64) error {
+	err := l.handle.(backend.Adjustable).SetMaxEvents(n)
+	if h, ok := l.local.(backend.Adjustable); ok && h.CanAdjust() {
+		err = errors.Join(err, h.SetMaxEvents(n))
+	}
+	return err
+}
+
+// observe records one request the limit let through, and moves the limit
+// when an interval has ended.
+func (a *adaptiveLimit) observe(latency int64, failed bool, now int64) {
+	a.ctl.observe(latency, failed)
+	d, ok := a.ctl.decide(now)
+	if !ok {
+		return
+	}
+	if d.requests > 0 {
+		a.last.Store(&d)
+		a.p99.Set(float64(d.p99) / 1e9)
+		a.errs.Set(float64(d.errors) / float64(d.requests))
+	}
+	if d.to == d.from {
+		return
+	}
+	if err := a.set(d.to); err != nil {
+		a.log.Error("adaptive limit: cannot apply the new limit", zap.String("zone", a.l.zone.name), zap.String("scope", a.l.scope), zap.Int64("limit", d.to), zap.Error(err))
+		return
+	}
+	a.lim.Set(float64(d.to))
+	a.log.Info("adaptive limit changed", zap.String("zone", a.l.zone.name), zap.String("scope", a.l.scope),
+		zap.Int64("from", d.from), zap.Int64("to", d.to), zap.Int64("requests", d.requests),
+		zap.Duration("latency_p99", time.Duration(d.p99)), zap.Int64("errors", d.errors))
+}
+
+var monoStart = time.Now()
+
+// monotonic is the time since the process started, on the monotonic clock:
+// a step of the wall clock must not make a latency or an interval.
+func monotonic() int64 { return int64(time.Since(monoStart)) }
+
+// setMax changes the cap while requests are in flight. Raised, the keys'
+// waiters get the new slots at once, in order; lowered, the requests in
+// flight keep their slots, and a freed slot goes back to the pool until
+// its key is under the new cap.
+func (c *concLimiter) setMax(n int64) {
+	c.mu.Lock()
+	c.max.Store(n)
+	granted := 0
+	for _, k := range c.keys {
+		for k.inFlight < n {
+			e := k.waiters.Front()
+			if e == nil {
+				break
+			}
+			w := k.waiters.Remove(e).(*concWaiter)
+			w.granted = true
+			k.inFlight++
+			close(w.ready)
+			granted++
+		}
+	}
+	c.mu.Unlock()
+	c.gauge.Add(float64(granted))
+}
+
+// adaptiveWriter notes the status of a response that adaptive limits
+// watch, passing everything through. Writers are pooled: one per request
+// would be an allocation on every request these limits let through.
+type adaptiveWriter struct {
+	caddyhttp.ResponseWriterWrapper
+	status int
+}
+
+var adaptiveWriters = sync.Pool{New: func() any { return new(adaptiveWriter) }}
+
+func (w *adaptiveWriter) WriteHeader(code int) {
+	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *adaptiveWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *adaptiveWriter) ReadFrom(r io.Reader) (int64, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriterWrapper.ReadFrom(r)
+}
+
+// FlushError lets http.ResponseController flush a streamed response.
+func (w *adaptiveWriter) FlushError() error {
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Hijack is for the handlers that still assert http.Hijacker.
+func (w *adaptiveWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return http.NewResponseController(w.ResponseWriter).Hijack()
+}
+
+// serveAdaptive hands the request on, timing the handlers after this one
+// and noting whether they failed, for every adaptive limit it passed.
+func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, aw *adaptiveWriter, o *outcomeWriter, adapt []*adaptiveLimit) error {
+	now := adapt[0].now
+	start := now()
+	var err error
+	if o != nil {
+		err = h.serveOutcome(o, r, next)
+	} else {
+		err = next.ServeHTTP(w, r)
+	}
+	end := now()
+	failed := requestFailed(aw.status, err, r)
+	for _, a := range adapt {
+		a.observe(end-start, failed, end)
+	}
+	aw.ResponseWriter, aw.status = nil, 0
+	adaptiveWriters.Put(aw)
+	return err
+}
+
+// requestFailed tells whether a request ended in a server error: a 5xx
+// written, or an error from a handler (Caddy answers it with its status,
+// 500 when it has none). A client that left is not the server's failure.
+func requestFailed(status int, err error, r *http.Request) bool {
+	if status != 0 {
+		return status >= 500
+	}
+	if err == nil || r.Context().Err() != nil {
+		return false
+	}
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) && he.StatusCode != 0 {
+		return he.StatusCode >= 500
+	}
+	return true
+}
+
+// parseAdaptive reads an adaptive block:
+//
+//	adaptive {
+//	    min         <n>
+//	    max         <n>
+//	    increase    <n>
+//	    decrease    <fraction>
+//	    interval    <duration>
+//	    latency_p99 <low> <high>
+//	    error_rate  <low>% <high>%
+//	}
+//
+// Error rates are percentages ("1%") or fractions ("0.01").
+func parseAdaptive(d *caddyfile.Dispenser, w string) (*Adaptive, error) {
+	if d.NextArg() {
+		return nil, d.Errf("%sadaptive takes a block, not %q", where(w), d.Val())
+	}
+	a := new(Adaptive)
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return nil, d.Errf("%sadaptive: %s already specified", where(w), opt)
+		}
+		seen[opt] = true
+		var err error
+		switch opt {
+		case "min":
+			a.Min, err = positiveArg(d, w, "adaptive min")
+		case "max":
+			a.Max, err = positiveArg(d, w, "adaptive max")
+		case "increase":
+			a.Increase, err = positiveArg(d, w, "adaptive increase")
+		case "decrease":
+			var v string
+			if v, err = oneArg(d); err == nil {
+				if a.Decrease, err = strconv.ParseFloat(v, 64); err != nil || !(a.Decrease > 0 && a.Decrease < 1) {
+					return nil, d.Errf("%sadaptive: decrease must be a fraction strictly between 0 and 1, such as 0.7, got %q", where(w), v)
+				}
+			}
+		case "interval":
+			var dur time.Duration
+			dur, err = durationArg(d, w, "adaptive interval")
+			a.Interval = caddy.Duration(dur)
+		case "latency_p99":
+			var lo, hi time.Duration
+			lo, hi, err = twoArgs(d, w, opt, func(v string) (time.Duration, error) {
+				dur, err := caddy.ParseDuration(v)
+				if err == nil && dur <= 0 {
+					err = fmt.Errorf("must be positive")
+				}
+				return dur, err
+			})
+			a.LatencyP99Low, a.LatencyP99High = caddy.Duration(lo), caddy.Duration(hi)
+		case "error_rate":
+			a.ErrorRateLow, a.ErrorRateHigh, err = twoArgs(d, w, opt, parseRatio)
+		default:
+			return nil, d.Errf("%sadaptive: unrecognized option %q (min, max, increase, decrease, interval, latency_p99, error_rate)", where(w), opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// twoArgs reads the low and high marks of an adaptive option.
+func twoArgs[T any](d *caddyfile.Dispenser, w, opt string, parse func(string) (T, error)) (lo, hi T, err error) {
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return lo, hi, d.Errf("%sadaptive: %s takes a low and a high mark, got %d values", where(w), opt, len(args))
+	}
+	if lo, err = parse(args[0]); err == nil {
+		hi, err = parse(args[1])
+	}
+	if err != nil {
+		return lo, hi, d.Errf("%sadaptive: %s %s %s: %v", where(w), opt, args[0], args[1], err)
+	}
+	return lo, hi, nil
+}
+
+// parseRatio reads "5%" or "0.05" as 0.05.
+func parseRatio(v string) (float64, error) {
+	num, pct := strings.CutSuffix(v, "%")
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0, fmt.Errorf("not a number or a percentage: %q", v)
+	}
+	if pct {
+		f /= 100
+	}
+	return f, nil
+}
+
+// adaptiveInfo is an adaptive limit in the admin API's zones listing.
+type adaptiveInfo struct {
+	// Limit is the limit in force: requests in flight, or max_events.
+	Limit    int64  `json:"limit"`
+	Min      int64  `json:"min"`
+	Max      int64  `json:"max"`
+	Interval string `json:"interval"`
+	// What the last interval with requests saw: how many, their p99
+	// latency in seconds and the share that failed.
+	Requests   int64   `json:"last_requests"`
+	LatencyP99 float64 `json:"last_latency_p99"`
+	ErrorRate  float64 `json:"last_error_rate"`
+}
+
+// info describes a for the admin API; nil for a limit that is not
+// adaptive.
+func (a *adaptiveLimit) info() *adaptiveInfo {
+	if a == nil {
+		return nil
+	}
+	c := a.l.adaptCfg
+	in := &adaptiveInfo{Limit: a.ctl.current(), Min: c.min, Max: c.max, Interval: time.Duration(c.interval).String()}
+	if d := a.last.Load(); d != nil {
+		in.Requests, in.LatencyP99 = d.requests, float64(d.p99)/1e9
+		in.ErrorRate = float64(d.errors) / float64(d.requests)
+	}
+	return in
 }

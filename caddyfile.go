@@ -125,6 +125,17 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        cooldown   <duration>
 //	        count_when <response matcher>
 //	        reset_when <response matcher>
+//	        concurrency <n>
+//	        queue      <duration>
+//	        adaptive {
+//	            min         <n>
+//	            max         <n>
+//	            increase    <n>
+//	            decrease    <fraction>
+//	            interval    <duration>
+//	            latency_p99 <low> <high>
+//	            error_rate  <low>% <high>%
+//	        }
 //	        scope <name> {
 //	            <the options above, from key to reset_when>
 //	        }
@@ -454,6 +465,8 @@ func (p *limitParser) option(opt string) error {
 		var dur time.Duration
 		dur, err = durationArg(d, p.where, opt)
 		l.Queue = caddy.Duration(dur)
+	case "adaptive":
+		l.Adaptive, err = parseAdaptive(d, p.where)
 	case "max_keys":
 		var n int64
 		n, err = positiveArg(d, p.where, opt)

@@ -292,6 +292,15 @@ type Limit struct {
 	// most 1h.
 	Queue caddy.Duration `json:"queue,omitempty"`
 
+	// Adaptive makes the limit follow the health of the upstream: its
+	// concurrency, or the max_events of its rate, grows while the requests
+	// it lets through are fast and succeed, and shrinks when they slow
+	// down or fail (see Adaptive). On a limit with either a concurrency or
+	// a rate, not both; a rate must count events (sliding_window,
+	// sliding_window_counter or fixed_window). Default: unset, the limit
+	// is fixed.
+	Adaptive *Adaptive `json:"adaptive,omitempty"`
+
 	zone      *Zone
 	scope     string // "" for the zone's own limit
 	keyer     *keys.Keyer
@@ -302,7 +311,9 @@ type Limit struct {
 	cfg       backend.LimitConfig // as registered with the store
 	local     backend.Limit       // the in-process fallback of a "local" limit
 	failC     prometheus.Counter
-	conc      *concLimiter // nil without concurrency
+	conc      *concLimiter   // nil without concurrency
+	adapt     *adaptiveLimit // nil unless adaptive
+	adaptCfg  aimdConfig
 	// The zone and scope names as placeholder values, converted once:
 	// converting a string to an interface value allocates.
 	zoneName, scopeName any
@@ -405,7 +416,7 @@ func (l *Limit) ownOnly() []string {
 		option{l.Hash != "", "hash"}, option{l.IPv4Prefix != 0, "ipv4_prefix"}, option{l.IPv6Prefix != 0, "ipv6_prefix"},
 		option{l.Missing != "", "missing"}, option{l.MaxKeys != 0, "max_keys"}, option{l.Lease != 0, "lease"},
 		option{l.CountWhen != nil, "count_when"}, option{l.ResetWhen != nil, "reset_when"},
-		option{l.Queue != 0, "queue"},
+		option{l.Queue != 0, "queue"}, option{l.Adaptive != nil, "adaptive"},
 	)
 }
 
@@ -491,20 +502,20 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	}
 	z.keyed = append(z.keyed, l)
 	if l.concOnly() {
-		return nil
+		return l.provisionAdaptive(logger)
 	}
 	policy := l.policy()
 	var err error
 	if l.Lease > 0 && z.Shadow {
 		return fmt.Errorf("lease: a shadow zone's requests never deny, and each is decided by the backend: remove lease")
 	}
-	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Owner: owner}
+	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, MostEvents: l.adaptCfg.max, Owner: owner}
 	l.handle, err = store.Register(l.cfg)
 	if err != nil {
 		return err
 	}
 	z.limits = append(z.limits, l)
-	return nil
+	return l.provisionAdaptive(logger)
 }
 
 // constantCost is the cost of every request, or 0 when a placeholder
@@ -585,6 +596,9 @@ func (l *Limit) check() (string, error) {
 			strings.Join(unused, ", "), l.Key, itOrThem(unused))
 	}
 	if err := l.checkLease(alg); err != nil {
+		return "", err
+	}
+	if err := l.checkAdaptive(alg); err != nil {
 		return "", err
 	}
 	return alg, nil

@@ -262,7 +262,8 @@ func (a *adaptiveLimit) observe(latency int64, failed bool, now int64) {
 		return
 	}
 	if d.requests > 0 {
-		a.last.Store(&d)
+		last := d // a copy, so that d stays on the stack on every other call
+		a.last.Store(&last)
 		a.p99.Set(float64(d.p99) / 1e9)
 		a.errs.Set(float64(d.errors) / float64(d.requests))
 	}

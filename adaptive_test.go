@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -292,5 +293,80 @@ func TestAdaptiveRateFollowsLatency(t *testing.T) {
 	}
 	if err := serve(0); err == nil {
 		t.Fatal("the 6th request passed a limit shrunk to 5")
+	}
+}
+
+// adaptiveSend returns a request sent again and again through a handler
+// with one limit: a rate (fixed_window) or a concurrency, adaptive or not,
+// in front of a next handler that writes 200.
+func adaptiveSend(tb testing.TB, name, limit string) func() {
+	tb.Helper()
+	// A second per request: the window's count, and so the remaining
+	// placeholder, stays small (a number above 4095 allocates its value).
+	var ticking atomic.Int64
+	ticking.Store(fuzzStart)
+	tick := func() int64 { return ticking.Add(int64(time.Second)) }
+	h, cleanup, err := provisionJSON([]byte(`{"rate_limits": {"hot_adaptive_`+name+`": {"key": "{http.vars.client_ip}", `+limit+`}}}`), tick)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(cleanup)
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	w, r := benchRequest(tb, "http://example.com/", "192.0.2.7:4242")
+	return func() {
+		if err := h.ServeHTTP(w, r, next); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+func adaptiveCases() []struct{ name, limit string } {
+	const adaptive = `, "adaptive": {"max": 2000000, "interval": "1s", "latency_p99_low": "200ms", "latency_p99_high": "500ms"}`
+	return []struct{ name, limit string }{
+		{"rate", `"max_events": 1000, "window": "1m", "algorithm": "fixed_window"`},
+		{"rate_adaptive", `"max_events": 1000, "window": "1m", "algorithm": "fixed_window"` + adaptive},
+		{"concurrency", `"concurrency": 1000`},
+		{"concurrency_adaptive", `"concurrency": 1000` + adaptive},
+	}
+}
+
+// BenchmarkAdaptiveServeHTTP is what watching a request for an adaptive
+// limit adds to it: two clock reads, the pooled writer, the histogram.
+//
+//	go test -run '^$' -bench 'AdaptiveServeHTTP|AIMDObserve' -benchmem .
+func BenchmarkAdaptiveServeHTTP(b *testing.B) {
+	for _, c := range adaptiveCases() {
+		b.Run(c.name, func(b *testing.B) {
+			send := adaptiveSend(b, c.name, c.limit)
+			send()
+			b.ReportAllocs()
+			for b.Loop() {
+				send()
+			}
+		})
+	}
+}
+
+// An adaptive limit adds no allocation to a request it lets through.
+func TestAdaptiveAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops values at random under the race detector")
+	}
+	allocs := map[string]float64{}
+	for _, c := range adaptiveCases() {
+		send := adaptiveSend(t, c.name, c.limit)
+		send()
+		allocs[c.name] = testing.AllocsPerRun(500, send)
+	}
+	for _, base := range []string{"rate", "concurrency"} {
+		if allocs[base+"_adaptive"] != allocs[base] {
+			t.Errorf("%s: %v allocations per request, %v when adaptive", base, allocs[base], allocs[base+"_adaptive"])
+		}
+	}
+	if allocs["rate_adaptive"] != 0 {
+		t.Errorf("an adaptive rate: %v allocations per request, want 0", allocs["rate_adaptive"])
 	}
 }

@@ -512,3 +512,18 @@ func (a *adaptiveLimit) info() *adaptiveInfo {
 	}
 	return in
 }
+
+// limitText completes the RATE column of `caddy rate-limit zones` with the
+// concurrency, and where an adaptive limit is.
+func limitText(rate string, l limitInfo) string {
+	switch {
+	case l.Window == "":
+		rate = fmt.Sprintf("concurrency %d", l.Concurrency)
+	case l.Concurrency > 0:
+		rate += fmt.Sprintf(", concurrency %d", l.Concurrency)
+	}
+	if a := l.Adaptive; a != nil {
+		rate += fmt.Sprintf(" (adaptive: %d in %d–%d)", a.Limit, a.Min, a.Max)
+	}
+	return rate
+}

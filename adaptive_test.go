@@ -370,3 +370,20 @@ func TestAdaptiveAllocations(t *testing.T) {
 		t.Errorf("an adaptive rate: %v allocations per request, want 0", allocs["rate_adaptive"])
 	}
 }
+
+func TestPrintZonesAdaptive(t *testing.T) {
+	var b strings.Builder
+	err := printZones(&b, []zoneInfo{{Name: "api", Backend: "memory", Limits: []limitInfo{
+		{Concurrency: 500, Adaptive: &adaptiveInfo{Limit: 364, Min: 50, Max: 2000}},
+		{Scope: "site", MaxEvents: 5000, Window: "1s", Algorithm: "sliding_window_counter", Adaptive: &adaptiveInfo{Limit: 4100, Min: 1000, Max: 10000}},
+		{Scope: "ip", MaxEvents: 100, Window: "1s", Algorithm: "sliding_window", Concurrency: 4},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"concurrency 500 (adaptive: 364 in 50–2000)", "5000/1s (adaptive: 4100 in 1000–10000)", "100/1s, concurrency 4"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %q in\n%s", want, b.String())
+		}
+	}
+}

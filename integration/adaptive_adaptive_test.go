@@ -315,3 +315,21 @@ func TestAdaptiveRateErrors(t *testing.T) {
 		})
 	}
 }
+
+// The complete example of docs/protection.md loads as written, and both
+// adaptive limits start at their configured limit within their bounds.
+func TestDocsAdaptiveExample(t *testing.T) {
+	tester := newTester(t, docSite(t, "../docs/protection.md", "latency_p99 200ms 500ms\n\t\t\t\terror_rate"), "caddyfile")
+	expectN(t, tester, 3, http.StatusOK, "GET", "/")
+	for _, c := range []struct {
+		zone, scope   string
+		limit, lo, hi int64
+	}{
+		{"api_in_flight", "", 500, 50, 2000},
+		{"api_rate", "site", 5000, 1000, 10000},
+	} {
+		if s := adaptiveNow(t, c.zone, c.scope); s.Limit != c.limit || s.Min != c.lo || s.Max != c.hi {
+			t.Errorf("%s/%s: %+v, want %d within [%d, %d]", c.zone, c.scope, s, c.limit, c.lo, c.hi)
+		}
+	}
+}

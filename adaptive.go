@@ -316,7 +316,8 @@ func (c *concLimiter) setMax(n int64) {
 // would be an allocation on every request these limits let through.
 type adaptiveWriter struct {
 	caddyhttp.ResponseWriterWrapper
-	status int
+	status   int
+	hijacked bool
 }
 
 var adaptiveWriters = sync.Pool{New: func() any { return new(adaptiveWriter) }}
@@ -349,6 +350,7 @@ func (w *adaptiveWriter) FlushError() error {
 
 // Hijack is for the handlers that still assert http.Hijacker.
 func (w *adaptiveWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.hijacked = true
 	return http.NewResponseController(w.ResponseWriter).Hijack()
 }
 
@@ -364,11 +366,15 @@ func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next cad
 		err = next.ServeHTTP(w, r)
 	}
 	end := now()
-	failed := requestFailed(aw.status, err, r)
-	for _, a := range adapt {
-		a.observe(end-start, failed, end)
+	// A connection that switched protocols (a WebSocket) lasts as long as
+	// its client stays: its length says nothing of the upstream's speed.
+	if !aw.hijacked && aw.status != http.StatusSwitchingProtocols {
+		failed := requestFailed(aw.status, err, r)
+		for _, a := range adapt {
+			a.observe(end-start, failed, end)
+		}
 	}
-	aw.ResponseWriter, aw.status = nil, 0
+	aw.ResponseWriter, aw.status, aw.hijacked = nil, 0, false
 	adaptiveWriters.Put(aw)
 	return err
 }

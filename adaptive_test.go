@@ -207,6 +207,11 @@ func TestAdaptiveObservesOutcomes(t *testing.T) {
 		{"error without status", func(http.ResponseWriter, *http.Request) error { return errors.New("boom") }, false, true},
 		{"error 403", func(http.ResponseWriter, *http.Request) error { return caddyhttp.Error(403, errors.New("no")) }, false, false},
 		{"client left", func(http.ResponseWriter, *http.Request) error { return context.Canceled }, true, false},
+		{"switched protocols", func(w http.ResponseWriter, _ *http.Request) error { w.WriteHeader(101); return nil }, false, false},
+		{"hijacked", func(w http.ResponseWriter, _ *http.Request) error {
+			_, _, err := http.NewResponseController(w).Hijack()
+			return err
+		}, false, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var clock int64
@@ -223,6 +228,13 @@ func TestAdaptiveObservesOutcomes(t *testing.T) {
 				return slow(w, r)
 			}))
 			n, p99 := a.ctl.hist.drain()
+			if tt.name == "switched protocols" || tt.name == "hijacked" {
+				// A WebSocket's length is its client's, not the upstream's.
+				if n != 0 {
+					t.Fatalf("%d observations of a connection that left HTTP", n)
+				}
+				return
+			}
 			if errs := a.ctl.errs.Load(); n != 1 || (errs == 1) != tt.failed {
 				t.Fatalf("%d observations, %d errors; want 1, failed %v", n, errs, tt.failed)
 			}
@@ -385,5 +397,35 @@ func TestPrintZonesAdaptive(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("no %q in\n%s", want, b.String())
 		}
+	}
+}
+
+// A limit that counts by the response and adapts sees the same response
+// through both writers: a 500 is counted (count_when) and is a failure.
+func TestAdaptiveWithCountWhen(t *testing.T) {
+	var clock int64
+	h, a := adaptiveHandler(t, `{"handler": "rate_limit", "rate_limits": {"adapt_count_when": {"key": "k", "window": "1h", "max_events": 3, "count_when": {"status_code": [5]}, "adaptive": {"interval": "1s"}}}}`, &clock)
+	serve := func(status int) error {
+		r := requestWithReplacer(httptest.NewRequest("GET", "/", nil))
+		return h.ServeHTTP(httptest.NewRecorder(), r, nextFunc(func(w http.ResponseWriter, _ *http.Request) error {
+			w.WriteHeader(status)
+			return nil
+		}))
+	}
+	for range 5 {
+		if err := serve(200); err != nil {
+			t.Fatalf("a 200 is not counted, yet: %v", err)
+		}
+	}
+	for range 3 {
+		if err := serve(500); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := serve(500); err == nil {
+		t.Fatal("three 500s counted, a fourth request passed")
+	}
+	if errs := a.ctl.errs.Load(); errs != 3 {
+		t.Fatalf("%d failures observed, want 3", errs)
 	}
 }

@@ -196,6 +196,9 @@ func (l *Limit) checkAdaptive(alg string) error {
 	if err != nil {
 		return err
 	}
+	if cost := l.constantCost(); l.Concurrency == 0 && cost > cfg.min {
+		return fmt.Errorf("adaptive: min %d is below the cost %d of every request: at min, none would pass", cfg.min, cost)
+	}
 	l.adaptCfg = cfg
 	return nil
 }
@@ -205,17 +208,38 @@ func (l *Limit) checkAdaptive(alg string) error {
 type adaptiveLimit struct {
 	l    *Limit
 	ctl  *aimd
+	key  adaptiveKey
 	set  func(int64) error
 	now  func() int64
 	log  *zap.Logger
 	lim  prometheus.Gauge
 	p99  prometheus.Gauge
 	errs prometheus.Gauge
-	last atomic.Pointer[decision] // the last interval with requests
+
+	mu       sync.Mutex   // one apply at a time, so none writes a stale limit
+	applied  atomic.Int64 // the limit last given to the slots or the store
+	released bool
 }
 
-// provisionAdaptive starts l's controller at its configured limit, once its
-// slots or its store handle exist.
+// adaptiveStates keeps each adaptive limit's controller across config
+// reloads, so that a reload in the middle of an incident does not put a
+// limit that backed off back to its configured value. A reload that
+// changes the limit's settings (or its configured value) starts afresh.
+var adaptiveStates = caddy.NewUsagePool()
+
+type adaptiveKey struct {
+	zone, scope string
+	conc        bool
+	start       int64
+	cfg         aimdConfig
+}
+
+// Destruct lets the pool drop the controller.
+func (*aimd) Destruct() error { return nil }
+
+// provisionAdaptive gives l its controller, once its slots or its store
+// handle exist: the one a running config shares, or a new one at the
+// configured limit.
 func (l *Limit) provisionAdaptive(logger *zap.Logger) error {
 	if l.Adaptive == nil {
 		return nil
@@ -236,11 +260,36 @@ func (l *Limit) provisionAdaptive(logger *zap.Logger) error {
 		}
 		a.set = l.setMaxEvents
 	}
-	a.ctl = newAIMD(l.adaptCfg, start, a.now())
-	a.lim.Set(float64(a.ctl.current()))
-	adaptiveMinG.WithLabelValues(l.zone.name, l.scope).Set(float64(l.adaptCfg.min))
+	a.key = adaptiveKey{zone: l.zone.name, scope: l.scope, conc: l.conc != nil, start: start, cfg: l.adaptCfg}
+	v, _, err := adaptiveStates.LoadOrNew(a.key, func() (caddy.Destructor, error) {
+		return newAIMD(l.adaptCfg, start, monotonic()), nil
+	})
+	if err != nil {
+		return err
+	}
+	a.ctl = v.(*aimd)
 	l.adapt = a
+	a.applied.Store(start)
+	a.lim.Set(float64(start))
+	a.apply()
+	adaptiveMinG.WithLabelValues(l.zone.name, l.scope).Set(float64(l.adaptCfg.min))
 	return nil
+}
+
+// releaseAdaptive lets go of the controllers of h's adaptive limits, those
+// of a zone that failed to provision included.
+func (h *Handler) releaseAdaptive() {
+	for _, z := range h.RateLimits {
+		if z == nil {
+			continue
+		}
+		for _, l := range z.keyed {
+			if a := l.adapt; a != nil && !a.released {
+				a.released = true
+				_, _ = adaptiveStates.Delete(a.key)
+			}
+		}
+	}
 }
 
 // setMaxEvents sets a rate's max_events in its store and in its local
@@ -254,30 +303,48 @@ func (l *Limit) setMaxEvents(n int64) error {
 }
 
 // observe records one request the limit let through, and moves the limit
-// when an interval has ended.
+// when an interval has ended. A controller shared with another config
+// (during a reload) may have moved it: each config applies the current
+// limit to its own slots or store handle on its next request.
 func (a *adaptiveLimit) observe(latency int64, failed bool, now int64) {
 	a.ctl.observe(latency, failed)
-	d, ok := a.ctl.decide(now)
-	if !ok {
-		return
+	if d, ok := a.ctl.decide(now); ok {
+		a.report(d)
 	}
+	if a.ctl.current() != a.applied.Load() {
+		a.apply()
+	}
+}
+
+// report publishes an interval's numbers, and logs a change.
+func (a *adaptiveLimit) report(d decision) {
 	if d.requests > 0 {
-		last := d // a copy, so that d stays on the stack on every other call
-		a.last.Store(&last)
 		a.p99.Set(float64(d.p99) / 1e9)
 		a.errs.Set(float64(d.errors) / float64(d.requests))
 	}
-	if d.to == d.from {
+	if d.to != d.from {
+		a.log.Info("adaptive limit changed", zap.String("zone", a.l.zone.name), zap.String("scope", a.l.scope),
+			zap.Int64("from", d.from), zap.Int64("to", d.to), zap.Int64("requests", d.requests),
+			zap.Duration("latency_p99", time.Duration(d.p99)), zap.Int64("errors", d.errors))
+	}
+}
+
+// apply gives the controller's limit to the slots or the store.
+func (a *adaptiveLimit) apply() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.ctl.current()
+	if n == a.applied.Load() {
 		return
 	}
-	if err := a.set(d.to); err != nil {
-		a.log.Error("adaptive limit: cannot apply the new limit", zap.String("zone", a.l.zone.name), zap.String("scope", a.l.scope), zap.Int64("limit", d.to), zap.Error(err))
+	// Marked applied even if the store refuses it, so that a refusal is
+	// logged once, not on every request; the limits were checked at load.
+	a.applied.Store(n)
+	if err := a.set(n); err != nil {
+		a.log.Error("adaptive limit: cannot apply the new limit", zap.String("zone", a.l.zone.name), zap.String("scope", a.l.scope), zap.Int64("limit", n), zap.Error(err))
 		return
 	}
-	a.lim.Set(float64(d.to))
-	a.log.Info("adaptive limit changed", zap.String("zone", a.l.zone.name), zap.String("scope", a.l.scope),
-		zap.Int64("from", d.from), zap.Int64("to", d.to), zap.Int64("requests", d.requests),
-		zap.Duration("latency_p99", time.Duration(d.p99)), zap.Int64("errors", d.errors))
+	a.lim.Set(float64(n))
 }
 
 var monoStart = time.Now()
@@ -512,7 +579,7 @@ func (a *adaptiveLimit) info() *adaptiveInfo {
 	}
 	c := a.l.adaptCfg
 	in := &adaptiveInfo{Limit: a.ctl.current(), Min: c.min, Max: c.max, Interval: time.Duration(c.interval).String()}
-	if d := a.last.Load(); d != nil {
+	if d := a.ctl.last.Load(); d != nil {
 		in.Requests, in.LatencyP99 = d.requests, float64(d.p99)/1e9
 		in.ErrorRate = float64(d.errors) / float64(d.requests)
 	}

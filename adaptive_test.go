@@ -63,6 +63,7 @@ func TestAdaptiveProvisionErrors(t *testing.T) {
 		{"token bucket", `"window": "1s", "max_events": 10, "algorithm": "token_bucket", "adaptive": {}`, `adaptive: algorithm token_bucket keeps each key's state in the emission interval`},
 		{"gcra in a scope", `"scopes": {"s": {"window": "1s", "max_events": 10, "algorithm": "gcra", "adaptive": {}}}`, `zone "z": scope "s": adaptive: algorithm gcra`},
 		{"rate and concurrency", `"key": "k", "window": "1s", "max_events": 10, "concurrency": 5, "adaptive": {}`, `adaptive: the limit has both a rate and a concurrency`},
+		{"min below the cost", `"window": "1s", "max_events": 100, "cost": 10, "adaptive": {"min": 5}`, `adaptive: min 5 is below the cost 10 of every request`},
 		{"on a zone of scopes", `"adaptive": {}, "scopes": {"s": {"window": "1s", "max_events": 10}}`, `adaptive would do nothing on a zone without a rate of its own`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -427,5 +428,43 @@ func TestAdaptiveWithCountWhen(t *testing.T) {
 	}
 	if errs := a.ctl.errs.Load(); errs != 3 {
 		t.Fatalf("%d failures observed, want 3", errs)
+	}
+}
+
+// A reload keeps what the limit learned: the new config's slots start at
+// the limit the running config backed off to, not at the configured one.
+// A reload that changes the adaptive settings starts afresh.
+func TestAdaptiveSurvivesReload(t *testing.T) {
+	const cfg = `{"rate_limits": {"adapt_reload": {"key": "k", "concurrency": 100, "adaptive": {"min": 10, "interval": "1s"}}}}`
+	old, cleanupOld, err := provisionJSON([]byte(cfg), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := old.zones[0].keyed[0].adapt.ctl
+	for range 10 {
+		ctl.observe(int64(time.Millisecond), true)
+	}
+	if d, ok := ctl.decide(monotonic() + int64(time.Hour)); !ok || d.to != 70 {
+		t.Fatalf("decision %+v %v, want 70", d, ok)
+	}
+	nw, cleanupNew, err := provisionJSON([]byte(cfg), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanupNew()
+	if got := nw.zones[0].keyed[0].conc.max.Load(); got != 70 {
+		t.Fatalf("the reloaded config's cap is %d, want 70", got)
+	}
+	cleanupOld()
+	if nw.zones[0].keyed[0].adapt.ctl != ctl {
+		t.Fatal("the reloaded config has a controller of its own")
+	}
+	changed, cleanupChanged, err := provisionJSON([]byte(strings.Replace(cfg, `"min": 10`, `"min": 20`, 1)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanupChanged()
+	if got := changed.zones[0].keyed[0].conc.max.Load(); got != 100 {
+		t.Fatalf("with other settings the cap is %d, want the configured 100", got)
 	}
 }

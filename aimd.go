@@ -37,6 +37,9 @@ type aimd struct {
 	end  atomic.Int64
 	hist latencyHistogram
 	errs atomic.Int64
+	// last is the last interval with requests, for the admin API: stored
+	// once per interval, never per request.
+	last atomic.Pointer[decision]
 
 	mu sync.Mutex // one decision at a time
 }
@@ -98,6 +101,10 @@ func (a *aimd) decide(now int64) (d decision, ok bool) {
 	d.verdict = a.cfg.judge(d.requests, d.errors, d.p99)
 	d.to = a.cfg.next(d.from, d.verdict)
 	a.limit.Store(d.to)
+	if d.requests > 0 {
+		last := d
+		a.last.Store(&last)
+	}
 	return d, true
 }
 

@@ -296,6 +296,7 @@ func (h *Handler) setup() backend.Setup {
 // (the one replacing this one in a reload) stays.
 func (h *Handler) Cleanup() error {
 	h.unpublish()
+	h.releaseAdaptive()
 	if h.local != nil {
 		_ = h.local.Close()
 	}

@@ -258,22 +258,22 @@ func TestAdaptiveConcurrencyFollowsErrors(t *testing.T) {
 			return nil
 		}))
 	}
-	for range 10 {
-		serve(500)
+	// An interval of ten answers of one status, ended at end by one more.
+	interval := func(status int, end time.Duration) {
+		for range 10 {
+			serve(status)
+		}
+		clock = int64(end)
+		serve(status)
 	}
-	clock = int64(10 * time.Second)
-	serve(500)
+	interval(500, 10*time.Second)
 	if got := a.l.conc.max.Load(); got != 70 {
 		t.Fatalf("after an interval of 500s: cap %d, want 70", got)
 	}
 	if got := gaugeValue(t, adaptiveLimitG.WithLabelValues("adapt_conc_errs", "")); got != 70 {
 		t.Fatalf("gauge %v, want 70", got)
 	}
-	for range 10 {
-		serve(200)
-	}
-	clock = int64(20 * time.Second)
-	serve(200)
+	interval(200, 20*time.Second)
 	if got := a.l.conc.max.Load(); got != 75 {
 		t.Fatalf("after a clean interval: cap %d, want 75", got)
 	}

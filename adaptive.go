@@ -170,6 +170,10 @@ var (
 
 var adaptiveCollectors = []prometheus.Collector{adaptiveLimitG, adaptiveMinG, adaptiveP99G, adaptiveErrG}
 
+// errAdaptiveTiers refuses adaptive on a tiered limit, whose numbers are
+// each tier's.
+var errAdaptiveTiers = errors.New("adaptive: a tiered limit takes its rate and concurrency from each request's tier: adapt a limit without tiers")
+
 // checkAdaptive validates the adaptive block of l, whose rate (if any)
 // uses algorithm alg, and keeps the controller's settings.
 func (l *Limit) checkAdaptive(alg string) error {
@@ -178,6 +182,8 @@ func (l *Limit) checkAdaptive(alg string) error {
 		return nil
 	}
 	switch {
+	case l.tiered():
+		return errAdaptiveTiers
 	case l.Concurrency != 0 && !l.concOnly():
 		return fmt.Errorf("adaptive: the limit has both a rate and a concurrency, and adapts one number: put the concurrency (or the rate) in a scope of its own")
 	case l.Concurrency == 0 && algorithms.KindOf(alg) == algorithms.KindBucket:

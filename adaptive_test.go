@@ -64,6 +64,7 @@ func TestAdaptiveProvisionErrors(t *testing.T) {
 		{"gcra in a scope", `"scopes": {"s": {"window": "1s", "max_events": 10, "algorithm": "gcra", "adaptive": {}}}`, `zone "z": scope "s": adaptive: algorithm gcra`},
 		{"rate and concurrency", `"key": "k", "window": "1s", "max_events": 10, "concurrency": 5, "adaptive": {}`, `adaptive: the limit has both a rate and a concurrency`},
 		{"min below the cost", `"window": "1s", "max_events": 100, "cost": 10, "adaptive": {"min": 5}`, `adaptive: min 5 is below the cost 10 of every request`},
+		{"tiered", `"key": "k", "tier": "{http.request.header.X-Plan}", "tiers": [{"name": "free", "max_events": 10, "window": "1m"}], "default_tier": "free", "adaptive": {}`, `adaptive: a tiered limit takes its rate and concurrency from each request's tier`},
 		{"on a zone of scopes", `"adaptive": {}, "scopes": {"s": {"window": "1s", "max_events": 10}}`, `adaptive would do nothing on a zone without a rate of its own`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -315,7 +315,8 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, zoneName, ra
 func (z *Zone) limitsFor(named bool, scope string) ([]*Limit, error) {
 	var out []*Limit
 	for _, l := range z.limits {
-		if named && l.scope == scope || !named && l.Key == z.Key {
+		// A scope with tiers names all of its tiers' limits.
+		if named && (l.scope == scope || l.tier != "" && l.base == scope) || !named && l.Key == z.Key {
 			out = append(out, l)
 		}
 	}

@@ -36,8 +36,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 		return nil, err
 	}
 	// A handler without a backend of its own uses the file's default.
-	if g, ok := h.Option("rate_limit").(globalOptions); ok && len(handler.BackendRaw) == 0 {
+	g, _ := h.Option("rate_limit").(globalOptions)
+	if len(handler.BackendRaw) == 0 {
 		handler.BackendRaw = g.backend
+	}
+	if err := applyGlobalShed(h.Dispenser, handler.Shed, g.shed); err != nil {
+		return nil, err
 	}
 	return &handler, nil
 }
@@ -45,6 +49,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // globalOptions are the `rate_limit` global options of a Caddyfile.
 type globalOptions struct {
 	backend json.RawMessage
+	shed    map[string]int64 // load shedding groups' capacities
 }
 
 // parseGlobalOption reads the global options block
@@ -52,11 +57,15 @@ type globalOptions struct {
 //	{
 //	    rate_limit {
 //	        backend <name> [{ <options of that backend> }]
+//	        shed <group> {
+//	            capacity <n>
+//	        }
 //	    }
 //	}
 //
 // whose backend is the default of every rate_limit handler of the file
-// that does not name one, so that a fleet's Redis is written once.
+// that does not name one, so that a fleet's Redis is written once, and
+// whose shed groups give their capacity to every handler that names them.
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	if existing != nil {
 		return nil, d.Err("rate_limit global options given twice")
@@ -77,8 +86,20 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, err
 			}
 			g.backend = raw
+		case "shed":
+			s, err := unmarshalShed(d, true)
+			if err != nil {
+				return nil, err
+			}
+			if _, dup := g.shed[s.Group]; dup {
+				return nil, d.Errf("shed %q already defined", s.Group)
+			}
+			if g.shed == nil {
+				g.shed = map[string]int64{}
+			}
+			g.shed[s.Group] = s.Capacity
 		default:
-			return nil, d.Errf("unrecognized rate_limit global option %q (want backend)", opt)
+			return nil, d.Errf("unrecognized rate_limit global option %q (want backend or shed)", opt)
 		}
 	}
 	return g, nil
@@ -127,6 +148,12 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        reset_when <response matcher>
 //	        concurrency <n>
 //	        queue      <duration>
+//	        status     <code>
+//	        tier       <placeholder>
+//	        tiers {
+//	            <name> <events>/<duration> [burst <n>] [concurrency <n>]
+//	            default <name>
+//	        }
 //	        adaptive {
 //	            min         <n>
 //	            max         <n>
@@ -137,7 +164,7 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	            error_rate  <low>% <high>%
 //	        }
 //	        scope <name> {
-//	            <the options above, from key to reset_when>
+//	            <the options above, from key to adaptive>
 //	        }
 //	        allow       <cidr...>
 //	        deny        <cidr...>
@@ -145,7 +172,6 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        deny_match  { <matchers> }
 //	        shadow
 //	        headers     draft|legacy|both|none
-//	        status      <code>
 //	    }
 //	    headers        draft|legacy|both|none
 //	    respond        json|problem|text
@@ -155,6 +181,12 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    disable_metrics
 //	    body_limit     <size>
 //	    backend        <name> [{ <options of that backend> }]
+//	    shed <group> {
+//	        priority <0-4>
+//	        capacity <n>
+//	    }
+//	    tarpit         <duration>
+//	    tarpit_max     <n>
 //	    distributed {
 //	        read_interval  <duration>
 //	        write_interval <duration>
@@ -256,6 +288,18 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 		case "headers", "respond":
 			if err := h.unmarshalContract(d, opt); err != nil {
+				return err
+			}
+
+		case "shed":
+			s, err := unmarshalShed(d, false)
+			if err != nil {
+				return err
+			}
+			h.Shed = s
+
+		case "tarpit", "tarpit_max":
+			if err := h.unmarshalTarpit(d, opt); err != nil {
 				return err
 			}
 
@@ -505,6 +549,17 @@ func (p *limitParser) option(opt string) error {
 		l.CountWhen, err = parseResponseMatcher(d, p.where, opt)
 	case "reset_when":
 		l.ResetWhen, err = parseResponseMatcher(d, p.where, opt)
+	case "status":
+		var v string
+		if v, err = oneArg(d); err == nil {
+			if l.Status, err = strconv.Atoi(v); err != nil || checkStatus(l.Status) != nil || l.Status == 0 {
+				return d.Errf("%s: status must be from 400 to 599, got %q", p.where, v)
+			}
+		}
+	case "tier":
+		l.Tier, err = oneArg(d)
+	case "tiers":
+		return p.parseTiers()
 	case "missing":
 		if l.Missing, err = oneArg(d); err == nil {
 			switch l.Missing {
@@ -593,6 +648,16 @@ func (p *limitParser) finish(needRate bool) error {
 			}
 		}
 	}
+	if l.tiered() {
+		if err := l.checkTiers(); err != nil {
+			line := p.optionLine(err)
+			if line == p.line {
+				line = cmp.Or(p.lines["tiers"], p.lines["tier"], p.line)
+			}
+			return p.errAt(line, "%v", err)
+		}
+		return nil
+	}
 	switch {
 	case p.seen["rate"] && (p.seen["events"] || p.seen["window"]):
 		return p.errAt(max(p.lines["rate"], p.lines["events"], p.lines["window"]), "use either rate or events and window, not both")
@@ -608,6 +673,80 @@ func (p *limitParser) finish(needRate bool) error {
 	// option at fault.
 	if _, err := l.check(); err != nil {
 		return p.errAt(p.optionLine(err), "%v", err)
+	}
+	return nil
+}
+
+// parseTiers reads a tiers table:
+//
+//	tiers {
+//	    <name> <events>/<duration> [burst <n>] [concurrency <n>]
+//	    default <name>
+//	}
+func (p *limitParser) parseTiers() error {
+	d, l := p.d, p.l
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		args := d.RemainingArgs()
+		if name == "default" {
+			switch {
+			case len(args) != 1:
+				return d.Errf("%s: tiers: default takes the name of one tier", p.where)
+			case l.DefaultTier != "":
+				return d.Errf("%s: tiers: default already specified", p.where)
+			case strings.Contains(args[0], "/"):
+				return d.Errf("%s: tiers: default names the tier of requests whose tier is unknown (default free); no tier can be called default", p.where)
+			}
+			l.DefaultTier = args[0]
+			continue
+		}
+		if err := checkTierName(name); err != nil {
+			return d.Errf("%s: tiers: %v", p.where, err)
+		}
+		if seen[name] {
+			return d.Errf("%s: tiers: tier %q given twice", p.where, name)
+		}
+		seen[name] = true
+		if len(args) == 0 {
+			return d.Errf("%s: tiers: tier %q needs a rate (%s 60/1m burst 10 concurrency 2)", p.where, name, name)
+		}
+		t := Tier{Name: name}
+		events, window, err := ParseRate(args[0])
+		if err != nil {
+			return d.Errf("%s: tiers: tier %q: %v", p.where, name, err)
+		}
+		t.MaxEvents, t.Window = events, caddy.Duration(window)
+		for i := 1; i < len(args); i += 2 {
+			opt := args[i]
+			var field *int64
+			switch opt {
+			case "burst":
+				field = &t.Burst
+			case "concurrency":
+				field = &t.Concurrency
+			default:
+				return d.Errf("%s: tiers: tier %q: unknown option %q (want burst or concurrency)", p.where, name, opt)
+			}
+			if *field != 0 {
+				return d.Errf("%s: tiers: tier %q: %s already specified", p.where, name, opt)
+			}
+			if i+1 >= len(args) {
+				return d.Errf("%s: tiers: tier %q: %s needs a value", p.where, name, opt)
+			}
+			n, err := strconv.ParseInt(args[i+1], 10, 64)
+			if err != nil || n < 1 {
+				return d.Errf("%s: tiers: tier %q: %s must be a whole number ≥ 1, got %q", p.where, name, opt, args[i+1])
+			}
+			*field = n
+		}
+		l.Tiers = append(l.Tiers, t)
+	}
+	if len(l.Tiers) == 0 {
+		return d.Errf("%s: tiers: the table has no tier", p.where)
 	}
 	return nil
 }

@@ -152,7 +152,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"zone status 200", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tstatus 200\n\t}\n}", `zone "a": status must be from 400 to 599, got "200"`, 5},
 		{"zone status word", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tstatus slow\n\t}\n}", `zone "a": status must be from 400 to 599, got "slow"`, 5},
 		{"zone status twice", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tstatus 429\n\t\tstatus 503\n\t}\n}", "status already specified", 6},
-		{"status in a scope", "rate_limit {\n\tzone a {\n\t\tscope s {\n\t\t\trate 1/s\n\t\t\tstatus 503\n\t\t}\n\t}\n}", `unrecognized subdirective "status"`, 6},
+		{"status in a scope", "rate_limit {\n\tzone a {\n\t\tscope s {\n\t\t\trate 1/s\n\t\t\tstatus 700\n\t\t}\n\t}\n}", `zone "a" scope "s": status must be from 400 to 599, got "700"`, 6},
 		{"algorithm on its own line", "rate_limit {\n\tzone a {\n\t\tkey static\n\t\trate 10/1m\n\t\talgorithm tokenbucket\n\t}\n}", `unknown algorithm "tokenbucket"`, 6},
 	}
 	// The line is the offending option's, not the zone's.

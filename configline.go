@@ -40,7 +40,7 @@ func optionOf(err error) string {
 		return "algorithm"
 	}
 	msg := err.Error()
-	if i := strings.IndexAny(msg, " [:"); i >= 0 {
+	if i := strings.IndexAny(msg, " [:,"); i >= 0 {
 		msg = msg[:i]
 	}
 	return msg

@@ -86,8 +86,11 @@ func (l *Limit) warnEmpty(logger *zap.Logger, repl *caddy.Replacer, ws []*earlie
 			continue
 		}
 		effect := "every request without it shares one quota (or is skipped or denied, as `missing` says)"
-		if part == "cost" {
+		switch part {
+		case "cost":
 			effect = "the cost it should give is never read"
+		case "tier":
+			effect = "every request gets the default tier"
 		}
 		fix := "make the handler that sets it run before rate_limit: inside `route { … }` handlers run in the order they are written"
 		if strings.HasPrefix(w.name, authPrefix) {

@@ -40,6 +40,9 @@ const (
 // ServeHTTP decides the request against every zone it matches, once and all
 // or nothing, then answers 429 or passes it on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if h.shedding() {
+		return h.refuseShed(w, r)
+	}
 	s := getScratch()
 	pass, err := h.limit(w, r, s)
 	if pass && len(s.conc) > 0 {
@@ -66,9 +69,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// The scratch goes back before next runs: a slow upstream must not
 	// hold one per request in flight.
 	s.release()
-	switch {
-	case !pass:
+	if !pass {
 		return err
+	}
+	if h.shed != nil {
+		// Counted only once admitted: a request refused or held in a
+		// tarpit loads nothing behind this handler.
+		h.shed.inFlight.Add(1)
+		defer h.shed.inFlight.Add(-1)
+	}
+	switch {
 	case aw != nil:
 		return h.serveAdaptive(w, r, next, aw, o, adapt)
 	case o != nil:
@@ -139,6 +149,13 @@ func (h *Handler) collect(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 
 // collectLimit appends the store request of limit l, unless l skips r.
 func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch, l *Limit) (answered bool, err error) {
+	if l.tiers != nil {
+		tier, empty := l.tiers.pick(r, repl)
+		if empty {
+			l.warnEmpty(h.logger, repl, l.tiers.earlier, "tier")
+		}
+		l = tier
+	}
 	z := l.zone
 	if s.body == nil && (l.keyer.NeedsBody() || l.Cost.needsBody()) {
 		s.body = keys.ReadBody(r, h.BodyLimit, h.bodyFields)

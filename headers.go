@@ -86,9 +86,10 @@ func (l *Limit) provisionHeaders(send headerSet) error {
 	if send == 0 {
 		return nil
 	}
+	// A tier's limit goes by its scope's name: a client sees one tier.
 	name := l.zone.name
-	if l.scope != "" {
-		name += "." + l.scope
+	if l.shownScope() != "" {
+		name += "." + l.shownScope()
 	}
 	p := l.policy()
 	quota := algorithms.MaxCost(l.algorithm, p)

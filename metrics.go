@@ -59,7 +59,7 @@ func newMetricSet() *metricSet {
 		}, []string{"zone", "scope", "policy"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "refused_requests_total",
-			Help: "Requests refused, by the zone that refused them and why: rate_limit_exceeded, backend_unavailable, missing_key, bad_cost, denylisted or concurrency.",
+			Help: "Requests refused, by the zone that refused them and why: rate_limit_exceeded, quota_exceeded, backend_unavailable, missing_key, bad_cost, denylisted, concurrency or load_shed (whose zone label is the shedding group).",
 		}, []string{"zone", "reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "process_time_seconds",
@@ -83,7 +83,7 @@ func registerMetrics(reg *prometheus.Registry, store backend.Store) error {
 	if reg == nil {
 		return nil
 	}
-	collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.refused, metrics.duration, inFlight}
+	collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.refused, metrics.duration, inFlight, shedMetrics, tarpitHeld, tarpitSkipped}
 	collectors = append(collectors, adaptiveCollectors...)
 	if src, ok := store.(backend.StatsReporter); ok {
 		// The collectors of several handlers are one to the registry (the

@@ -101,6 +101,24 @@ type Handler struct {
 	// is a Caddy error that handle_errors routes can shape.
 	Respond string `json:"respond,omitempty"`
 
+	// Shed makes this handler's requests part of a load shedding group,
+	// with a priority: when the group has too many requests in flight
+	// for its capacity, the lowest priorities are refused with 503.
+	// Default: unset, never shed and not counted.
+	Shed *Shed `json:"shed,omitempty"`
+
+	// Tarpit holds the answer to a request a rate limit denies for up to
+	// this long (between half and all of it, at random) before it is
+	// written: a scraper's connection is kept busy instead of freed to
+	// try again. At most 1m. Default: 0, denials are answered at once.
+	Tarpit caddy.Duration `json:"tarpit,omitempty"`
+
+	// TarpitMax caps how many denied requests the tarpit holds at once;
+	// beyond it a denial is answered at once. A held request costs its
+	// own connection and handler goroutine, nothing more. From 1 to
+	// 1000000. Default: 1000 (with tarpit).
+	TarpitMax int64 `json:"tarpit_max,omitempty"`
+
 	headers  bool // some zone sends rate limit fields
 	outcomes bool // some limit counts or resets by the response
 	zones    []*Zone
@@ -118,6 +136,13 @@ type Handler struct {
 
 	// bodyFields are the JSON paths found in one pass over a body.
 	bodyFields *keys.BodyFields
+
+	shed     *shedGroup // nil without shed
+	shedReg  *shedReg
+	shedZone *Zone // refuses in the group's name
+	// shedDetail is the log's error of a shed request.
+	shedDetail error
+	tarpit     *tarpitState // nil without tarpit
 }
 
 // maxJitter bounds jitter: 10 adds up to ten times the wait.
@@ -250,6 +275,12 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if err := h.provisionFailover(ctx); err != nil {
 		return err
 	}
+	if err := h.provisionShed(configID(ctx)); err != nil {
+		return err
+	}
+	if err := h.provisionTarpit(ctx); err != nil {
+		return err
+	}
 	h.publish() // to the admin API
 	return nil
 }
@@ -296,6 +327,8 @@ func (h *Handler) setup() backend.Setup {
 // (the one replacing this one in a reload) stays.
 func (h *Handler) Cleanup() error {
 	h.unpublish()
+	h.cleanupShed()
+	h.tarpit.stop()
 	h.releaseAdaptive()
 	if h.local != nil {
 		_ = h.local.Close()

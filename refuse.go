@@ -38,6 +38,12 @@ var ErrMissingKey = errors.New("the request lacks a value it is rate limited by,
 // not a whole number ≥ 0, or cannot be read.
 var ErrBadCost = errors.New("the request's cost is not a whole number of at least 0, or cannot be read")
 
+// ErrQuotaExceeded is the error behind a denial by a limit whose status is
+// 402 or 403: a quota (per day, per month) that waiting a little will not
+// bring back, told apart from the 429 of a rate so that clients stop
+// retrying.
+var ErrQuotaExceeded = errors.New("quota exceeded")
+
 // errAnswered is what a step returns when it has written the answer
 // itself (a built-in refusal body): the request is over, and no error is
 // left for Caddy to handle.
@@ -62,6 +68,8 @@ const (
 	reasonBadCost
 	reasonDenylisted
 	reasonConcurrency
+	reasonShed
+	reasonQuota
 	numReasons
 )
 
@@ -79,6 +87,8 @@ var reasonInfo = [numReasons]struct {
 	reasonBadCost:     {"bad_cost", nil, http.StatusBadRequest, ErrBadCost, "request refused: its cost cannot be used", zapcore.InfoLevel},
 	reasonDenylisted:  {"denylisted", nil, http.StatusForbidden, ErrDenylisted, "request refused by deny list", zapcore.InfoLevel},
 	reasonConcurrency: {"concurrency", nil, http.StatusServiceUnavailable, ErrConcurrency, "request refused: too many requests in flight", zapcore.InfoLevel},
+	reasonShed:        {"load_shed", nil, http.StatusServiceUnavailable, ErrShed, "request shed: the server is overloaded", zapcore.InfoLevel},
+	reasonQuota:       {"quota_exceeded", nil, 0, ErrQuotaExceeded, "quota exceeded", zapcore.InfoLevel},
 }
 
 func init() {
@@ -97,6 +107,32 @@ func (z *Zone) refusalStatus(rs reason) int {
 		return s
 	}
 	return cmp.Or(z.status, http.StatusTooManyRequests)
+}
+
+// denialReason is the reason of a denial by a limit answering status: a
+// spent quota (402, 403) or a rate exceeded.
+func denialReason(status int) reason {
+	if status == http.StatusPaymentRequired || status == http.StatusForbidden {
+		return reasonQuota
+	}
+	return reasonRateLimited
+}
+
+// status is the HTTP status of f: a denial answers with its limit's
+// status (a scope's own, else its zone's).
+func (f *refusal) status() int {
+	if f.limit != nil && f.limit.denyErr != nil && (f.reason == reasonRateLimited || f.reason == reasonQuota) {
+		return f.limit.denyStatus
+	}
+	return f.zone.refusalStatus(f.reason)
+}
+
+// err is the Caddy error of f.
+func (f *refusal) err() error {
+	if f.limit != nil && f.limit.denyErr != nil && (f.reason == reasonRateLimited || f.reason == reasonQuota) {
+		return f.limit.denyErr
+	}
+	return f.zone.refusalError(f.reason)
 }
 
 // refusalError is the Caddy error of a refusal for reason rs, made at
@@ -195,11 +231,11 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 		ce.Write(h.refusalFields(r, f)...)
 	}
 	if h.Respond == "" {
-		return z.refusalError(f.reason)
+		return f.err()
 	}
 	// No Content-Length: net/http sets it for a body this small.
 	set(hdrContentType, contentTypes[h.Respond])
-	w.WriteHeader(z.refusalStatus(f.reason))
+	w.WriteHeader(f.status())
 	if r.Method == http.MethodHead {
 		return nil
 	}
@@ -252,7 +288,7 @@ func (v refusalValues) lookup(name string) (any, bool) {
 	if len(name) < len(phPrefix) || name[:len(phPrefix)] != phPrefix {
 		return nil, false
 	}
-	decided := v.reason == reasonRateLimited
+	decided := v.reason == reasonRateLimited || v.reason == reasonQuota
 	switch name {
 	case phReason:
 		return reasonInfo[v.reason].value, true
@@ -310,7 +346,7 @@ func (h *Handler) refusalFields(r *http.Request, f refusal) []zap.Field {
 	fields := []zap.Field{
 		zap.String("zone", f.zone.name),
 		zap.String("reason", reasonInfo[f.reason].name),
-		zap.Int("status", f.zone.refusalStatus(f.reason)),
+		zap.Int("status", f.status()),
 		zap.String("remote_ip", remoteIP(r)),
 		zap.String("client_ip", clientIP(r)),
 	}
@@ -350,12 +386,12 @@ func (h *Handler) appendBody(b []byte, f refusal) []byte {
 	case RespondText:
 		return append(appendMessage(b, f), '\n')
 	case RespondProblem:
-		status := f.zone.refusalStatus(f.reason)
+		status := f.status()
 		typ, title := "about:blank", http.StatusText(status)
 		switch f.reason {
-		case reasonRateLimited:
+		case reasonRateLimited, reasonQuota:
 			typ, title = problemQuotaExceeded, "Quota Exceeded"
-		case reasonUnavailable, reasonConcurrency:
+		case reasonUnavailable, reasonConcurrency, reasonShed:
 			typ, title = problemReducedCapacity, "Temporary Reduced Capacity"
 		}
 		b = append(b, `{"type":`...)
@@ -388,9 +424,10 @@ func (h *Handler) appendBody(b []byte, f refusal) []byte {
 	b = appendRetryAfter(b, f)
 	b = append(b, `,"zone":`...)
 	b = appendJSONString(b, f.zone.name)
-	if f.scope() != "" {
+	if f.limit != nil && f.limit.shownScope() != "" {
+		// As configured: a tier's version is the operator's business.
 		b = append(b, `,"scope":`...)
-		b = appendJSONString(b, f.scope())
+		b = appendJSONString(b, f.limit.shownScope())
 	}
 	return append(b, "}}"...)
 }
@@ -422,13 +459,18 @@ func appendJSONString(b []byte, s string) []byte {
 // inside a JSON string as it is.
 func appendMessage(b []byte, f refusal) []byte {
 	switch f.reason {
-	case reasonRateLimited:
-		if f.retryAfter < 0 {
-			return append(b, "This request asks for more than the rate limit can ever allow."...)
+	case reasonRateLimited, reasonQuota:
+		limit, head, tail := "the rate limit", "Too many requests. Retry in ", " seconds."
+		if f.reason == reasonQuota {
+			limit, head, tail = "the quota", "The quota for this period is used up. Retry in ", " seconds, or upgrade the plan."
 		}
-		b = append(b, "Too many requests. Retry in "...)
+		if f.retryAfter < 0 {
+			b = append(b, "This request asks for more than "...)
+			return append(append(b, limit...), " can ever allow."...)
+		}
+		b = append(b, head...)
 		b = strconv.AppendInt(b, f.retryAfter, 10)
-		return append(b, " seconds."...)
+		return append(b, tail...)
 	case reasonUnavailable:
 		b = append(b, "The rate limiter cannot decide this request now. Retry in "...)
 		b = strconv.AppendInt(b, f.retryAfter, 10)
@@ -436,7 +478,7 @@ func appendMessage(b []byte, f refusal) []byte {
 	case reasonMissingKey:
 		b = append(b, "The request lacks a value this endpoint is rate limited by: "...)
 		return append(append(b, missingClass(f.detail)...), '.')
-	case reasonConcurrency:
+	case reasonConcurrency, reasonShed:
 		b = append(b, "The server is busy. Retry in "...)
 		b = strconv.AppendInt(b, f.retryAfter, 10)
 		return append(b, " seconds."...)
@@ -472,10 +514,10 @@ func missingClass(err error) string {
 // policyName is the limit's name in rate limit fields and problem bodies:
 // the zone, or "zone.scope".
 func (l *Limit) policyName() string {
-	if l.scope == "" {
+	if l.shownScope() == "" {
 		return l.zone.name
 	}
-	return l.zone.name + "." + l.scope
+	return l.zone.name + "." + l.shownScope()
 }
 
 // deny answers a request that an enforcing limit denied. The limit
@@ -496,7 +538,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		}
 	}
 	l, res, key := s.limits[worst], s.out[worst], s.reqs[worst].Key
-	f := refusal{reason: reasonRateLimited, zone: l.zone, limit: l, retryAfter: -1, key: key, violated: violated, wait: time.Duration(res.RetryAfter)}
+	f := refusal{reason: l.denyReason, zone: l.zone, limit: l, retryAfter: -1, key: key, violated: violated, wait: time.Duration(res.RetryAfter)}
 	if res.RetryAfter != algorithms.Never {
 		if h.Jitter > 0 {
 			random := h.jitterFn
@@ -511,6 +553,9 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		writeHeaders(w, s.limits, s.reqs, s.out)
 	}
 	f.quota, f.remaining, f.reset = res.Limit, res.Remaining, secondsUp(res.ResetAfter)
+	// Before anything is written or counted: the tarpit delays the whole
+	// answer, and a denial is counted when it is given.
+	h.hold(r)
 	l.metrics.declined()
 	if h.events.ShouldEmit("rate_limit_exceeded") {
 		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
@@ -555,6 +600,9 @@ func (h *Handler) provisionContract() error {
 			if err := l.provisionHeaders(send); err != nil {
 				return fmt.Errorf("zone %q: %v", z.name, err)
 			}
+			if err := l.provisionStatus(z.status); err != nil {
+				return fmt.Errorf("zone %q: %v", z.name, l.scoped(err))
+			}
 			h.headers = h.headers || send != 0
 		}
 		if !h.DisableMetrics {
@@ -563,6 +611,20 @@ func (h *Handler) provisionContract() error {
 			}
 		}
 	}
+	return nil
+}
+
+// provisionStatus prepares the answer of a denial by l: its own status (a
+// scope's), else its zone's.
+func (l *Limit) provisionStatus(zoneStatus int) error {
+	if err := checkStatus(l.Status); err != nil {
+		return err
+	}
+	status := cmp.Or(l.Status, zoneStatus)
+	l.denyReason = denialReason(status)
+	l.denyStatus = status
+	// Made once, boxed: a flood of denials allocates nothing for it.
+	l.denyErr = caddyhttp.HandlerError{StatusCode: status, Err: reasonInfo[l.denyReason].err}
 	return nil
 }
 

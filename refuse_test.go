@@ -40,6 +40,13 @@ func TestRefusalPaths(t *testing.T) {
 	quota := &Zone{name: "otp_send", status: 402}
 	ip := &Limit{zone: z, scope: "ip"}
 	secret := errors.New("key is missing: {http.request.body.json.phone}: absent")
+	// Scopes with statuses of their own: a monthly quota under a zone of
+	// 429, a 503 under a zone of 402.
+	monthly := &Limit{zone: z, scope: "monthly", Status: 402}
+	shed := &Limit{zone: quota, scope: "shed", Status: 503}
+	if monthly.provisionStatus(429) != nil || shed.provisionStatus(402) != nil {
+		t.Fatal("provisionStatus")
+	}
 	tests := []struct {
 		name   string
 		f      refusal
@@ -50,6 +57,9 @@ func TestRefusalPaths(t *testing.T) {
 		{"rate limited", refusal{reason: reasonRateLimited, zone: z, limit: ip, retryAfter: 42, key: "hmac:x"}, 429, "rate_limit_exceeded", "42"},
 		{"quota of another status", refusal{reason: reasonRateLimited, zone: quota, retryAfter: 7}, 402, "rate_limit_exceeded", "7"},
 		{"cost that never passes", refusal{reason: reasonRateLimited, zone: z, retryAfter: -1}, 429, "rate_limit_exceeded", ""},
+		{"a scope's quota", refusal{reason: monthly.denyReason, zone: z, limit: monthly, retryAfter: 86400}, 402, "quota_exceeded", "86400"},
+		{"a quota that never passes", refusal{reason: monthly.denyReason, zone: z, limit: monthly, retryAfter: -1}, 402, "quota_exceeded", ""},
+		{"a scope's own status", refusal{reason: shed.denyReason, zone: quota, limit: shed, retryAfter: 3}, 503, "rate_limit_exceeded", "3"},
 		{"backend down", refusal{reason: reasonUnavailable, zone: z, retryAfter: 1}, 503, "backend_unavailable", "1"},
 		{"missing key", refusal{reason: reasonMissingKey, zone: z, retryAfter: -1, detail: secret}, 400, "missing_key", ""},
 		{"bad cost", refusal{reason: reasonBadCost, zone: z, retryAfter: -1, detail: fmt.Errorf("cost {http.request.header.X-Units}: %w", keys.ErrAmbiguous)}, 400, "bad_cost", ""},
@@ -107,7 +117,7 @@ func TestRefusalPaths(t *testing.T) {
 				var doc map[string]any
 				switch respond {
 				case RespondText:
-					if h.Get("Content-Type") != "text/plain; charset=utf-8" || !strings.HasSuffix(body, ".\n") {
+					if h.Get("Content-Type") != "text/plain; charset=utf-8" || !strings.HasSuffix(body, ".\n") || strings.Contains(body, "quota") != (tt.code == "quota_exceeded") {
 						t.Fatalf("%q %q", h.Get("Content-Type"), body)
 					}
 					return

@@ -72,10 +72,6 @@ type Zone struct {
 	// the request send theirs.
 	Headers string `json:"headers,omitempty"`
 
-	// Status is the HTTP status of a request this zone denies, from 400 to
-	// 599. Default: 429 (Too Many Requests).
-	Status int `json:"status,omitempty"`
-
 	name       string
 	matchers   caddyhttp.MatcherSets
 	allowNets  []netip.Prefix
@@ -286,6 +282,32 @@ type Limit struct {
 	// Default: 0 (no cap); at most 2^30.
 	Concurrency int64 `json:"concurrency,omitempty"`
 
+	// Status is the HTTP status of a request this limit denies, from 400
+	// to 599. 402 (Payment Required) or 403 (Forbidden) make the limit a
+	// quota: its denials have their own reason and body (quota_exceeded),
+	// so that a client told its month is spent does not retry like after
+	// a 429. A scope without one takes its zone's. Default: 429 (Too Many
+	// Requests).
+	Status int `json:"status,omitempty"`
+
+	// Tier picks, per request, which row of Tiers limits it: a placeholder
+	// such as "{http.request.header.X-Plan}" or "{http.vars.plan}" (set by
+	// an authentication handler that runs first). A value that is not the
+	// name of a tier, is empty, or is given twice gets DefaultTier, so no
+	// client can make a tier of its own. Required with Tiers.
+	Tier string `json:"tier,omitempty"`
+
+	// Tiers are the rates, bursts and concurrency caps of each tier, in
+	// place of the limit's own max_events, window, burst and concurrency.
+	// Each tier keeps its own state, named after the tier and its policy:
+	// a key that moves to another tier starts there with a full quota, and
+	// a tier whose policy a reload changes starts afresh. At most 64.
+	Tiers []Tier `json:"tiers,omitempty"`
+
+	// DefaultTier names the tier of requests whose Tier value is missing or
+	// is not in Tiers. Required with Tiers.
+	DefaultTier string `json:"default_tier,omitempty"`
+
 	// Queue makes a request beyond the concurrency cap wait up to this long
 	// for a slot, in order of arrival, before it is refused; a waiter whose
 	// client leaves gives up its place. Default: 0 (refused at once); at
@@ -311,9 +333,18 @@ type Limit struct {
 	cfg       backend.LimitConfig // as registered with the store
 	local     backend.Limit       // the in-process fallback of a "local" limit
 	failC     prometheus.Counter
-	conc      *concLimiter   // nil without concurrency
-	adapt     *adaptiveLimit // nil unless adaptive
-	adaptCfg  aimdConfig
+	conc      *concLimiter // nil without concurrency
+	// The answer of a denial by this limit, made at provision.
+	denyStatus int
+	denyErr    error
+	denyReason reason
+	// tiers picks the limit of a request's tier; nil without Tiers. Each
+	// tier's limit has its tier's name in tier.
+	tiers    *tierSet
+	tier     string
+	base     string         // a tier's scope as configured, without the tier
+	adapt    *adaptiveLimit // nil unless adaptive
+	adaptCfg aimdConfig
 	// The zone and scope names as placeholder values, converted once:
 	// converting a string to an interface value allocates.
 	zoneName, scopeName any
@@ -383,7 +414,7 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 	// The zone's own limit exists when it has a rate (or is the only one:
 	// then its errors name the missing fields).
 	own := z.Limit
-	if own.MaxEvents != 0 || own.Window != 0 || own.Concurrency != 0 || len(z.Scopes) == 0 {
+	if own.MaxEvents != 0 || own.Window != 0 || own.Concurrency != 0 || own.Tiers != nil || len(z.Scopes) == 0 {
 		if err := z.addLimit(&z.Limit, "", store, logger, configID(ctx)); err != nil {
 			return err
 		}
@@ -416,7 +447,8 @@ func (l *Limit) ownOnly() []string {
 		option{l.Hash != "", "hash"}, option{l.IPv4Prefix != 0, "ipv4_prefix"}, option{l.IPv6Prefix != 0, "ipv6_prefix"},
 		option{l.Missing != "", "missing"}, option{l.MaxKeys != 0, "max_keys"}, option{l.Lease != 0, "lease"},
 		option{l.CountWhen != nil, "count_when"}, option{l.ResetWhen != nil, "reset_when"},
-		option{l.Queue != 0, "queue"}, option{l.Adaptive != nil, "adaptive"},
+		option{l.Queue != 0, "queue"}, option{l.Tier != "", "tier"}, option{l.DefaultTier != "", "default_tier"},
+		option{l.Adaptive != nil, "adaptive"},
 	)
 }
 
@@ -473,6 +505,14 @@ func loadMatchers(ctx caddy.Context, z *Zone, field string, sets *caddyhttp.Matc
 	return nil
 }
 
+// scoped prefixes err with the scope it is about (as configured), if any.
+func (l *Limit) scoped(err error) error {
+	if l.shownScope() == "" {
+		return err
+	}
+	return fmt.Errorf("scope %q: %w", l.shownScope(), err)
+}
+
 // displayName names a limit in messages: the zone, or "<zone>/<scope>".
 func (l *Limit) displayName() string {
 	if l.scope == "" {
@@ -492,6 +532,12 @@ func configID(ctx caddy.Context) any {
 }
 
 func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
+	if l.tiered() && l.Adaptive != nil {
+		return errAdaptiveTiers
+	}
+	if l.tiered() {
+		return z.addTiers(l, scope, store, logger, owner)
+	}
 	l.zone, l.scope = z, scope
 	l.zoneName, l.scopeName = z.name, scope
 	if err := l.provision(logger); err != nil {

@@ -373,7 +373,7 @@ func TestRespondBuiltInBodies(t *testing.T) {
 		}
 		for _, e := range []expect{
 			{path: "/limited", status: 429, code: "rate_limit_exceeded", retryAfter: true},
-			{path: "/quota", status: 402, code: "rate_limit_exceeded", retryAfter: true},
+			{path: "/quota", status: 402, code: "quota_exceeded", retryAfter: true},
 			{path: "/cost", header: []string{"X-Units", "11"}, status: 429, code: "rate_limit_exceeded"},
 			{path: "/id", status: 400, code: "missing_key"},
 			{path: "/id", header: []string{"X-Secret-Id", "a"}, status: 200},
@@ -427,7 +427,7 @@ func TestRespondBuiltInBodies(t *testing.T) {
 					t.Fatalf("%s: %q %q: %v", what, ctype, r.body, err)
 				}
 				wantType := "about:blank"
-				if e.code == "rate_limit_exceeded" {
+				if e.code == "rate_limit_exceeded" || e.code == "quota_exceeded" {
 					wantType = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 					if v, _ := doc["violated-policies"].([]any); len(v) != 1 || !strings.HasPrefix(v[0].(string), zone) {
 						t.Fatalf("%s: violated-policies in %q", what, r.body)

@@ -1,0 +1,297 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/sluicehq/sluice/backend"
+)
+
+// The shedding rule, priority > 5 − (load − 0.8) × 10, at the loads around
+// each priority's edge. At a load of 1.1 the threshold is 3 and priorities
+// above 2 are refused; priority 0 is never refused.
+func TestShedRule(t *testing.T) {
+	tests := []struct {
+		inFlight, capacity int64
+		shed               [MaxShedPriority + 1]bool // by priority 0…4
+	}{
+		{0, 10, [5]bool{}},
+		{8, 10, [5]bool{}}, // load 0.8: threshold 0
+		{9, 10, [5]bool{}}, // 0.9: threshold 1, priority > 4
+		{10, 10, [5]bool{false, false, false, false, true}},   // 1.0: threshold 2
+		{11, 10, [5]bool{false, false, false, true, true}},    // 1.1: threshold 3
+		{12, 10, [5]bool{false, false, true, true, true}},     // 1.2: threshold 4
+		{13, 10, [5]bool{false, true, true, true, true}},      // 1.3: threshold 5
+		{15, 10, [5]bool{false, true, true, true, true}},      // 1.5: threshold 7
+		{1 << 40, 10, [5]bool{false, true, true, true, true}}, // far beyond
+		// The edges in a larger group: one request more or less.
+		{900, 1000, [5]bool{}},
+		{901, 1000, [5]bool{false, false, false, false, true}},
+		{1100, 1000, [5]bool{false, false, false, true, true}},
+		{1101, 1000, [5]bool{false, false, true, true, true}},
+		{1200, 1000, [5]bool{false, false, true, true, true}},
+		{1201, 1000, [5]bool{false, true, true, true, true}},
+		{1, 1, [5]bool{false, false, false, false, true}},
+	}
+	for _, tt := range tests {
+		for p, want := range tt.shed {
+			if got := sheds(tt.inFlight, tt.capacity, p); got != want {
+				t.Errorf("%d in flight of %d, priority %d: shed %v, want %v", tt.inFlight, tt.capacity, p, got, want)
+			}
+		}
+	}
+}
+
+// The rule written in floats, as it reads, sheds priority 2 at a load of
+// exactly 1.1: (1.1 − 0.8) × 10 is 3.0000000000000004 in float64. The
+// integer form keeps the threshold at 3.
+func TestShedRuleIsExactAtTheEdges(t *testing.T) {
+	floatSheds := func(inFlight, capacity int64, priority int) bool {
+		load := float64(inFlight) / float64(capacity)
+		if load < 0.8 {
+			return false
+		}
+		return float64(priority) > 5-(load-0.8)*10
+	}
+	if !floatSheds(11, 10, 2) {
+		t.Fatal("the float rule no longer misjudges 1.1: this test shows nothing")
+	}
+	if sheds(11, 10, 2) {
+		t.Fatal("priority 2 shed at load 1.1")
+	}
+	// Everywhere else the two agree.
+	for capacity := int64(1); capacity <= 50; capacity++ {
+		for inFlight := int64(0); inFlight <= 2*capacity; inFlight++ {
+			for p := range MaxShedPriority + 1 {
+				edge := 10*inFlight-8*capacity == int64(5-p)*capacity // the threshold lands on p
+				if got, f := sheds(inFlight, capacity, p), floatSheds(inFlight, capacity, p) && p > 0; got != f && !edge {
+					t.Errorf("%d/%d priority %d: integer rule %v, float rule %v", inFlight, capacity, p, got, f)
+				}
+			}
+		}
+	}
+}
+
+func shedConfig(group string, capacity int64, priority int) string {
+	return fmt.Sprintf(`{"shed": {"group": %q, "capacity": %d, "priority": %d},
+		"rate_limits": {"shed_rate": {"key": "static", "max_events": 100, "window": "1m"}}}`, group, capacity, priority)
+}
+
+// A shed request is refused before any rate limit is asked (it takes no
+// unit), with 503, Retry-After and the reason load_shed; an admitted one
+// counts in the group while the handlers after rate_limit run.
+func TestShedHandler(t *testing.T) {
+	low := newUnitHandler(t, shedConfig("unit_shed", 10, 3), byZone(nil))
+	high := newUnitHandler(t, shedConfig("unit_shed", 10, 2), byZone(nil))
+	if low.h.shed != high.h.shed {
+		t.Fatal("two handlers of one group do not share it")
+	}
+	g := low.h.shed
+	g.inFlight.Store(11) // load 1.1
+	a := low.serve(context.Background(), nil)
+	if a.passed || a.code != http.StatusServiceUnavailable || a.header.Get("Retry-After") != "1" {
+		t.Fatalf("priority 3 at load 1.1: passed %v, %d, Retry-After %q; want 503, 1", a.passed, a.code, a.header.Get("Retry-After"))
+	}
+	if got := a.placeholder(phReason); got != "load_shed" {
+		t.Fatalf("reason %q", got)
+	}
+	if got := a.placeholder(phName); got != "unit_shed" {
+		t.Fatalf("exceeded.name %q, want the group", got)
+	}
+	if len(low.store.decided) != 0 {
+		t.Fatal("a shed request was decided by the store")
+	}
+	var during int64
+	r := serveNext(high.h, func() { during = g.inFlight.Load() })
+	if r != http.StatusOK || during != 12 || g.inFlight.Load() != 11 {
+		t.Fatalf("priority 2 at load 1.1: %d, in flight %d while served (want 12), %d after (want 11)", r, during, g.inFlight.Load())
+	}
+	g.inFlight.Store(9)
+	if a := low.serve(context.Background(), nil); !a.passed {
+		t.Fatalf("priority 3 at load 0.9 got %d", a.code)
+	}
+	if g.inFlight.Load() != 9 {
+		t.Fatalf("in flight %d after a request, want 9 again", g.inFlight.Load())
+	}
+	g.inFlight.Store(0)
+}
+
+// serveNext sends one request through h; next runs as the handler after
+// it. It returns the status, 200 when next ran.
+func serveNext(h *Handler, next func()) int {
+	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
+	r.RemoteAddr = "192.0.2.7:4242"
+	w := httptest.NewRecorder()
+	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+	err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+		next()
+		return nil
+	}))
+	if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok {
+		return he.StatusCode
+	}
+	return w.Code
+}
+
+// Every mistake in the shed and tarpit options is refused where it is
+// written, naming it.
+func TestShedTarpitCaddyfileErrors(t *testing.T) {
+	tests := []struct{ name, globals, block, want string }{
+		{"shed without group", "", "shed", "wrong argument count"},
+		{"shed with two names", "", "shed a b", `shed takes one group name, got another: "b"`},
+		{"priority 5", "", "shed a {\n\t\tpriority 5\n\t\tcapacity 10\n\t}", `shed "a": priority must be a whole number from 0 to 4, got "5"`},
+		{"priority -1", "", "shed a {\n\t\tpriority -1\n\t\tcapacity 10\n\t}", `priority must be a whole number from 0 to 4, got "-1"`},
+		{"priority twice", "", "shed a {\n\t\tpriority 1\n\t\tpriority 2\n\t\tcapacity 10\n\t}", `shed "a": priority already specified`},
+		{"capacity 0", "", "shed a {\n\t\tcapacity 0\n\t}", `shed "a": capacity must be a whole number ≥ 1, got "0"`},
+		{"no capacity", "", "shed a {\n\t\tpriority 2\n\t}", `shed "a": no capacity: set it in the global options`},
+		{"unknown shed option", "", "shed a {\n\t\tweight 2\n\t}", `shed "a": unrecognized option "weight"`},
+		{"shed twice", "", "shed a {\n\t\tcapacity 1\n\t}\n\tshed b {\n\t\tcapacity 1\n\t}", "shed already specified"},
+		{"capacity twice over", "rate_limit {\n\t\tshed a {\n\t\t\tcapacity 10\n\t\t}\n\t}", "shed a {\n\t\tcapacity 20\n\t}", `shed "a": capacity 20 here, 10 in the global options`},
+		{"global priority", "rate_limit {\n\t\tshed a {\n\t\t\tcapacity 10\n\t\t\tpriority 1\n\t\t}\n\t}", "shed a", `shed "a": priority is a route's, not the group's`},
+		{"global without capacity", "rate_limit {\n\t\tshed a\n\t}", "shed a", `shed "a": capacity is required`},
+		{"global group twice", "rate_limit {\n\t\tshed a {\n\t\t\tcapacity 1\n\t\t}\n\t\tshed a {\n\t\t\tcapacity 2\n\t\t}\n\t}", "shed a", `shed "a" already defined`},
+		{"tarpit word", "", "tarpit long", `invalid tarpit "long"`},
+		{"tarpit 0", "", "tarpit 0s", "tarpit must be positive"},
+		{"tarpit 2m", "", "tarpit 2m", "tarpit must be at most 1m, got 2m0s"},
+		{"tarpit_max 0", "", "tarpit 5s\n\ttarpit_max 0", `tarpit_max must be a whole number ≥ 1, got "0"`},
+		{"tarpit_max huge", "", "tarpit 5s\n\ttarpit_max 9223372036854775807", "tarpit_max must be from 1 to 1000000"},
+		{"tarpit twice", "", "tarpit 5s\n\ttarpit 6s", "tarpit already specified"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := "{\n\t" + tt.globals + "\n}\n:8080 {\n\trate_limit {\n\t" + tt.block + "\n\t}\n}\n"
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want it to contain %q; config:\n%s", err, tt.want, cfg)
+			}
+		})
+	}
+}
+
+// The JSON form is checked as strictly at provision.
+func TestShedTarpitProvisionErrors(t *testing.T) {
+	tests := []struct{ name, config, want string }{
+		{"no group", `{"shed": {"capacity": 10}}`, "shed: group is required"},
+		{"no capacity", `{"shed": {"group": "p_a"}}`, `shed "p_a": capacity must be from 1 to 1073741824, got 0`},
+		{"huge capacity", `{"shed": {"group": "p_a", "capacity": 1073741825}}`, "capacity must be from 1 to 1073741824"},
+		{"priority 5", `{"shed": {"group": "p_a", "capacity": 10, "priority": 5}}`, `shed "p_a": priority must be from 0 (never shed) to 4 (shed first), got 5`},
+		{"negative priority", `{"shed": {"group": "p_a", "capacity": 10, "priority": -1}}`, "got -1"},
+		{"negative tarpit", `{"tarpit": -1}`, "tarpit must be from 0 to 1m, got -1ns"},
+		{"tarpit of an hour", `{"tarpit": "1h"}`, "tarpit must be from 0 to 1m, got 1h0m0s"},
+		{"tarpit_max alone", `{"tarpit_max": 5}`, "tarpit_max would do nothing without tarpit"},
+		{"tarpit_max negative", `{"tarpit": "1s", "tarpit_max": -5}`, "tarpit_max must be from 1 to 1000000, got -5"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, cleanup, err := provisionJSON([]byte(tt.config), backend.SystemNow)
+			if err == nil {
+				cleanup()
+				t.Fatal("provisioned")
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %q, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+	if _, ok := shedGroups.References("p_a"); ok {
+		t.Fatal("a refused config left its group behind")
+	}
+}
+
+// BenchmarkShed is the shedding check and count of one request:
+//
+//	go test -run '^$' -bench 'Shed' -benchmem -count 3 .
+func BenchmarkShed(b *testing.B) {
+	h, cleanup, err := provisionJSON([]byte(`{"shed": {"group": "bench_shed", "capacity": 1000, "priority": 3}}`), backend.SystemNow)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(cleanup)
+	h.shed.inFlight.Store(900) // load 0.9: admitted, the arithmetic done
+	b.Run("check", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if h.shedding() {
+				b.Fatal("shed at load 0.9")
+			}
+		}
+	})
+	b.Run("check_and_count_parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if h.shedding() {
+					b.Fatal("shed")
+				}
+				h.shed.inFlight.Add(1)
+				h.shed.inFlight.Add(-1)
+			}
+		})
+	})
+	// Through ServeHTTP, a handler with shed alone (no zone).
+	b.Run("serve_admitted", func(b *testing.B) {
+		w, r := benchRequest(b, "http://example.com/", "192.0.2.7:4242")
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := h.ServeHTTP(w, r, okHandler); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("serve_without_shed", func(b *testing.B) {
+		bare, cleanup, err := provisionJSON([]byte(`{}`), backend.SystemNow)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer cleanup()
+		w, r := benchRequest(b, "http://example.com/", "192.0.2.7:4242")
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := bare.ServeHTTP(w, r, okHandler); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("serve_shed", func(b *testing.B) {
+		h.shed.inFlight.Store(1500)
+		defer h.shed.inFlight.Store(900)
+		w, r := benchRequest(b, "http://example.com/", "192.0.2.7:4242")
+		fresh := freshReplacer(r)
+		b.ReportAllocs()
+		for b.Loop() {
+			fresh()
+			if err := h.ServeHTTP(w, r, okHandler); err == nil {
+				b.Fatal("not shed")
+			}
+		}
+	})
+}
+
+// The check and count of an admitted request allocate nothing.
+func TestShedAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector drops pooled values")
+	}
+	h, cleanup, err := provisionJSON([]byte(`{"shed": {"group": "alloc_shed", "capacity": 10, "priority": 4}}`), backend.SystemNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanup()
+	w, r := benchRequest(t, "http://example.com/", "192.0.2.7:4242")
+	if n := testing.AllocsPerRun(100, func() {
+		if err := h.ServeHTTP(w, r, okHandler); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Fatalf("%v allocations per admitted request", n)
+	}
+}

@@ -1,0 +1,154 @@
+package sluice
+
+import (
+	"cmp"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// MaxTarpit is the longest a tarpit holds a denial: clients and proxies
+// give up on an answer much later than a scraper's thread is worth
+// holding.
+const MaxTarpit = caddy.Duration(time.Minute)
+
+// DefaultTarpitMax is how many denials a tarpit holds at once by default.
+const DefaultTarpitMax = 1000
+
+// MaxTarpitMax bounds tarpit_max: every held request keeps a connection
+// (a file descriptor) open.
+const MaxTarpitMax = 1_000_000
+
+var (
+	tarpitHeld = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rate_limit", Name: "tarpit_held_requests",
+		Help: "Denied requests whose answer a tarpit is holding now, in every handler.",
+	})
+	tarpitSkipped = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rate_limit", Name: "tarpit_skipped_total",
+		Help: "Denied requests answered at once because their handler's tarpit already held tarpit_max.",
+	})
+)
+
+// tarpitState is a handler's tarpit: how many denials it holds, and a
+// channel closed when the config stops serving, which lets them all go.
+type tarpitState struct {
+	delay, max int64
+	held       atomic.Int64
+	done       chan struct{}
+	once       sync.Once
+}
+
+// stop lets every held denial go, at once; further ones are not held.
+func (t *tarpitState) stop() {
+	if t != nil {
+		t.once.Do(func() { close(t.done) })
+	}
+}
+
+// provisionTarpit checks tarpit and tarpit_max, and arranges for held
+// denials to go when the server begins to shut down (a reload or a stop:
+// a graceful shutdown waits for every request, held ones included) and
+// when this config is cleaned up.
+func (h *Handler) provisionTarpit(ctx caddy.Context) error {
+	switch {
+	case h.Tarpit < 0 || h.Tarpit > MaxTarpit:
+		return fmt.Errorf("tarpit must be from 0 to 1m, got %s", time.Duration(h.Tarpit))
+	case h.TarpitMax < 0 || h.TarpitMax > MaxTarpitMax:
+		return fmt.Errorf("tarpit_max must be from 1 to %d, got %d", MaxTarpitMax, h.TarpitMax)
+	case h.TarpitMax != 0 && h.Tarpit == 0:
+		return fmt.Errorf("tarpit_max would do nothing without tarpit")
+	case h.Tarpit == 0:
+		return nil
+	}
+	t := &tarpitState{delay: int64(h.Tarpit), max: cmp.Or(h.TarpitMax, DefaultTarpitMax), done: make(chan struct{})}
+	h.tarpit = t
+	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok {
+		srv.RegisterOnShutdown(t.stop)
+	}
+	return nil
+}
+
+// hold delays the answer to a denied request, by between half and all of
+// the tarpit, unless the tarpit holds tarpit_max already. It ends early
+// when the client goes away or the config stops serving. A held request
+// costs what it already had, its connection and this goroutine: the
+// timer starts no goroutine of its own.
+func (h *Handler) hold(r *http.Request) {
+	t := h.tarpit
+	if t == nil {
+		return
+	}
+	if !t.take() {
+		tarpitSkipped.Inc()
+		return
+	}
+	tarpitHeld.Inc()
+	defer func() {
+		t.held.Add(-1)
+		tarpitHeld.Dec()
+	}()
+	random := h.jitterFn
+	if random == nil {
+		random = rand.Float64
+	}
+	// Jittered, so held scrapers are not let go, and do not come back, in
+	// one wave, and the delay does not tell a tarpit from a slow server.
+	d := time.Duration(t.delay/2 + int64(random()*float64(t.delay-t.delay/2)))
+	newTimer := h.newTimer
+	if newTimer == nil {
+		newTimer = systemTimer
+	}
+	fired, stop := newTimer(d)
+	defer stop()
+	select {
+	case <-fired:
+	case <-r.Context().Done():
+	case <-t.done:
+	}
+}
+
+// take counts one more held request, unless max are held.
+func (t *tarpitState) take() bool {
+	for {
+		n := t.held.Load()
+		if n >= t.max {
+			return false
+		}
+		if t.held.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// unmarshalTarpit reads `tarpit <duration>` and `tarpit_max <n>`.
+func (h *Handler) unmarshalTarpit(d *caddyfile.Dispenser, opt string) error {
+	if opt == "tarpit_max" {
+		n, err := positiveArg(d, "", opt)
+		if err != nil {
+			return err
+		}
+		if n > MaxTarpitMax {
+			return d.Errf("tarpit_max must be from 1 to %d, got %d", MaxTarpitMax, n)
+		}
+		h.TarpitMax = n
+		return nil
+	}
+	dur, err := durationArg(d, "", opt)
+	if err != nil {
+		return err
+	}
+	if caddy.Duration(dur) > MaxTarpit {
+		return d.Errf("tarpit must be at most 1m, got %s", dur)
+	}
+	h.Tarpit = caddy.Duration(dur)
+	return nil
+}

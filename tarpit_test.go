@@ -1,0 +1,113 @@
+package sluice
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sluicehq/sluice/algorithms"
+)
+
+const tarpitConfig = `{"tarpit": "4s", "tarpit_max": 2,
+	"shed": {"group": "unit_tarpit", "capacity": 10},
+	"rate_limits": {"tp": {"key": "static", "max_events": 10, "window": "1m"}}}`
+
+// The tarpit holds a denial for between half and all of its delay, at most
+// tarpit_max at once; beyond that, and once the client leaves or the
+// config stops, the answer goes at once. A held denial never counts as a
+// request in flight for load shedding.
+func TestTarpitHolds(t *testing.T) {
+	u := newUnitHandler(t, tarpitConfig, byZone(map[string]algorithms.Result{"tp": denied(30 * time.Second)}))
+	u.timers = make(chan *fakeTimer, 10)
+	var random float64
+	u.h.jitterFn = func() float64 { return random }
+	send := func(ctx context.Context) chan answer {
+		done := make(chan answer, 1)
+		go func() { done <- u.serve(ctx, nil) }()
+		return done
+	}
+	nextTimer := func() *fakeTimer {
+		select {
+		case ft := <-u.timers:
+			return ft
+		case <-time.After(10 * time.Second):
+			t.Fatal("no request was held")
+		}
+		return nil
+	}
+	skipped := testutil.ToFloat64(tarpitSkipped)
+	held0 := testutil.ToFloat64(tarpitHeld)
+
+	random = 0
+	first := send(context.Background())
+	if ft := nextTimer(); ft.d != 2*time.Second {
+		t.Fatalf("held for %s with the lowest draw, want half of 4s", ft.d)
+	}
+	random = 0.999999
+	ctx, leave := context.WithCancel(context.Background())
+	second := send(ctx)
+	if ft := nextTimer(); ft.d < 3999*time.Millisecond || ft.d > 4*time.Second {
+		t.Fatalf("held for %s with the highest draw, want just under 4s", ft.d)
+	}
+	if got := testutil.ToFloat64(tarpitHeld) - held0; got != 2 {
+		t.Fatalf("held gauge %v, want 2", got)
+	}
+	if n := u.h.shed.inFlight.Load(); n != 0 {
+		t.Fatalf("%d in flight for load shedding while only denials are held", n)
+	}
+	// Full: the third denial is answered at once.
+	third := u.serve(context.Background(), nil)
+	if third.code != http.StatusTooManyRequests || testutil.ToFloat64(tarpitSkipped)-skipped != 1 {
+		t.Fatalf("beyond tarpit_max: %d, skipped %v; want 429 at once, counted", third.code, testutil.ToFloat64(tarpitSkipped)-skipped)
+	}
+	// The client of the second leaves: its hold ends now.
+	leave()
+	select {
+	case a := <-second:
+		if a.code != http.StatusTooManyRequests {
+			t.Fatalf("a held request whose client left: %d", a.code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a client that left is still held")
+	}
+	// Its place is free again.
+	fourth := send(context.Background())
+	nextTimer()
+	// The config stops: everything held goes at once, and nothing more is held.
+	u.h.tarpit.stop()
+	for _, ch := range []chan answer{first, fourth} {
+		select {
+		case a := <-ch:
+			if a.code != http.StatusTooManyRequests || a.header.Get("Retry-After") != "30" {
+				t.Fatalf("released: %d, Retry-After %q", a.code, a.header.Get("Retry-After"))
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a held request outlived its config")
+		}
+	}
+	if got := testutil.ToFloat64(tarpitHeld) - held0; got != 0 {
+		t.Fatalf("held gauge %v after all were let go", got)
+	}
+	if u.h.tarpit.held.Load() != 0 {
+		t.Fatal("the handler still counts held requests")
+	}
+}
+
+// Only a rate limit's denial is held: an admitted request, and a shed one
+// (the server's state, not the client's doing), are answered at once.
+func TestTarpitOnlyDenials(t *testing.T) {
+	u := newUnitHandler(t, tarpitConfig, byZone(nil))
+	u.timers = make(chan *fakeTimer) // a held request would block here
+	if a := u.serve(context.Background(), nil); !a.passed {
+		t.Fatalf("admitted request: %d", a.code)
+	}
+	u.h.shed.inFlight.Store(1000)
+	defer u.h.shed.inFlight.Store(0)
+	u.h.Shed.Priority = 4
+	if a := u.serve(context.Background(), nil); a.code != http.StatusServiceUnavailable {
+		t.Fatalf("shed request: %d", a.code)
+	}
+}

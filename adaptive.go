@@ -308,6 +308,20 @@ func (l *Limit) setMaxEvents(n int64) error {
 	return err
 }
 
+// applyLocal gives the local fallback, registered after the limit, the
+// limit in force (one a running config backed off to, after a reload).
+func (a *adaptiveLimit) applyLocal() error {
+	if a == nil || a.set == nil {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if h, ok := a.l.local.(backend.Adjustable); ok && h.CanAdjust() {
+		return h.SetMaxEvents(a.applied.Load())
+	}
+	return nil
+}
+
 // observe records one request the limit let through, and moves the limit
 // when an interval has ended. A controller shared with another config
 // (during a reload) may have moved it: each config applies the current

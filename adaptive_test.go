@@ -16,6 +16,10 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // adaptiveHandler provisions one handler, on the system clock, and returns
@@ -467,5 +471,35 @@ func TestAdaptiveSurvivesReload(t *testing.T) {
 	defer cleanupChanged()
 	if got := changed.zones[0].keyed[0].conc.max.Load(); got != 100 {
 		t.Fatalf("with other settings the cap is %d, want the configured 100", got)
+	}
+}
+
+// After a reload that keeps a backed-off limit, the local fallback of a
+// fail local limit decides with the backed-off max_events too, not the
+// configured one.
+func TestAdaptiveLocalFallbackAfterReload(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	cfg := `{"backend": {"name": "redis", "addresses": ["` + redis.Addr + `"]}, "rate_limits": {"adapt_local": {"key": "k", "max_events": 100, "window": "1h", "fail": "local", "adaptive": {"min": 10, "interval": "1s"}}}}`
+	old, cleanupOld, err := provisionJSON([]byte(cfg), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanupOld()
+	ctl := old.zones[0].keyed[0].adapt.ctl
+	for range 10 {
+		ctl.observe(int64(time.Millisecond), true)
+	}
+	if d, ok := ctl.decide(monotonic() + int64(time.Hour)); !ok || d.to != 70 {
+		t.Fatalf("decision %+v %v, want 70", d, ok)
+	}
+	nw, cleanupNew, err := provisionJSON([]byte(cfg), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanupNew()
+	l := nw.zones[0].keyed[0]
+	out := make([]algorithms.Result, 1)
+	if _, err := nw.local.Decide(context.Background(), []backend.Request{{Limit: l.local, Key: "k", Cost: 1}}, out); err != nil || out[0].Limit != 70 {
+		t.Fatalf("the local fallback decides with %+v (%v), want a limit of 70", out[0], err)
 	}
 }

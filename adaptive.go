@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -604,6 +605,18 @@ func (a *adaptiveLimit) info() *adaptiveInfo {
 		in.ErrorRate = float64(d.errors) / float64(d.requests)
 	}
 	return in
+}
+
+// listedLimits are the limits of z the zones listing shows: its rates (a
+// tiered limit's, one per tier), then its limits of concurrency alone.
+func listedLimits(z *Zone) []*Limit {
+	out := slices.Clip(z.limits)
+	for _, l := range z.keyed {
+		if l.concOnly() && l.tiers == nil {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // limitText completes the RATE column of `caddy rate-limit zones` with the

@@ -407,7 +407,7 @@ func listZones() []zoneInfo {
 		if src, ok := use.h.store.(backend.StatsReporter); ok {
 			stats = src.Stats()
 		}
-		for _, l := range z.keyed {
+		for _, l := range listedLimits(z) {
 			p := l.policy()
 			li := limitInfo{
 				Scope: l.scope, Key: l.Key, Algorithm: l.algorithm, MaxEvents: p.Limit,

@@ -332,3 +332,33 @@ func TestDocsAdaptiveExample(t *testing.T) {
 		}
 	}
 }
+
+// Nonsense in an adaptive block is refused by a running Caddy's /load,
+// naming the field (and the line, from a Caddyfile).
+func TestAdaptiveConfigErrors(t *testing.T) {
+	site := func(limit, adaptive string) string {
+		return caddyfileServer(`
+	rate_limit {
+		zone adapt_bad {
+			key static
+			` + limit + `
+			adaptive {
+				` + adaptive + `
+			}
+		}
+	}
+	respond "ok"`)
+	}
+	for _, c := range []struct{ limit, adaptive, want string }{
+		{"concurrency 100", "min 300\n\t\t\t\tmax 200", "adaptive: min 300 is above max 200, at Caddyfile:"},
+		{"concurrency 100", "decrease 1.2", "adaptive: decrease must be a fraction strictly between 0 and 1"},
+		{"concurrency 100", "latency_p99 500ms 200ms", "adaptive: latency_p99 low mark 500ms must be below the high mark 200ms"},
+		{"concurrency 100", "error_rate 5% 1%", "adaptive: error_rate low mark 0.05 must be below the high mark 0.01"},
+		{"concurrency 100", "interval 100ms", "adaptive: interval must be from 1s to 1h, got 100ms"},
+		{"rate 100/1s\n\t\t\talgorithm token_bucket", "min 10", "adaptive: algorithm token_bucket keeps each key's state in the emission interval"},
+	} {
+		assertLoadError(t, site(c.limit, c.adaptive), "caddyfile", c.want)
+	}
+	assertLoadError(t, jsonServer(`{"handler": "rate_limit", "rate_limits": {"adapt_bad_json": {"key": "k", "concurrency": 10, "adaptive": {"min": 50, "max": 2000}}}}`, ""), "json",
+		"adaptive: the limit starts at the configured 10, which must be within min 50 and max 2000")
+}

@@ -436,11 +436,12 @@ func TestAdaptiveWithCountWhen(t *testing.T) {
 	}
 }
 
-// A reload keeps what the limit learned: the new config's slots start at
-// the limit the running config backed off to, not at the configured one.
-// A reload that changes the adaptive settings starts afresh.
-func TestAdaptiveSurvivesReload(t *testing.T) {
-	const cfg = `{"rate_limits": {"adapt_reload": {"key": "k", "concurrency": 100, "adaptive": {"min": 10, "interval": "1s"}}}}`
+// reloadBackedOff provisions cfg (one zone, one adaptive limit starting at
+// 100), makes its controller back off to 70 on an interval of errors, and
+// provisions cfg again, as a reload does; the first config is then
+// cleaned up. It returns the second config and the controller.
+func reloadBackedOff(t *testing.T, cfg string) (*Handler, *aimd) {
+	t.Helper()
 	old, cleanupOld, err := provisionJSON([]byte(cfg), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -456,11 +457,20 @@ func TestAdaptiveSurvivesReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cleanupNew()
+	t.Cleanup(cleanupNew)
+	cleanupOld()
+	return nw, ctl
+}
+
+// A reload keeps what the limit learned: the new config's slots start at
+// the limit the running config backed off to, not at the configured one.
+// A reload that changes the adaptive settings starts afresh.
+func TestAdaptiveSurvivesReload(t *testing.T) {
+	const cfg = `{"rate_limits": {"adapt_reload": {"key": "k", "concurrency": 100, "adaptive": {"min": 10, "interval": "1s"}}}}`
+	nw, ctl := reloadBackedOff(t, cfg)
 	if got := nw.zones[0].keyed[0].conc.max.Load(); got != 70 {
 		t.Fatalf("the reloaded config's cap is %d, want 70", got)
 	}
-	cleanupOld()
 	if nw.zones[0].keyed[0].adapt.ctl != ctl {
 		t.Fatal("the reloaded config has a controller of its own")
 	}
@@ -479,24 +489,7 @@ func TestAdaptiveSurvivesReload(t *testing.T) {
 // configured one.
 func TestAdaptiveLocalFallbackAfterReload(t *testing.T) {
 	redis := redistest.Standalone(t, "")
-	cfg := `{"backend": {"name": "redis", "addresses": ["` + redis.Addr + `"]}, "rate_limits": {"adapt_local": {"key": "k", "max_events": 100, "window": "1h", "fail": "local", "adaptive": {"min": 10, "interval": "1s"}}}}`
-	old, cleanupOld, err := provisionJSON([]byte(cfg), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cleanupOld()
-	ctl := old.zones[0].keyed[0].adapt.ctl
-	for range 10 {
-		ctl.observe(int64(time.Millisecond), true)
-	}
-	if d, ok := ctl.decide(monotonic() + int64(time.Hour)); !ok || d.to != 70 {
-		t.Fatalf("decision %+v %v, want 70", d, ok)
-	}
-	nw, cleanupNew, err := provisionJSON([]byte(cfg), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cleanupNew()
+	nw, _ := reloadBackedOff(t, `{"backend": {"name": "redis", "addresses": ["`+redis.Addr+`"]}, "rate_limits": {"adapt_local": {"key": "k", "max_events": 100, "window": "1h", "fail": "local", "adaptive": {"min": 10, "interval": "1s"}}}}`)
 	l := nw.zones[0].keyed[0]
 	out := make([]algorithms.Result, 1)
 	if _, err := nw.local.Decide(context.Background(), []backend.Request{{Limit: l.local, Key: "k", Cost: 1}}, out); err != nil || out[0].Limit != 70 {

@@ -9,10 +9,10 @@ import (
 	"github.com/caddyserver/caddy/v2"
 )
 
-// seedAdaptive is the adaptive block of the worked example: min 50, max
+// workedAdaptive is the adaptive block of the worked example: min 50, max
 // 2000, +10, ×0.7, every 10 s, p99 marks 200 ms and 500 ms, error-rate
 // marks 1% and 5%.
-var seedAdaptive = Adaptive{
+var workedAdaptive = Adaptive{
 	Min: 50, Max: 2000, Increase: 10, Decrease: 0.7, Interval: caddy.Duration(10 * time.Second),
 	LatencyP99Low: caddy.Duration(200 * time.Millisecond), LatencyP99High: caddy.Duration(500 * time.Millisecond),
 	ErrorRateLow: 0.01, ErrorRateHigh: 0.05,
@@ -22,7 +22,7 @@ var seedAdaptive = Adaptive{
 // twice while the p99 is 120 ms and 140 ms, falls to 364 when it reaches
 // 610 ms, and grows again at 180 ms and 160 ms.
 func TestAIMDFiveCycles(t *testing.T) {
-	cfg, err := seedAdaptive.config(500, MaxConcurrency)
+	cfg, err := workedAdaptive.config(500, MaxConcurrency)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestAIMDFiveCycles(t *testing.T) {
 }
 
 func TestAIMDVerdicts(t *testing.T) {
-	cfg, err := seedAdaptive.config(500, MaxConcurrency)
+	cfg, err := workedAdaptive.config(500, MaxConcurrency)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestAIMDBounds(t *testing.T) {
 // A quiet spell is no evidence: the limit holds, and the interval after it
 // starts with the first decision, not at the planned end.
 func TestAIMDNoTraffic(t *testing.T) {
-	cfg, _ := seedAdaptive.config(500, MaxConcurrency)
+	cfg, _ := workedAdaptive.config(500, MaxConcurrency)
 	a := newAIMD(cfg, 500, 0)
 	s := int64(time.Second)
 	if d, ok := a.decide(100 * s); !ok || d.verdict != verdictHold || a.current() != 500 {
@@ -156,7 +156,7 @@ func TestAIMDNoTraffic(t *testing.T) {
 
 // Observations made while another goroutine decides are each counted once.
 func TestAIMDConcurrentObservations(t *testing.T) {
-	cfg, _ := seedAdaptive.config(500, MaxConcurrency)
+	cfg, _ := workedAdaptive.config(500, MaxConcurrency)
 	a := newAIMD(cfg, 500, 0)
 	var wg sync.WaitGroup
 	const workers, each = 4, 5000
@@ -252,7 +252,7 @@ func TestAdaptiveConfigErrors(t *testing.T) {
 }
 
 func BenchmarkAIMDObserve(b *testing.B) {
-	cfg, _ := seedAdaptive.config(500, MaxConcurrency)
+	cfg, _ := workedAdaptive.config(500, MaxConcurrency)
 	a := newAIMD(cfg, 500, 0)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {

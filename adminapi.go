@@ -395,6 +395,9 @@ type limitInfo struct {
 	Declined  float64 `json:"declined"`
 	// ShadowDeclined counts the requests a shadow zone would have denied.
 	ShadowDeclined float64 `json:"shadow_declined"`
+	Concurrency    int64   `json:"concurrency,omitempty"`
+	// Adaptive is where an adaptive limit is now, and why.
+	Adaptive *adaptiveInfo `json:"adaptive,omitempty"`
 }
 
 type zoneInfo struct {
@@ -413,7 +416,7 @@ func listZones() []zoneInfo {
 		if src, ok := use.h.store.(backend.StatsReporter); ok {
 			stats = src.Stats()
 		}
-		for _, l := range z.limits {
+		for _, l := range listedLimits(z) {
 			p := l.policy()
 			li := limitInfo{
 				Scope: l.scope, Key: l.Key, Algorithm: l.algorithm, MaxEvents: p.Limit,
@@ -424,6 +427,10 @@ func listZones() []zoneInfo {
 			if p.MaxDelay > 0 {
 				li.MaxDelay = time.Duration(p.MaxDelay).String()
 			}
+			if l.concOnly() {
+				li.Window = ""
+			}
+			li.Concurrency, li.Adaptive = l.Concurrency, l.adapt.info()
 			for _, st := range stats {
 				if st.Zone == z.name && st.Scope == l.scope {
 					li.Keys = &st.Keys

@@ -160,8 +160,17 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	            <name> <events>/<duration> [burst <n>] [concurrency <n>]
 //	            default <name>
 //	        }
+//	        adaptive {
+//	            min         <n>
+//	            max         <n>
+//	            increase    <n>
+//	            decrease    <fraction>
+//	            interval    <duration>
+//	            latency_p99 <low> <high>
+//	            error_rate  <low>% <high>%
+//	        }
 //	        scope <name> {
-//	            <the options above, from key to tiers>
+//	            <the options above, from key to adaptive>
 //	        }
 //	        allow       <cidr...>
 //	        deny        <cidr...>
@@ -512,6 +521,8 @@ func (p *limitParser) option(opt string) error {
 		var dur time.Duration
 		dur, err = durationArg(d, p.where, opt)
 		l.SlotTTL = caddy.Duration(dur)
+	case "adaptive":
+		l.Adaptive, err = parseAdaptive(d, p.where)
 	case "max_keys":
 		var n int64
 		n, err = positiveArg(d, p.where, opt)

@@ -169,6 +169,7 @@ func printZones(w io.Writer, zones []zoneInfo) error {
 			if l.Burst > 0 {
 				rate += fmt.Sprintf(" burst %d", l.Burst)
 			}
+			rate = limitText(rate, l)
 			keys := "-"
 			if l.Keys != nil {
 				keys = strconv.FormatInt(*l.Keys, 10)

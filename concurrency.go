@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -124,7 +125,7 @@ func (l *Limit) provisionConc(store backend.Store, logger *zap.Logger) error {
 // entry lives only while it has a request in flight, so a flood of new
 // keys costs memory only for the requests actually being served.
 type concLimiter struct {
-	max      int64
+	max      atomic.Int64 // changes while it runs when the limit is adaptive
 	queue    time.Duration
 	queueMax int64 // most waiters of a key; 0: no cap
 	gauge    prometheus.Gauge
@@ -149,7 +150,9 @@ type concWaiter struct {
 }
 
 func newConcLimiter(limit int64, queue time.Duration, gauge prometheus.Gauge) *concLimiter {
-	return &concLimiter{max: limit, queue: queue, gauge: gauge, keys: make(map[string]*concKey)}
+	c := &concLimiter{queue: queue, gauge: gauge, keys: make(map[string]*concKey)}
+	c.max.Store(limit)
+	return c
 }
 
 // take takes a slot of key: it returns the key's entry holding the slot,
@@ -162,7 +165,7 @@ func (c *concLimiter) take(key string) (*concKey, *concWaiter) {
 		k = &concKey{key: key}
 		c.keys[key] = k
 	}
-	if k.inFlight < c.max {
+	if k.inFlight < c.max.Load() {
 		k.inFlight++
 		c.mu.Unlock()
 		c.gauge.Inc()
@@ -214,10 +217,11 @@ func (c *concLimiter) await(ctx context.Context, k *concKey, w *concWaiter, newT
 }
 
 // release frees a slot of k: to the first waiter in line, or to the pool,
-// dropping the key once nothing of it is in flight.
+// dropping the key once nothing of it is in flight. A slot above a cap
+// that was lowered meanwhile goes back to the pool.
 func (c *concLimiter) release(k *concKey) {
 	c.mu.Lock()
-	if e := k.waiters.Front(); e != nil {
+	if e := k.waiters.Front(); e != nil && k.inFlight <= c.max.Load() {
 		w := k.waiters.Remove(e).(*concWaiter)
 		w.granted = true
 		close(w.ready)

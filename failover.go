@@ -75,6 +75,9 @@ func (h *Handler) provisionFailover(ctx caddy.Context) error {
 			if l.local, err = h.local.Register(cfg); err != nil {
 				return err
 			}
+			if err := l.adapt.applyLocal(); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

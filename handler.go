@@ -52,6 +52,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// the slots too, once the handlers after this one return.
 		defer held.release()
 	}
+	// The adaptive limits watch what the request they let through meets.
+	var adaptBuf [4]*adaptiveLimit
+	var aw *adaptiveWriter
+	adapt := adaptBuf[:0]
+	if pass && len(s.adapt) > 0 {
+		adapt = append(adapt, s.adapt...)
+		aw = adaptiveWriters.Get().(*adaptiveWriter)
+		aw.ResponseWriter = w
+		w = aw
+	}
 	var o *outcomeWriter
 	if pass && h.outcomes {
 		o = watchOutcome(w, s)
@@ -69,6 +79,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		defer h.shed.inFlight.Add(-1)
 	}
 	switch {
+	case aw != nil:
+		return h.serveAdaptive(w, r, next, aw, o, adapt)
 	case o != nil:
 		return h.serveOutcome(o, r, next)
 	}
@@ -166,6 +178,9 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 		case l.Missing == MissingDeny:
 			return true, h.refuse(w, r, refusal{reason: reasonMissingKey, zone: z, limit: l, retryAfter: -1, detail: err})
 		}
+	}
+	if l.adapt != nil {
+		s.adapt = append(s.adapt, l.adapt)
 	}
 	if l.conc != nil || l.shared != nil {
 		s.conc = append(s.conc, concReq{l, key})

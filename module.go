@@ -329,6 +329,7 @@ func (h *Handler) Cleanup() error {
 	h.unpublish()
 	h.cleanupShed()
 	h.tarpit.stop()
+	h.releaseAdaptive()
 	if h.local != nil {
 		_ = h.local.Close()
 	}

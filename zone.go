@@ -383,6 +383,15 @@ type Limit struct {
 	// backend only. Default: 30s; from 1s to 1h.
 	SlotTTL caddy.Duration `json:"slot_ttl,omitempty"`
 
+	// Adaptive makes the limit follow the health of the upstream: its
+	// concurrency, or the max_events of its rate, grows while the requests
+	// it lets through are fast and succeed, and shrinks when they slow
+	// down or fail (see Adaptive). On a limit with either a concurrency or
+	// a rate, not both; a rate must count events (sliding_window,
+	// sliding_window_counter or fixed_window). Default: unset, the limit
+	// is fixed.
+	Adaptive *Adaptive `json:"adaptive,omitempty"`
+
 	zone      *Zone
 	scope     string // "" for the zone's own limit
 	keyer     *keys.Keyer
@@ -401,10 +410,12 @@ type Limit struct {
 	denyReason reason
 	// tiers picks the limit of a request's tier; nil without Tiers. Each
 	// tier's limit has its tier's name in tier.
-	tiers  *tierSet
-	tier   string
-	base   string      // a tier's scope as configured, without the tier
-	budget limitBudget // charge_when and align (budget.go)
+	tiers    *tierSet
+	tier     string
+	base     string         // a tier's scope as configured, without the tier
+	budget   limitBudget    // charge_when and align (budget.go)
+	adapt    *adaptiveLimit // nil unless adaptive
+	adaptCfg aimdConfig
 	// The zone and scope names as placeholder values, converted once:
 	// converting a string to an interface value allocates.
 	zoneName, scopeName any
@@ -512,6 +523,7 @@ func (l *Limit) ownOnly() []string {
 		option{l.ChargeWhen != nil, "charge_when"}, option{l.ReservationTTL != 0, "reservation_ttl"},
 		option{l.Align != "", "align"}, option{l.Timezone != "", "timezone"},
 		option{l.Settle != "", "settle"},
+		option{l.Adaptive != nil, "adaptive"},
 	)
 }
 
@@ -595,6 +607,9 @@ func configID(ctx caddy.Context) any {
 }
 
 func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
+	if l.tiered() && l.Adaptive != nil {
+		return errAdaptiveTiers
+	}
 	if l.tiered() {
 		return z.addTiers(l, scope, store, logger, owner)
 	}
@@ -608,7 +623,7 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	}
 	z.keyed = append(z.keyed, l)
 	if l.concOnly() {
-		return nil
+		return l.provisionAdaptive(logger)
 	}
 	policy := l.policy()
 	var err error
@@ -618,13 +633,13 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	if err := z.checkLockoutShadow(l); err != nil {
 		return err
 	}
-	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Lockout: l.lockoutSteps(), Owner: owner, Calendar: l.budget.cal}
+	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Lockout: l.lockoutSteps(), MostEvents: l.adaptCfg.max, Owner: owner, Calendar: l.budget.cal}
 	l.handle, err = store.Register(l.cfg)
 	if err != nil {
 		return err
 	}
 	z.limits = append(z.limits, l)
-	return nil
+	return l.provisionAdaptive(logger)
 }
 
 // constantCost is the cost of every request, or 0 when a placeholder
@@ -714,6 +729,9 @@ func (l *Limit) check() (string, error) {
 			strings.Join(unused, ", "), l.Key, itOrThem(unused))
 	}
 	if err := l.checkLease(alg); err != nil {
+		return "", err
+	}
+	if err := l.checkAdaptive(alg); err != nil {
 		return "", err
 	}
 	return alg, nil

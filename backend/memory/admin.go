@@ -21,7 +21,7 @@ func (z *zone[S]) inspect(h hkey, now int64) algorithms.Usage {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	conf := z.t.current(sh) // first: it rebases the shard's states
-	alg := conf.alg
+	alg := z.algFor(conf)
 	s := sh.get(h)
 	if l, ok := any(s).(*algorithms.Log); ok {
 		// Reading a log prunes it: read a copy, so inspecting changes
@@ -60,7 +60,7 @@ func (z *zone[S]) grant(h hkey, now, units int64) algorithms.Usage {
 	defer sh.mu.Unlock()
 	// A grant gives units back, not a lock-out's end: a reset lifts that.
 	conf := z.t.current(sh)
-	alg := conf.alg
+	alg := z.algFor(conf)
 	if sh.n == 0 {
 		return sh.lockedUsage(conf, h, alg.Usage(*new(S), now), now)
 	}

@@ -21,7 +21,7 @@ func (z *zone[S]) settle(h hkey, now int64, granted algorithms.Result, estimate,
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	// Every algorithm of the package settles (algorithms' interface guards).
-	alg := z.t.current(sh).alg
+	alg := z.alg(sh)
 	st := alg.(algorithms.Settler[S])
 	if sh.n > 0 {
 		if i, ok := sh.find(h); ok {

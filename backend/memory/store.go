@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -169,25 +170,33 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 		return nil, fmt.Errorf("lease %d does nothing on the memory backend, which decides every request in this process: remove lease, or use backend redis", cfg.Lease)
 	}
 	p := cfg.Policy
+	cfg.Algorithm = name
 	switch kind := algorithms.KindOf(name); kind {
 	case algorithms.KindBucket:
-		return register(s, cfg, kind, algorithms.NewBucketAlgorithm(name, p))
+		return register(s, cfg, kind, algorithms.NewBucketAlgorithm(name, p), nil)
 	case algorithms.KindLog:
-		return register(s, cfg, kind, algorithms.Algorithm[*algorithms.Log](algorithms.NewSlidingLog(p)))
+		return register(s, cfg, kind, algorithms.Algorithm[*algorithms.Log](algorithms.NewSlidingLog(p)), newLog)
 	case algorithms.KindWindow:
-		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Window](algorithms.NewCalendarWindow(p, cfg.Calendar)))
+		cal := cfg.Calendar
+		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Window](algorithms.NewCalendarWindow(p, cal)), func(p algorithms.Policy) algorithms.Algorithm[algorithms.Window] {
+			return algorithms.NewCalendarWindow(p, cal)
+		})
 	case algorithms.KindCounter:
-		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Counter](algorithms.NewSlidingCounter(p)))
+		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Counter](algorithms.NewSlidingCounter(p)), newCounter)
 	}
 	return nil, fmt.Errorf("algorithm %s is not available in the memory backend", name)
 }
 
-// register binds cfg to its table, creating the table on first use.
-func register[S any](s *Store, cfg backend.LimitConfig, kind algorithms.Kind, alg algorithms.Algorithm[S]) (backend.Limit, error) {
+// register binds cfg to its table, creating the table on first use. mk
+// makes the algorithm for another max_events (SetMaxEvents); nil when the
+// kind of state cannot take one without a rebase.
+func register[S any](s *Store, cfg backend.LimitConfig, kind algorithms.Kind, alg algorithms.Algorithm[S], mk func(algorithms.Policy) algorithms.Algorithm[S]) (backend.Limit, error) {
 	maxKeys := cfg.MaxKeys
 	if maxKeys == 0 {
-		maxKeys = defaultMaxKeys(kind, cfg.Policy, cfg.Cost)
-		if worst := int64(maxKeys) * bytesPerKey(kind, cfg.Policy, cfg.Cost); worst > defaultTargetBytes && s.logger != nil {
+		sized := cfg.Policy
+		sized.Limit = max(sized.Limit, cfg.MostEvents)
+		maxKeys = defaultMaxKeys(kind, sized, cfg.Cost)
+		if worst := int64(maxKeys) * bytesPerKey(kind, sized, cfg.Cost); worst > defaultTargetBytes && s.logger != nil {
 			s.logger.Warn("this limit's default max_keys can hold more than 100 MB: each key's log holds up to max_events events; set max_keys, or use sliding_window_counter, whose keys take 24 bytes",
 				zap.String("zone", cfg.Name), zap.String("scope", cfg.Scope), zap.Int("max_keys", maxKeys), zap.Int64("worst_case_bytes", worst))
 		}
@@ -217,7 +226,7 @@ func register[S any](s *Store, cfg backend.LimitConfig, kind algorithms.Kind, al
 	s.mu.Lock()
 	s.held = append(s.held, held{key: key, release: func(now int64) { t.unregister(reg, now) }})
 	s.mu.Unlock()
-	return &zone[S]{name: cfg.Name, t: t}, nil
+	return &zone[S]{name: cfg.Name, t: t, mk: mk, algName: cfg.Algorithm}, nil
 }
 
 // Close releases this store's hold on its zones' tables, undoing the rates
@@ -244,6 +253,10 @@ func (s *Store) Close() error {
 type zone[S any] struct {
 	name string
 	t    *table[S]
+	// mk and adj change the limit's max_events while it runs (adjust.go).
+	mk      func(algorithms.Policy) algorithms.Algorithm[S]
+	adj     atomic.Pointer[adjusted[S]]
+	algName string
 }
 
 func (z *zone[S]) Name() string { return z.name }
@@ -255,7 +268,7 @@ func (z *zone[S]) lock(h hkey) *shardBase { return &z.t.shard(h).shardBase }
 func (z *zone[S]) decide(h hkey, now, cost int64) algorithms.Result {
 	sh := z.t.shard(h)
 	conf := z.t.current(sh)
-	r := conf.alg.Decide(sh.get(h), now, cost)
+	r := z.algFor(conf).Decide(sh.get(h), now, cost)
 	if conf.lockout != nil {
 		r = sh.lockedOut(h, r, now)
 	}
@@ -264,7 +277,7 @@ func (z *zone[S]) decide(h hkey, now, cost int64) algorithms.Result {
 
 func (z *zone[S]) take(h hkey, now, cost int64) {
 	sh := z.t.shard(h)
-	alg := z.t.current(sh).alg
+	alg := z.alg(sh)
 	if sh.n > 0 {
 		if i, ok := sh.find(h); ok {
 			sh.e[i].s = alg.Take(sh.e[i].s, now, cost)
@@ -280,7 +293,7 @@ func (z *zone[S]) peers() []peerLink { return z.t.linked() }
 func (z *zone[S]) refund(h hkey, now int64, granted algorithms.Result, cost int64) {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
-	alg := z.t.current(sh).alg
+	alg := z.alg(sh)
 	if sh.n > 0 {
 		if i, ok := sh.find(h); ok {
 			sh.e[i].s = alg.Refund(sh.e[i].s, now, granted, cost)
@@ -303,7 +316,7 @@ func (z *zone[S]) decideOne(h hkey, now, cost int64, shadow bool) (algorithms.Re
 		return algorithms.Result{}, false
 	}
 	conf := z.t.current(sh)
-	alg := conf.alg
+	alg := z.algFor(conf)
 	i, found := -1, false
 	var s S
 	if sh.n > 0 {

@@ -35,7 +35,7 @@ func adminItem(l backend.Limit, key string, cost int64) (item, error) {
 	if !ok {
 		return item{}, fmt.Errorf("zone %q was not registered with the redis backend", l.Name())
 	}
-	conf := z.st.conf.Load()
+	conf := z.conf()
 	z.st.use(conf)
 	return item{key: z.stateKey(conf, key), conf: conf, cost: min(cost, maxCost)}, nil
 }

@@ -26,7 +26,7 @@ func (s *Store) Settle(ctx context.Context, reqs []backend.Request, granted []al
 		if !granted[i].Allowed || act == cost {
 			continue
 		}
-		conf := z.st.conf.Load()
+		conf := z.conf()
 		z.st.use(conf)
 		items = append(items, item{key: z.stateKey(conf, r.Key), conf: conf, cost: cost})
 		s.budgetItem(&items[len(items)-1], backend.Request{})

@@ -13,6 +13,7 @@ import (
 	"math/bits"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -181,6 +182,7 @@ type zone struct {
 	prefix     string
 	lockPrefix string // of the key's lock-out record (lockout.go)
 	st         *zoneState
+	adj        atomic.Pointer[adjusted] // a max_events set while it runs (adjust.go)
 }
 
 func (z *zone) Name() string { return z.name }
@@ -285,7 +287,7 @@ func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 		if !ok {
 			return nil, nil, fmt.Errorf("zone %q was not registered with the redis backend", r.Limit.Name())
 		}
-		conf := z.st.conf.Load()
+		conf := z.conf()
 		key := z.stateKey(conf, r.Key)
 		cost := min(max(r.Cost, 0), maxCost)
 		of[i] = -1
@@ -597,7 +599,7 @@ func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []al
 			continue
 		}
 		idx = append(idx, len(items))
-		conf := z.st.conf.Load()
+		conf := z.conf()
 		z.st.use(conf)
 		items = append(items, item{key: z.stateKey(conf, r.Key), conf: conf, cost: min(r.Cost, maxCost)})
 		s.budgetItem(&items[len(items)-1], backend.Request{})

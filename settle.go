@@ -50,8 +50,9 @@ const settleWarnGap = time.Minute
 
 // parseSettle reads the settle option: one placeholder.
 func parseSettle(expr string) (*settler, error) {
-	name, ok := strings.CutPrefix(expr, "{")
-	if name, ok = strings.CutSuffix(name, "}"); !ok || name == "" || strings.ContainsAny(name, "{} ") {
+	name, open := strings.CutPrefix(expr, "{")
+	name, closed := strings.CutSuffix(name, "}")
+	if !open || !closed || name == "" || strings.ContainsAny(name, "{} ") {
 		return nil, fmt.Errorf("settle must be one placeholder such as {http.response.header.X-Tokens-Used}, got %q", expr)
 	}
 	s := &settler{expr: expr, name: name}

@@ -60,6 +60,8 @@ func TestCheckSettle(t *testing.T) {
 		{"text", Limit{Settle: "1800"}, "settle must be one placeholder"},
 		{"two placeholders", Limit{Settle: "{http.vars.a}{http.vars.b}"}, "settle must be one placeholder"},
 		{"text around", Limit{Settle: "{http.vars.a} tokens"}, "settle must be one placeholder"},
+		{"no opening brace", Limit{Settle: "http.vars.tokens}"}, "settle must be one placeholder"},
+		{"no closing brace", Limit{Settle: "{http.vars.tokens"}, "settle must be one placeholder"},
 		{"no field", Limit{Settle: "{http.response.header.}"}, "names no field"},
 		{"request", Limit{Settle: "{http.request.header.X-Tokens}"}, "settle reads the response"},
 		{"lease", Limit{Settle: "{http.response.header.X-Tokens-Used}", Lease: 5}, "settle cannot be used with lease on a sliding_window"},

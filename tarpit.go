@@ -93,8 +93,11 @@ func (h *Handler) hold(r *http.Request) {
 	}
 	tarpitHeld.Inc()
 	defer func() {
-		t.held.Add(-1)
+		// The gauge first: released the other way round, a request taking
+		// the freed place could count itself before this one was uncounted,
+		// and the gauge would read tarpit_max + 1.
 		tarpitHeld.Dec()
+		t.held.Add(-1)
 	}()
 	random := h.jitterFn
 	if random == nil {

@@ -125,6 +125,42 @@ func TestShedHandler(t *testing.T) {
 	g.inFlight.Store(0)
 }
 
+// A request that passes through two handlers of one group (a site-wide
+// one and a route's inside it) counts once, and the inner handler judges
+// the load without it.
+func TestShedNestedHandlersCountOnce(t *testing.T) {
+	outer := newUnitHandler(t, shedConfig("unit_shed_nested", 10, 0), byZone(nil))
+	inner := newUnitHandler(t, shedConfig("unit_shed_nested", 10, 3), byZone(nil))
+	g := outer.h.shed
+	defer g.inFlight.Store(0)
+	g.inFlight.Store(10) // load 1.0 before the request: priority 3 passes
+	var during int64
+	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
+	r.RemoteAddr = "192.0.2.7:4242"
+	w := httptest.NewRecorder()
+	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+	err := outer.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return inner.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+			during = g.inFlight.Load()
+			return nil
+		}))
+	}))
+	if err != nil {
+		t.Fatalf("priority 3 at load 1.0 behind a handler of its own group: %v", err)
+	}
+	if during != 11 || g.inFlight.Load() != 10 {
+		t.Fatalf("in flight %d while served (want 11: counted once), %d after (want 10)", during, g.inFlight.Load())
+	}
+	vars := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if _, ok := vars[g.varKey]; ok {
+		t.Fatal("the request is still marked as counted once its handlers returned")
+	}
+	g.inFlight.Store(11) // load 1.1 without the request: priority 3 is shed
+	if code := serveNext(inner.h, func() {}); code != http.StatusServiceUnavailable {
+		t.Fatalf("priority 3 at load 1.1: %d, want 503", code)
+	}
+}
+
 // serveNext sends one request through h; next runs as the handler after
 // it. It returns the status, 200 when next ran.
 func serveNext(h *Handler, next func()) int {
@@ -220,7 +256,7 @@ func BenchmarkShed(b *testing.B) {
 	b.Run("check", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if h.shedding() {
+			if h.shedding(false) {
 				b.Fatal("shed at load 0.9")
 			}
 		}
@@ -229,7 +265,7 @@ func BenchmarkShed(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if h.shedding() {
+				if h.shedding(false) {
 					b.Fatal("shed")
 				}
 				h.shed.inFlight.Add(1)

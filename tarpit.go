@@ -13,6 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/algorithms"
 )
 
 // MaxTarpit is the longest a tarpit holds a denial: clients and proxies
@@ -78,19 +80,20 @@ func (h *Handler) provisionTarpit(ctx caddy.Context) error {
 }
 
 // hold delays the answer to a denied request, by between half and all of
-// the tarpit, unless the tarpit holds tarpit_max already. It ends early
-// when the client goes away or the config stops serving. A held request
-// costs what it already had, its connection and this goroutine: the
-// timer starts no goroutine of its own.
-func (h *Handler) hold(r *http.Request) {
+// the tarpit, unless the tarpit holds tarpit_max already, and returns how
+// long it held it (ns). It ends early when the client goes away or the
+// config stops serving. A held request costs what it already had, its
+// connection and this goroutine: the timer starts no goroutine of its own.
+func (h *Handler) hold(r *http.Request) int64 {
 	t := h.tarpit
 	if t == nil {
-		return
+		return 0
 	}
 	if !t.take() {
 		tarpitSkipped.Inc()
-		return
+		return 0
 	}
+	start := h.now()
 	tarpitHeld.Inc()
 	defer func() {
 		t.held.Add(-1)
@@ -113,6 +116,18 @@ func (h *Handler) hold(r *http.Request) {
 	case <-fired:
 	case <-r.Context().Done():
 	case <-t.done:
+	}
+	return max(h.now()-start, 0)
+}
+
+// elapse takes d (ns) off the waits of out, decided d ago: a client told
+// to retry in 30 s after a 10 s hold would otherwise wait 10 s too long.
+func elapse(out []algorithms.Result, d int64) {
+	for i := range out {
+		if out[i].RetryAfter != algorithms.Never {
+			out[i].RetryAfter = max(out[i].RetryAfter-d, 0)
+		}
+		out[i].ResetAfter = max(out[i].ResetAfter-d, 0)
 	}
 }
 

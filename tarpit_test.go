@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -109,5 +110,53 @@ func TestTarpitOnlyDenials(t *testing.T) {
 	u.h.Shed.Priority = 4
 	if a := u.serve(context.Background(), nil); a.code != http.StatusServiceUnavailable {
 		t.Fatalf("shed request: %d", a.code)
+	}
+}
+
+// A held denial's waits count from when it is sent: after 12 s in the
+// tarpit, a wait of 30 s is answered as 18 s, in Retry-After and in the
+// rate limit fields alike.
+func TestTarpitAnswerCountsFromWhenSent(t *testing.T) {
+	u := newUnitHandler(t, `{"tarpit": "20s", "headers": "legacy",
+		"rate_limits": {"tp_sent": {"key": "static", "max_events": 10, "window": "1m"}}}`,
+		byZone(map[string]algorithms.Result{"tp_sent": denied(30 * time.Second)}))
+	var clock atomic.Int64
+	clock.Store(fuzzStart)
+	u.h.now = clock.Load
+	done := make(chan answer, 1)
+	go func() { done <- u.serve(t.Context(), nil) }()
+	var ft *fakeTimer
+	select {
+	case ft = <-u.timers:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the denial was not held")
+	}
+	clock.Add(int64(12 * time.Second))
+	ft.fire <- time.Time{}
+	a := <-done
+	if a.code != http.StatusTooManyRequests || a.header.Get("Retry-After") != "18" || a.header.Get("X-RateLimit-Reset") != "18" {
+		t.Fatalf("after 12 s held: %d, Retry-After %q, X-RateLimit-Reset %q; want 429, 18, 18",
+			a.code, a.header.Get("Retry-After"), a.header.Get("X-RateLimit-Reset"))
+	}
+}
+
+// A hold longer than the wait answers a wait of 0: Retry-After 1, never a
+// negative or stale number.
+func TestElapse(t *testing.T) {
+	out := []algorithms.Result{
+		{RetryAfter: int64(30 * time.Second), ResetAfter: int64(40 * time.Second)},
+		{RetryAfter: int64(5 * time.Second), ResetAfter: int64(5 * time.Second)},
+		{RetryAfter: algorithms.Never, ResetAfter: int64(time.Hour)},
+	}
+	elapse(out, int64(10*time.Second))
+	want := []algorithms.Result{
+		{RetryAfter: int64(20 * time.Second), ResetAfter: int64(30 * time.Second)},
+		{},
+		{RetryAfter: algorithms.Never, ResetAfter: int64(time.Hour - 10*time.Second)},
+	}
+	for i := range out {
+		if out[i] != want[i] {
+			t.Errorf("result %d: %+v, want %+v", i, out[i], want[i])
+		}
 	}
 }

@@ -2,9 +2,11 @@ package integration
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // A site-wide rate_limit that names a shedding group, with routes inside
@@ -76,5 +78,37 @@ func TestAttack5ShedNestedHandlersCountOnce(t *testing.T) {
 	page = adminRequest(t, "GET", "/metrics", "", "")
 	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_nested"}`); v != 0 {
 		t.Fatalf("in flight %v once everything was answered, want 0", v)
+	}
+}
+
+// A denial the tarpit held tells the client how long to wait from when it
+// is sent: held 2 to 4 s of a 10 s wait, Retry-After and X-RateLimit-Reset
+// say what is left, not the 10 s of when the request came in.
+func TestAttack5TarpitRetryAfterCountsFromSend(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone a5_tarpit_sent {
+			key static
+			rate 1/10s
+		}
+		headers legacy
+		tarpit 4s
+	}
+	respond ok`), "caddyfile")
+	if got, _, _ := do(t, tester, "GET", "/"); got != 200 {
+		t.Fatalf("first request: %d", got)
+	}
+	start := time.Now()
+	r := fetch(t, tester, "GET", "/")
+	held := time.Since(start)
+	if r.code != 429 || held < 2*time.Second {
+		t.Fatalf("second request: %d after %s, want 429 held 2 to 4 s", r.code, held)
+	}
+	left := int((10*time.Second - held + time.Second - 1) / time.Second)
+	for _, name := range []string{"Retry-After", "X-RateLimit-Reset"} {
+		v, err := strconv.Atoi(r.header.Get(name))
+		if err != nil || v > left+1 || v < 1 {
+			t.Errorf("%s %q after %s held of a 10 s wait, want about %d", name, r.header.Get(name), held.Round(time.Millisecond), left)
+		}
 	}
 }

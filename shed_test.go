@@ -224,7 +224,10 @@ func TestShedTarpitProvisionErrors(t *testing.T) {
 		{"negative tarpit", `{"tarpit": -1}`, "tarpit must be from 0 to 1m, got -1ns"},
 		{"tarpit of an hour", `{"tarpit": "1h"}`, "tarpit must be from 0 to 1m, got 1h0m0s"},
 		{"tarpit_max alone", `{"tarpit_max": 5}`, "tarpit_max would do nothing without tarpit"},
-		{"tarpit_max negative", `{"tarpit": "1s", "tarpit_max": -5}`, "tarpit_max must be from 1 to 1000000, got -5"},
+		{"tarpit_max negative", `{"tarpit": "1s", "tarpit_max": -5, "rate_limits": {"p_r": {"key": "static", "max_events": 1, "window": "1m"}}}`, "tarpit_max must be from 1 to 1000000, got -5"},
+		{"tarpit without a zone", `{"tarpit": "1s", "shed": {"group": "p_a", "capacity": 10}}`, "tarpit would do nothing"},
+		{"tarpit with concurrency alone", `{"tarpit": "1s", "rate_limits": {"p_c": {"key": "static", "concurrency": 5}}}`, "tarpit would do nothing"},
+		{"tarpit with a shadow rate", `{"tarpit": "1s", "rate_limits": {"p_s": {"key": "static", "max_events": 1, "window": "1m", "shadow": true}}}`, "tarpit would do nothing"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

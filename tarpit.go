@@ -70,6 +70,8 @@ func (h *Handler) provisionTarpit(ctx caddy.Context) error {
 		return fmt.Errorf("tarpit_max would do nothing without tarpit")
 	case h.Tarpit == 0:
 		return nil
+	case !h.denies():
+		return fmt.Errorf("tarpit would do nothing: it holds the denials of a rate limit, and this handler has no zone with a rate that is not shadow (shed, concurrency and the other refusals are answered at once)")
 	}
 	t := &tarpitState{delay: int64(h.Tarpit), max: cmp.Or(h.TarpitMax, DefaultTarpitMax), done: make(chan struct{})}
 	h.tarpit = t
@@ -77,6 +79,21 @@ func (h *Handler) provisionTarpit(ctx caddy.Context) error {
 		srv.RegisterOnShutdown(t.stop)
 	}
 	return nil
+}
+
+// denies tells whether some limit of h may deny a request for its rate.
+func (h *Handler) denies() bool {
+	for _, z := range h.zones {
+		if z.Shadow {
+			continue
+		}
+		for _, l := range z.keyed {
+			if !l.concOnly() {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // hold delays the answer to a denied request, by between half and all of

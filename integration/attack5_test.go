@@ -112,3 +112,32 @@ func TestAttack5TarpitRetryAfterCountsFromSend(t *testing.T) {
 		}
 	}
 }
+
+// A tarpit in a handler that has no rate to deny with (shed alone, a
+// concurrency cap alone, a shadow zone) would hold nothing: the operator
+// who expects it to slow clients down is told at load.
+func TestAttack5TarpitWithoutRateRefused(t *testing.T) {
+	for name, block := range map[string]string{
+		"shed alone": `shed a5_tarpit_shed {
+			capacity 10
+		}`,
+		"concurrency alone": `zone a5_tarpit_conc {
+			key static
+			concurrency 5
+		}`,
+		"shadow zone": `zone a5_tarpit_shadow {
+			key static
+			rate 1/1m
+			shadow
+		}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			assertLoadError(t, caddyfileServer(`
+	rate_limit {
+		`+block+`
+		tarpit 5s
+	}
+	respond ok`), "caddyfile", "tarpit would do nothing")
+		})
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/algorithms"
 )
@@ -38,6 +39,16 @@ var (
 		Namespace: "caddy", Subsystem: "rate_limit", Name: "tarpit_skipped_total",
 		Help: "Denied requests answered at once because their handler's tarpit already held tarpit_max.",
 	})
+)
+
+// Every tarpit of the process shares one ceiling: half the open-file
+// limit. Each held denial keeps a connection open, and held ones must
+// never take the descriptors that other clients' connections, upstream
+// connections and files need: with tarpit_max above the limit, one client
+// opening connections and getting denied would make Caddy refuse everyone.
+var (
+	tarpitHeldAll atomic.Int64 // denials every tarpit holds now
+	tarpitCeiling atomic.Int64 // 0: no ceiling known
 )
 
 // tarpitState is a handler's tarpit: how many denials it holds, and a
@@ -74,6 +85,13 @@ func (h *Handler) provisionTarpit(ctx caddy.Context) error {
 		return fmt.Errorf("tarpit would do nothing: it holds the denials of a rate limit, and this handler has no zone with a rate that is not shadow (shed, concurrency and the other refusals are answered at once)")
 	}
 	t := &tarpitState{delay: int64(h.Tarpit), max: cmp.Or(h.TarpitMax, DefaultTarpitMax), done: make(chan struct{})}
+	if ceiling := openFileLimit() / 2; ceiling > 0 {
+		tarpitCeiling.Store(ceiling)
+		if t.max > ceiling {
+			h.logger.Warn("tarpit_max is above half the process's open-file limit: all tarpits together hold at most that many denials, so that held connections never take the descriptors other clients need (raise the limit, e.g. LimitNOFILE, to hold more)",
+				zap.Int64("tarpit_max", t.max), zap.Int64("open_file_limit", ceiling*2), zap.Int64("held_at_most", ceiling))
+		}
+	}
 	h.tarpit = t
 	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok {
 		srv.RegisterOnShutdown(t.stop)
@@ -114,6 +132,7 @@ func (h *Handler) hold(r *http.Request) int64 {
 	tarpitHeld.Inc()
 	defer func() {
 		t.held.Add(-1)
+		tarpitHeldAll.Add(-1)
 		tarpitHeld.Dec()
 	}()
 	random := h.jitterFn
@@ -148,7 +167,8 @@ func elapse(out []algorithms.Result, d int64) {
 	}
 }
 
-// take counts one more held request, unless max are held.
+// take counts one more held request, unless max are held by this
+// tarpit or the ceiling by all of them.
 func (t *tarpitState) take() bool {
 	for {
 		n := t.held.Load()
@@ -156,9 +176,15 @@ func (t *tarpitState) take() bool {
 			return false
 		}
 		if t.held.CompareAndSwap(n, n+1) {
-			return true
+			break
 		}
 	}
+	if c := tarpitCeiling.Load(); tarpitHeldAll.Add(1) > c && c > 0 {
+		tarpitHeldAll.Add(-1)
+		t.held.Add(-1)
+		return false
+	}
+	return true
 }
 
 // unmarshalTarpit reads `tarpit <duration>` and `tarpit_max <n>`.

@@ -160,3 +160,39 @@ func TestElapse(t *testing.T) {
 		}
 	}
 }
+
+// All tarpits together hold at most the ceiling (half the open-file
+// limit), whatever each one's tarpit_max: beyond it a denial is answered
+// at once, so held connections never take every descriptor.
+func TestTarpitCeiling(t *testing.T) {
+	u := newUnitHandler(t, `{"tarpit": "4s", "tarpit_max": 1000000,
+		"rate_limits": {"tp_ceiling": {"key": "static", "max_events": 10, "window": "1m"}}}`,
+		byZone(map[string]algorithms.Result{"tp_ceiling": denied(30 * time.Second)}))
+	if openFileLimit() > 0 && tarpitCeiling.Load() != openFileLimit()/2 {
+		t.Fatalf("ceiling %d, want half the open-file limit %d", tarpitCeiling.Load(), openFileLimit())
+	}
+	saved := tarpitCeiling.Load()
+	defer tarpitCeiling.Store(saved)
+	tarpitCeiling.Store(tarpitHeldAll.Load() + 1)
+	u.timers = make(chan *fakeTimer, 10)
+	skipped := testutil.ToFloat64(tarpitSkipped)
+	first := make(chan answer, 1)
+	go func() { first <- u.serve(t.Context(), nil) }()
+	var ft *fakeTimer
+	select {
+	case ft = <-u.timers:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first denial was not held")
+	}
+	if a := u.serve(t.Context(), nil); a.code != http.StatusTooManyRequests || testutil.ToFloat64(tarpitSkipped)-skipped != 1 {
+		t.Fatalf("beyond the ceiling: %d, skipped %v; want 429 at once, counted", a.code, testutil.ToFloat64(tarpitSkipped)-skipped)
+	}
+	if u.h.tarpit.held.Load() != 1 {
+		t.Fatalf("the handler counts %d held, want 1: a denial refused by the ceiling is not held", u.h.tarpit.held.Load())
+	}
+	ft.fire <- time.Time{}
+	<-first
+	if u.h.tarpit.held.Load() != 0 {
+		t.Fatal("the handler still counts a held request")
+	}
+}

@@ -1,7 +1,13 @@
 package integration
 
 import (
+	"context"
+	"fmt"
+	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -139,5 +145,101 @@ func TestAttack5TarpitWithoutRateRefused(t *testing.T) {
 	}
 	respond ok`), "caddyfile", "tarpit would do nothing")
 		})
+	}
+}
+
+// One client that opens more connections than Caddy may have files open,
+// each denied and held by a tarpit whose tarpit_max is above that limit,
+// must not make Caddy refuse everyone else: all tarpits together hold at
+// most half the open-file limit, and other clients are still served.
+func TestAttack5TarpitCannotTakeEveryDescriptor(t *testing.T) {
+	httpPort, adminPort := freePort(t), freePort(t)
+	file := filepath.Join(t.TempDir(), "Caddyfile")
+	cfg := fmt.Sprintf(`{
+	admin localhost:%d
+	metrics
+	default_bind 127.0.0.1
+}
+:%d {
+	handle /health {
+		respond ok
+	}
+	handle {
+		rate_limit {
+			zone a5_fd {
+				key static
+				rate 1/1h
+			}
+			tarpit 20s
+			tarpit_max 1000000
+		}
+		respond ok
+	}
+}`, adminPort, httpPort)
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The shell sets the limit for the Caddy it becomes, and no other
+	// process.
+	cmd := exec.Command("sh", "-c", `ulimit -n 256 && exec "$0" run --config "$1"`, binary(t), file)
+	logs := &lockedBuilder{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("caddy output:\n%s", logs.String())
+		}
+	})
+	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	waitUp(t, base+"/health")
+	if !strings.Contains(logs.String(), "tarpit_max is above half the process's open-file limit") {
+		t.Error("no warning that tarpit_max is above what the open-file limit allows")
+	}
+	get := func(url string, timeout time.Duration) (int, error) {
+		c := &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
+		defer c.CloseIdleConnections()
+		resp, err := c.Get(url)
+		if err != nil {
+			return 0, err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	if code, err := get(base+"/", 5*time.Second); code != 200 {
+		t.Fatalf("first request: %d %v", code, err)
+	}
+	// 300 connections, more than the 256 files Caddy may open: each is
+	// denied, and those the tarpit does not hold are answered and closed.
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	for range 300 {
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/", nil)
+			c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+			if resp, err := c.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	time.Sleep(2 * time.Second) // the flood is held: nothing to poll that does not need a descriptor
+	if code, err := get(base+"/health", 3*time.Second); code != 200 {
+		t.Fatalf("another client during the flood: %d %v, want 200", code, err)
+	}
+	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get(fmt.Sprintf("http://localhost:%d/metrics", adminPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if held := metricLine(string(body), "caddy_rate_limit_tarpit_held_requests"); held < 1 || held > 128 {
+		t.Fatalf("%v denials held, want 1 to 128 (half of 256 files)", held)
 	}
 }

@@ -182,18 +182,7 @@ func TestAttack5TarpitCannotTakeEveryDescriptor(t *testing.T) {
 	// The shell sets the limit for the Caddy it becomes, and no other
 	// process.
 	cmd := exec.Command("sh", "-c", `ulimit -n 256 && exec "$0" run --config "$1"`, binary(t), file)
-	logs := &lockedBuilder{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("caddy output:\n%s", logs.String())
-		}
-	})
+	logs := startCaddyCmd(t, cmd, file)
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	waitUp(t, base+"/health")
 	if !strings.Contains(logs.String(), "tarpit_max is above half the process's open-file limit") {

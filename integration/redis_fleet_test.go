@@ -120,6 +120,13 @@ func startCaddy(t *testing.T, file string, env ...string) {
 	t.Helper()
 	cmd := exec.Command(binary(t), "run", "--config", file)
 	cmd.Env = append(os.Environ(), env...)
+	startCaddyCmd(t, cmd, file)
+}
+
+// startCaddyCmd starts cmd, a Caddy running file, until the test ends,
+// and returns its output, which grows while Caddy runs.
+func startCaddyCmd(t *testing.T, cmd *exec.Cmd, file string) *lockedBuilder {
+	t.Helper()
 	logs := &lockedBuilder{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
@@ -132,6 +139,7 @@ func startCaddy(t *testing.T, file string, env ...string) {
 			t.Logf("caddy output (%s):\n%s", file, logs.String())
 		}
 	})
+	return logs
 }
 
 type lockedBuilder struct {

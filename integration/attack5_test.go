@@ -232,3 +232,42 @@ func TestAttack5TarpitCannotTakeEveryDescriptor(t *testing.T) {
 		t.Fatalf("%v denials held, want 1 to 128 (half of 256 files)", held)
 	}
 }
+
+// Reloads that change a tier's rate leave no series of the old versions
+// behind: after five of them, the zone has one requests_total series per
+// tier, not one per version it ever had.
+func TestAttack5TierReloadsLeaveNoStaleSeries(t *testing.T) {
+	cfg := func(free int) string {
+		return caddyfileServerWith("metrics", fmt.Sprintf(`
+	rate_limit {
+		zone a5_tier_series {
+			key static
+			tier {http.request.header.X-Plan}
+			tiers {
+				free %d/1m
+				pro 600/1m
+				default free
+			}
+		}
+	}
+	respond ok`, free))
+	}
+	tester := newTester(t, cfg(60), "caddyfile")
+	for i := range 5 {
+		if i > 0 {
+			adminRequest(t, "POST", "/load", "text/caddyfile", withPorts(cfg(60+i)))
+		}
+		do(t, tester, "GET", "/")
+		do(t, tester, "GET", "/", "X-Plan", "pro")
+	}
+	page := adminRequest(t, "GET", "/metrics", "", "")
+	var series []string
+	for _, line := range strings.Split(page, "\n") {
+		if strings.HasPrefix(line, "caddy_rate_limit_requests_total{") && strings.Contains(line, `zone="a5_tier_series"`) {
+			series = append(series, line)
+		}
+	}
+	if len(series) != 2 {
+		t.Fatalf("%d requests_total series after 5 versions of free, want 2 (free's newest and pro):\n%s", len(series), strings.Join(series, "\n"))
+	}
+}

@@ -3,10 +3,13 @@ package sluice
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluicehq/sluice/algorithms"
@@ -194,5 +197,44 @@ func TestTarpitCeiling(t *testing.T) {
 	<-first
 	if u.h.tarpit.held.Load() != 0 {
 		t.Fatal("the handler still counts a held request")
+	}
+}
+
+// A denial held behind a handler that counts the request in a shedding
+// group leaves the group while held, and the outer handler's count is
+// whole again once the hold ends.
+func TestTarpitHeldLeavesOuterGroup(t *testing.T) {
+	outer := newUnitHandler(t, shedConfig("unit_tarpit_outer", 10, 0), byZone(nil))
+	inner := newUnitHandler(t, `{"tarpit": "4s", "rate_limits": {"tp_outer": {"key": "static", "max_events": 10, "window": "1m"}}}`,
+		byZone(map[string]algorithms.Result{"tp_outer": denied(30 * time.Second)}))
+	g := outer.h.shed
+	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
+	r.RemoteAddr = "192.0.2.7:4242"
+	w := httptest.NewRecorder()
+	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+	var after int64
+	done := make(chan error, 1)
+	go func() {
+		done <- outer.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			err := inner.h.ServeHTTP(w, r, okHandler)
+			after = g.inFlight.Load()
+			return err
+		}))
+	}()
+	var ft *fakeTimer
+	select {
+	case ft = <-inner.timers:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the denial was not held")
+	}
+	if n := g.inFlight.Load(); n != 0 {
+		t.Fatalf("%d in flight in the outer group while the denial is held, want 0", n)
+	}
+	ft.fire <- time.Time{}
+	if err := <-done; err == nil {
+		t.Fatal("the denial passed")
+	}
+	if after != 1 || g.inFlight.Load() != 0 {
+		t.Fatalf("in flight %d once the hold ended (want 1, the outer handler's), %d after (want 0)", after, g.inFlight.Load())
 	}
 }

@@ -271,3 +271,61 @@ func TestAttack5TierReloadsLeaveNoStaleSeries(t *testing.T) {
 		t.Fatalf("%d requests_total series after 5 versions of free, want 2 (free's newest and pro):\n%s", len(series), strings.Join(series, "\n"))
 	}
 }
+
+// A denial held in a tarpit loads nothing in a shedding group, even when
+// an outer handler of the group (a site-wide one) admitted the request
+// before the route's rate limit denied it: otherwise a scraper's held
+// denials would raise the load until everyone else's requests were shed.
+func TestAttack5TarpitHeldDenialsLoadNoGroup(t *testing.T) {
+	tester := newTester(t, caddyfileServerWith(`
+	rate_limit {
+		shed a5_tarpit_load {
+			capacity 10
+		}
+	}`, `
+	rate_limit {
+		shed a5_tarpit_load
+	}
+	handle /api {
+		rate_limit {
+			zone a5_tarpit_load_api {
+				key static
+				rate 1/1h
+			}
+			tarpit 10s
+		}
+		respond ok
+	}
+	handle /search {
+		rate_limit {
+			shed a5_tarpit_load {
+				priority 4
+			}
+		}
+		respond ok
+	}`), "caddyfile")
+	if got, _, _ := do(t, tester, "GET", "/api"); got != 200 {
+		t.Fatalf("first request: %d", got)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	for range 10 {
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, httpBase+"/api", nil)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	eventually(t, "10 denials held", func() bool {
+		return metricLine(adminRequest(t, "GET", "/metrics", "", ""), "caddy_rate_limit_tarpit_held_requests") == 10
+	})
+	page := adminRequest(t, "GET", "/metrics", "", "")
+	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_tarpit_load"}`); v != 0 {
+		t.Errorf("in flight %v with only held denials, want 0", v)
+	}
+	if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
+		t.Fatalf("priority 4 with nothing served but 10 held denials: %d (%q), want 200", got, body)
+	}
+}

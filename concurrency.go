@@ -245,7 +245,9 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, s *scratch) (*
 			if newTimer == nil {
 				newTimer = systemTimer
 			}
+			vars := leaveGroups(r)
 			err = c.await(r.Context(), k, wt, newTimer)
+			rejoinGroups(vars)
 		}
 		if err == nil {
 			held.slots = append(held.slots, heldSlot{c, k})

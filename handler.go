@@ -336,6 +336,7 @@ func (h *Handler) wait(r *http.Request, store backend.Store, limits []*Limit, re
 	}
 	fired, stop := newTimer(time.Duration(delay))
 	defer stop()
+	defer rejoinGroups(leaveGroups(r))
 	select {
 	case <-fired:
 		return nil

@@ -196,6 +196,29 @@ func (g *shedGroup) leave(vars map[string]any) {
 	}
 }
 
+// leaveGroups takes r out of every shedding group that a handler before
+// this one counts it in, for a wait that loads no upstream (a tarpit, a
+// concurrency queue, a max_delay): otherwise a flood of waiting or held
+// requests would raise the load and shed everyone else's. rejoinGroups
+// with the vars it returns puts r back.
+func leaveGroups(r *http.Request) map[string]any {
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	for _, v := range vars {
+		if g, ok := v.(*shedGroup); ok {
+			g.inFlight.Add(-1)
+		}
+	}
+	return vars
+}
+
+func rejoinGroups(vars map[string]any) {
+	for _, v := range vars {
+		if g, ok := v.(*shedGroup); ok {
+			g.inFlight.Add(1)
+		}
+	}
+}
+
 // refuseShed answers a shed request: 503 with Retry-After, through the
 // path of every refusal, in the name of the group.
 func (h *Handler) refuseShed(w http.ResponseWriter, r *http.Request) error {

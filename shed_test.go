@@ -334,3 +334,31 @@ func TestShedAllocations(t *testing.T) {
 		t.Fatalf("%v allocations per admitted request", n)
 	}
 }
+
+// A wait takes the request out of every group a handler before counts it
+// in, and puts it back after; groups that do not count it are untouched.
+func TestLeaveAndRejoinGroups(t *testing.T) {
+	a := newUnitHandler(t, shedConfig("unit_shed_leave_a", 10, 0), byZone(nil)).h.shed
+	b := newUnitHandler(t, shedConfig("unit_shed_leave_b", 10, 0), byZone(nil)).h.shed
+	other := newUnitHandler(t, shedConfig("unit_shed_leave_c", 10, 0), byZone(nil)).h.shed
+	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
+	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), httptest.NewRecorder(), &caddyhttp.Server{})
+	vars := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	a.enter(vars)
+	b.enter(vars)
+	other.inFlight.Add(3)
+	defer other.inFlight.Add(-3)
+	paused := leaveGroups(r)
+	if a.inFlight.Load() != 0 || b.inFlight.Load() != 0 || other.inFlight.Load() != 3 {
+		t.Fatalf("while waiting: %d, %d, %d; want 0, 0 and the other group's 3", a.inFlight.Load(), b.inFlight.Load(), other.inFlight.Load())
+	}
+	rejoinGroups(paused)
+	if a.inFlight.Load() != 1 || b.inFlight.Load() != 1 {
+		t.Fatalf("after the wait: %d, %d; want 1, 1", a.inFlight.Load(), b.inFlight.Load())
+	}
+	a.leave(vars)
+	b.leave(vars)
+	if len(leaveGroups(r)) != len(vars) || a.inFlight.Load() != 0 {
+		t.Fatal("a request no group counts any more left a group")
+	}
+}

@@ -129,17 +129,7 @@ func (h *Handler) hold(r *http.Request) int64 {
 		return 0
 	}
 	start := h.now()
-	// A handler before this one (a site-wide one) may count the request
-	// in a shedding group: a held denial loads no upstream, so it leaves
-	// every group it counts in while held, or a scraper's held denials
-	// would shed everyone else's requests.
-	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	for _, v := range vars {
-		if g, ok := v.(*shedGroup); ok {
-			g.inFlight.Add(-1)
-			defer g.inFlight.Add(1)
-		}
-	}
+	defer rejoinGroups(leaveGroups(r))
 	tarpitHeld.Inc()
 	defer func() {
 		t.held.Add(-1)

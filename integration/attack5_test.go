@@ -329,3 +329,71 @@ func TestAttack5TarpitHeldDenialsLoadNoGroup(t *testing.T) {
 		t.Fatalf("priority 4 with nothing served but 10 held denials: %d (%q), want 200", got, body)
 	}
 }
+
+// Requests waiting in a concurrency queue load nothing in a shedding group
+// that a site-wide handler counts them in: one request served and nine in
+// line are a load of 0.1, where priority 4 passes.
+func TestAttack5QueuedRequestsLoadNoGroup(t *testing.T) {
+	release := make(chan struct{})
+	u := newCountingUpstream(t, func(r *http.Request) {
+		if r.Header.Get("X-Hang") != "" {
+			<-release
+		}
+	})
+	tester := newTester(t, caddyfileServerWith(`
+	rate_limit {
+		shed a5_queue_load {
+			capacity 10
+		}
+	}`, `
+	rate_limit {
+		shed a5_queue_load
+	}
+	handle /report {
+		rate_limit {
+			zone a5_queue_load_report {
+				key static
+				concurrency 1
+				queue 10s
+			}
+		}
+		reverse_proxy `+strings.TrimPrefix(u.URL, "http://")+`
+	}
+	handle /search {
+		rate_limit {
+			shed a5_queue_load {
+				priority 4
+			}
+		}
+		respond ok
+	}`), "caddyfile")
+	var wg sync.WaitGroup
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+		wg.Wait()
+	}()
+	for range 10 {
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodGet, httpBase+"/report", nil)
+			req.Header.Set("X-Hang", "1")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	eventually(t, "one report served and nine in line", func() bool {
+		return u.now.Load() == 1 && strings.Contains(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_in_flight_requests{scope="",zone="a5_queue_load_report"} 1`)
+	})
+	time.Sleep(300 * time.Millisecond) // the other nine reach the queue: nothing counts them to poll
+	page := adminRequest(t, "GET", "/metrics", "", "")
+	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_queue_load"}`); v != 1 {
+		t.Errorf("in flight %v with one request served and nine in line, want 1", v)
+	}
+	if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
+		t.Fatalf("priority 4 at a real load of 0.1: %d (%q), want 200", got, body)
+	}
+}

@@ -397,3 +397,57 @@ func TestAttack5QueuedRequestsLoadNoGroup(t *testing.T) {
 		t.Fatalf("priority 4 at a real load of 0.1: %d (%q), want 200", got, body)
 	}
 }
+
+// Requests waiting for their max_delay slot load nothing in a shedding
+// group a site-wide handler counts them in.
+func TestAttack5DelayedRequestsLoadNoGroup(t *testing.T) {
+	tester := newTester(t, caddyfileServerWith(`
+	rate_limit {
+		shed a5_delay_load {
+			capacity 10
+		}
+	}`, `
+	rate_limit {
+		shed a5_delay_load
+	}
+	handle /paced {
+		rate_limit {
+			zone a5_delay_load_paced {
+				key static
+				rate 1/2s
+				algorithm leaky_bucket
+				max_delay 30s
+			}
+		}
+		respond ok
+	}
+	handle /search {
+		rate_limit {
+			shed a5_delay_load {
+				priority 4
+			}
+		}
+		respond ok
+	}`), "caddyfile")
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	for range 10 {
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, httpBase+"/paced", nil)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	eventually(t, "ten paced requests decided", func() bool {
+		return metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_requests_total{key="",scope="",zone="a5_delay_load_paced"}`) == 10
+	})
+	page := adminRequest(t, "GET", "/metrics", "", "")
+	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_delay_load"}`); v > 1 {
+		t.Errorf("in flight %v with the paced requests waiting for their slots, want at most the one served", v)
+	}
+	if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
+		t.Fatalf("priority 4 while paced requests wait: %d (%q), want 200", got, body)
+	}
+}

@@ -15,18 +15,43 @@ import (
 	"time"
 )
 
+// hangingUpstream holds every request sent to it with X-Hang until
+// letGo; hang sends n such requests to path through Caddy. The test must
+// defer letGo: Caddy stops only once they are answered.
+func hangingUpstream(t *testing.T) (u *countingUpstream, hang func(path string, n int), letGo func()) {
+	release := make(chan struct{})
+	u = newCountingUpstream(t, func(r *http.Request) {
+		if r.Header.Get("X-Hang") != "" {
+			<-release
+		}
+	})
+	var wg sync.WaitGroup
+	var once sync.Once
+	hang = func(path string, n int) {
+		for range n {
+			wg.Go(func() {
+				req, _ := http.NewRequest(http.MethodGet, httpBase+path, nil)
+				req.Header.Set("X-Hang", "1")
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			})
+		}
+	}
+	return u, hang, func() {
+		once.Do(func() { close(release) })
+		wg.Wait()
+	}
+}
+
 // A site-wide rate_limit that names a shedding group, with routes inside
 // that name it again with their priorities, is the natural way to put
 // every route in the group. Each request passes through two handlers of
 // the group and must still count once: 5 requests in flight for a
 // capacity of 10 are a load of 0.5, where nothing is shed.
 func TestAttack5ShedNestedHandlersCountOnce(t *testing.T) {
-	release := make(chan struct{})
-	u := newCountingUpstream(t, func(r *http.Request) {
-		if r.Header.Get("X-Hang") != "" {
-			<-release
-		}
-	})
+	u, hang, letGo := hangingUpstream(t)
+	defer letGo()
 	up := strings.TrimPrefix(u.URL, "http://")
 	tester := newTester(t, caddyfileServerWith(`
 	rate_limit {
@@ -49,24 +74,7 @@ func TestAttack5ShedNestedHandlersCountOnce(t *testing.T) {
 		reverse_proxy `+up+`
 	}`), "caddyfile")
 
-	var wg sync.WaitGroup
-	defer func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
-		wg.Wait()
-	}()
-	for range 5 {
-		wg.Go(func() {
-			req, _ := http.NewRequest(http.MethodGet, httpBase+"/search", nil)
-			req.Header.Set("X-Hang", "1")
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				resp.Body.Close()
-			}
-		})
-	}
+	hang("/search", 5)
 	eventually(t, "5 searches held at the upstream", func() bool { return u.now.Load() == 5 })
 	page := adminRequest(t, "GET", "/metrics", "", "")
 	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_nested"}`); v != 5 {
@@ -79,8 +87,7 @@ func TestAttack5ShedNestedHandlersCountOnce(t *testing.T) {
 			t.Fatalf("search #%d at a load of 0.5: %d (%q), want 200", i+1, got, body)
 		}
 	}
-	close(release)
-	wg.Wait()
+	letGo()
 	page = adminRequest(t, "GET", "/metrics", "", "")
 	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_nested"}`); v != 0 {
 		t.Fatalf("in flight %v once everything was answered, want 0", v)
@@ -334,12 +341,8 @@ func TestAttack5TarpitHeldDenialsLoadNoGroup(t *testing.T) {
 // that a site-wide handler counts them in: one request served and nine in
 // line are a load of 0.1, where priority 4 passes.
 func TestAttack5QueuedRequestsLoadNoGroup(t *testing.T) {
-	release := make(chan struct{})
-	u := newCountingUpstream(t, func(r *http.Request) {
-		if r.Header.Get("X-Hang") != "" {
-			<-release
-		}
-	})
+	u, hang, letGo := hangingUpstream(t)
+	defer letGo()
 	tester := newTester(t, caddyfileServerWith(`
 	rate_limit {
 		shed a5_queue_load {
@@ -367,24 +370,7 @@ func TestAttack5QueuedRequestsLoadNoGroup(t *testing.T) {
 		}
 		respond ok
 	}`), "caddyfile")
-	var wg sync.WaitGroup
-	defer func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
-		wg.Wait()
-	}()
-	for range 10 {
-		wg.Go(func() {
-			req, _ := http.NewRequest(http.MethodGet, httpBase+"/report", nil)
-			req.Header.Set("X-Hang", "1")
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				resp.Body.Close()
-			}
-		})
-	}
+	hang("/report", 10)
 	eventually(t, "one report served and nine in line", func() bool {
 		return u.now.Load() == 1 && strings.Contains(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_in_flight_requests{scope="",zone="a5_queue_load_report"} 1`)
 	})

@@ -329,7 +329,12 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, s *scratch) (*
 func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Duration) (<-chan time.Time, func() bool)) (heldSlot, error) {
 	l := cr.l
 	if sh := l.shared; sh != nil {
+		var vars map[string]any
+		if sh.queue > 0 {
+			vars = leaveGroups(r) // it may wait in line: not in flight meanwhile
+		}
 		id, err := sh.take(r.Context(), cr.key, newTimer)
+		rejoinGroups(vars)
 		switch {
 		case err == nil:
 			return heldSlot{sh: sh, key: cr.key, id: id}, nil
@@ -356,7 +361,12 @@ func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Durat
 	case k == nil:
 		return heldSlot{}, errQueueTimeout
 	case wt != nil:
-		if err := c.await(r.Context(), k, wt, newTimer); err != nil {
+		// A request waiting for its slot is not in flight: it must not
+		// load the shedding groups it is counted in meanwhile.
+		vars := leaveGroups(r)
+		err := c.await(r.Context(), k, wt, newTimer)
+		rejoinGroups(vars)
+		if err != nil {
 			return heldSlot{}, err
 		}
 	}

@@ -40,7 +40,8 @@ const (
 // ServeHTTP decides the request against every zone it matches, once and all
 // or nothing, then answers 429 or passes it on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if h.shedding() {
+	vars, counted := h.shedCounted(r)
+	if h.shedding(counted) {
 		return h.refuseShed(w, r)
 	}
 	s := getScratch()
@@ -72,11 +73,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !pass {
 		return err
 	}
-	if h.shed != nil {
+	if g := h.shed; g != nil && !counted {
 		// Counted only once admitted: a request refused or held in a
 		// tarpit loads nothing behind this handler.
-		h.shed.inFlight.Add(1)
-		defer h.shed.inFlight.Add(-1)
+		g.enter(vars)
+		defer g.leave(vars)
 	}
 	switch {
 	case aw != nil:
@@ -350,6 +351,7 @@ func (h *Handler) wait(r *http.Request, store backend.Store, limits []*Limit, re
 	}
 	fired, stop := newTimer(time.Duration(delay))
 	defer stop()
+	defer rejoinGroups(leaveGroups(r))
 	select {
 	case <-fired:
 		return nil

@@ -531,6 +531,12 @@ func (l *Limit) policyName() string {
 // reported is the one that makes the client wait longest, since the request
 // can pass only once every limit allows it.
 func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch) error {
+	// Before anything is written or counted: the tarpit delays the whole
+	// answer, whose waits then count from when it is sent, and a denial
+	// is counted when it is given.
+	if held := h.hold(r); held > 0 {
+		elapse(s.out, held)
+	}
 	worst := -1
 	var violated []*Limit
 	for i, l := range s.limits {
@@ -560,9 +566,6 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		writeHeaders(w, s.limits, s.reqs, s.out)
 	}
 	f.quota, f.remaining, f.reset = res.Limit, res.Remaining, secondsUp(res.ResetAfter)
-	// Before anything is written or counted: the tarpit delays the whole
-	// answer, and a denial is counted when it is given.
-	h.hold(r)
 	l.metrics.declined()
 	if h.events.ShouldEmit("rate_limit_exceeded") {
 		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{

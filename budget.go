@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -121,8 +120,7 @@ func appendBudgetMessage(b []byte, f refusal) []byte {
 		return b
 	}
 	b = append(b, " Retry in "...)
-	b = strconv.AppendInt(b, f.retryAfter, 10)
-	return append(b, " seconds."...)
+	return append(appendSeconds(b, f.retryAfter), '.')
 }
 
 // settleCharges commits the reservations of the spend budgets among o's

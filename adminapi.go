@@ -214,6 +214,11 @@ type keyState struct {
 	// now).
 	ResetAfter float64 `json:"reset_after"`
 	RetryAfter float64 `json:"retry_after"`
+	// LockoutLevel is the step of the key's current or last lock-out,
+	// from 1 (absent: none, or forgotten); LockedOut the seconds its
+	// lock-out still lasts (absent: not locked out). A reset clears both.
+	LockoutLevel int32   `json:"lockout_level,omitempty"`
+	LockedOut    float64 `json:"locked_out,omitempty"`
 }
 
 func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, zoneName, raw string, grant, missing bool) error {
@@ -300,11 +305,15 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, zoneName, ra
 		if r.Method != http.MethodGet {
 			othersForget(use, l.scope, key)
 		}
-		states = append(states, keyState{
+		st := keyState{
 			Zone: z.name, Scope: l.scope, Key: key, Algorithm: l.algorithm,
 			Limit: u.Limit, Remaining: u.Remaining,
 			ResetAfter: seconds(u.ResetAfter), RetryAfter: seconds(u.RetryAfter),
-		})
+		}
+		if err := lockoutState(r.Context(), use.h.store, l, key, &st); err != nil {
+			return apiError(http.StatusServiceUnavailable, "%s: %v", l.displayName(), err)
+		}
+		states = append(states, st)
 	}
 	return writeJSON(w, map[string]any{"limits": states})
 }
@@ -386,6 +395,9 @@ type limitInfo struct {
 	Declined  float64 `json:"declined"`
 	// ShadowDeclined counts the requests a shadow zone would have denied.
 	ShadowDeclined float64 `json:"shadow_declined"`
+	Concurrency    int64   `json:"concurrency,omitempty"`
+	// Adaptive is where an adaptive limit is now, and why.
+	Adaptive *adaptiveInfo `json:"adaptive,omitempty"`
 }
 
 type zoneInfo struct {
@@ -404,7 +416,7 @@ func listZones() []zoneInfo {
 		if src, ok := use.h.store.(backend.StatsReporter); ok {
 			stats = src.Stats()
 		}
-		for _, l := range z.limits {
+		for _, l := range listedLimits(z) {
 			p := l.policy()
 			li := limitInfo{
 				Scope: l.scope, Key: l.Key, Algorithm: l.algorithm, MaxEvents: p.Limit,
@@ -415,6 +427,10 @@ func listZones() []zoneInfo {
 			if p.MaxDelay > 0 {
 				li.MaxDelay = time.Duration(p.MaxDelay).String()
 			}
+			if l.concOnly() {
+				li.Window = ""
+			}
+			li.Concurrency, li.Adaptive = l.Concurrency, l.adapt.info()
 			for _, st := range stats {
 				if st.Zone == z.name && st.Scope == l.scope {
 					li.Keys = &st.Keys

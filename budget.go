@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -67,6 +66,8 @@ func (l *Limit) checkBudget(alg string) error {
 		return fmt.Errorf("charge_when needs a rate (rate <n>/<window>)")
 	case l.CountWhen != nil || l.ResetWhen != nil:
 		return fmt.Errorf("charge_when cannot be used with count_when or reset_when on one limit: a spend budget commits or releases each unit by the response itself")
+	case l.Settle != "":
+		return fmt.Errorf("charge_when cannot be used with settle yet: a reservation is committed or released whole, and settling a part of it is not built")
 	case l.Lease > 0:
 		return fmt.Errorf("charge_when cannot be used with lease: units spent locally from a lease are not reservations the store can release")
 	case l.MaxDelay > 0:
@@ -119,8 +120,7 @@ func appendBudgetMessage(b []byte, f refusal) []byte {
 		return b
 	}
 	b = append(b, " Retry in "...)
-	b = strconv.AppendInt(b, f.retryAfter, 10)
-	return append(b, " seconds."...)
+	return append(appendSeconds(b, f.retryAfter), '.')
 }
 
 // settleChargesEarly settles the spend budgets once the status is written:
@@ -171,7 +171,7 @@ func (o *outcomeWriter) settleCharges(answered bool, status int) []settleError {
 	}
 	var errs []settleError
 	settle := func(reqs []backend.Request, out []algorithms.Result, which []int, commit bool) {
-		if err := res.Settle(&o.detached, reqs, out, commit); err != nil {
+		if err := res.SettleReservations(&o.detached, reqs, out, commit); err != nil {
 			errs = append(errs, settleError{commit, err})
 			return
 		}

@@ -150,6 +150,8 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        reservation_ttl <duration>
 //	        align      hour|day|month
 //	        timezone   <IANA time zone>
+//	        settle     <placeholder>
+//	        lockout    <duration...>
 //	        concurrency <n>
 //	        queue      <duration>
 //	        status     <code>
@@ -158,8 +160,17 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	            <name> <events>/<duration> [burst <n>] [concurrency <n>]
 //	            default <name>
 //	        }
+//	        adaptive {
+//	            min         <n>
+//	            max         <n>
+//	            increase    <n>
+//	            decrease    <fraction>
+//	            interval    <duration>
+//	            latency_p99 <low> <high>
+//	            error_rate  <low>% <high>%
+//	        }
 //	        scope <name> {
-//	            <the options above, from key to tiers>
+//	            <the options above, from key to adaptive>
 //	        }
 //	        allow       <cidr...>
 //	        deny        <cidr...>
@@ -504,6 +515,14 @@ func (p *limitParser) option(opt string) error {
 		var dur time.Duration
 		dur, err = durationArg(d, p.where, opt)
 		l.Queue = caddy.Duration(dur)
+	case "queue_max":
+		l.QueueMax, err = positiveArg(d, p.where, opt)
+	case "slot_ttl":
+		var dur time.Duration
+		dur, err = durationArg(d, p.where, opt)
+		l.SlotTTL = caddy.Duration(dur)
+	case "adaptive":
+		l.Adaptive, err = parseAdaptive(d, p.where)
 	case "max_keys":
 		var n int64
 		n, err = positiveArg(d, p.where, opt)
@@ -544,6 +563,10 @@ func (p *limitParser) option(opt string) error {
 		l.ResetWhen, err = parseResponseMatcher(d, p.where, opt)
 	case "charge_when", "reservation_ttl", "align", "timezone":
 		return p.budgetOption(opt)
+	case "settle":
+		l.Settle, err = oneArg(d)
+	case "lockout":
+		l.Lockout, err = parseLockout(d, p.where)
 	case "status":
 		var v string
 		if v, err = oneArg(d); err == nil {

@@ -169,6 +169,7 @@ func printZones(w io.Writer, zones []zoneInfo) error {
 			if l.Burst > 0 {
 				rate += fmt.Sprintf(" burst %d", l.Burst)
 			}
+			rate = limitText(rate, l)
 			keys := "-"
 			if l.Keys != nil {
 				keys = strconv.FormatInt(*l.Keys, 10)
@@ -193,6 +194,9 @@ func printStates(w io.Writer, states []keyState) error {
 			retry = "never"
 		case s.RetryAfter > 0:
 			retry = secondsText(s.RetryAfter)
+		}
+		if s.LockedOut > 0 {
+			retry += fmt.Sprintf(" (locked out, level %d)", s.LockoutLevel)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d of %d\t%s\t%s\n", s.Zone, orDash(s.Scope), s.Key, s.Remaining, s.Limit, secondsText(s.ResetAfter), retry)
 	}

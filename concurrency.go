@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -25,6 +27,15 @@ var ErrConcurrency = errors.New("too many requests in flight")
 
 // MaxConcurrency is the largest concurrency a limit accepts.
 const MaxConcurrency = 1 << 30
+
+// Bounds and default of slot_ttl: renewed every third of it, a TTL under a
+// second would cost Redis a call per held key several times a second; one
+// over an hour would keep a dead instance's slots longer than any request.
+const (
+	MinSlotTTL     = caddy.Duration(time.Second)
+	MaxSlotTTL     = caddy.Duration(time.Hour)
+	DefaultSlotTTL = caddy.Duration(30 * time.Second)
+)
 
 // MaxQueue is the longest a request may wait for a slot: longer than any
 // client or proxy waits for an answer.
@@ -51,6 +62,14 @@ func (l *Limit) checkConc() error {
 		return fmt.Errorf("queue must be from 0 to 1h, got %s", time.Duration(l.Queue))
 	case l.Queue != 0 && l.Concurrency == 0:
 		return fmt.Errorf("queue would do nothing without concurrency: set concurrency, or use max_delay to queue for a rate")
+	case l.QueueMax < 0 || l.QueueMax > MaxConcurrency:
+		return fmt.Errorf("queue_max must be from 1 to %d, got %d", MaxConcurrency, l.QueueMax)
+	case l.QueueMax != 0 && l.Queue == 0:
+		return fmt.Errorf("queue_max would do nothing without queue: a request beyond the concurrency is refused at once already")
+	case l.SlotTTL != 0 && l.Concurrency == 0:
+		return fmt.Errorf("slot_ttl would do nothing without concurrency")
+	case l.SlotTTL != 0 && (l.SlotTTL < MinSlotTTL || l.SlotTTL > MaxSlotTTL):
+		return fmt.Errorf("slot_ttl must be from 1s to 1h, got %s", time.Duration(l.SlotTTL))
 	}
 	if !l.concOnly() {
 		return nil
@@ -65,20 +84,40 @@ func (l *Limit) checkConc() error {
 	return nil
 }
 
-// provisionConc makes l's slots. The memory backend alone is accepted:
-// slots held in one process cannot be shared by a fleet, and a shared
-// version must expire the slots of an instance that dies mid-request.
-func (l *Limit) provisionConc(store backend.Store) error {
+// provisionConc makes l's slots: in this process on the memory backend,
+// shared by the fleet on a store that shares them (Redis), which must also
+// expire the slots of an instance that dies mid-request (slot_ttl).
+func (l *Limit) provisionConc(store backend.Store, logger *zap.Logger) error {
 	if l.Concurrency == 0 {
 		return nil
-	}
-	if m, ok := store.(caddy.Module); !ok || m.CaddyModule().ID != backend.Namespace+".memory" {
-		return fmt.Errorf("concurrency: only the memory backend counts requests in flight (per instance); slots shared through Redis, with a slot_ttl for instances that die, are not built yet")
 	}
 	if l.zone.Shadow {
 		return fmt.Errorf("concurrency: a shadow zone never refuses a request, and cannot hold one back: remove concurrency or shadow")
 	}
-	l.conc = newConcLimiter(l.Concurrency, time.Duration(l.Queue), inFlight.WithLabelValues(l.zone.name, l.scope))
+	gauge := inFlight.WithLabelValues(l.zone.name, l.scope)
+	if m, ok := store.(caddy.Module); ok && m.CaddyModule().ID == backend.Namespace+".memory" {
+		if l.SlotTTL != 0 {
+			return fmt.Errorf("slot_ttl: on the memory backend a slot is held in this process and freed by its own request, it never needs to expire: remove slot_ttl")
+		}
+		l.conc = newConcLimiter(l.Concurrency, time.Duration(l.Queue), gauge)
+		l.conc.queueMax = l.QueueMax
+		return nil
+	}
+	ss, ok := store.(backend.SlotStore)
+	if !ok {
+		return fmt.Errorf("concurrency: backend %T cannot share slots between instances", store)
+	}
+	ttl := time.Duration(cmp.Or(l.SlotTTL, DefaultSlotTTL))
+	slots, err := ss.RegisterSlots(backend.SlotConfig{Name: l.zone.name, Scope: l.scope, Limit: l.Concurrency, TTL: ttl})
+	if err != nil {
+		return fmt.Errorf("concurrency: %w", err)
+	}
+	l.shared = newSharedConc(slots, time.Duration(l.Queue), l.QueueMax, gauge, logger)
+	if l.Fail == FailLocal {
+		// While Redis is away, each instance caps its own requests.
+		l.conc = newConcLimiter(l.Concurrency, time.Duration(l.Queue), gauge)
+		l.conc.queueMax = l.QueueMax
+	}
 	return nil
 }
 
@@ -86,9 +125,10 @@ func (l *Limit) provisionConc(store backend.Store) error {
 // entry lives only while it has a request in flight, so a flood of new
 // keys costs memory only for the requests actually being served.
 type concLimiter struct {
-	max   int64
-	queue time.Duration
-	gauge prometheus.Gauge
+	max      atomic.Int64 // changes while it runs when the limit is adaptive
+	queue    time.Duration
+	queueMax int64 // most waiters of a key; 0: no cap
+	gauge    prometheus.Gauge
 
 	mu   sync.Mutex
 	keys map[string]*concKey
@@ -110,7 +150,9 @@ type concWaiter struct {
 }
 
 func newConcLimiter(limit int64, queue time.Duration, gauge prometheus.Gauge) *concLimiter {
-	return &concLimiter{max: limit, queue: queue, gauge: gauge, keys: make(map[string]*concKey)}
+	c := &concLimiter{queue: queue, gauge: gauge, keys: make(map[string]*concKey)}
+	c.max.Store(limit)
+	return c
 }
 
 // take takes a slot of key: it returns the key's entry holding the slot,
@@ -123,13 +165,13 @@ func (c *concLimiter) take(key string) (*concKey, *concWaiter) {
 		k = &concKey{key: key}
 		c.keys[key] = k
 	}
-	if k.inFlight < c.max {
+	if k.inFlight < c.max.Load() {
 		k.inFlight++
 		c.mu.Unlock()
 		c.gauge.Inc()
 		return k, nil
 	}
-	if c.queue <= 0 {
+	if c.queue <= 0 || c.queueMax > 0 && int64(k.waiters.Len()) >= c.queueMax {
 		c.mu.Unlock()
 		return nil, nil
 	}
@@ -175,10 +217,11 @@ func (c *concLimiter) await(ctx context.Context, k *concKey, w *concWaiter, newT
 }
 
 // release frees a slot of k: to the first waiter in line, or to the pool,
-// dropping the key once nothing of it is in flight.
+// dropping the key once nothing of it is in flight. A slot above a cap
+// that was lowered meanwhile goes back to the pool.
 func (c *concLimiter) release(k *concKey) {
 	c.mu.Lock()
-	if e := k.waiters.Front(); e != nil {
+	if e := k.waiters.Front(); e != nil && k.inFlight <= c.max.Load() {
 		w := k.waiters.Remove(e).(*concWaiter)
 		w.granted = true
 		close(w.ready)
@@ -215,6 +258,9 @@ type heldSlots struct {
 type heldSlot struct {
 	c *concLimiter
 	k *concKey
+	// A slot shared through the backend: its limit, key and id.
+	sh      *sharedConc
+	key, id string
 }
 
 func (h *heldSlots) release() {
@@ -222,7 +268,11 @@ func (h *heldSlots) release() {
 		return
 	}
 	for _, s := range h.slots {
-		s.c.release(s.k)
+		if s.sh != nil {
+			s.sh.release(s.key, s.id)
+		} else {
+			s.c.release(s.k)
+		}
 	}
 }
 
@@ -233,36 +283,94 @@ func (h *heldSlots) release() {
 // 499 when its client left while it waited.
 func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, s *scratch) (*heldSlots, bool, error) {
 	held := &heldSlots{slots: make([]heldSlot, 0, len(s.conc))}
+	newTimer := h.newTimer
+	if newTimer == nil {
+		newTimer = systemTimer
+	}
 	for _, cr := range s.conc {
-		c := cr.l.conc
-		k, wt := c.take(cr.key)
-		var err error
-		switch {
-		case k == nil:
-			err = errQueueTimeout
-		case wt != nil:
-			newTimer := h.newTimer
-			if newTimer == nil {
-				newTimer = systemTimer
-			}
-			err = c.await(r.Context(), k, wt, newTimer)
-		}
+		slot, err := h.takeSlot(r, cr, newTimer)
 		if err == nil {
-			held.slots = append(held.slots, heldSlot{c, k})
+			if slot.c != nil || slot.sh != nil {
+				held.slots = append(held.slots, slot)
+			}
 			continue
 		}
 		held.release()
 		h.refundRate(r, s)
-		if err != errQueueTimeout {
-			return nil, false, caddyhttp.Error(statusClientClosed, err)
+		l := cr.l
+		switch {
+		case err == errQueueTimeout:
+			wait := max(time.Duration(l.Queue), time.Second)
+			return nil, false, unlessAnswered(h.refuse(w, r, refusal{
+				reason: reasonConcurrency, zone: l.zone, limit: l, key: cr.key,
+				retryAfter: retryAfterSeconds(wait), wait: wait,
+			}))
+		case r.Context().Err() != nil:
+			return nil, false, caddyhttp.Error(statusClientClosed, r.Context().Err())
+		case errors.Is(err, backend.ErrUnavailable): // a limit that fails closed
+			var wait time.Duration
+			if ue, ok := errors.AsType[*backend.UnavailableError](err); ok {
+				wait = ue.RetryAfter
+			}
+			return nil, false, unlessAnswered(h.refuse(w, r, refusal{
+				reason: reasonUnavailable, zone: l.zone, limit: l, key: cr.key,
+				retryAfter: retryAfterSeconds(wait), wait: wait, detail: err,
+			}))
 		}
-		wait := max(c.queue, time.Second)
-		return nil, false, unlessAnswered(h.refuse(w, r, refusal{
-			reason: reasonConcurrency, zone: cr.l.zone, limit: cr.l, key: cr.key,
-			retryAfter: retryAfterSeconds(wait), wait: wait,
-		}))
+		return nil, false, caddyhttp.Error(http.StatusInternalServerError, err)
 	}
 	return held, true, nil
+}
+
+// takeSlot takes a slot of cr's limit, waiting in its queue. When the
+// backend that shares the slots is unavailable, the limit's fail policy
+// decides: open admits holding no slot (a zero heldSlot), local takes a
+// slot of this instance's own, closed returns the error.
+func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Duration) (<-chan time.Time, func() bool)) (heldSlot, error) {
+	l := cr.l
+	if sh := l.shared; sh != nil {
+		var vars map[string]any
+		if sh.queue > 0 {
+			vars = leaveGroups(r) // it may wait in line: not in flight meanwhile
+		}
+		id, err := sh.take(r.Context(), cr.key, newTimer)
+		rejoinGroups(vars)
+		switch {
+		case err == nil:
+			return heldSlot{sh: sh, key: cr.key, id: id}, nil
+		case !errors.Is(err, backend.ErrUnavailable):
+			return heldSlot{}, err
+		}
+		if l.failC != nil && l.concOnly() {
+			// A limit with a rate counted the request when its decision
+			// failed.
+			l.failC.Inc()
+		}
+		switch {
+		case l.Fail == FailClosed:
+			return heldSlot{}, err
+		case l.Fail != FailLocal || l.conc == nil:
+			h.warnFailure("rate limit backend unavailable: a concurrency limit that fails open admits without a slot", r, []*Limit{l}, err)
+			return heldSlot{}, nil
+		}
+		h.warnFailure("rate limit backend unavailable: a concurrency limit that fails local counts this instance's own slots", r, []*Limit{l}, err)
+	}
+	c := l.conc
+	k, wt := c.take(cr.key)
+	switch {
+	case k == nil:
+		return heldSlot{}, errQueueTimeout
+	case wt != nil:
+		// A request waiting for its slot is not in flight: it must not
+		// load the shedding groups it is counted in meanwhile.
+		vars := leaveGroups(r)
+		err := c.await(r.Context(), k, wt, newTimer)
+		rejoinGroups(vars)
+		if err != nil {
+			return heldSlot{}, err
+		}
+	}
+	return heldSlot{c: c, k: k}, nil
 }
 
 // refundRate gives back the rate units a request was given, when a

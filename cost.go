@@ -21,11 +21,17 @@ type Cost struct {
 	n    int64
 	expr string
 	tmpl keys.Template
+	// terms are the parts of a sum ("{http.request.body.json.max_tokens}
+	// + 1000"), each a number or a placeholder; nil for a single one.
+	terms []Cost
 }
 
 // ParseCost reads a cost as written in a Caddyfile: a whole number, or text
 // holding placeholders.
 func ParseCost(s string) (*Cost, error) {
+	if parts := splitSum(s); len(parts) > 1 {
+		return parseSum(s, parts)
+	}
 	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
 		c := &Cost{n: n}
 		return c, c.validate()
@@ -97,6 +103,9 @@ func (c *Cost) eval(r *http.Request, repl *caddy.Replacer, body *keys.Body) (int
 	if c.expr == "" {
 		return c.n, nil
 	}
+	if c.terms != nil {
+		return c.evalSum(r, repl, body)
+	}
 	s, err := c.tmpl.Expand(r, repl, body)
 	if err != nil {
 		return 0, fmt.Errorf("cost %s cannot be read: %w", c.expr, err)
@@ -104,6 +113,12 @@ func (c *Cost) eval(r *http.Request, repl *caddy.Replacer, body *keys.Body) (int
 	if s = strings.TrimSpace(s); s == "" {
 		return 1, nil
 	}
+	return parseCostValue(s)
+}
+
+// parseCostValue reads an expanded cost: a whole number ≥ 0, or the
+// largest cost for one too large for 64 bits.
+func parseCostValue(s string) (int64, error) {
 	n, err := strconv.ParseInt(s, 10, 64)
 	switch {
 	case errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(s, "-"):

@@ -39,6 +39,16 @@ func TestCostEval(t *testing.T) {
 		{"repeated header", "{http.request.header.X-Cost}", "", "", []string{"X-Cost", "1", "X-Cost", "1000"}, 0, keys.ErrAmbiguous},
 		{"fraction", "{http.request.body.json.tokens}", "application/json", `{"tokens": 1.5}`, nil, 0, errNotWhole},
 		{"negative", "{http.request.body.json.tokens}", "application/json", `{"tokens": -1}`, nil, 0, errNotWhole},
+		// An estimate made of parts: the prompt's tokens plus max_tokens.
+		{"sum", "{http.request.header.X-Input-Tokens} + {http.request.body.json.max_tokens}", "application/json", `{"max_tokens": 4000}`, []string{"X-Input-Tokens", "1000"}, 5000, nil},
+		{"sum with a number", "{http.request.body.json.max_tokens}+1000", "application/json", `{"max_tokens": 4000}`, nil, 5000, nil},
+		{"sum, one absent", "{http.request.header.X-Input-Tokens}+{http.request.body.json.max_tokens}", "application/json", `{"max_tokens": 4000}`, nil, 4000, nil},
+		{"sum, all absent", "{http.request.header.X-Input-Tokens}+{http.request.body.json.max_tokens}", "application/json", `{}`, nil, 1, nil},
+		{"sum, a number and an absent", "{http.request.body.json.max_tokens}+1000", "application/json", `{}`, nil, 1000, nil},
+		{"sum saturates", "{http.request.body.json.max_tokens}+{http.request.header.X-Input-Tokens}", "application/json", `{"max_tokens": 1e30}`, []string{"X-Input-Tokens", "5"}, math.MaxInt64, nil},
+		{"sum, a bad term", "{http.request.header.X-Input-Tokens}+{http.request.body.json.max_tokens}", "application/json", `{"max_tokens": 4000}`, []string{"X-Input-Tokens", "5k"}, 0, errNotWhole},
+		{"sum, a negative term", "{http.request.header.X-Input-Tokens}+{http.request.body.json.max_tokens}", "application/json", `{"max_tokens": -4000}`, []string{"X-Input-Tokens", "5000"}, 0, errNotWhole},
+		{"sum, a repeated term", "{http.request.header.X-Input-Tokens}+{http.request.body.json.max_tokens}", "application/json", `{"max_tokens": 4000}`, []string{"X-Input-Tokens", "1", "X-Input-Tokens", "2"}, 0, keys.ErrAmbiguous},
 	}
 	for _, tt := range tests {
 		c, err := ParseCost(tt.cost)
@@ -67,3 +77,24 @@ func TestCostEval(t *testing.T) {
 }
 
 var errNotWhole = errors.New("not a whole number")
+
+// A sum's parts are each a number or a placeholder; a part that is
+// neither, or negative, is a config error.
+func TestParseCostSum(t *testing.T) {
+	for _, bad := range []string{"{http.request.header.A}+", "+{http.request.header.A}", "{http.request.header.A}+-3", "{http.request.header.A}++1", "1+x"} {
+		if _, err := ParseCost(bad); err == nil {
+			t.Errorf("cost %q accepted", bad)
+		}
+	}
+	c, err := ParseCost("{http.request.body.json.max_tokens} + {http.request.header.Content-Length}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.needsBody() || len(c.terms) != 2 {
+		t.Fatalf("sum %+v: needs body %v, %d terms", c, c.needsBody(), len(c.terms))
+	}
+	b, _ := c.MarshalJSON()
+	if string(b) != `"{http.request.body.json.max_tokens} + {http.request.header.Content-Length}"` {
+		t.Fatalf("JSON %s", b)
+	}
+}

@@ -39,6 +39,16 @@ func (h *Handler) provisionFailover(ctx caddy.Context) error {
 		return nil
 	}
 	for _, z := range h.zones {
+		for _, l := range z.keyed {
+			// A limit of shared concurrency slots alone fails over in
+			// takeSlot, with the slots of this instance as its local store.
+			if l.concOnly() && l.shared != nil {
+				h.logger.Info("rate limit zone's policy when its backend fails", zap.String("zone", z.name), zap.String("scope", l.scope), zap.String("fail", l.Fail))
+				if !h.DisableMetrics {
+					l.failC = metrics.failures.WithLabelValues(z.name, l.scope, l.Fail)
+				}
+			}
+		}
 		for _, l := range z.limits {
 			h.logger.Info("rate limit zone's policy when its backend fails", zap.String("zone", z.name), zap.String("scope", l.scope), zap.String("fail", l.Fail))
 			if !h.DisableMetrics {
@@ -63,6 +73,9 @@ func (h *Handler) provisionFailover(ctx caddy.Context) error {
 			cfg.Lease = 0 // its decisions are local already
 			var err error
 			if l.local, err = h.local.Register(cfg); err != nil {
+				return err
+			}
+			if err := l.adapt.applyLocal(); err != nil {
 				return err
 			}
 		}

@@ -40,7 +40,8 @@ const (
 // ServeHTTP decides the request against every zone it matches, once and all
 // or nothing, then answers 429 or passes it on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if h.shedding() {
+	vars, counted := h.shedCounted(r)
+	if h.shedding(counted) {
 		return h.refuseShed(w, r)
 	}
 	s := getScratch()
@@ -52,6 +53,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// the slots too, once the handlers after this one return.
 		defer held.release()
 	}
+	// The adaptive limits watch what the request they let through meets.
+	var adaptBuf [4]*adaptiveLimit
+	var aw *adaptiveWriter
+	adapt := adaptBuf[:0]
+	if pass && len(s.adapt) > 0 {
+		adapt = append(adapt, s.adapt...)
+		aw = adaptiveWriters.Get().(*adaptiveWriter)
+		aw.ResponseWriter = w
+		w = aw
+	}
 	var o *outcomeWriter
 	if pass && h.outcomes {
 		o = watchOutcome(w, s)
@@ -62,13 +73,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !pass {
 		return err
 	}
-	if h.shed != nil {
+	if g := h.shed; g != nil && !counted {
 		// Counted only once admitted: a request refused or held in a
 		// tarpit loads nothing behind this handler.
-		h.shed.inFlight.Add(1)
-		defer h.shed.inFlight.Add(-1)
+		g.enter(vars)
+		defer g.leave(vars)
 	}
 	switch {
+	case aw != nil:
+		return h.serveAdaptive(w, r, next, aw, o, adapt)
 	case o != nil:
 		return h.serveOutcome(o, r, next)
 	}
@@ -167,7 +180,10 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 			return true, h.refuse(w, r, refusal{reason: reasonMissingKey, zone: z, limit: l, retryAfter: -1, detail: err})
 		}
 	}
-	if l.conc != nil {
+	if l.adapt != nil {
+		s.adapt = append(s.adapt, l.adapt)
+	}
+	if l.conc != nil || l.shared != nil {
 		s.conc = append(s.conc, concReq{l, key})
 		if l.concOnly() {
 			return false, nil
@@ -335,6 +351,7 @@ func (h *Handler) wait(r *http.Request, store backend.Store, limits []*Limit, re
 	}
 	fired, stop := newTimer(time.Duration(delay))
 	defer stop()
+	defer rejoinGroups(leaveGroups(r))
 	select {
 	case <-fired:
 		return nil

@@ -248,6 +248,11 @@ type answer struct {
 
 // serve sends one request from 192.0.2.7; setup may change it first.
 func (u *unitHandler) serve(ctx context.Context, setup func(*http.Request)) answer {
+	return u.serveNext(ctx, setup, okHandler)
+}
+
+// serveNext is serve with next as the handler after rate_limit.
+func (u *unitHandler) serveNext(ctx context.Context, setup func(*http.Request), next caddyhttp.Handler) answer {
 	r := httptest.NewRequestWithContext(ctx, http.MethodGet, "http://example.com/", nil)
 	r.RemoteAddr = "192.0.2.7:4242"
 	if setup != nil {
@@ -257,9 +262,9 @@ func (u *unitHandler) serve(ctx context.Context, setup func(*http.Request)) answ
 	repl := caddy.NewReplacer()
 	r = caddyhttp.PrepareRequest(r, repl, w, &caddyhttp.Server{})
 	var a answer
-	err := u.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+	err := u.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		a.passed = true
-		return nil
+		return next.ServeHTTP(w, r)
 	}))
 	a.header, a.repl, a.err, a.code = w.Header(), repl, err, http.StatusOK
 	if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok {

@@ -143,6 +143,8 @@ type Handler struct {
 	// shedDetail is the log's error of a shed request.
 	shedDetail error
 	tarpit     *tarpitState // nil without tarpit
+	// tierSeries are the metric series of this config's tier versions.
+	tierSeries [][2]string // zone, scope
 }
 
 // maxJitter bounds jitter: 10 adds up to ten times the wait.
@@ -264,6 +266,9 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		for _, z := range h.zones {
 			for _, l := range z.limits {
 				l.metrics = newLimitMetrics(z.name, l.scope)
+				if l.tier != "" {
+					h.tierSeries = append(h.tierSeries, retainTierSeries(z.name, l.scope))
+				}
 			}
 			z.allowC = metrics.listed.WithLabelValues(z.name, "allow")
 			z.denyC = metrics.listed.WithLabelValues(z.name, "deny")
@@ -327,8 +332,10 @@ func (h *Handler) setup() backend.Setup {
 // (the one replacing this one in a reload) stays.
 func (h *Handler) Cleanup() error {
 	h.unpublish()
+	h.releaseTierSeries()
 	h.cleanupShed()
 	h.tarpit.stop()
+	h.releaseAdaptive()
 	if h.local != nil {
 		_ = h.local.Close()
 	}

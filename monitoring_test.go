@@ -25,7 +25,8 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
-		for _, c := range []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.duration, metrics.state, metrics.refused, shedMetrics, tarpitHeld, tarpitSkipped} {
+		collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.duration, metrics.state, metrics.refused, shedMetrics, tarpitHeld, tarpitSkipped, inFlight}
+		for _, c := range append(collectors, adaptiveCollectors...) {
 			c.Describe(ch)
 		}
 		close(ch)
@@ -45,7 +46,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	return names
 }
 
-var metricName = regexp.MustCompile(`\bcaddy_rate_limit_[a-z_]+`)
+var metricName = regexp.MustCompile(`\bcaddy_rate_limit_[a-z0-9_]+`)
 
 // checkNames fails for every metric text names that Sluice does not export.
 func checkNames(t *testing.T, what, text string, exported map[string]bool) {

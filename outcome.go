@@ -36,6 +36,7 @@ type outcomeWriter struct {
 	counted, reset uint8
 	charged        uint8         // the same for charge_when (budget.go)
 	store          backend.Store // the store that decided
+	settle         *settleNotes  // nil unless a limit settles its cost
 	limits         []*Limit
 	reqs           []backend.Request
 	out            []algorithms.Result
@@ -63,11 +64,11 @@ func (c *detachedContext) Value(key any) any        { return c.parent.Value(key)
 func watchOutcome(w http.ResponseWriter, s *scratch) *outcomeWriter {
 	var o *outcomeWriter
 	for i, l := range s.limits {
-		if l.CountWhen == nil && l.ResetWhen == nil && l.ChargeWhen == nil {
+		if l.CountWhen == nil && l.ResetWhen == nil && l.ChargeWhen == nil && l.settle == nil {
 			continue
 		}
 		if o == nil {
-			o = &outcomeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, store: s.store}
+			o = newOutcomeWriter(w, s)
 			o.limits, o.reqs, o.out = o.limitBuf[:0], o.reqBuf[:0], o.outBuf[:0]
 		}
 		o.limits = append(o.limits, l)
@@ -130,6 +131,7 @@ func (o *outcomeWriter) note(code int) {
 	o.status = int32(code) // WriteHeader panics on codes past 999
 	o.left = o.detached.parent != nil && o.detached.parent.Err() != nil
 	hdr := o.Header()
+	o.noteSettle(hdr)
 	for i, l := range o.limits[:min(len(o.limits), maskLimits)] {
 		if l.CountWhen != nil && l.CountWhen.Match(code, hdr) {
 			o.counted |= 1 << i
@@ -206,6 +208,8 @@ func (h *Handler) settle(o *outcomeWriter, r *http.Request, status int) {
 		case l.CountWhen != nil && !o.matches(l.CountWhen, o.counted, i, status):
 			o.reqs[n], o.out[n] = o.reqs[i], o.out[i]
 			n++
+		case l.settle != nil:
+			h.settleCost(o, r, i, status)
 		}
 	}
 	if n == 0 {
@@ -233,12 +237,15 @@ func (h *Handler) resetKey(ctx context.Context, store backend.Store, l *Limit, k
 // provisionOutcome notes whether l settles by the response, and checks
 // that the store can clear a key for reset_when.
 func (h *Handler) provisionOutcome(l *Limit) error {
-	if l.CountWhen == nil && l.ResetWhen == nil && l.ChargeWhen == nil {
+	if l.CountWhen == nil && l.ResetWhen == nil && l.ChargeWhen == nil && l.settle == nil {
 		return nil
 	}
 	h.outcomes = true
 	if _, ok := h.store.(backend.Reserver); l.ChargeWhen != nil && !ok {
 		return fmt.Errorf("zone %q: charge_when: the %T backend cannot hold reservations", l.zone.name, h.store)
+	}
+	if err := h.provisionSettle(l); err != nil {
+		return err
 	}
 	if _, ok := h.store.(backend.Admin); l.ResetWhen != nil && !ok {
 		return fmt.Errorf("zone %q: reset_when: the %T backend cannot clear keys", l.zone.name, h.store)

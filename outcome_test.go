@@ -6,9 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
@@ -91,25 +89,11 @@ func outcomeCases() []struct {
 
 func outcomeSend(tb testing.TB, name, countWhen string, status int) func() {
 	tb.Helper()
-	var ticking atomic.Int64
-	ticking.Store(fuzzStart)
-	tick := func() int64 { return ticking.Add(int64(time.Second)) }
 	cfg := `{"rate_limits": {"hot_outcome_` + strings.ReplaceAll(name, "/", "_") + `": {"key": "{http.vars.client_ip}", "max_events": 100, "window": "1m", "algorithm": "token_bucket"` + countWhen + `}}}`
-	h, cleanup, err := provisionJSON([]byte(cfg), tick)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(cleanup)
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+	return hotSend(tb, cfg, caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
 		w.WriteHeader(status)
 		return nil
-	})
-	w, r := benchRequest(tb, "http://example.com/login", "192.0.2.7:4242")
-	return func() {
-		if err := h.ServeHTTP(w, r, next); err != nil {
-			tb.Fatal(err)
-		}
-	}
+	}))
 }
 
 // BenchmarkOutcomeServeHTTP is what counting by the response adds to a
@@ -118,14 +102,7 @@ func outcomeSend(tb testing.TB, name, countWhen string, status int) func() {
 //	go test -run '^$' -bench OutcomeServeHTTP -benchmem .
 func BenchmarkOutcomeServeHTTP(b *testing.B) {
 	for _, c := range outcomeCases() {
-		b.Run(c.name, func(b *testing.B) {
-			send := outcomeSend(b, c.name, c.countWhen, c.status)
-			send()
-			b.ReportAllocs()
-			for b.Loop() {
-				send()
-			}
-		})
+		benchSend(b, c.name, func(tb testing.TB) func() { return outcomeSend(tb, c.name, c.countWhen, c.status) })
 	}
 }
 

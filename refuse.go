@@ -465,21 +465,19 @@ func appendJSONString(b []byte, s string) []byte {
 func appendMessage(b []byte, f refusal) []byte {
 	switch f.reason {
 	case reasonRateLimited, reasonQuota:
-		limit, head, tail := "the rate limit", "Too many requests. Retry in ", " seconds."
+		limit, head, tail := "the rate limit", "Too many requests. Retry in ", "."
 		if f.reason == reasonQuota {
-			limit, head, tail = "the quota", "The quota for this period is used up. Retry in ", " seconds, or upgrade the plan."
+			limit, head, tail = "the quota", "The quota for this period is used up. Retry in ", ", or upgrade the plan."
 		}
 		if f.retryAfter < 0 {
 			b = append(b, "This request asks for more than "...)
 			return append(append(b, limit...), " can ever allow."...)
 		}
-		b = append(b, head...)
-		b = strconv.AppendInt(b, f.retryAfter, 10)
+		b = appendSeconds(append(b, head...), f.retryAfter)
 		return append(b, tail...)
 	case reasonUnavailable:
 		b = append(b, "The rate limiter cannot decide this request now. Retry in "...)
-		b = strconv.AppendInt(b, f.retryAfter, 10)
-		return append(b, " seconds."...)
+		return append(appendSeconds(b, f.retryAfter), '.')
 	case reasonMissingKey:
 		b = append(b, "The request lacks a value this endpoint is rate limited by: "...)
 		return append(append(b, missingClass(f.detail)...), '.')
@@ -487,12 +485,20 @@ func appendMessage(b []byte, f refusal) []byte {
 		return appendBudgetMessage(b, f)
 	case reasonConcurrency, reasonShed:
 		b = append(b, "The server is busy. Retry in "...)
-		b = strconv.AppendInt(b, f.retryAfter, 10)
-		return append(b, " seconds."...)
+		return append(appendSeconds(b, f.retryAfter), '.')
 	case reasonBadCost:
 		return append(b, "The request's cost is not a whole number of at least 0, or cannot be read."...)
 	}
 	return append(b, "This client may not use this endpoint."...)
+}
+
+// appendSeconds appends n seconds, in words a client reads: "1 second".
+func appendSeconds(b []byte, n int64) []byte {
+	b = strconv.AppendInt(b, n, 10)
+	if n == 1 {
+		return append(b, " second"...)
+	}
+	return append(b, " seconds"...)
 }
 
 // boxedName is the zone's name as the replacer holds it, boxed once at
@@ -531,6 +537,12 @@ func (l *Limit) policyName() string {
 // reported is the one that makes the client wait longest, since the request
 // can pass only once every limit allows it.
 func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch) error {
+	// Before anything is written or counted: the tarpit delays the whole
+	// answer, whose waits then count from when it is sent, and a denial
+	// is counted when it is given.
+	if held := h.hold(r); held > 0 {
+		elapse(s.out, held)
+	}
 	worst := -1
 	var violated []*Limit
 	for i, l := range s.limits {
@@ -560,9 +572,6 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		writeHeaders(w, s.limits, s.reqs, s.out)
 	}
 	f.quota, f.remaining, f.reset = res.Limit, res.Remaining, secondsUp(res.ResetAfter)
-	// Before anything is written or counted: the tarpit delays the whole
-	// answer, and a denial is counted when it is given.
-	h.hold(r)
 	l.metrics.declined()
 	if h.events.ShouldEmit("rate_limit_exceeded") {
 		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{

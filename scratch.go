@@ -28,6 +28,7 @@ type scratch struct {
 	body   *keys.Body
 	store  backend.Store // the store that decided
 	conc   []concReq     // the concurrency limits matched, with their keys
+	adapt  []*adaptiveLimit
 }
 
 // scratchLimits is how many limits a pooled scratch has room for at first;
@@ -52,14 +53,15 @@ func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 // release returns s to the pool, dropping its references (keys, limits,
 // the body) so the pool keeps no request's data alive.
 func (s *scratch) release() {
-	if cap(s.reqs) > maxPooledLimits || cap(s.limits) > maxPooledLimits || cap(s.out) > maxPooledLimits || cap(s.shadow) > maxPooledLimits || cap(s.conc) > maxPooledLimits {
+	if cap(s.reqs) > maxPooledLimits || cap(s.limits) > maxPooledLimits || cap(s.out) > maxPooledLimits || cap(s.shadow) > maxPooledLimits || cap(s.conc) > maxPooledLimits || cap(s.adapt) > maxPooledLimits {
 		return
 	}
 	clear(s.reqs[:cap(s.reqs)])
 	clear(s.limits[:cap(s.limits)])
 	clear(s.shadow[:cap(s.shadow)])
 	clear(s.conc[:cap(s.conc)])
-	s.reqs, s.limits, s.out, s.shadow, s.conc = s.reqs[:0], s.limits[:0], s.out[:0], s.shadow[:0], s.conc[:0]
+	clear(s.adapt[:cap(s.adapt)])
+	s.reqs, s.limits, s.out, s.shadow, s.conc, s.adapt = s.reqs[:0], s.limits[:0], s.out[:0], s.shadow[:0], s.conc[:0], s.adapt[:0]
 	s.body, s.store = nil, nil
 	scratchPool.Put(s)
 }

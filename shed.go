@@ -63,6 +63,10 @@ type Shed struct {
 type shedGroup struct {
 	name     string
 	inFlight atomic.Int64
+	// varKey names the request var that marks a request this group
+	// counts, so that a handler nested in another of the same group (a
+	// site-wide one and a route's) does not count it again.
+	varKey string
 
 	mu   sync.Mutex
 	regs []*shedReg // oldest first
@@ -106,7 +110,7 @@ func (h *Handler) provisionShed(owner any) error {
 	case s.Priority < 0 || s.Priority > MaxShedPriority:
 		return fmt.Errorf("shed %q: priority must be from 0 (never shed) to %d (shed first), got %d", s.Group, MaxShedPriority, s.Priority)
 	}
-	v, _ := shedGroups.LoadOrStore(s.Group, &shedGroup{name: s.Group})
+	v, _ := shedGroups.LoadOrStore(s.Group, &shedGroup{name: s.Group, varKey: "rate_limit.shed." + s.Group})
 	g := v.(*shedGroup)
 	g.mu.Lock()
 	for _, o := range g.regs {
@@ -146,9 +150,73 @@ func (h *Handler) cleanupShed() {
 }
 
 // shedding reports whether r must be shed now, before anything else is
-// decided: a shed request takes no unit from any rate limit.
-func (h *Handler) shedding() bool {
-	return h.shed != nil && sheds(h.shed.inFlight.Load(), h.Shed.Capacity, h.Shed.Priority)
+// decided: a shed request takes no unit from any rate limit. counted
+// tells that a handler r passed through before counts it already: the
+// load is the others' requests in flight, so r is taken out of it.
+func (h *Handler) shedding(counted bool) bool {
+	if h.shed == nil {
+		return false
+	}
+	n := h.shed.inFlight.Load()
+	if counted {
+		n--
+	}
+	return sheds(n, h.Shed.Capacity, h.Shed.Priority)
+}
+
+// shedCounted returns r's vars, and whether an outer handler of h's group
+// counts r already. A request counts once in its group however many of
+// the group's handlers it passes through: counted twice, a site's load
+// would double for its nested routes and shed them at half the capacity.
+func (h *Handler) shedCounted(r *http.Request) (vars map[string]any, counted bool) {
+	if h.shed == nil {
+		return nil, false
+	}
+	vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	g, _ := vars[h.shed.varKey].(*shedGroup)
+	return vars, g == h.shed
+}
+
+// enter counts an admitted request in the group until leave. The caller
+// holds on to g: a reload cleans the handler up while its last requests
+// are still being served.
+func (g *shedGroup) enter(vars map[string]any) {
+	g.inFlight.Add(1)
+	if vars != nil {
+		vars[g.varKey] = g
+	}
+}
+
+func (g *shedGroup) leave(vars map[string]any) {
+	g.inFlight.Add(-1)
+	if vars != nil {
+		// An error route served after this handler returns is a request
+		// of its own for the group.
+		delete(vars, g.varKey)
+	}
+}
+
+// leaveGroups takes r out of every shedding group that a handler before
+// this one counts it in, for a wait that loads no upstream (a tarpit, a
+// concurrency queue, a max_delay): otherwise a flood of waiting or held
+// requests would raise the load and shed everyone else's. rejoinGroups
+// with the vars it returns puts r back.
+func leaveGroups(r *http.Request) map[string]any {
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	for _, v := range vars {
+		if g, ok := v.(*shedGroup); ok {
+			g.inFlight.Add(-1)
+		}
+	}
+	return vars
+}
+
+func rejoinGroups(vars map[string]any) {
+	for _, v := range vars {
+		if g, ok := v.(*shedGroup); ok {
+			g.inFlight.Add(1)
+		}
+	}
 }
 
 // refuseShed answers a shed request: 503 with Retry-After, through the

@@ -125,6 +125,42 @@ func TestShedHandler(t *testing.T) {
 	g.inFlight.Store(0)
 }
 
+// A request that passes through two handlers of one group (a site-wide
+// one and a route's inside it) counts once, and the inner handler judges
+// the load without it.
+func TestShedNestedHandlersCountOnce(t *testing.T) {
+	outer := newUnitHandler(t, shedConfig("unit_shed_nested", 10, 0), byZone(nil))
+	inner := newUnitHandler(t, shedConfig("unit_shed_nested", 10, 3), byZone(nil))
+	g := outer.h.shed
+	defer g.inFlight.Store(0)
+	g.inFlight.Store(10) // load 1.0 before the request: priority 3 passes
+	var during int64
+	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
+	r.RemoteAddr = "192.0.2.7:4242"
+	w := httptest.NewRecorder()
+	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+	err := outer.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return inner.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+			during = g.inFlight.Load()
+			return nil
+		}))
+	}))
+	if err != nil {
+		t.Fatalf("priority 3 at load 1.0 behind a handler of its own group: %v", err)
+	}
+	if during != 11 || g.inFlight.Load() != 10 {
+		t.Fatalf("in flight %d while served (want 11: counted once), %d after (want 10)", during, g.inFlight.Load())
+	}
+	vars := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if _, ok := vars[g.varKey]; ok {
+		t.Fatal("the request is still marked as counted once its handlers returned")
+	}
+	g.inFlight.Store(11) // load 1.1 without the request: priority 3 is shed
+	if code := serveNext(inner.h, func() {}); code != http.StatusServiceUnavailable {
+		t.Fatalf("priority 3 at load 1.1: %d, want 503", code)
+	}
+}
+
 // serveNext sends one request through h; next runs as the handler after
 // it. It returns the status, 200 when next ran.
 func serveNext(h *Handler, next func()) int {
@@ -188,7 +224,10 @@ func TestShedTarpitProvisionErrors(t *testing.T) {
 		{"negative tarpit", `{"tarpit": -1}`, "tarpit must be from 0 to 1m, got -1ns"},
 		{"tarpit of an hour", `{"tarpit": "1h"}`, "tarpit must be from 0 to 1m, got 1h0m0s"},
 		{"tarpit_max alone", `{"tarpit_max": 5}`, "tarpit_max would do nothing without tarpit"},
-		{"tarpit_max negative", `{"tarpit": "1s", "tarpit_max": -5}`, "tarpit_max must be from 1 to 1000000, got -5"},
+		{"tarpit_max negative", `{"tarpit": "1s", "tarpit_max": -5, "rate_limits": {"p_r": {"key": "static", "max_events": 1, "window": "1m"}}}`, "tarpit_max must be from 1 to 1000000, got -5"},
+		{"tarpit without a zone", `{"tarpit": "1s", "shed": {"group": "p_a", "capacity": 10}}`, "tarpit would do nothing"},
+		{"tarpit with concurrency alone", `{"tarpit": "1s", "rate_limits": {"p_c": {"key": "static", "concurrency": 5}}}`, "tarpit would do nothing"},
+		{"tarpit with a shadow rate", `{"tarpit": "1s", "rate_limits": {"p_s": {"key": "static", "max_events": 1, "window": "1m", "shadow": true}}}`, "tarpit would do nothing"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -220,7 +259,7 @@ func BenchmarkShed(b *testing.B) {
 	b.Run("check", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if h.shedding() {
+			if h.shedding(false) {
 				b.Fatal("shed at load 0.9")
 			}
 		}
@@ -229,7 +268,7 @@ func BenchmarkShed(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if h.shedding() {
+				if h.shedding(false) {
 					b.Fatal("shed")
 				}
 				h.shed.inFlight.Add(1)
@@ -293,5 +332,33 @@ func TestShedAllocations(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Fatalf("%v allocations per admitted request", n)
+	}
+}
+
+// A wait takes the request out of every group a handler before counts it
+// in, and puts it back after; groups that do not count it are untouched.
+func TestLeaveAndRejoinGroups(t *testing.T) {
+	a := newUnitHandler(t, shedConfig("unit_shed_leave_a", 10, 0), byZone(nil)).h.shed
+	b := newUnitHandler(t, shedConfig("unit_shed_leave_b", 10, 0), byZone(nil)).h.shed
+	other := newUnitHandler(t, shedConfig("unit_shed_leave_c", 10, 0), byZone(nil)).h.shed
+	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
+	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), httptest.NewRecorder(), &caddyhttp.Server{})
+	vars := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	a.enter(vars)
+	b.enter(vars)
+	other.inFlight.Add(3)
+	defer other.inFlight.Add(-3)
+	paused := leaveGroups(r)
+	if a.inFlight.Load() != 0 || b.inFlight.Load() != 0 || other.inFlight.Load() != 3 {
+		t.Fatalf("while waiting: %d, %d, %d; want 0, 0 and the other group's 3", a.inFlight.Load(), b.inFlight.Load(), other.inFlight.Load())
+	}
+	rejoinGroups(paused)
+	if a.inFlight.Load() != 1 || b.inFlight.Load() != 1 {
+		t.Fatalf("after the wait: %d, %d; want 1, 1", a.inFlight.Load(), b.inFlight.Load())
+	}
+	a.leave(vars)
+	b.leave(vars)
+	if len(leaveGroups(r)) != len(vars) || a.inFlight.Load() != 0 {
+		t.Fatal("a request no group counts any more left a group")
 	}
 }

@@ -13,6 +13,9 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/sluice/algorithms"
 )
 
 // MaxTarpit is the longest a tarpit holds a denial: clients and proxies
@@ -36,6 +39,16 @@ var (
 		Namespace: "caddy", Subsystem: "rate_limit", Name: "tarpit_skipped_total",
 		Help: "Denied requests answered at once because their handler's tarpit already held tarpit_max.",
 	})
+)
+
+// Every tarpit of the process shares one ceiling: half the open-file
+// limit. Each held denial keeps a connection open, and held ones must
+// never take the descriptors that other clients' connections, upstream
+// connections and files need: with tarpit_max above the limit, one client
+// opening connections and getting denied would make Caddy refuse everyone.
+var (
+	tarpitHeldAll atomic.Int64 // denials every tarpit holds now
+	tarpitCeiling atomic.Int64 // 0: no ceiling known
 )
 
 // tarpitState is a handler's tarpit: how many denials it holds, and a
@@ -68,8 +81,17 @@ func (h *Handler) provisionTarpit(ctx caddy.Context) error {
 		return fmt.Errorf("tarpit_max would do nothing without tarpit")
 	case h.Tarpit == 0:
 		return nil
+	case !h.denies():
+		return fmt.Errorf("tarpit would do nothing: it holds the denials of a rate limit, and this handler has no zone with a rate that is not shadow (shed, concurrency and the other refusals are answered at once)")
 	}
 	t := &tarpitState{delay: int64(h.Tarpit), max: cmp.Or(h.TarpitMax, DefaultTarpitMax), done: make(chan struct{})}
+	if ceiling := openFileLimit() / 2; ceiling > 0 {
+		tarpitCeiling.Store(ceiling)
+		if t.max > ceiling {
+			h.logger.Warn("tarpit_max is above half the process's open-file limit: all tarpits together hold at most that many denials, so that held connections never take the descriptors other clients need (raise the limit, e.g. LimitNOFILE, to hold more)",
+				zap.Int64("tarpit_max", t.max), zap.Int64("open_file_limit", ceiling*2), zap.Int64("held_at_most", ceiling))
+		}
+	}
 	h.tarpit = t
 	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok {
 		srv.RegisterOnShutdown(t.stop)
@@ -77,24 +99,45 @@ func (h *Handler) provisionTarpit(ctx caddy.Context) error {
 	return nil
 }
 
+// denies tells whether some limit of h may deny a request for its rate.
+func (h *Handler) denies() bool {
+	for _, z := range h.zones {
+		if z.Shadow {
+			continue
+		}
+		for _, l := range z.keyed {
+			if !l.concOnly() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // hold delays the answer to a denied request, by between half and all of
-// the tarpit, unless the tarpit holds tarpit_max already. It ends early
-// when the client goes away or the config stops serving. A held request
-// costs what it already had, its connection and this goroutine: the
-// timer starts no goroutine of its own.
-func (h *Handler) hold(r *http.Request) {
+// the tarpit, unless the tarpit holds tarpit_max already, and returns how
+// long it held it (ns). It ends early when the client goes away or the
+// config stops serving. A held request costs what it already had, its
+// connection and this goroutine: the timer starts no goroutine of its own.
+func (h *Handler) hold(r *http.Request) int64 {
 	t := h.tarpit
 	if t == nil {
-		return
+		return 0
 	}
 	if !t.take() {
 		tarpitSkipped.Inc()
-		return
+		return 0
 	}
+	start := h.now()
+	defer rejoinGroups(leaveGroups(r))
 	tarpitHeld.Inc()
 	defer func() {
-		t.held.Add(-1)
+		// The gauge first: released the other way round, a request taking
+		// the freed place could count itself before this one was uncounted,
+		// and the gauge would read tarpit_max + 1.
 		tarpitHeld.Dec()
+		t.held.Add(-1)
+		tarpitHeldAll.Add(-1)
 	}()
 	random := h.jitterFn
 	if random == nil {
@@ -114,9 +157,22 @@ func (h *Handler) hold(r *http.Request) {
 	case <-r.Context().Done():
 	case <-t.done:
 	}
+	return max(h.now()-start, 0)
 }
 
-// take counts one more held request, unless max are held.
+// elapse takes d (ns) off the waits of out, decided d ago: a client told
+// to retry in 30 s after a 10 s hold would otherwise wait 10 s too long.
+func elapse(out []algorithms.Result, d int64) {
+	for i := range out {
+		if out[i].RetryAfter != algorithms.Never {
+			out[i].RetryAfter = max(out[i].RetryAfter-d, 0)
+		}
+		out[i].ResetAfter = max(out[i].ResetAfter-d, 0)
+	}
+}
+
+// take counts one more held request, unless max are held by this
+// tarpit or the ceiling by all of them.
 func (t *tarpitState) take() bool {
 	for {
 		n := t.held.Load()
@@ -124,9 +180,15 @@ func (t *tarpitState) take() bool {
 			return false
 		}
 		if t.held.CompareAndSwap(n, n+1) {
-			return true
+			break
 		}
 	}
+	if c := tarpitCeiling.Load(); tarpitHeldAll.Add(1) > c && c > 0 {
+		tarpitHeldAll.Add(-1)
+		t.held.Add(-1)
+		return false
+	}
+	return true
 }
 
 // unmarshalTarpit reads `tarpit <duration>` and `tarpit_max <n>`.

@@ -3,9 +3,13 @@ package sluice
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluicehq/sluice/algorithms"
@@ -109,5 +113,128 @@ func TestTarpitOnlyDenials(t *testing.T) {
 	u.h.Shed.Priority = 4
 	if a := u.serve(context.Background(), nil); a.code != http.StatusServiceUnavailable {
 		t.Fatalf("shed request: %d", a.code)
+	}
+}
+
+// A held denial's waits count from when it is sent: after 12 s in the
+// tarpit, a wait of 30 s is answered as 18 s, in Retry-After and in the
+// rate limit fields alike.
+func TestTarpitAnswerCountsFromWhenSent(t *testing.T) {
+	u := newUnitHandler(t, `{"tarpit": "20s", "headers": "legacy",
+		"rate_limits": {"tp_sent": {"key": "static", "max_events": 10, "window": "1m"}}}`,
+		byZone(map[string]algorithms.Result{"tp_sent": denied(30 * time.Second)}))
+	var clock atomic.Int64
+	clock.Store(fuzzStart)
+	u.h.now = clock.Load
+	done := make(chan answer, 1)
+	go func() { done <- u.serve(t.Context(), nil) }()
+	var ft *fakeTimer
+	select {
+	case ft = <-u.timers:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the denial was not held")
+	}
+	clock.Add(int64(12 * time.Second))
+	ft.fire <- time.Time{}
+	a := <-done
+	if a.code != http.StatusTooManyRequests || a.header.Get("Retry-After") != "18" || a.header.Get("X-RateLimit-Reset") != "18" {
+		t.Fatalf("after 12 s held: %d, Retry-After %q, X-RateLimit-Reset %q; want 429, 18, 18",
+			a.code, a.header.Get("Retry-After"), a.header.Get("X-RateLimit-Reset"))
+	}
+}
+
+// A hold longer than the wait answers a wait of 0: Retry-After 1, never a
+// negative or stale number.
+func TestElapse(t *testing.T) {
+	out := []algorithms.Result{
+		{RetryAfter: int64(30 * time.Second), ResetAfter: int64(40 * time.Second)},
+		{RetryAfter: int64(5 * time.Second), ResetAfter: int64(5 * time.Second)},
+		{RetryAfter: algorithms.Never, ResetAfter: int64(time.Hour)},
+	}
+	elapse(out, int64(10*time.Second))
+	want := []algorithms.Result{
+		{RetryAfter: int64(20 * time.Second), ResetAfter: int64(30 * time.Second)},
+		{},
+		{RetryAfter: algorithms.Never, ResetAfter: int64(time.Hour - 10*time.Second)},
+	}
+	for i := range out {
+		if out[i] != want[i] {
+			t.Errorf("result %d: %+v, want %+v", i, out[i], want[i])
+		}
+	}
+}
+
+// All tarpits together hold at most the ceiling (half the open-file
+// limit), whatever each one's tarpit_max: beyond it a denial is answered
+// at once, so held connections never take every descriptor.
+func TestTarpitCeiling(t *testing.T) {
+	u := newUnitHandler(t, `{"tarpit": "4s", "tarpit_max": 1000000,
+		"rate_limits": {"tp_ceiling": {"key": "static", "max_events": 10, "window": "1m"}}}`,
+		byZone(map[string]algorithms.Result{"tp_ceiling": denied(30 * time.Second)}))
+	if openFileLimit() > 0 && tarpitCeiling.Load() != openFileLimit()/2 {
+		t.Fatalf("ceiling %d, want half the open-file limit %d", tarpitCeiling.Load(), openFileLimit())
+	}
+	saved := tarpitCeiling.Load()
+	defer tarpitCeiling.Store(saved)
+	tarpitCeiling.Store(tarpitHeldAll.Load() + 1)
+	u.timers = make(chan *fakeTimer, 10)
+	skipped := testutil.ToFloat64(tarpitSkipped)
+	first := make(chan answer, 1)
+	go func() { first <- u.serve(t.Context(), nil) }()
+	var ft *fakeTimer
+	select {
+	case ft = <-u.timers:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first denial was not held")
+	}
+	if a := u.serve(t.Context(), nil); a.code != http.StatusTooManyRequests || testutil.ToFloat64(tarpitSkipped)-skipped != 1 {
+		t.Fatalf("beyond the ceiling: %d, skipped %v; want 429 at once, counted", a.code, testutil.ToFloat64(tarpitSkipped)-skipped)
+	}
+	if u.h.tarpit.held.Load() != 1 {
+		t.Fatalf("the handler counts %d held, want 1: a denial refused by the ceiling is not held", u.h.tarpit.held.Load())
+	}
+	ft.fire <- time.Time{}
+	<-first
+	if u.h.tarpit.held.Load() != 0 {
+		t.Fatal("the handler still counts a held request")
+	}
+}
+
+// A denial held behind a handler that counts the request in a shedding
+// group leaves the group while held, and the outer handler's count is
+// whole again once the hold ends.
+func TestTarpitHeldLeavesOuterGroup(t *testing.T) {
+	outer := newUnitHandler(t, shedConfig("unit_tarpit_outer", 10, 0), byZone(nil))
+	inner := newUnitHandler(t, `{"tarpit": "4s", "rate_limits": {"tp_outer": {"key": "static", "max_events": 10, "window": "1m"}}}`,
+		byZone(map[string]algorithms.Result{"tp_outer": denied(30 * time.Second)}))
+	g := outer.h.shed
+	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
+	r.RemoteAddr = "192.0.2.7:4242"
+	w := httptest.NewRecorder()
+	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+	var after int64
+	done := make(chan error, 1)
+	go func() {
+		done <- outer.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			err := inner.h.ServeHTTP(w, r, okHandler)
+			after = g.inFlight.Load()
+			return err
+		}))
+	}()
+	var ft *fakeTimer
+	select {
+	case ft = <-inner.timers:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the denial was not held")
+	}
+	if n := g.inFlight.Load(); n != 0 {
+		t.Fatalf("%d in flight in the outer group while the denial is held, want 0", n)
+	}
+	ft.fire <- time.Time{}
+	if err := <-done; err == nil {
+		t.Fatal("the denial passed")
+	}
+	if after != 1 || g.inFlight.Load() != 0 {
+		t.Fatalf("in flight %d once the hold ended (want 1, the outer handler's), %d after (want 0)", after, g.inFlight.Load())
 	}
 }

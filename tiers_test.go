@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -13,6 +14,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
@@ -487,5 +490,60 @@ func BenchmarkServeHTTPTier(b *testing.B) {
 				send()
 			}
 		})
+	}
+}
+
+// A reload that changes a tier's rate drops the old version's metric
+// series once no running config uses it; a version both configs use keeps
+// its series (and its counts) through the reload.
+func TestTierSeriesDroppedWithTheirVersion(t *testing.T) {
+	now := func() int64 { return fuzzStart }
+	cfg := func(free int) string {
+		return `{"rate_limits": {"tier_series": {"key": "static",
+			"tier": "{http.request.header.X-Plan}", "default_tier": "free",
+			"tiers": [{"name": "free", "max_events": ` + strconv.Itoa(free) + `, "window": "1m"},
+				{"name": "pro", "max_events": 600, "window": "1m"}]}}}`
+	}
+	series := func() (scopes []string) {
+		ch := make(chan prometheus.Metric, 100)
+		go func() { metrics.requests.Collect(ch); close(ch) }()
+		for m := range ch {
+			var pb dto.Metric
+			_ = m.Write(&pb)
+			labels := map[string]string{}
+			for _, l := range pb.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["zone"] == "tier_series" {
+				scopes = append(scopes, labels["scope"])
+			}
+		}
+		slices.Sort(scopes)
+		return scopes
+	}
+	serve := func(h *Handler, plan string) {
+		r := tierRequest(http.Header{"X-Plan": {plan}}, nil)
+		_ = h.ServeHTTP(httptest.NewRecorder(), r, okHandler)
+	}
+	h1, cleanup1, err := provisionJSON([]byte(cfg(60)), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(h1, "free")
+	serve(h1, "pro")
+	before := series()
+	if len(before) != 2 {
+		t.Fatalf("series %v, want one per tier", before)
+	}
+	h2, cleanup2, err := provisionJSON([]byte(cfg(61)), now) // free changes, pro does not
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanup2()
+	serve(h2, "free")
+	cleanup1() // the old config goes
+	after := series()
+	if len(after) != 2 || slices.Contains(after, before[0]) == slices.Contains(after, before[1]) {
+		t.Fatalf("series before %v, after the reload %v: want free's old version gone and pro's kept", before, after)
 	}
 }

@@ -267,7 +267,8 @@ type Limit struct {
 	CountWhen *caddyhttp.ResponseMatcher `json:"count_when,omitempty"`
 
 	// ResetWhen clears the key's state when the response matches: a
-	// correct password forgives the failures before it. Default: unset.
+	// correct password forgives the failures before it (and the key's
+	// lock-out level, with Lockout). Default: unset.
 	ResetWhen *caddyhttp.ResponseMatcher `json:"reset_when,omitempty"`
 
 	// ChargeWhen makes the limit a spend budget: a request's units are
@@ -296,6 +297,34 @@ type Limit struct {
 	// Timezone is the IANA time zone of Align ("Asia/Dhaka",
 	// "America/New_York"). Default: UTC.
 	Timezone string `json:"timezone,omitempty"`
+	// Settle reads the request's real cost from its response once it is
+	// over, as one placeholder: {http.response.header.X-Tokens-Used} (the
+	// header field as written with the status, else a trailer of that
+	// name), {http.response.trailer.X-Tokens-Used} (a trailer only), or
+	// any other placeholder known after the response. The cost taken
+	// before the request was handed on is then an estimate: the
+	// difference is given back when the real cost is lower (never more
+	// than was taken), and charged when it is higher, even past the limit,
+	// so that the key owes it and waits it out. A value that is missing,
+	// given twice, or not a whole number from 0 to 10^15 keeps the
+	// estimate (logged at most once a minute per limit). Not with
+	// max_delay, nor with lease on a sliding_window. Default: unset, the
+	// cost taken is final.
+	Settle string `json:"settle,omitempty"`
+
+	// Lockout locks a key out when the limit denies it: for the first
+	// duration, every request of the key is denied (Retry-After says how
+	// long is left), whatever the limit's own count says. A key denied
+	// again once a lock-out has ended serves the next duration; the last
+	// one repeats ("1m", "5m", "24h": 1m, then 5m, then 24h every time).
+	// The level is forgotten once the key has gone the longest duration
+	// past the end of its last lock-out without being denied; a response
+	// that matches reset_when, or a reset through the admin API, clears
+	// it at once. A request whose cost can never pass does not lock a key
+	// out. Each duration is positive, at most 720h (30 days), and at least
+	// the one before; at most 16 of them. Not with max_delay, lease, a
+	// concurrency cap alone, or in a shadow zone. Default: none.
+	Lockout []caddy.Duration `json:"lockout,omitempty"`
 
 	// Concurrency caps how many requests of a key (of the whole zone, with
 	// a static key) may be in flight at once: a slot is taken when the
@@ -305,8 +334,9 @@ type Limit struct {
 	// Unavailable and Retry-After. With a rate, a request must pass both,
 	// and a rate unit taken for a request the cap refuses is given back;
 	// without one (no max_events and window), the limit caps concurrency
-	// alone. Counted per Caddy instance, on the memory backend only.
-	// Default: 0 (no cap); at most 2^30.
+	// alone. On the memory backend, counted per Caddy instance; on the
+	// Redis backend, shared by every instance (see SlotTTL). Default: 0
+	// (no cap); at most 2^30.
 	Concurrency int64 `json:"concurrency,omitempty"`
 
 	// Status is the HTTP status of a request this limit denies, from 400
@@ -341,6 +371,27 @@ type Limit struct {
 	// most 1h.
 	Queue caddy.Duration `json:"queue,omitempty"`
 
+	// QueueMax caps how many requests of a key may wait in the queue at
+	// once (on the Redis backend, per Caddy instance); a request beyond
+	// it is refused with 503 at once. Default: 0 (no cap); at most 2^30.
+	QueueMax int64 `json:"queue_max,omitempty"`
+
+	// SlotTTL is how long a concurrency slot held in Redis lasts unless
+	// the instance holding it renews it. A live instance renews its slots
+	// every third of it, so a long request keeps its slot; the slots of an
+	// instance that dies mid-request are free again within SlotTTL. Redis
+	// backend only. Default: 30s; from 1s to 1h.
+	SlotTTL caddy.Duration `json:"slot_ttl,omitempty"`
+
+	// Adaptive makes the limit follow the health of the upstream: its
+	// concurrency, or the max_events of its rate, grows while the requests
+	// it lets through are fast and succeed, and shrinks when they slow
+	// down or fail (see Adaptive). On a limit with either a concurrency or
+	// a rate, not both; a rate must count events (sliding_window,
+	// sliding_window_counter or fixed_window). Default: unset, the limit
+	// is fixed.
+	Adaptive *Adaptive `json:"adaptive,omitempty"`
+
 	zone      *Zone
 	scope     string // "" for the zone's own limit
 	keyer     *keys.Keyer
@@ -351,23 +402,27 @@ type Limit struct {
 	cfg       backend.LimitConfig // as registered with the store
 	local     backend.Limit       // the in-process fallback of a "local" limit
 	failC     prometheus.Counter
-	conc      *concLimiter // nil without concurrency
+	conc      *concLimiter // nil without concurrency; with shared slots, the "local" fallback
+	shared    *sharedConc  // slots shared through the backend (Redis)
 	// The answer of a denial by this limit, made at provision.
 	denyStatus int
 	denyErr    error
 	denyReason reason
 	// tiers picks the limit of a request's tier; nil without Tiers. Each
 	// tier's limit has its tier's name in tier.
-	tiers  *tierSet
-	tier   string
-	base   string      // a tier's scope as configured, without the tier
-	budget limitBudget // charge_when and align (budget.go)
+	tiers    *tierSet
+	tier     string
+	base     string         // a tier's scope as configured, without the tier
+	budget   limitBudget    // charge_when and align (budget.go)
+	adapt    *adaptiveLimit // nil unless adaptive
+	adaptCfg aimdConfig
 	// The zone and scope names as placeholder values, converted once:
 	// converting a string to an interface value allocates.
 	zoneName, scopeName any
 	hdr                 limitHeaders
 	// Placeholders of the key and cost that an earlier handler must set.
 	keyEarlier, costEarlier []*earlierWatch
+	settle                  *settler // nil without settle
 }
 
 // Normalize is one normalizer of a key: its name and its options.
@@ -464,9 +519,11 @@ func (l *Limit) ownOnly() []string {
 		option{l.Hash != "", "hash"}, option{l.IPv4Prefix != 0, "ipv4_prefix"}, option{l.IPv6Prefix != 0, "ipv6_prefix"},
 		option{l.Missing != "", "missing"}, option{l.MaxKeys != 0, "max_keys"}, option{l.Lease != 0, "lease"},
 		option{l.CountWhen != nil, "count_when"}, option{l.ResetWhen != nil, "reset_when"},
-		option{l.Queue != 0, "queue"}, option{l.Tier != "", "tier"}, option{l.DefaultTier != "", "default_tier"},
+		option{l.Queue != 0, "queue"}, option{l.Lockout != nil, "lockout"}, option{l.Tier != "", "tier"}, option{l.DefaultTier != "", "default_tier"},
 		option{l.ChargeWhen != nil, "charge_when"}, option{l.ReservationTTL != 0, "reservation_ttl"},
 		option{l.Align != "", "align"}, option{l.Timezone != "", "timezone"},
+		option{l.Settle != "", "settle"},
+		option{l.Adaptive != nil, "adaptive"},
 	)
 }
 
@@ -550,6 +607,9 @@ func configID(ctx caddy.Context) any {
 }
 
 func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
+	if l.tiered() && l.Adaptive != nil {
+		return errAdaptiveTiers
+	}
 	if l.tiered() {
 		return z.addTiers(l, scope, store, logger, owner)
 	}
@@ -558,25 +618,28 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	if err := l.provision(logger); err != nil {
 		return err
 	}
-	if err := l.provisionConc(store); err != nil {
+	if err := l.provisionConc(store, logger); err != nil {
 		return err
 	}
 	z.keyed = append(z.keyed, l)
 	if l.concOnly() {
-		return nil
+		return l.provisionAdaptive(logger)
 	}
 	policy := l.policy()
 	var err error
 	if l.Lease > 0 && z.Shadow {
 		return fmt.Errorf("lease: a shadow zone's requests never deny, and each is decided by the backend: remove lease")
 	}
-	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Owner: owner, Calendar: l.budget.cal}
+	if err := z.checkLockoutShadow(l); err != nil {
+		return err
+	}
+	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Lockout: l.lockoutSteps(), MostEvents: l.adaptCfg.max, Owner: owner, Calendar: l.budget.cal}
 	l.handle, err = store.Register(l.cfg)
 	if err != nil {
 		return err
 	}
 	z.limits = append(z.limits, l)
-	return nil
+	return l.provisionAdaptive(logger)
 }
 
 // constantCost is the cost of every request, or 0 when a placeholder
@@ -635,6 +698,12 @@ func (l *Limit) check() (string, error) {
 	if err := l.checkBudget(alg); err != nil {
 		return "", err
 	}
+	if err := l.checkSettle(alg); err != nil {
+		return "", err
+	}
+	if err := l.checkLockout(); err != nil {
+		return "", err
+	}
 	if l.Cost != nil {
 		if err := l.Cost.validate(); err != nil {
 			return "", err
@@ -660,6 +729,9 @@ func (l *Limit) check() (string, error) {
 			strings.Join(unused, ", "), l.Key, itOrThem(unused))
 	}
 	if err := l.checkLease(alg); err != nil {
+		return "", err
+	}
+	if err := l.checkAdaptive(alg); err != nil {
 		return "", err
 	}
 	return alg, nil

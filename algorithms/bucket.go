@@ -64,7 +64,9 @@ func (b *bucket) Rebase(s Bucket, at int64, old Policy) Bucket {
 	if s.TAT <= at || t == b.interval || t <= 0 {
 		return s
 	}
-	return Bucket{TAT: at + mulDivCeil(s.TAT-at, b.interval, t)}
+	// A debt owed past the capacity (a settled cost) stays within what
+	// settling may owe.
+	return Bucket{TAT: at + min(mulDivCeil(s.TAT-at, b.interval, t), max(b.capacity, MaxDebt))}
 }
 
 func (b *bucket) tokensFloor(debt int64) int64 {

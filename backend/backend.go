@@ -45,6 +45,14 @@ type LimitConfig struct {
 	// months of a time zone instead of windows from the Unix epoch; nil
 	// for epoch-aligned windows.
 	Calendar *algorithms.Calendar
+	// Lockout locks a key its limit denies out for a while, longer each
+	// time (nil: never). The store writes the lock-out in the operation
+	// that denies, so that concurrent requests see it at once.
+	Lockout Lockout
+	// MostEvents is the largest max_events the limit may be adjusted to
+	// while it runs (Adjustable); stores size what a key may hold by it.
+	// 0: Policy.Limit.
+	MostEvents int64
 	// Owner identifies the config that registers the zone. One config may
 	// register a name twice only with the same policy: two rates for one
 	// state would make whichever registered last apply to both.

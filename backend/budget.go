@@ -15,10 +15,10 @@ import (
 // left to give them: the usage a decision sees is what was committed
 // plus the reservations still live.
 type Reserver interface {
-	// Settle commits (commit true: the units stay taken) or releases
+	// SettleReservations commits (commit true: the units stay taken) or releases
 	// (the units come back) the reservations that an allowed Decide of
 	// the same requests made; granted holds its results. A reservation
 	// that expired or was settled before is left alone: nothing is ever
 	// given back twice, nor more than was reserved.
-	Settle(ctx context.Context, reqs []Request, granted []algorithms.Result, commit bool) error
+	SettleReservations(ctx context.Context, reqs []Request, granted []algorithms.Result, commit bool) error
 }

@@ -29,3 +29,24 @@ func CheckRates[R Registration](regs []R, r R) error {
 	}
 	return nil
 }
+
+// A LockoutRegistration is a Registration that also says its lock-out.
+type LockoutRegistration interface {
+	Registration
+	RegisteredLockout() Lockout
+}
+
+// CheckLockouts refuses r when its config already uses the same state,
+// among regs, with other lock-out steps: one key's level would escalate
+// through whichever steps registered last.
+func CheckLockouts[R LockoutRegistration](regs []R, r R) error {
+	if r.RegisteredBy() == nil {
+		return nil
+	}
+	for _, o := range regs {
+		if o.RegisteredBy() == r.RegisteredBy() && !o.RegisteredLockout().Equal(r.RegisteredLockout()) {
+			return fmt.Errorf("defined twice in this config with different lockout steps: zones of one name share one state, so give them different names or the same lockout")
+		}
+	}
+	return nil
+}

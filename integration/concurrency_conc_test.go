@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,8 +13,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
-
-	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // countingUpstream counts the requests it is serving at once and the most
@@ -117,46 +114,9 @@ func TestConcurrencyCapUnderLoad(t *testing.T) {
 
 // Requests waiting for a slot leave the queue in the order they arrived.
 func TestConcurrencyQueueOrder(t *testing.T) {
-	release := make(chan struct{})
-	var mu sync.Mutex
-	var order []int
-	arrived := make(chan struct{}, 10)
-	u := newCountingUpstream(t, func(r *http.Request) {
-		n, _ := strconv.Atoi(r.Header.Get("X-N"))
-		mu.Lock()
-		order = append(order, n)
-		mu.Unlock()
-		arrived <- struct{}{}
-		<-release
+	expectQueueOrder(t, func(u *countingUpstream) {
+		concSite(t, "conc_order", "key static\n\t\t\tconcurrency 1\n\t\t\tqueue 30s", u)
 	})
-	concSite(t, "conc_order", "key static\n\t\t\tconcurrency 1\n\t\t\tqueue 30s", u)
-	var wg sync.WaitGroup
-	send := func(n int) {
-		wg.Go(func() {
-			if resp, err := get(context.Background(), "X-N", strconv.Itoa(n)); err != nil || resp.StatusCode != http.StatusOK {
-				t.Errorf("request %d: %v %v", n, resp, err)
-			}
-		})
-	}
-	send(0)
-	within(t, arrived, "the first request")
-	for n := 1; n <= 5; n++ {
-		send(n)
-		// No signal tells a request is in line: give it time to get there.
-		time.Sleep(50 * time.Millisecond)
-	}
-	for range 5 {
-		release <- struct{}{}
-		within(t, arrived, "the next in line")
-	}
-	release <- struct{}{}
-	wg.Wait()
-	if peak := u.peak.Load(); peak != 1 {
-		t.Fatalf("the upstream served %d requests at once, want 1", peak)
-	}
-	if fmt.Sprint(order) != "[0 1 2 3 4 5]" {
-		t.Fatalf("the upstream got the requests in order %v, want arrival order [0 1 2 3 4 5]", order)
-	}
 }
 
 // A client that goes away frees its slot for the next request.
@@ -239,23 +199,6 @@ func TestConcurrencyRefusal(t *testing.T) {
 	if !strings.Contains(metrics, `caddy_rate_limit_in_flight_requests{scope="",zone="conc_refuse"} 0`) {
 		t.Fatal("the in-flight gauge is missing or not back to 0")
 	}
-}
-
-// Concurrency needs slots shared by the fleet on Redis, which are not
-// built: the config is refused, not silently per instance.
-func TestConcurrencyRedisRefused(t *testing.T) {
-	redis := redistest.Standalone(t, "")
-	assertLoadError(t, caddyfileServer(fmt.Sprintf(`
-	rate_limit {
-		backend redis {
-			address %s
-		}
-		zone conc_redis {
-			key static
-			concurrency 5
-		}
-	}
-	respond "ok"`, redis.Addr)), "caddyfile", "slots shared through Redis")
 }
 
 // Options only a rate reads are refused on a limit of concurrency alone.

@@ -401,7 +401,7 @@ func TestRespondBuiltInBodies(t *testing.T) {
 			ctype := r.header.Get("Content-Type")
 			switch format {
 			case "text":
-				if ctype != "text/plain; charset=utf-8" || !strings.HasSuffix(r.body, ".\n") || e.retryAfter && !strings.Contains(r.body, "Retry in "+ra+" seconds") {
+				if ctype != "text/plain; charset=utf-8" || !strings.HasSuffix(r.body, ".\n") || e.retryAfter && !strings.Contains(r.body, "Retry in "+ra+map[bool]string{true: " second.", false: " seconds"}[ra == "1"]) {
 					t.Fatalf("%s: %q %q", what, ctype, r.body)
 				}
 			case "json":

@@ -121,6 +121,14 @@ func startCaddy(t *testing.T, file string, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(binary(t), "run", "--config", file)
 	cmd.Env = append(os.Environ(), env...)
+	startCaddyCmd(t, cmd, file)
+	return cmd
+}
+
+// startCaddyCmd starts cmd, a Caddy running file, until the test ends,
+// and returns its output, which grows while Caddy runs.
+func startCaddyCmd(t *testing.T, cmd *exec.Cmd, file string) *lockedBuilder {
+	t.Helper()
 	logs := &lockedBuilder{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
@@ -133,7 +141,7 @@ func startCaddy(t *testing.T, file string, env ...string) *exec.Cmd {
 			t.Logf("caddy output (%s):\n%s", file, logs.String())
 		}
 	})
-	return cmd
+	return logs
 }
 
 type lockedBuilder struct {

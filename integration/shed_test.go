@@ -450,7 +450,7 @@ func TestShedAnswerBodies(t *testing.T) {
 	letGo := holdRequests(t, u, release, 1) // load 1.0: priority 4 is shed
 	defer letGo()
 	code, ra, body := do(t, tester, "GET", "/json")
-	if want := `{"error":{"code":"load_shed","message":"The server is busy. Retry in 1 seconds.","retry_after":1,"zone":"itest_shed_body"}}`; code != 503 || ra != "1" || body != want {
+	if want := `{"error":{"code":"load_shed","message":"The server is busy. Retry in 1 second.","retry_after":1,"zone":"itest_shed_body"}}`; code != 503 || ra != "1" || body != want {
 		t.Fatalf("respond json: %d, Retry-After %q, %s; want 503, 1, %s", code, ra, body, want)
 	}
 	code, _, body = do(t, tester, "GET", "/page")

@@ -20,20 +20,31 @@ func (z *zone[S]) inspect(h hkey, now int64) algorithms.Usage {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	alg := z.t.current(sh).alg // first: it rebases the shard's states
+	conf := z.t.current(sh) // first: it rebases the shard's states
+	alg := z.algFor(conf)
 	s := sh.get(h)
 	if l, ok := any(s).(*algorithms.Log); ok {
 		// Reading a log prunes it: read a copy, so inspecting changes
 		// nothing, as in the Redis store.
 		s = any(l.Clone()).(S)
 	}
-	return alg.Usage(s, now)
+	return sh.lockedUsage(conf, h, alg.Usage(s, now), now)
+}
+
+// lockedUsage is u, or nothing left until the end of h's lock-out (as
+// backend.LockedOut answers). The caller holds sh.mu.
+func (sh *shard[S]) lockedUsage(conf *tableConf[S], h hkey, u algorithms.Usage, now int64) algorithms.Usage {
+	if wait := sh.lockouts[h].Locked(now); wait > 0 && conf.lockout != nil {
+		u.Remaining, u.RetryAfter, u.ResetAfter = 0, wait, wait
+	}
+	return u
 }
 
 func (z *zone[S]) reset(h hkey) {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	delete(sh.lockouts, h)
 	if sh.n == 0 {
 		return
 	}
@@ -47,17 +58,19 @@ func (z *zone[S]) grant(h hkey, now, units int64) algorithms.Usage {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	alg := z.t.current(sh).alg
+	// A grant gives units back, not a lock-out's end: a reset lifts that.
+	conf := z.t.current(sh)
+	alg := z.algFor(conf)
 	if sh.n == 0 {
-		return alg.Usage(*new(S), now)
+		return sh.lockedUsage(conf, h, alg.Usage(*new(S), now), now)
 	}
 	i, ok := sh.find(h)
 	if !ok {
-		return alg.Usage(*new(S), now) // a fresh key has its full quota
+		return sh.lockedUsage(conf, h, alg.Usage(*new(S), now), now) // a fresh key has its full quota
 	}
 	// Every algorithm of the package grants (algorithms' interface guards).
 	sh.e[i].s = alg.(algorithms.Granter[S]).Grant(sh.e[i].s, now, units)
-	return alg.Usage(sh.e[i].s, now)
+	return sh.lockedUsage(conf, h, alg.Usage(sh.e[i].s, now), now)
 }
 
 // admin returns l's operations, and those of the tables of the same limit

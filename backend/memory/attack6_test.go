@@ -26,7 +26,7 @@ func TestBudgetSettledKeysDropped(t *testing.T) {
 		if !ok {
 			t.Fatalf("key %d refused", i)
 		}
-		if err := s.Settle(context.Background(), []backend.Request{req}, out, i%2 == 0); err != nil {
+		if err := s.SettleReservations(context.Background(), []backend.Request{req}, out, i%2 == 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -41,7 +41,7 @@ func TestBudgetSettledKeysDropped(t *testing.T) {
 	allocs := testing.AllocsPerRun(100, func() {
 		req.Token++
 		_, _ = s.Decide(context.Background(), []backend.Request{req}, out)
-		_ = s.Settle(context.Background(), []backend.Request{req}, out, false)
+		_ = s.SettleReservations(context.Background(), []backend.Request{req}, out, false)
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per reservation of a busy key, want 0", allocs)

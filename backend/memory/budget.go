@@ -163,10 +163,10 @@ func (rs *reservations) put(k resvKey, live []reservation) {
 	}
 }
 
-// Settle commits or releases the reservations of reqs (backend.Reserver).
+// SettleReservations commits or releases the reservations of reqs (backend.Reserver).
 // Only a reservation still held is released: one that expired, or was
 // settled before, gives nothing back.
-func (s *Store) Settle(_ context.Context, reqs []backend.Request, granted []algorithms.Result, commit bool) error {
+func (s *Store) SettleReservations(_ context.Context, reqs []backend.Request, granted []algorithms.Result, commit bool) error {
 	now := s.now()
 	for i, r := range reqs {
 		z, ok := r.Limit.(zoneOps)

@@ -45,8 +45,8 @@ func TestBudgetConcurrentSettles(t *testing.T) {
 						// Release twice, or commit then release: the second
 						// settle must do nothing.
 						commit := (g+i)%7 == 0
-						_ = s.Settle(context.Background(), []backend.Request{req}, out, commit)
-						_ = s.Settle(context.Background(), []backend.Request{req}, out, false)
+						_ = s.SettleReservations(context.Background(), []backend.Request{req}, out, commit)
+						_ = s.SettleReservations(context.Background(), []backend.Request{req}, out, false)
 						if commit {
 							// Give the committed unit back by hand, so that
 							// the key can be checked to be full at the end (a

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
 )
 
 // A limit keeps one table per kind of state (bucket, log, window, counter).
@@ -28,6 +29,8 @@ type peer interface {
 	// adopt writes u, a key's usage under the other table's algorithm, as
 	// h's state, unless h already has less room.
 	adopt(h hkey, u algorithms.Usage, now int64)
+	// adoptLockout writes h's lock-out record, unless h has a later one.
+	adoptLockout(h hkey, st backend.LockoutState)
 	// translateInto adopts every key of this table into dst.
 	translateInto(dst peer, now int64)
 	link(p peer)
@@ -127,6 +130,10 @@ func (t *table[S]) translateInto(dst peer, now int64) {
 			if e := &sh.e[j]; e.h != 0 && alg.IdleAt(e.s) > now {
 				dst.adopt(e.h, alg.Usage(e.s, now), now)
 			}
+		}
+		// Lock-outs are kept whatever the kind of state, as in Redis.
+		for h, st := range sh.lockouts {
+			dst.adoptLockout(h, st)
 		}
 		sh.mu.Unlock()
 	}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -139,8 +140,12 @@ type zoneOps interface {
 	// decide and take run with the key's shard locked.
 	decide(h hkey, now, cost int64) algorithms.Result
 	take(h hkey, now, cost int64)
-	// decideOne locks, decides and takes when allowed (or shadow-allowed).
-	decideOne(h hkey, now, cost int64) (algorithms.Result, bool)
+	// lockOut locks h out after its limit denied it r, and returns the
+	// answer the client gets; with the key's shard locked.
+	lockOut(h hkey, now int64, r algorithms.Result) algorithms.Result
+	// decideOne locks, decides and takes when allowed (or shadow-allowed);
+	// a shadow request never locks the key out.
+	decideOne(h hkey, now, cost int64, shadow bool) (algorithms.Result, bool)
 	// refund locks and gives back what granted took from the key.
 	refund(h hkey, now int64, granted algorithms.Result, cost int64)
 	// peers are the tables of the same limit with another kind of state,
@@ -157,30 +162,41 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	if cfg.MaxKeys < 0 {
 		return nil, fmt.Errorf("max_keys must be at least 1, got %d", cfg.MaxKeys)
 	}
+	if err := cfg.Lockout.Check(); err != nil {
+		return nil, err
+	}
 	if cfg.Lease > 0 {
 		// Every decision is already local: a lease would only hide units.
 		return nil, fmt.Errorf("lease %d does nothing on the memory backend, which decides every request in this process: remove lease, or use backend redis", cfg.Lease)
 	}
 	p := cfg.Policy
+	cfg.Algorithm = name
 	switch kind := algorithms.KindOf(name); kind {
 	case algorithms.KindBucket:
-		return register(s, cfg, kind, algorithms.NewBucketAlgorithm(name, p))
+		return register(s, cfg, kind, algorithms.NewBucketAlgorithm(name, p), nil)
 	case algorithms.KindLog:
-		return register(s, cfg, kind, algorithms.Algorithm[*algorithms.Log](algorithms.NewSlidingLog(p)))
+		return register(s, cfg, kind, algorithms.Algorithm[*algorithms.Log](algorithms.NewSlidingLog(p)), newLog)
 	case algorithms.KindWindow:
-		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Window](algorithms.NewCalendarWindow(p, cfg.Calendar)))
+		cal := cfg.Calendar
+		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Window](algorithms.NewCalendarWindow(p, cal)), func(p algorithms.Policy) algorithms.Algorithm[algorithms.Window] {
+			return algorithms.NewCalendarWindow(p, cal)
+		})
 	case algorithms.KindCounter:
-		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Counter](algorithms.NewSlidingCounter(p)))
+		return register(s, cfg, kind, algorithms.Algorithm[algorithms.Counter](algorithms.NewSlidingCounter(p)), newCounter)
 	}
 	return nil, fmt.Errorf("algorithm %s is not available in the memory backend", name)
 }
 
-// register binds cfg to its table, creating the table on first use.
-func register[S any](s *Store, cfg backend.LimitConfig, kind algorithms.Kind, alg algorithms.Algorithm[S]) (backend.Limit, error) {
+// register binds cfg to its table, creating the table on first use. mk
+// makes the algorithm for another max_events (SetMaxEvents); nil when the
+// kind of state cannot take one without a rebase.
+func register[S any](s *Store, cfg backend.LimitConfig, kind algorithms.Kind, alg algorithms.Algorithm[S], mk func(algorithms.Policy) algorithms.Algorithm[S]) (backend.Limit, error) {
 	maxKeys := cfg.MaxKeys
 	if maxKeys == 0 {
-		maxKeys = defaultMaxKeys(kind, cfg.Policy, cfg.Cost)
-		if worst := int64(maxKeys) * bytesPerKey(kind, cfg.Policy, cfg.Cost); worst > defaultTargetBytes && s.logger != nil {
+		sized := cfg.Policy
+		sized.Limit = max(sized.Limit, cfg.MostEvents)
+		maxKeys = defaultMaxKeys(kind, sized, cfg.Cost)
+		if worst := int64(maxKeys) * bytesPerKey(kind, sized, cfg.Cost); worst > defaultTargetBytes && s.logger != nil {
 			s.logger.Warn("this limit's default max_keys can hold more than 100 MB: each key's log holds up to max_events events; set max_keys, or use sliding_window_counter, whose keys take 24 bytes",
 				zap.String("zone", cfg.Name), zap.String("scope", cfg.Scope), zap.Int("max_keys", maxKeys), zap.Int64("worst_case_bytes", worst))
 		}
@@ -198,7 +214,7 @@ func register[S any](s *Store, cfg backend.LimitConfig, kind algorithms.Kind, al
 		_, _ = tables.Delete(key)
 		return nil, fmt.Errorf("zone %q: state of an unexpected type %T", cfg.Name, v)
 	}
-	reg := &registration[S]{alg: alg, maxKeys: maxKeys, sweep: s.sweep, owner: cfg.Owner, logger: s.logger}
+	reg := &registration[S]{alg: alg, lockout: cfg.Lockout, maxKeys: maxKeys, sweep: s.sweep, owner: cfg.Owner, logger: s.logger}
 	if err := t.register(reg, s.now()); err != nil {
 		_, _ = tables.Delete(key)
 		return nil, err
@@ -210,7 +226,7 @@ func register[S any](s *Store, cfg backend.LimitConfig, kind algorithms.Kind, al
 	s.mu.Lock()
 	s.held = append(s.held, held{key: key, release: func(now int64) { t.unregister(reg, now) }})
 	s.mu.Unlock()
-	return &zone[S]{name: cfg.Name, t: t}, nil
+	return &zone[S]{name: cfg.Name, t: t, mk: mk, algName: cfg.Algorithm}, nil
 }
 
 // Close releases this store's hold on its zones' tables, undoing the rates
@@ -237,6 +253,10 @@ func (s *Store) Close() error {
 type zone[S any] struct {
 	name string
 	t    *table[S]
+	// mk and adj change the limit's max_events while it runs (adjust.go).
+	mk      func(algorithms.Policy) algorithms.Algorithm[S]
+	adj     atomic.Pointer[adjusted[S]]
+	algName string
 }
 
 func (z *zone[S]) Name() string { return z.name }
@@ -247,12 +267,17 @@ func (z *zone[S]) lock(h hkey) *shardBase { return &z.t.shard(h).shardBase }
 
 func (z *zone[S]) decide(h hkey, now, cost int64) algorithms.Result {
 	sh := z.t.shard(h)
-	return z.t.current(sh).alg.Decide(sh.get(h), now, cost)
+	conf := z.t.current(sh)
+	r := z.algFor(conf).Decide(sh.get(h), now, cost)
+	if conf.lockout != nil {
+		r = sh.lockedOut(h, r, now)
+	}
+	return r
 }
 
 func (z *zone[S]) take(h hkey, now, cost int64) {
 	sh := z.t.shard(h)
-	alg := z.t.current(sh).alg
+	alg := z.alg(sh)
 	if sh.n > 0 {
 		if i, ok := sh.find(h); ok {
 			sh.e[i].s = alg.Take(sh.e[i].s, now, cost)
@@ -268,7 +293,7 @@ func (z *zone[S]) peers() []peerLink { return z.t.linked() }
 func (z *zone[S]) refund(h hkey, now int64, granted algorithms.Result, cost int64) {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
-	alg := z.t.current(sh).alg
+	alg := z.alg(sh)
 	if sh.n > 0 {
 		if i, ok := sh.find(h); ok {
 			sh.e[i].s = alg.Refund(sh.e[i].s, now, granted, cost)
@@ -283,14 +308,15 @@ func (z *zone[S]) refund(h hkey, now int64, granted algorithms.Result, cost int6
 // looked (its translation of this shard may already have been read, and a
 // unit taken here alone would be lost to it once this table is gone), or
 // if no config holds the table any more.
-func (z *zone[S]) decideOne(h hkey, now, cost int64) (algorithms.Result, bool) {
+func (z *zone[S]) decideOne(h hkey, now, cost int64, shadow bool) (algorithms.Result, bool) {
 	sh := z.t.shard(h)
 	sh.mu.Lock()
 	if z.t.peers.Load() != nil || z.t.dead.Load() {
 		sh.mu.Unlock()
 		return algorithms.Result{}, false
 	}
-	alg := z.t.current(sh).alg
+	conf := z.t.current(sh)
+	alg := z.algFor(conf)
 	i, found := -1, false
 	var s S
 	if sh.n > 0 {
@@ -299,6 +325,14 @@ func (z *zone[S]) decideOne(h hkey, now, cost int64) (algorithms.Result, bool) {
 		}
 	}
 	r := alg.Decide(s, now, cost)
+	if conf.lockout != nil {
+		// One look at the record: locked out, or denied now and locked.
+		if wait := sh.lockWait(h, now); wait > 0 {
+			r = backend.LockedOut(r, wait)
+		} else if !r.Allowed && !shadow {
+			r = z.t.lockOut(sh, conf.lockout, h, r, now)
+		}
+	}
 	if r.Allowed && cost > 0 {
 		if found {
 			sh.e[i].s = alg.Take(s, now, cost)
@@ -351,7 +385,7 @@ func (s *Store) decide(_ context.Context, reqs []backend.Request, out []algorith
 			return false, fmt.Errorf("zone %q was not registered with the memory backend", reqs[0].Limit.Name())
 		}
 		if len(z.peers()) == 0 {
-			if r, ok := z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0)); ok {
+			if r, ok := z.decideOne(z.hash(reqs[0].Key), now, max(reqs[0].Cost, 0), reqs[0].Shadow); ok {
 				out[0] = r
 				out[0].At = now
 				return r.Allowed || reqs[0].Shadow, nil
@@ -419,6 +453,16 @@ func decideLinked(reqs []backend.Request, out []algorithms.Result, now int64) (o
 		res[i].At = now
 		if !res[i].Allowed && !reqs[max(l.req, -1-l.req)].Shadow {
 			allowed = false
+		}
+	}
+	if !allowed {
+		// In the same critical section that denied: a concurrent request
+		// of the key finds it locked out.
+		for i := range loc {
+			l := &loc[i]
+			if int(l.alias) == i && !res[i].Allowed && !reqs[max(l.req, -1-l.req)].Shadow {
+				res[i] = l.z.lockOut(l.h, now, res[i])
+			}
 		}
 	}
 	// A request's own entry comes before those of its peers.

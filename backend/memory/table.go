@@ -57,6 +57,9 @@ type shard[S any] struct {
 	// recent are keys inserted while the table was full, looked at when a
 	// sample finds only denying keys: they are the likeliest to have room.
 	recent [4]hkey
+	// lockouts are the lock-out records of the shard's keys (lockout.go);
+	// nil until one is written.
+	lockouts map[hkey]backend.LockoutState
 }
 
 var shardIDs atomic.Uint64
@@ -108,9 +111,10 @@ type table[S any] struct {
 // tableConf is what the table decides with: the algorithm of the newest
 // live registration, and the policy generation it belongs to.
 type tableConf[S any] struct {
-	alg    algorithms.Algorithm[S]
-	gen    int
-	logger *zap.Logger
+	alg     algorithms.Algorithm[S]
+	lockout backend.Lockout
+	gen     int
+	logger  *zap.Logger
 	// reg applied this conf; prev is the conf before it, so that a config
 	// that fails after registering can be undone exactly (restore).
 	reg  *registration[S]
@@ -126,6 +130,7 @@ type policySwitch[S any] struct {
 // registration is one config's use of the table.
 type registration[S any] struct {
 	alg     algorithms.Algorithm[S]
+	lockout backend.Lockout
 	maxKeys int
 	sweep   time.Duration
 	owner   any
@@ -134,6 +139,7 @@ type registration[S any] struct {
 
 func (r *registration[S]) RegisteredBy() any                   { return r.owner }
 func (r *registration[S]) RegisteredPolicy() algorithms.Policy { return r.alg.Policy() }
+func (r *registration[S]) RegisteredLockout() backend.Lockout  { return r.lockout }
 
 func newTable[S any](id poolKey, maxKeys int, now func() int64) *table[S] {
 	n := 1
@@ -174,6 +180,9 @@ func (t *table[S]) register(r *registration[S], now int64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err := backend.CheckRates(t.regs, r); err != nil {
+		return err
+	}
+	if err := backend.CheckLockouts(t.regs, r); err != nil {
 		return err
 	}
 	t.regs = append(t.regs, r)
@@ -238,7 +247,7 @@ func (t *table[S]) apply(r *registration[S], now int64) {
 	t.maxKeys.Store(int64(r.maxKeys))
 	t.setSweep(r.sweep)
 	cur := t.conf.Load()
-	next := &tableConf[S]{alg: r.alg, logger: r.logger, reg: r, prev: t.live(cur)}
+	next := &tableConf[S]{alg: r.alg, lockout: r.lockout, logger: r.logger, reg: r, prev: t.live(cur)}
 	if cur != nil {
 		next.gen = cur.gen
 		if from := cur.alg.Policy(); from != r.alg.Policy() {
@@ -517,6 +526,9 @@ func (t *table[S]) sweepShard(sh *shard[S], alg algorithms.Algorithm[S], now int
 	}
 	t.count.Add(int64(-removed))
 	sh.shrink()
+	if sh.lockouts != nil {
+		sh.sweepLockouts(t.conf.Load().lockout, now)
+	}
 }
 
 // sweep drops the idle keys of every shard, one shard lock at a time.

@@ -35,9 +35,9 @@ func adminItem(l backend.Limit, key string, cost int64) (item, error) {
 	if !ok {
 		return item{}, fmt.Errorf("zone %q was not registered with the redis backend", l.Name())
 	}
-	conf := z.st.conf.Load()
+	conf := z.conf()
 	z.st.use(conf)
-	return item{key: z.prefix + key + "}", conf: conf, cost: min(cost, maxCost)}, nil
+	return item{key: z.stateKey(conf, key), conf: conf, cost: min(cost, maxCost)}, nil
 }
 
 // runAdmin runs the admin script once: a grant must not be sent again
@@ -95,7 +95,7 @@ func (s *Store) Inspect(ctx context.Context, l backend.Limit, key string) (algor
 	return u, nil
 }
 
-// Reset deletes the key's state (backend.Admin). Other instances of a
+// Reset deletes the key's state and lock-out record (backend.Admin). Other instances of a
 // fleet that remember the key as over its limit (their over-limit caches)
 // keep refusing it until the retry time they were told; other stores of
 // this process are told to forget it (Forget).
@@ -104,12 +104,17 @@ func (s *Store) Reset(ctx context.Context, l backend.Limit, key string) error {
 	if err != nil {
 		return err
 	}
+	lk, _, err := lockoutKey(l, key)
+	if err != nil {
+		return err
+	}
 	s.forget(it)
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	// The key's open reservations go with it: released later, they would
-	// give back units of the fresh state (the set shares the key's slot).
-	err = s.client.Del(ctx, it.key, it.key+":R").Err()
+	// One command: the record and the open reservations (released
+	// later, they would give back units of the fresh state) have the
+	// state's hash tag (one cluster slot).
+	err = s.client.Del(ctx, it.key, lk, it.key+":R").Err()
 	s.forget(it)
 	if err != nil {
 		return fmt.Errorf("redis backend: reset: %w", err)

@@ -54,10 +54,10 @@ func (s *Store) budgetItem(it *item, r backend.Request) {
 	}
 }
 
-// Settle commits or releases the reservations an allowed Decide of reqs
+// SettleReservations commits or releases the reservations an allowed Decide of reqs
 // made (backend.Reserver): one script call removes each reservation and,
 // for a release, refunds its units only if it was still there.
-func (s *Store) Settle(ctx context.Context, reqs []backend.Request, granted []algorithms.Result, commit bool) error {
+func (s *Store) SettleReservations(ctx context.Context, reqs []backend.Request, granted []algorithms.Result, commit bool) error {
 	items, of, err := s.resolve(reqs)
 	if err != nil {
 		return err

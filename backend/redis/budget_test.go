@@ -99,10 +99,10 @@ func (tw *budgetTwin) reserve(key string) (bool, budgetGrant) {
 
 func (tw *budgetTwin) settle(g budgetGrant, commit bool) {
 	tw.t.Helper()
-	if err := tw.mem.Settle(context.Background(), g.mem, g.out, commit); err != nil {
+	if err := tw.mem.SettleReservations(context.Background(), g.mem, g.out, commit); err != nil {
 		tw.t.Fatal(err)
 	}
-	if err := tw.red.Settle(context.Background(), g.red, g.out, commit); err != nil {
+	if err := tw.red.SettleReservations(context.Background(), g.red, g.out, commit); err != nil {
 		tw.t.Fatal(err)
 	}
 }
@@ -322,7 +322,7 @@ func BenchmarkBudgetRedis(b *testing.B) {
 					b.Fatal(err)
 				}
 				if c.settle > 0 {
-					if err := s.Settle(ctx, req, out, c.settle == 1); err != nil {
+					if err := s.SettleReservations(ctx, req, out, c.settle == 1); err != nil {
 						b.Fatal(err)
 					}
 				}

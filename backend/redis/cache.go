@@ -34,6 +34,9 @@ type overEntry struct {
 	cost  int64     // the cost Redis denied
 	local int64     // local clock when the call was sent
 	until int64     // local clock before which the cost is denied
+	// trust is the local clock before which the denial is answered
+	// without Redis: until, or sooner for a lock-out (lockoutTrust).
+	trust int64
 	res   algorithms.Result
 	probe chan struct{} // closed when the request asking Redis about the key has its answer
 }
@@ -105,7 +108,7 @@ func (c *overCache) answer(items []item, results []algorithms.Result) (ok bool, 
 // remaining units may grow (a bucket refills, a sliding window slides)
 // up to cost−1, so only an answer already there stays true.
 func (e *overEntry) covers(cost, now int64) bool {
-	return now < e.until && cost == e.cost && e.res.Remaining == cost-1
+	return now < e.trust && cost == e.cost && e.res.Remaining == cost-1
 }
 
 // mark is read before a call: the clock, and the refunds so far.
@@ -169,6 +172,7 @@ func (c *overCache) learn(items []item, results []algorithms.Result, took bool, 
 				// is still at its limit and its next request probes
 				// alone.
 				e.until = min(e.until, sent)
+				e.trust = min(e.trust, e.until)
 			}
 			continue
 		}
@@ -179,6 +183,10 @@ func (c *overCache) learn(items []item, results []algorithms.Result, took bool, 
 			c.remove(el)
 		}
 		e := &overEntry{key: it.key, conf: it.conf, cost: it.cost, local: sent, until: sent + r.RetryAfter, res: r}
+		e.trust = e.until
+		if it.conf.lk != "" {
+			e.trust = min(e.until, sent+lockoutTrust)
+		}
 		c.byKey[it.key] = c.order.PushBack(e)
 		for c.order.Len() > c.size {
 			c.remove(c.order.Front())

@@ -5,7 +5,8 @@
 -- KEYS[i]   the state of one (zone, scope, key).
 -- ARGV[1]   "d" decide, "u" decide for an undo, "r" refund, "x" undo,
 --           "m" decide many requests, each on its own (see the end),
---           "k" commit and "e" release reservations (SPEND BUDGETS).
+--           "k" commit and "e" release reservations (SPEND BUDGETS),
+--           "s" settle a real cost (SETTLE, near the end).
 -- ARGV[2,3] "" and "" to read the clock with TIME; tests pass seconds and
 --           nanoseconds instead so that Redis and the memory store see the
 --           same instants.
@@ -20,8 +21,9 @@
 --   p2     burst (b), max_delay (q) or limit (w, c, l)
 --   cost   units, already summed over repeated keys and capped by the caller
 --   x1     decide: "1" for a shadow request; refund: the decision's time
---   x2     refund: the decision's delay (q); decide: "" or a reservation,
---          settle and undo: its token (see SPEND BUDGETS)
+--   x2     refund: the decision's delay (q); settle: the real cost;
+--          decide: "" or a reservation, commit, release and undo: its
+--          token (see SPEND BUDGETS)
 --   lin    the lineage of the zone's policy history in the calling process
 --   gen    the generation of the calling process's current policy
 --   hist   the policy changes "at,gen,param;..." oldest first (may be "")
@@ -29,6 +31,9 @@
 --          at,until;...": the kinds it may carry usage from, newest first,
 --          when the change was and until when their keys may live, and pos
 --          the place of the kind letter in the key
+--   lk     "" or, for a limit with lockout, "pos|step,step,...": the
+--          lock-out steps in ns and the place of the kind letter in the
+--          key (see LOCK-OUTS)
 --
 -- Reply (decide): now seconds, now nanoseconds, 1 if the request may
 -- proceed, then per key: allowed, limit, remaining, retry_after,
@@ -37,7 +42,7 @@
 -- its expiry in ms (PTTL) and the value written ("" when none). Refund and
 -- undo reply {}.
 
-local F = 10
+local F = 11
 local E9 = 1000000000
 local E6 = 1000000
 local P52 = 4503599627370496
@@ -762,47 +767,54 @@ local function libL()
 		redis.call('SETRANGE', key, 0, logHeader(l))
 	end
 
-	-- logRefund gives back the event the granted decision logged: cost
-	-- units at time at, the newest such event; events of other requests
-	-- are never touched. Times never decrease along a format-2 log (an
-	-- event is logged at or after the last one, which is live), so the
-	-- event is found by bisection.
-	local function logRefund(l, cost, at, key, W)
-		if not l.n or cost <= 0 then return end
-		if l.wide ~= 2 then
-			l = logRewrite(l, 2)
-			if not l then return end
-		end
+	-- logFind is the newest live event of cost units logged at time at
+	-- (refunds and settles). Times never decrease along a format-2 log (an
+	-- event is logged at or after the last one, which is live), so it is
+	-- found by bisection.
+	local function logFind(l, cost, at)
 		local lo, hi = l.h + 1, l.n
-		if lo > hi or logEvent(l, lo) > at then return end
+		if lo > hi or logEvent(l, lo) > at then return nil end
 		while lo < hi do
 			local mid = floor((lo + hi + 1) / 2)
 			if logEvent(l, mid) <= at then lo = mid else hi = mid - 1 end
 		end
 		for i = lo, l.h + 1, -1 do
 			local t, u = logEvent(l, i)
-			if t < at then return end
-			if u == cost then
-				l.sum = l.sum - cost
-				if i == l.n then
-					-- The last event goes, and the given-back ones before it:
-					-- the last event stays live.
-					l.n = i - 1
-					while l.n > l.h and select(2, logEvent(l, l.n)) == 0 do l.n = l.n - 1 end
-				else
-					redis.call('SETRANGE', key, HDR + (i - 1) * 20, struct.pack('<d', -(t - l.base) - 1))
-					logFenSub(l, key, i, cost)
-				end
-				l.chunks = {}
-				if l.n == l.h then
-					redis.call('DEL', key)
-					return
-				end
-				redis.call('SETRANGE', key, 0, logHeader(l))
-				redis.call('PEXPIRE', key, px(logNewest(l) + W))
-				return
-			end
+			if t < at then return nil end
+			if u == cost then return i end
 		end
+		return nil
+	end
+
+	-- logRefund gives back the event the granted decision logged: cost
+	-- units at time at, the newest such event; events of other requests
+	-- are never touched.
+	local function logRefund(l, cost, at, key, W)
+		if not l.n or cost <= 0 then return end
+		if l.wide ~= 2 then
+			l = logRewrite(l, 2)
+			if not l then return end
+		end
+		local i = logFind(l, cost, at)
+		if not i then return end
+		local t = logEvent(l, i)
+		l.sum = l.sum - cost
+		if i == l.n then
+			-- The last event goes, and the given-back ones before it:
+			-- the last event stays live.
+			l.n = i - 1
+			while l.n > l.h and select(2, logEvent(l, l.n)) == 0 do l.n = l.n - 1 end
+		else
+			redis.call('SETRANGE', key, HDR + (i - 1) * 20, struct.pack('<d', -(t - l.base) - 1))
+			logFenSub(l, key, i, cost)
+		end
+		l.chunks = {}
+		if l.n == l.h then
+			redis.call('DEL', key)
+			return
+		end
+		redis.call('SETRANGE', key, 0, logHeader(l))
+		redis.call('PEXPIRE', key, px(logNewest(l) + W))
 	end
 	-- logGrant gives back the newest live units (an operator's grant,
 	-- algorithms.SlidingLog.Grant): events given back whole are cut off
@@ -844,7 +856,61 @@ local function libL()
 		redis.call('PEXPIRE', key, px(logNewest(l) + W))
 	end
 
+	-- SETTLE (sliding log): algorithms.SlidingLog.Settle, for settle.go.
+	-- logSettle rewrites the units of the event a granted decision logged
+	-- (est units at time at) to act, giving it back at 0; when the event
+	-- has left the window, the extra is logged now. The log holds at most
+	-- 2^32 - 1 units.
+	local function logSettle(l, est, act, at, key, W)
+		if act == est then return end
+		local room = 4294967295
+		if l.n then
+			-- Pruned for good, as the memory store's log is.
+			logPrune(l, W)
+			logKeep(l, key)
+			l.h0 = l.h
+			if not logNewest(l) then l = {} end
+		end
+		if l.n then room = max(room - l.sum, 0) end
+		if act == 0 then
+			logRefund(l, est, at, key, W)
+			return
+		end
+		local i
+		if l.n and est > 0 then
+			if l.wide ~= 2 then l = logRewrite(l, 2) or {} end
+			if l.n then i = logFind(l, est, at) end
+		end
+		if not i then
+			local extra = act - est
+			if extra > room then extra = room end
+			if extra > 0 then logTake(l, W, extra, key) end
+			return
+		end
+		local u = act
+		if u > est + room then u = est + room end
+		if u == est then return end
+		redis.call('SETRANGE', key, HDR + (i - 1) * 20 + 8, struct.pack('<I4', u))
+		logFenSub(l, key, i, est - u)
+		l.sum = l.sum + u - est
+		redis.call('SETRANGE', key, 0, logHeader(l))
+		l.chunks = {}
+		-- Nodes past 2^47 would make prefix sums inexact: a rewrite makes
+		-- them cover the live events alone.
+		local j = i
+		while j <= l.n do
+			if l.fens[j] > FENMAX then
+				l = logRewrite(l, 2)
+				redis.call('PEXPIRE', key, px(logNewest(l) + W))
+				return
+			end
+			j = j + lowbit(j)
+		end
+	end
+	-- END SETTLE (sliding log)
+
 	Llib = {load = logLoad, decide = logDecide, take = logTake, keep = logKeep, refund = logRefund, grant = logGrant, rewrite = logRewrite}
+	Llib.settle = logSettle -- SETTLE
 	return Llib
 end
 
@@ -1143,6 +1209,79 @@ local function loadItem(a)
 end
 
 ------------------------------------------------------------------------
+-- LOCK-OUTS (backend/lockout.go, line for line). A key its limit denies is
+-- locked out: every request of it is denied until the lock-out ends,
+-- whatever its state says; denied again by its limit after a lock-out, it
+-- serves the next step (the last one repeats). The record is a key of its
+-- own, the state's key with the kind letter replaced by 'o' (the same hash
+-- tag, one record whatever the algorithm), holding "<end, absolute
+-- ns>:<level>" and expiring when its level is forgotten: a full longest
+-- step after the end of its lock-out. It is read and written in the call
+-- that decides, so every instance of a fleet sees a lock-out at once.
+
+local lockoutSpecs = {}
+local function lockoutOf(spec)
+	local lo = lockoutSpecs[spec]
+	if lo then return lo end
+	local pos, rest = string.match(spec, '^(%d+)|(.*)$')
+	lo = {pos = tonumber(pos), steps = {}}
+	for d in string.gmatch(rest, '%d+') do lo.steps[#lo.steps + 1] = tonumber(d) end
+	lo.longest = lo.steps[#lo.steps]
+	lockoutSpecs[spec] = lo
+	return lo
+end
+
+-- lockRead reads the record of a's key: level 0 when there is none (or
+-- its end is out of the exact range: long forgotten).
+local function lockRead(a)
+	local lo = lockoutOf(a.lk)
+	local rec = {key = keyOf(a.key, lo.pos, 'o'), lo = lo, level = 0}
+	local v = redis.call('GET', rec.key)
+	if v then
+		local u, l = string.match(v, '^(%d+):(%d+)$')
+		if u then
+			rec.untl = rel(u)
+			if rec.untl then rec.level = tonumber(l) end
+		end
+	end
+	return rec
+end
+
+-- lockedOut denies r while rec's lock-out lasts (backend.LockedOut).
+local function lockedOut(rec, r)
+	if rec.level > 0 and rec.untl > now then
+		local wait = rec.untl - now
+		r[1] = 0
+		r[3] = 0
+		r[4] = wait
+		r[5] = wait
+		r[6] = 0
+		rec.locked = true
+	end
+	return r
+end
+
+-- lockOut locks rec's key out after its limit denied r, unless it is
+-- locked out already or r can never pass (backend.Lockout.Escalate), and
+-- reports whether it did.
+local function lockOut(rec, r)
+	if rec.locked or r[1] ~= 0 or r[4] == -1 then return false end
+	local lo = rec.lo
+	local level = 1
+	if rec.level > 0 and now - rec.untl < lo.longest then
+		level = rec.level + 1
+		if level > #lo.steps then level = #lo.steps end
+	end
+	local untl = now + lo.steps[level]
+	redis.call('SET', rec.key, abs(untl) .. ':' .. level, 'PX', px(untl + lo.longest))
+	r[3] = 0
+	r[4] = untl - now
+	r[5] = r[4]
+	r[6] = 0
+	return true
+end
+
+------------------------------------------------------------------------
 
 -- readArgs reads the arguments of n keys, KEYS[k0 + 1 .. k0 + n], from
 -- ARGV[o0 + 1] on.
@@ -1162,6 +1301,7 @@ local function readArgs(k0, o0, n)
 			gen = tonumber(ARGV[o + 8]),
 			hist = ARGV[o + 9],
 			from = ARGV[o + 10],
+			lk = ARGV[o + 11],
 		}
 		if not args[i].p1 then calArg(args[i], ARGV[o + 2]) end
 	end
@@ -1291,6 +1431,7 @@ local function decideKeys(args, undo, out, o)
 	end
 
 	local results = {}
+	local recs -- LOCK-OUTS: the records of the keys of limits with lockout
 	local allowed = true
 	out[o + 1] = 1
 	for i = 1, n do
@@ -1308,6 +1449,11 @@ local function decideKeys(args, undo, out, o)
 		else
 			r = libL().decide(s, a.p1, a.p2, a.cost)
 		end
+		if a.lk ~= '' then -- LOCK-OUTS
+			recs = recs or {}
+			recs[i] = lockRead(a)
+			r = lockedOut(recs[i], r)
+		end
 		results[i] = r
 		if r[1] == 0 and a.x1 ~= '1' then allowed = false end
 		local b = o + 1 + (i - 1) * 7
@@ -1320,6 +1466,18 @@ local function decideKeys(args, undo, out, o)
 	end
 
 	-- ADMIN MODES: the admin script (admin.lua) is inserted here.
+
+	-- LOCK-OUTS: a key its limit denied (not a shadow request's) is locked
+	-- out in the call that denied it.
+	if recs and not allowed then
+		for i = 1, n do
+			local r = results[i]
+			if recs[i] and args[i].x1 ~= '1' and lockOut(recs[i], r) then
+				local b = o + 1 + (i - 1) * 7
+				for j = 1, 6 do out[b + j] = r[j] end
+			end
+		end
+	end
 
 	for i = 1, n do
 		local a, s, key = args[i], states[i], args[i].key
@@ -1402,6 +1560,52 @@ if mode == 'r' then
 	for i = 1, n do refundOne(args[i]) end
 	return {}
 end
+
+-- SETTLE: a request's real cost once its response told it (settle.go,
+-- algorithms' Settle). cost is the estimate the decision took, x1 the
+-- decision's time, x2 the real cost. Less is given back as a refund of
+-- the difference; more is charged past the limit: a bucket's debt (at
+-- most 2^52 ns, or its capacity), a window's count (at most 2 * 10^15).
+if mode == 's' then
+	local MAXOWED = 2000000000000000
+	for i = 1, n do
+		local a = args[i]
+		local k, est, act = a.kind, a.cost, tonumber(a.x2)
+		-- A key whose usage moved to another kind of state (a reload that
+		-- changed the algorithm) keeps its mark: nothing is written over it.
+		local s, _, moved = load(k, a.key, a.p1, a.lin, a.gen, a.hist)
+		if moved then
+			-- settled nowhere: the request's units are in the other kind
+		elseif k == 'l' then
+			libL().settle(s, est, act, rel(a.x1) or -P53, a.key, a.p1)
+		elseif act < est then
+			a.cost = est - act
+			refundOne(a)
+		elseif act > est and k ~= 'q' then
+			local extra = act - est
+			local r
+			if k == 'b' then
+				local T = a.p1
+				local most = max(a.p2 * T, P52)
+				local d = 0
+				if s.tat and s.tat > now then d = s.tat - now end
+				if d < most then
+					if extra > floordiv(most - d, T) then d = most else d = d + extra * T end
+					r = {tat = now + d}
+				end
+			elseif k == 'w' then
+				r = libW().take(s, a.p1, math.min(extra, MAXOWED))
+				if r.count > MAXOWED then r.count = MAXOWED end
+			else
+				r = libC().take(s, a.p1, math.min(extra, MAXOWED))
+				if r.curr > MAXOWED then r.curr = MAXOWED end
+			end
+			if r then store(k, a.key, r, a.p1, a.lin, a.gen, a.p1) end
+		end
+	end
+	return {}
+end
+-- END SETTLE
 
 -- An undo takes back a decision that other slots of the same request
 -- denied: a key nobody wrote since gets its value from before the decision

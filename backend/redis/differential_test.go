@@ -50,10 +50,11 @@ func (f *fuzzBytes) intn(n int) int {
 // fixed (a change of kind of state starts a fresh state in memory but
 // finds the old one in Redis), its policy changes with reloads.
 type zoneSpec struct {
-	name   string
-	scope  string
-	alg    string
-	policy algorithms.Policy
+	name    string
+	scope   string
+	alg     string
+	policy  algorithms.Policy
+	lockout backend.Lockout
 }
 
 // config is one "loaded config": a memory store and a Redis store holding
@@ -67,8 +68,11 @@ type config struct {
 }
 
 type twin struct {
-	t      testing.TB
-	c      chooser
+	t testing.TB
+	c chooser
+	// lc draws the lock-outs, apart from c, so that runs draw the same
+	// zones and steps with lock-outs as without.
+	lc     chooser
 	clock  int64
 	client goredis.UniversalClient
 	prefix string
@@ -96,7 +100,7 @@ var tailLen = 15
 
 func newTwin(t testing.TB, c chooser, client goredis.UniversalClient, split bool) *twin {
 	twinSeq++
-	tw := &twin{t: t, c: c, client: client, prefix: uniquePrefix(t), split: split}
+	tw := &twin{t: t, c: c, lc: prng{rand.New(rand.NewPCG(uint64(twinSeq), 13))}, client: client, prefix: uniquePrefix(t), split: split}
 	tw.stepBack = c.intn(3) == 0
 	// A realistic Unix time, not aligned to anything.
 	tw.clock = 1_764_460_000_000_000_000 + int64(c.intn(1<<30))*977
@@ -120,6 +124,9 @@ func newTwin(t testing.TB, c chooser, client goredis.UniversalClient, split bool
 		}
 		spec := zoneSpec{name: fmt.Sprintf("diff%d-%d-z%d", twinSeq, i, i), scope: scope, alg: alg}
 		spec.policy = tw.policy(alg)
+		if tw.lc.intn(3) == 0 {
+			spec.lockout = tw.lockout(spec.policy)
+		}
 		tw.zones = append(tw.zones, spec)
 	}
 	tw.cur = tw.load(tw.zones)
@@ -137,6 +144,22 @@ func (tw *twin) bucketAlg() string {
 var windows = []int64{
 	int64(time.Millisecond), 7 * int64(time.Millisecond), 1_234_567_891, int64(time.Second),
 	int64(time.Minute), int64(time.Hour), 24 * int64(time.Hour), 30 * 24 * int64(time.Hour), 999,
+}
+
+// lockout draws lock-out steps: around the policy's window (so that a
+// key's lock-outs end while its state still denies, and it escalates) or
+// fixed ones from a millisecond to the longest step.
+func (tw *twin) lockout(p algorithms.Policy) backend.Lockout {
+	w := min(max(p.Window, 1), backend.MaxLockoutStep/4)
+	switch tw.lc.intn(4) {
+	case 0:
+		return backend.Lockout{w}
+	case 1:
+		return backend.Lockout{max(w/3, 1), w, 4 * w}
+	case 2:
+		return backend.Lockout{int64(time.Millisecond), 7 * int64(time.Millisecond), int64(time.Hour)}
+	}
+	return backend.Lockout{int64(time.Minute), 5 * int64(time.Minute), 24 * int64(time.Hour), backend.MaxLockoutStep}
 }
 
 // policy draws a policy both stores accept.
@@ -191,7 +214,7 @@ func (tw *twin) load(specs []zoneSpec) *config {
 	cfg.red = red
 	owner := new(int)
 	for _, s := range specs {
-		zc := backend.LimitConfig{Name: s.name, Scope: s.scope, Algorithm: s.alg, Policy: s.policy, Owner: owner}
+		zc := backend.LimitConfig{Name: s.name, Scope: s.scope, Algorithm: s.alg, Policy: s.policy, Lockout: s.lockout, Owner: owner}
 		// Redis first: when its exactness check refuses the zone, memory
 		// must not register it either, or the two histories would differ.
 		rz, err := cfg.red.Register(zc)
@@ -213,7 +236,7 @@ func (tw *twin) load(specs []zoneSpec) *config {
 // newTwinWith is a twin over the given zones, for hand-written sequences.
 func newTwinWith(t testing.TB, client goredis.UniversalClient, split bool, clock int64, zones ...zoneSpec) *twin {
 	twinSeq++
-	tw := &twin{t: t, c: prng{rand.New(rand.NewPCG(1, 2))}, client: client, prefix: uniquePrefix(t), split: split, clock: clock}
+	tw := &twin{t: t, c: prng{rand.New(rand.NewPCG(1, 2))}, lc: prng{rand.New(rand.NewPCG(3, 4))}, client: client, prefix: uniquePrefix(t), split: split, clock: clock}
 	for i := range zones {
 		zones[i].name = fmt.Sprintf("adv%d-%d-%s", twinSeq, i, zones[i].name)
 	}
@@ -470,6 +493,11 @@ func (tw *twin) reload() {
 				specs[i].alg = tw.bucketAlg()
 			}
 			specs[i].policy = tw.policy(specs[i].alg)
+		}
+		// Other steps; not lockout on or off, which in Redis moves the
+		// state of keys starting with } (zone.stateKey).
+		if specs[i].lockout != nil && tw.lc.intn(4) == 0 {
+			specs[i].lockout = tw.lockout(specs[i].policy)
 		}
 	}
 	next := tw.load(specs)

@@ -154,6 +154,7 @@ func (m *Module) Provision(ctx caddy.Context) error {
 		m.release()
 		return err
 	}
+	m.Store.slots.logger = ctx.Logger()
 	return nil
 }
 

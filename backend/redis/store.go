@@ -14,6 +14,7 @@ import (
 	"math/bits"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -85,6 +86,8 @@ type Store struct {
 
 	mu   sync.Mutex
 	held []held
+
+	slots slotHolder // concurrency slots held, renewed until released (slots.go)
 }
 
 type held struct {
@@ -176,9 +179,11 @@ func (s *Store) now() int64 {
 
 // zone is the store's handle on one (zone, scope, kind of state).
 type zone struct {
-	name   string
-	prefix string
-	st     *zoneState
+	name       string
+	prefix     string
+	lockPrefix string // of the key's lock-out record (lockout.go)
+	st         *zoneState
+	adj        atomic.Pointer[adjusted] // a max_events set while it runs (adjust.go)
 }
 
 func (z *zone) Name() string { return z.name }
@@ -209,7 +214,15 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	if !loaded {
 		st.from = carryFrom(key, len(prefix)-1, s.now())
 	}
-	reg := &registration{alg: alg, policy: cfg.Policy, owner: cfg.Owner, cal: cfg.Calendar}
+	if err := cfg.Lockout.Check(); err != nil {
+		return nil, err
+	}
+	if len(cfg.Lockout) > 0 && cfg.Lease > 0 {
+		// Leased units are spent and denied locally, out of the script
+		// that writes lock-outs.
+		return nil, fmt.Errorf("lockout cannot be used with lease: a denial from leased units would lock the key out on one instance only")
+	}
+	reg := &registration{alg: alg, policy: cfg.Policy, lockout: cfg.Lockout, lk: lockoutArg(len(prefix)-1, cfg.Lockout), owner: cfg.Owner, cal: cfg.Calendar}
 	if err := st.register(reg, s.now()); err != nil {
 		_, _ = zoneStates.Delete(key)
 		return nil, err
@@ -217,13 +230,14 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	s.mu.Lock()
 	s.held = append(s.held, held{key: key, z: st, reg: reg})
 	s.mu.Unlock()
-	return &zone{name: cfg.Name, prefix: prefix, st: st}, nil
+	return &zone{name: cfg.Name, prefix: prefix, lockPrefix: zonePrefix(s.prefix, cfg.Name, cfg.Scope, kindLockout), st: st}, nil
 }
 
 // Close lets go of this store's zones; a zone's history is dropped when no
 // running config uses it. It does not close the client, which its owner
 // may share.
 func (s *Store) Close() error {
+	s.slots.close()
 	s.mu.Lock()
 	held := s.held
 	s.held = nil
@@ -274,7 +288,8 @@ func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 		if !ok {
 			return nil, nil, fmt.Errorf("zone %q was not registered with the redis backend", r.Limit.Name())
 		}
-		key := z.prefix + r.Key + "}"
+		conf := z.conf()
+		key := z.stateKey(conf, r.Key)
 		cost := min(max(r.Cost, 0), maxCost)
 		of[i] = -1
 		for j := range items {
@@ -286,7 +301,6 @@ func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 		}
 		if of[i] < 0 {
 			of[i] = len(items)
-			conf := z.st.conf.Load()
 			z.st.use(conf)
 			items = append(items, item{key: key, conf: conf, cost: cost, shadow: r.Shadow})
 			s.budgetItem(&items[len(items)-1], r)
@@ -351,7 +365,7 @@ func (s *Store) prepare(ctx context.Context, mode string, gs []group, items []it
 	hdr := s.header(mode)
 	for g := range gs {
 		keys := make([]string, len(gs[g].items))
-		args := append(make([]any, 0, len(hdr)+12*len(keys)), hdr...)
+		args := append(make([]any, 0, len(hdr)+13*len(keys)), hdr...)
 		for k, i := range gs[g].items {
 			keys[k] = items[i].key
 			x1, x2 := xs(i)
@@ -375,7 +389,7 @@ func itemArgs(args []any, it *item, x1, x2 any) []any {
 	if it.p1 != nil {
 		p1 = it.p1
 	}
-	return append(args, c[0], p1, c[2], it.cost, x1, x2, c[3], c[4], c[5], c[6])
+	return append(args, c[0], p1, c[2], it.cost, x1, x2, c[3], c[4], c[5], c[6], c[7])
 }
 
 // Decide answers reqs all or nothing (backend.Store). On a cluster, keys
@@ -592,9 +606,9 @@ func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []al
 		} else {
 			plain = append(plain, len(items))
 		}
-		conf := z.st.conf.Load()
+		conf := z.conf()
 		z.st.use(conf)
-		items = append(items, item{key: z.prefix + r.Key + "}", conf: conf, cost: min(r.Cost, maxCost)})
+		items = append(items, item{key: z.stateKey(conf, r.Key), conf: conf, cost: min(r.Cost, maxCost)})
 		s.budgetItem(&items[len(items)-1], r)
 		results = append(results, granted[i])
 	}
@@ -617,22 +631,29 @@ func (s *Store) refund(ctx context.Context, mode string, items []item, which []i
 	for k, i := range which {
 		sub[k] = items[i]
 	}
-	if s.cache != nil {
-		// Units come back: a denial remembered for these keys may no
-		// longer hold, whatever the call's fate (again once it ran).
-		s.cache.forget(sub)
-	}
-	gs := s.groups(sub)
-	s.prepare(ctx, mode, gs, sub, func(i int) (string, string) {
+	return s.runEach(ctx, mode, "refund", sub, func(i int) (string, string) {
 		r := granted[which[i]]
 		if sub[i].token != "" {
 			return strconv.FormatInt(r.At, 10), sub[i].token
 		}
 		return strconv.FormatInt(r.At, 10), strconv.FormatInt(r.Delay, 10)
 	})
+}
+
+// runEach runs the script in mode for items, each key in turn (a refund,
+// an undo, a settle), with the per-key arguments xs; what names the
+// operation in errors.
+func (s *Store) runEach(ctx context.Context, mode, what string, items []item, xs func(i int) (string, string)) error {
+	if s.cache != nil {
+		// Units come back: a denial remembered for these keys may no
+		// longer hold, whatever the call's fate (again once it ran).
+		s.cache.forget(items)
+	}
+	gs := s.groups(items)
+	s.prepare(ctx, mode, gs, items, xs)
 	err := s.run(ctx, gs)
 	if s.cache != nil {
-		s.cache.forget(sub)
+		s.cache.forget(items)
 	}
 	for g := range gs {
 		if e := gs[g].cmd.Err(); e != nil {
@@ -640,7 +661,7 @@ func (s *Store) refund(ctx context.Context, mode string, items []item, which []i
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("redis backend: refund: %w", err)
+		return fmt.Errorf("redis backend: %s: %w", what, err)
 	}
 	return nil
 }

@@ -74,15 +74,18 @@ type zoneState struct {
 }
 
 type registration struct {
-	alg    string
-	policy algorithms.Policy
-	owner  any
-	cal    *algorithms.Calendar // a calendar window's (budget.go)
-	last   *zoneConf            // the conf it last made current
+	alg     string
+	policy  algorithms.Policy
+	lockout backend.Lockout
+	lk      string // the script's lk argument (lockoutArg)
+	owner   any
+	cal     *algorithms.Calendar // a calendar window's (budget.go)
+	last    *zoneConf            // the conf it last made current
 }
 
 func (r *registration) RegisteredBy() any                   { return r.owner }
 func (r *registration) RegisteredPolicy() algorithms.Policy { return r.policy }
+func (r *registration) RegisteredLockout() backend.Lockout  { return r.lockout }
 
 type change struct {
 	at    int64
@@ -101,9 +104,11 @@ type zoneConf struct {
 	gen    string
 	hist   string
 	from   string // the script's from argument
-	// boxed holds kind, p1, p2 and lin, gen, hist, from as script
+	lk     string // the script's lk argument: "" without lockout
+	steps  backend.Lockout
+	// boxed holds kind, p1, p2 and lin, gen, hist, from, lk as script
 	// arguments, boxed once: boxing them per call allocated each.
-	boxed [7]any
+	boxed [8]any
 
 	genN    int64
 	maxDebt int64 // the zone's maxDebt when this conf was made
@@ -220,6 +225,9 @@ func (z *zoneState) register(r *registration, now int64) error {
 	if err := backend.CheckRates(z.regs, r); err != nil {
 		return err
 	}
+	if err := backend.CheckLockouts(z.regs, r); err != nil {
+		return err
+	}
 	if stateKind(r.alg) == kindBucket {
 		if err := z.checkRebase(r); err != nil {
 			return err
@@ -326,7 +334,8 @@ func (z *zoneState) apply(r *registration, now int64) {
 	}
 	next.hist = h.String()
 	next.from = fromArg(z.from)
-	next.boxed = [7]any{next.kind, next.p1, next.p2, next.lin, next.gen, next.hist, next.from}
+	next.lk, next.steps = r.lk, r.lockout
+	next.boxed = [8]any{next.kind, next.p1, next.p2, next.lin, next.gen, next.hist, next.from, next.lk}
 	if r.cal != nil && kind == kindWindow {
 		next.cal = &calendarArg{cal: r.cal, w: next.p1}
 	}

@@ -1,0 +1,640 @@
+package sluice
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+// Adaptive makes a limit follow the health of what it protects: every
+// interval, the limit grows by Increase while the requests it let through
+// were answered fast and without errors, and is multiplied by Decrease as
+// soon as their 99th percentile latency or their error rate goes above its
+// high mark; between the marks it holds. It starts at the configured limit
+// (concurrency, or max_events of a rate) and stays within Min and Max.
+// Each Caddy instance adapts on the requests it serves.
+type Adaptive struct {
+	// Min is the lowest the limit goes, however bad the upstream looks.
+	// Default: 1; at most the configured limit.
+	Min int64 `json:"min,omitempty"`
+
+	// Max is the highest the limit grows. Default: the configured limit
+	// (the limit then only backs off and recovers); at least the
+	// configured limit, at most the largest the limit accepts (2^30 for
+	// concurrency, max_events' bound for a rate).
+	Max int64 `json:"max,omitempty"`
+
+	// Increase is added to the limit after each interval whose p99 latency
+	// and error rate were both under their low marks. Default: 1; at least
+	// 1.
+	Increase int64 `json:"increase,omitempty"`
+
+	// Decrease multiplies the limit after each interval whose p99 latency
+	// or error rate was above its high mark (rounded to a whole number,
+	// and always at least one less). Default: 0.7; strictly between 0 and
+	// 1.
+	Decrease float64 `json:"decrease,omitempty"`
+
+	// Interval is how often the limit is reconsidered, over the requests
+	// that finished since the last time. An interval without requests
+	// leaves the limit as it is. Default: 10s; from 1s to 1h.
+	Interval caddy.Duration `json:"interval,omitempty"`
+
+	// LatencyP99Low is the low mark of the 99th percentile latency: the
+	// time the handlers after rate_limit took (for reverse_proxy, the
+	// upstream's answer and the copy of its body), measured to within
+	// 6.25%. The limit grows only below it. Set with LatencyP99High.
+	// Default: unset, latency is not watched (only errors).
+	LatencyP99Low caddy.Duration `json:"latency_p99_low,omitempty"`
+
+	// LatencyP99High is the high mark of the 99th percentile latency:
+	// above it, the limit shrinks. Greater than LatencyP99Low. Default:
+	// unset.
+	LatencyP99High caddy.Duration `json:"latency_p99_high,omitempty"`
+
+	// ErrorRateLow is the low mark of the share of requests that failed
+	// (answered 5xx, or a handler error), as a fraction: 0.01 is 1%. The
+	// limit grows only below it. Default: 0.01.
+	ErrorRateLow float64 `json:"error_rate_low,omitempty"`
+
+	// ErrorRateHigh is the high mark of the error rate, as a fraction:
+	// above it, the limit shrinks. Greater than ErrorRateLow, at most 1.
+	// Default: 0.05.
+	ErrorRateHigh float64 `json:"error_rate_high,omitempty"`
+}
+
+// Adaptive defaults, where the config leaves a field unset.
+const (
+	defaultAdaptiveDecrease = 0.7
+	defaultAdaptiveInterval = 10 * time.Second
+	defaultErrorRateLow     = 0.01
+	defaultErrorRateHigh    = 0.05
+	minAdaptiveInterval     = time.Second
+	maxAdaptiveInterval     = time.Hour
+)
+
+// config checks a and returns the controller's settings for a limit
+// configured at start, whose largest accepted value is most. Errors name
+// the field as the config writes it.
+func (a *Adaptive) config(start, most int64) (aimdConfig, error) {
+	c := aimdConfig{
+		min: a.Min, max: a.Max, increase: a.Increase, decrease: a.Decrease,
+		interval: int64(a.Interval), latLow: int64(a.LatencyP99Low), latHigh: int64(a.LatencyP99High),
+		errLow: a.ErrorRateLow, errHigh: a.ErrorRateHigh,
+	}
+	if c.min == 0 {
+		c.min = 1
+	}
+	if c.max == 0 {
+		c.max = start
+	}
+	if c.increase == 0 {
+		c.increase = 1
+	}
+	if c.decrease == 0 {
+		c.decrease = defaultAdaptiveDecrease
+	}
+	if c.interval == 0 {
+		c.interval = int64(defaultAdaptiveInterval)
+	}
+	if c.errLow == 0 && c.errHigh == 0 {
+		c.errLow, c.errHigh = defaultErrorRateLow, defaultErrorRateHigh
+	}
+	switch {
+	case c.min < 1:
+		return c, fmt.Errorf("adaptive: min must be at least 1, got %d", c.min)
+	case c.max > most:
+		return c, fmt.Errorf("adaptive: max must be at most %d, got %d", most, c.max)
+	case c.min > c.max:
+		return c, fmt.Errorf("adaptive: min %d is above max %d", c.min, c.max)
+	case start < c.min || start > c.max:
+		return c, fmt.Errorf("adaptive: the limit starts at the configured %d, which must be within min %d and max %d", start, c.min, c.max)
+	case c.increase < 1:
+		return c, fmt.Errorf("adaptive: increase must be at least 1, got %d", c.increase)
+	case math.IsNaN(c.decrease) || c.decrease <= 0 || c.decrease >= 1:
+		return c, fmt.Errorf("adaptive: decrease must be strictly between 0 and 1, got %v", c.decrease)
+	case c.interval < int64(minAdaptiveInterval) || c.interval > int64(maxAdaptiveInterval):
+		return c, fmt.Errorf("adaptive: interval must be from 1s to 1h, got %s", time.Duration(c.interval))
+	case (c.latLow == 0) != (c.latHigh == 0):
+		return c, fmt.Errorf("adaptive: latency_p99 needs both marks, low and high (got %s and %s)", time.Duration(c.latLow), time.Duration(c.latHigh))
+	case c.latLow < 0:
+		return c, fmt.Errorf("adaptive: latency_p99 marks must be positive, got %s", time.Duration(c.latLow))
+	case c.latHigh > 0 && c.latLow >= c.latHigh:
+		return c, fmt.Errorf("adaptive: latency_p99 low mark %s must be below the high mark %s", time.Duration(c.latLow), time.Duration(c.latHigh))
+	case !(c.errLow > 0 && c.errLow <= 1) || !(c.errHigh > 0 && c.errHigh <= 1):
+		return c, fmt.Errorf("adaptive: error_rate marks must be above 0%% and at most 100%%, got %v and %v", c.errLow, c.errHigh)
+	case c.errLow >= c.errHigh:
+		return c, fmt.Errorf("adaptive: error_rate low mark %v must be below the high mark %v", c.errLow, c.errHigh)
+	}
+	return c, nil
+}
+
+// The adaptive limits' series: the limit in force, its floor (an alert
+// watches a limit that sits there), and what the last interval saw.
+var (
+	adaptiveLimitG = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rate_limit", Name: "adaptive_limit",
+		Help: "The limit an adaptive limit is at: requests in flight for a concurrency limit, max_events for a rate, by zone and scope.",
+	}, []string{"zone", "scope"})
+	adaptiveMinG = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rate_limit", Name: "adaptive_min_limit",
+		Help: "The lowest an adaptive limit may go (its min), by zone and scope.",
+	}, []string{"zone", "scope"})
+	adaptiveP99G = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rate_limit", Name: "adaptive_latency_p99_seconds",
+		Help: "The 99th percentile latency of the requests an adaptive limit let through in its last interval with traffic, by zone and scope.",
+	}, []string{"zone", "scope"})
+	adaptiveErrG = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rate_limit", Name: "adaptive_error_ratio",
+		Help: "The share of the requests an adaptive limit let through in its last interval with traffic that failed (5xx or a handler error), by zone and scope.",
+	}, []string{"zone", "scope"})
+)
+
+var adaptiveCollectors = []prometheus.Collector{adaptiveLimitG, adaptiveMinG, adaptiveP99G, adaptiveErrG}
+
+// errAdaptiveTiers refuses adaptive on a tiered limit, whose numbers are
+// each tier's.
+var errAdaptiveTiers = errors.New("adaptive: a tiered limit takes its rate and concurrency from each request's tier: adapt a limit without tiers")
+
+// checkAdaptive validates the adaptive block of l, whose rate (if any)
+// uses algorithm alg, and keeps the controller's settings.
+func (l *Limit) checkAdaptive(alg string) error {
+	a := l.Adaptive
+	if a == nil {
+		return nil
+	}
+	switch {
+	case l.tiered():
+		return errAdaptiveTiers
+	case l.Concurrency != 0 && !l.concOnly():
+		return fmt.Errorf("adaptive: the limit has both a rate and a concurrency, and adapts one number: put the concurrency (or the rate) in a scope of its own")
+	case l.Concurrency == 0 && algorithms.KindOf(alg) == algorithms.KindBucket:
+		return fmt.Errorf("adaptive: algorithm %s keeps each key's state in the emission interval window ÷ max_events, which a new max_events would rewrite for every key each interval: use sliding_window, sliding_window_counter or fixed_window", alg)
+	case l.Lease != 0:
+		return fmt.Errorf("adaptive: a lease takes units in advance under the limit of the moment: remove lease or adaptive")
+	}
+	start, most := l.Concurrency, int64(MaxConcurrency)
+	if l.Concurrency == 0 {
+		start, most = l.MaxEvents, algorithms.MaxEvents
+		if alg == algorithms.NameSlidingWindow {
+			most = math.MaxUint32
+		}
+	}
+	cfg, err := a.config(start, most)
+	if err != nil {
+		return err
+	}
+	if cost := l.constantCost(); l.Concurrency == 0 && cost > cfg.min {
+		return fmt.Errorf("adaptive: min %d is below the cost %d of every request: at min, none would pass", cfg.min, cost)
+	}
+	l.adaptCfg = cfg
+	return nil
+}
+
+// adaptiveLimit is a provisioned limit's controller and where its decisions
+// go.
+type adaptiveLimit struct {
+	l    *Limit
+	ctl  *aimd
+	key  adaptiveKey
+	set  func(int64) error
+	now  func() int64
+	log  *zap.Logger
+	lim  prometheus.Gauge
+	p99  prometheus.Gauge
+	errs prometheus.Gauge
+
+	mu       sync.Mutex   // one apply at a time, so none writes a stale limit
+	applied  atomic.Int64 // the limit last given to the slots or the store
+	released bool
+}
+
+// adaptiveStates keeps each adaptive limit's controller across config
+// reloads, so that a reload in the middle of an incident does not put a
+// limit that backed off back to its configured value. A reload that
+// changes the limit's settings (or its configured value) starts afresh.
+var adaptiveStates = caddy.NewUsagePool()
+
+type adaptiveKey struct {
+	zone, scope string
+	conc        bool
+	start       int64
+	cfg         aimdConfig
+}
+
+// Destruct lets the pool drop the controller.
+func (*aimd) Destruct() error { return nil }
+
+// provisionAdaptive gives l its controller, once its slots or its store
+// handle exist: the one a running config shares, or a new one at the
+// configured limit.
+func (l *Limit) provisionAdaptive(logger *zap.Logger) error {
+	if l.Adaptive == nil {
+		return nil
+	}
+	a := &adaptiveLimit{
+		l: l, now: monotonic, log: logger,
+		lim:  adaptiveLimitG.WithLabelValues(l.zone.name, l.scope),
+		p99:  adaptiveP99G.WithLabelValues(l.zone.name, l.scope),
+		errs: adaptiveErrG.WithLabelValues(l.zone.name, l.scope),
+	}
+	start := l.Concurrency
+	if l.shared != nil {
+		// Each instance would move only its own idea of a cap that all
+		// of them share in Redis.
+		return fmt.Errorf("adaptive: a concurrency limit shared through the redis backend cannot adapt yet: use adaptive on a rate, or concurrency on the memory backend")
+	}
+	if l.conc != nil {
+		a.set = func(n int64) error { l.conc.setMax(n); return nil }
+	} else {
+		start = l.MaxEvents
+		if h, ok := l.handle.(backend.Adjustable); !ok || !h.CanAdjust() {
+			return fmt.Errorf("adaptive: this backend cannot change max_events while the limit runs")
+		}
+		a.set = l.setMaxEvents
+	}
+	a.key = adaptiveKey{zone: l.zone.name, scope: l.scope, conc: l.conc != nil, start: start, cfg: l.adaptCfg}
+	v, _, err := adaptiveStates.LoadOrNew(a.key, func() (caddy.Destructor, error) {
+		return newAIMD(l.adaptCfg, start, monotonic()), nil
+	})
+	if err != nil {
+		return err
+	}
+	a.ctl = v.(*aimd)
+	l.adapt = a
+	a.applied.Store(start)
+	a.lim.Set(float64(start))
+	a.apply()
+	adaptiveMinG.WithLabelValues(l.zone.name, l.scope).Set(float64(l.adaptCfg.min))
+	return nil
+}
+
+// releaseAdaptive lets go of the controllers of h's adaptive limits, those
+// of a zone that failed to provision included.
+func (h *Handler) releaseAdaptive() {
+	for _, z := range h.RateLimits {
+		if z == nil {
+			continue
+		}
+		for _, l := range z.keyed {
+			if a := l.adapt; a != nil && !a.released {
+				a.released = true
+				_, _ = adaptiveStates.Delete(a.key)
+			}
+		}
+	}
+}
+
+// setMaxEvents sets a rate's max_events in its store and in its local
+// fallback, which decides while a shared store is unavailable.
+func (l *Limit) setMaxEvents(n int64) error {
+	err := l.handle.(backend.Adjustable).SetMaxEvents(n)
+	if h, ok := l.local.(backend.Adjustable); ok && h.CanAdjust() {
+		err = errors.Join(err, h.SetMaxEvents(n))
+	}
+	return err
+}
+
+// applyLocal gives the local fallback, registered after the limit, the
+// limit in force (one a running config backed off to, after a reload).
+func (a *adaptiveLimit) applyLocal() error {
+	if a == nil || a.set == nil {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if h, ok := a.l.local.(backend.Adjustable); ok && h.CanAdjust() {
+		return h.SetMaxEvents(a.applied.Load())
+	}
+	return nil
+}
+
+// observe records one request the limit let through, and moves the limit
+// when an interval has ended. A controller shared with another config
+// (during a reload) may have moved it: each config applies the current
+// limit to its own slots or store handle on its next request.
+func (a *adaptiveLimit) observe(latency int64, failed bool, now int64) {
+	a.ctl.observe(latency, failed)
+	if d, ok := a.ctl.decide(now); ok {
+		a.report(d)
+	}
+	if a.ctl.current() != a.applied.Load() {
+		a.apply()
+	}
+}
+
+// report publishes an interval's numbers, and logs a change.
+func (a *adaptiveLimit) report(d decision) {
+	if d.requests > 0 {
+		a.p99.Set(float64(d.p99) / 1e9)
+		a.errs.Set(float64(d.errors) / float64(d.requests))
+	}
+	if d.to != d.from {
+		a.log.Info("adaptive limit changed", zap.String("zone", a.l.zone.name), zap.String("scope", a.l.scope),
+			zap.Int64("from", d.from), zap.Int64("to", d.to), zap.Int64("requests", d.requests),
+			zap.Duration("latency_p99", time.Duration(d.p99)), zap.Int64("errors", d.errors))
+	}
+}
+
+// apply gives the controller's limit to the slots or the store.
+func (a *adaptiveLimit) apply() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.ctl.current()
+	if n == a.applied.Load() {
+		return
+	}
+	// Marked applied even if the store refuses it, so that a refusal is
+	// logged once, not on every request; the limits were checked at load.
+	a.applied.Store(n)
+	if err := a.set(n); err != nil {
+		a.log.Error("adaptive limit: cannot apply the new limit", zap.String("zone", a.l.zone.name), zap.String("scope", a.l.scope), zap.Int64("limit", n), zap.Error(err))
+		return
+	}
+	a.lim.Set(float64(n))
+}
+
+var monoStart = time.Now()
+
+// monotonic is the time since the process started, on the monotonic clock:
+// a step of the wall clock must not make a latency or an interval.
+func monotonic() int64 { return int64(time.Since(monoStart)) }
+
+// setMax changes the cap while requests are in flight. Raised, the keys'
+// waiters get the new slots at once, in order; lowered, the requests in
+// flight keep their slots, and a freed slot goes back to the pool until
+// its key is under the new cap.
+func (c *concLimiter) setMax(n int64) {
+	c.mu.Lock()
+	c.max.Store(n)
+	granted := 0
+	for _, k := range c.keys {
+		for k.inFlight < n {
+			e := k.waiters.Front()
+			if e == nil {
+				break
+			}
+			w := k.waiters.Remove(e).(*concWaiter)
+			w.granted = true
+			k.inFlight++
+			close(w.ready)
+			granted++
+		}
+	}
+	c.mu.Unlock()
+	c.gauge.Add(float64(granted))
+}
+
+// adaptiveWriter notes the status of a response that adaptive limits
+// watch, passing everything through. Writers are pooled: one per request
+// would be an allocation on every request these limits let through.
+type adaptiveWriter struct {
+	caddyhttp.ResponseWriterWrapper
+	status   int
+	hijacked bool
+}
+
+var adaptiveWriters = sync.Pool{New: func() any { return new(adaptiveWriter) }}
+
+func (w *adaptiveWriter) WriteHeader(code int) {
+	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *adaptiveWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *adaptiveWriter) ReadFrom(r io.Reader) (int64, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriterWrapper.ReadFrom(r)
+}
+
+// FlushError lets http.ResponseController flush a streamed response.
+func (w *adaptiveWriter) FlushError() error {
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Hijack is for the handlers that still assert http.Hijacker.
+func (w *adaptiveWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.hijacked = true
+	return http.NewResponseController(w.ResponseWriter).Hijack()
+}
+
+// serveAdaptive hands the request on, timing the handlers after this one
+// and noting whether they failed, for every adaptive limit it passed.
+func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, aw *adaptiveWriter, o *outcomeWriter, adapt []*adaptiveLimit) error {
+	now := adapt[0].now
+	start := now()
+	var err error
+	if o != nil {
+		err = h.serveOutcome(o, r, next)
+	} else {
+		err = next.ServeHTTP(w, r)
+	}
+	end := now()
+	// A connection that switched protocols (a WebSocket) lasts as long as
+	// its client stays: its length says nothing of the upstream's speed.
+	if !aw.hijacked && aw.status != http.StatusSwitchingProtocols {
+		failed := requestFailed(aw.status, err, r)
+		for _, a := range adapt {
+			a.observe(end-start, failed, end)
+		}
+	}
+	aw.ResponseWriter, aw.status, aw.hijacked = nil, 0, false
+	adaptiveWriters.Put(aw)
+	return err
+}
+
+// requestFailed tells whether a request ended in a server error: a 5xx
+// written, or an error from a handler (Caddy answers it with its status,
+// 500 when it has none). A client that left is not the server's failure.
+func requestFailed(status int, err error, r *http.Request) bool {
+	if status != 0 {
+		return status >= 500
+	}
+	if err == nil || r.Context().Err() != nil {
+		return false
+	}
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) && he.StatusCode != 0 {
+		return he.StatusCode >= 500
+	}
+	return true
+}
+
+// parseAdaptive reads an adaptive block:
+//
+//	adaptive {
+//	    min         <n>
+//	    max         <n>
+//	    increase    <n>
+//	    decrease    <fraction>
+//	    interval    <duration>
+//	    latency_p99 <low> <high>
+//	    error_rate  <low>% <high>%
+//	}
+//
+// Error rates are percentages ("1%") or fractions ("0.01").
+func parseAdaptive(d *caddyfile.Dispenser, w string) (*Adaptive, error) {
+	if d.NextArg() {
+		return nil, d.Errf("%sadaptive takes a block, not %q", where(w), d.Val())
+	}
+	a := new(Adaptive)
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return nil, d.Errf("%sadaptive: %s already specified", where(w), opt)
+		}
+		seen[opt] = true
+		var err error
+		switch opt {
+		case "min":
+			a.Min, err = positiveArg(d, w, "adaptive min")
+		case "max":
+			a.Max, err = positiveArg(d, w, "adaptive max")
+		case "increase":
+			a.Increase, err = positiveArg(d, w, "adaptive increase")
+		case "decrease":
+			var v string
+			if v, err = oneArg(d); err == nil {
+				if a.Decrease, err = strconv.ParseFloat(v, 64); err != nil || !(a.Decrease > 0 && a.Decrease < 1) {
+					return nil, d.Errf("%sadaptive: decrease must be a fraction strictly between 0 and 1, such as 0.7, got %q", where(w), v)
+				}
+			}
+		case "interval":
+			var dur time.Duration
+			dur, err = durationArg(d, w, "adaptive interval")
+			a.Interval = caddy.Duration(dur)
+		case "latency_p99":
+			var lo, hi time.Duration
+			lo, hi, err = twoArgs(d, w, opt, func(v string) (time.Duration, error) {
+				dur, err := caddy.ParseDuration(v)
+				if err == nil && dur <= 0 {
+					err = fmt.Errorf("must be positive")
+				}
+				return dur, err
+			})
+			a.LatencyP99Low, a.LatencyP99High = caddy.Duration(lo), caddy.Duration(hi)
+		case "error_rate":
+			a.ErrorRateLow, a.ErrorRateHigh, err = twoArgs(d, w, opt, parseRatio)
+		default:
+			return nil, d.Errf("%sadaptive: unrecognized option %q (min, max, increase, decrease, interval, latency_p99, error_rate)", where(w), opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// twoArgs reads the low and high marks of an adaptive option.
+func twoArgs[T any](d *caddyfile.Dispenser, w, opt string, parse func(string) (T, error)) (lo, hi T, err error) {
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return lo, hi, d.Errf("%sadaptive: %s takes a low and a high mark, got %d values", where(w), opt, len(args))
+	}
+	if lo, err = parse(args[0]); err == nil {
+		hi, err = parse(args[1])
+	}
+	if err != nil {
+		return lo, hi, d.Errf("%sadaptive: %s %s %s: %v", where(w), opt, args[0], args[1], err)
+	}
+	return lo, hi, nil
+}
+
+// parseRatio reads "5%" or "0.05" as 0.05.
+func parseRatio(v string) (float64, error) {
+	num, pct := strings.CutSuffix(v, "%")
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0, fmt.Errorf("not a number or a percentage: %q", v)
+	}
+	if pct {
+		f /= 100
+	}
+	return f, nil
+}
+
+// adaptiveInfo is an adaptive limit in the admin API's zones listing.
+type adaptiveInfo struct {
+	// Limit is the limit in force: requests in flight, or max_events.
+	Limit    int64  `json:"limit"`
+	Min      int64  `json:"min"`
+	Max      int64  `json:"max"`
+	Interval string `json:"interval"`
+	// What the last interval with requests saw: how many, their p99
+	// latency in seconds and the share that failed.
+	Requests   int64   `json:"last_requests"`
+	LatencyP99 float64 `json:"last_latency_p99"`
+	ErrorRate  float64 `json:"last_error_rate"`
+}
+
+// info describes a for the admin API; nil for a limit that is not
+// adaptive.
+func (a *adaptiveLimit) info() *adaptiveInfo {
+	if a == nil {
+		return nil
+	}
+	c := a.l.adaptCfg
+	in := &adaptiveInfo{Limit: a.ctl.current(), Min: c.min, Max: c.max, Interval: time.Duration(c.interval).String()}
+	if d := a.ctl.last.Load(); d != nil {
+		in.Requests, in.LatencyP99 = d.requests, float64(d.p99)/1e9
+		in.ErrorRate = float64(d.errors) / float64(d.requests)
+	}
+	return in
+}
+
+// listedLimits are the limits of z the zones listing shows: its rates (a
+// tiered limit's, one per tier), then its limits of concurrency alone.
+func listedLimits(z *Zone) []*Limit {
+	out := slices.Clip(z.limits)
+	for _, l := range z.keyed {
+		if l.concOnly() && l.tiers == nil {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// limitText completes the RATE column of `caddy rate-limit zones` with the
+// concurrency, and where an adaptive limit is.
+func limitText(rate string, l limitInfo) string {
+	switch {
+	case l.Window == "":
+		rate = fmt.Sprintf("concurrency %d", l.Concurrency)
+	case l.Concurrency > 0:
+		rate += fmt.Sprintf(", concurrency %d", l.Concurrency)
+	}
+	if a := l.Adaptive; a != nil {
+		rate += fmt.Sprintf(" (adaptive: %d in %d–%d)", a.Limit, a.Min, a.Max)
+	}
+	return rate
+}

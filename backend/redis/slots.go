@@ -1,0 +1,362 @@
+package redis
+
+// Concurrency slots shared by a fleet (docs/protection.md, docs/redis.md).
+//
+// The slots of one key of a limit are a sorted set, <prefix><zone>/<scope>/s{<key>}
+// (the client's key as the hash tag, like the rate state), whose members
+// are slot ids scored by their expiry in milliseconds on the Redis server's
+// clock. Acquiring prunes the expired members and adds one when fewer than
+// the limit remain, atomically in one script call; releasing removes the
+// member. The instance holding a slot renews its expiry every third of the
+// slot's TTL, so a slot outlives a request that runs long but is alive, and
+// one of an instance that died is free again within the TTL.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/sluice/backend"
+)
+
+// ---- Lua: concurrency slots (acquire and renew) ----
+
+// slotAcquireSource takes a slot. KEYS[1] is the key's set; ARGV: the
+// limit, the TTL in ms, the new slot's id. It returns 1 when the slot was
+// taken, 0 when every slot is held. The set's own expiry is the TTL from
+// now: no member expires later.
+const slotAcquireSource = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+	return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+`
+
+// slotRenewSource pushes the expiry of the slots ARGV[2:] of KEYS[1] to
+// ARGV[1] ms from now. A slot already gone (released, or expired while this
+// instance could not reach Redis) is not brought back: another request may
+// hold its place now. It returns how many were renewed.
+const slotRenewSource = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = 0
+for i = 2, #ARGV do
+	n = n + redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[1]), ARGV[i])
+end
+if n > 0 then
+	redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return n
+`
+
+// ---- end of Lua ----
+
+var (
+	slotAcquire = goredis.NewScript(slotAcquireSource)
+	slotRenew   = goredis.NewScript(slotRenewSource)
+)
+
+// kindSlots is the kind letter of a slot set in the key layout.
+const kindSlots = 's'
+
+// MinSlotTTL and MaxSlotTTL bound a slot's TTL: renewed every third of it,
+// a TTL under a second would cost Redis a call per slot several times a
+// second; one over an hour would keep a dead instance's slots longer than
+// any request lasts.
+const (
+	MinSlotTTL = time.Second
+	MaxSlotTTL = time.Hour
+)
+
+// instanceID starts every slot id this process makes, so that ids of
+// different instances never collide.
+var instanceID = func() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b) + "."
+}()
+
+// slotSeq numbers the slots of the process: ids must differ across every
+// store of the process too.
+var slotSeq atomic.Uint64
+
+// slotZone is the store's handle on one limit's slots.
+type slotZone struct {
+	s      *Store
+	prefix string // the set's key before the client's key
+	ttl    time.Duration
+	ttlMs  string
+	// The limit and the TTL in ms as command arguments, converted once.
+	limitArg, ttlArg any
+	guard            guard
+}
+
+// guard runs a call to Redis (through the breaker, for the module).
+type guard func(ctx context.Context, call func() (bool, error)) (bool, error)
+
+func direct(_ context.Context, call func() (bool, error)) (bool, error) { return call() }
+
+// slotHolder is what one store holds: the ids of the slots it acquired and
+// has not released, by set, renewed by one goroutine that runs only while
+// some are held.
+type slotHolder struct {
+	mu      sync.Mutex
+	sets    map[string]*heldSet
+	running bool
+	closed  bool
+	// shorter wakes the goroutine when a slot of a shorter TTL than it
+	// sleeps for is taken: that slot must be renewed sooner.
+	shorter chan struct{}
+	logger  *zap.Logger
+	every   time.Duration // how often the goroutine renews: the shortest TTL held ÷ 3
+}
+
+type heldSet struct {
+	z   *slotZone
+	ids []string // few: the requests of one key in flight here
+}
+
+// RegisterSlots registers cfg's slots (backend.SlotStore).
+func (s *Store) RegisterSlots(cfg backend.SlotConfig) (backend.Slots, error) {
+	return s.registerSlots(cfg, direct)
+}
+
+func (s *Store) registerSlots(cfg backend.SlotConfig, g guard) (*slotZone, error) {
+	switch {
+	case cfg.Limit < 1:
+		return nil, fmt.Errorf("concurrency must be at least 1, got %d", cfg.Limit)
+	case cfg.TTL < MinSlotTTL || cfg.TTL > MaxSlotTTL:
+		return nil, fmt.Errorf("slot_ttl must be from %v to %v, got %v", MinSlotTTL, MaxSlotTTL, cfg.TTL)
+	}
+	z := &slotZone{
+		s: s, prefix: zonePrefix(s.prefix, cfg.Name, cfg.Scope, kindSlots),
+		limitArg: strconv.FormatInt(cfg.Limit, 10), ttl: cfg.TTL, ttlMs: strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
+		guard: g,
+	}
+	z.ttlArg = z.ttlMs
+	return z, nil
+}
+
+// Acquire takes a slot of key (backend.Slots).
+func (z *slotZone) Acquire(ctx context.Context, key string) (string, error) {
+	set := z.prefix + key + "}"
+	id := instanceID + strconv.FormatUint(slotSeq.Add(1), 36)
+	var sent bool
+	// The deadline is the call's own: the breaker tells a caller that left
+	// (ctx ended) from a Redis that did not answer in time.
+	ok, err := z.guard(ctx, func() (bool, error) {
+		sent = true
+		tctx, cancel := context.WithTimeout(ctx, z.s.timeout)
+		defer cancel()
+		n, err := z.acquireOnce(tctx, set, id)
+		return n == 1, err
+	})
+	switch {
+	case err != nil && sent:
+		// The call may have run and taken the slot: give it back, or it
+		// would stay taken until its TTL.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), z.s.timeout)
+		_ = z.s.client.ZRem(rctx, set, id).Err()
+		cancel()
+		return "", err
+	case err != nil || !ok:
+		return "", err
+	}
+	z.s.slots.hold(z, set, id)
+	return id, nil
+}
+
+// Release frees the slot id of key (backend.Slots). The slot is no longer
+// renewed, whether or not Redis could be told: then it expires after its
+// TTL.
+func (z *slotZone) Release(ctx context.Context, key, id string) error {
+	set := z.prefix + key + "}"
+	z.s.slots.drop(set, id)
+	_, err := z.guard(ctx, func() (bool, error) {
+		tctx, cancel := context.WithTimeout(ctx, z.s.timeout)
+		defer cancel()
+		return true, z.s.client.ZRem(tctx, set, id).Err()
+	})
+	return err
+}
+
+// The acquire script's digest and source as command arguments, converted
+// to interface values once.
+var slotAcquireHash, slotAcquireArg any = slotAcquire.Hash(), slotAcquireSource
+
+// acquireOnce runs the acquire script on set, never retried after it may
+// have run (see once), with the source sent again after NOSCRIPT.
+func (z *slotZone) acquireOnce(ctx context.Context, set, id string) (int64, error) {
+	cmd := goredis.NewCmd(ctx, "evalsha", slotAcquireHash, 1, set, z.limitArg, z.ttlArg, id)
+	_ = z.s.client.Process(ctx, once{cmd})
+	if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd = goredis.NewCmd(ctx, "eval", slotAcquireArg, 1, set, z.limitArg, z.ttlArg, id)
+		_ = z.s.client.Process(ctx, once{cmd})
+	}
+	return cmd.Int64()
+}
+
+func (h *slotHolder) hold(z *slotZone, set, id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.sets == nil {
+		h.sets = make(map[string]*heldSet)
+	}
+	hs := h.sets[set]
+	if hs == nil {
+		hs = &heldSet{z: z}
+		h.sets[set] = hs
+	}
+	hs.ids = append(hs.ids, id)
+	if h.shorter == nil {
+		h.shorter = make(chan struct{}, 1)
+	}
+	if every := z.ttl / 3; h.every == 0 || every < h.every {
+		h.every = every
+		select {
+		case h.shorter <- struct{}{}:
+		default:
+		}
+	}
+	if !h.running {
+		h.running = true
+		go h.renewLoop(h.shorter)
+	}
+}
+
+func (h *slotHolder) drop(set, id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if hs := h.sets[set]; hs != nil {
+		if i := slices.Index(hs.ids, id); i >= 0 {
+			last := len(hs.ids) - 1
+			hs.ids[i] = hs.ids[last]
+			hs.ids = hs.ids[:last]
+		}
+		if len(hs.ids) == 0 {
+			delete(h.sets, set)
+		}
+	}
+}
+
+// renewLoop renews the held slots every third of the shortest TTL, and
+// ends when none is held (the next acquire starts it again) or when the
+// store's client is gone.
+func (h *slotHolder) renewLoop(shorter <-chan struct{}) {
+	// A wake-up sent before the loop started is for a TTL it reads below.
+	select {
+	case <-shorter:
+	default:
+	}
+	for {
+		h.mu.Lock()
+		every := h.every
+		h.mu.Unlock()
+		t := time.NewTimer(every)
+		select {
+		case <-t.C:
+		case <-shorter:
+			// Sleep again for the shorter third; the slots already held
+			// were due no sooner than before.
+			t.Stop()
+			continue
+		}
+		h.mu.Lock()
+		if len(h.sets) == 0 {
+			h.running, h.every = false, 0
+			h.mu.Unlock()
+			return
+		}
+		batch := make([]renewal, 0, len(h.sets))
+		for set, hs := range h.sets {
+			r := renewal{z: hs.z, set: set, ids: make([]any, 0, len(hs.ids)+1)}
+			r.ids = append(r.ids, hs.z.ttlMs)
+			for _, id := range hs.ids {
+				r.ids = append(r.ids, id)
+			}
+			batch = append(batch, r)
+		}
+		closed := h.closed
+		h.mu.Unlock()
+		if err := renew(batch); err != nil {
+			if closed && errors.Is(err, goredis.ErrClosed) {
+				h.mu.Lock()
+				h.running = false
+				h.mu.Unlock()
+				return
+			}
+			if h.logger != nil {
+				h.logger.Warn("renewing concurrency slots in redis: they expire after their slot_ttl unless a later renewal reaches redis", zap.Int("sets", len(batch)), zap.Error(err))
+			}
+		}
+	}
+}
+
+type renewal struct {
+	z   *slotZone
+	set string
+	ids []any // the TTL in ms, then the ids
+}
+
+// renew sends the renewals, one script call per set in one pipeline,
+// through the breaker.
+func renew(batch []renewal) error {
+	z := batch[0].z
+	_, err := z.guard(context.Background(), func() (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), max(z.s.timeout, time.Second))
+		defer cancel()
+		pipe := z.s.client.Pipeline()
+		cmds := make([]*goredis.Cmd, len(batch))
+		for i, r := range batch {
+			cmds[i] = goredis.NewCmd(ctx, append([]any{"evalsha", slotRenew.Hash(), 1, r.set}, r.ids...)...)
+			_ = pipe.Process(ctx, cmds[i])
+		}
+		_, err := pipe.Exec(ctx)
+		if err == nil || !goredis.HasErrorPrefix(err, "NOSCRIPT") {
+			return true, err
+		}
+		// Redis forgot the script: renewing twice is harmless.
+		for i, r := range batch {
+			if goredis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
+				_ = slotRenew.Run(ctx, z.s.client, []string{r.set}, r.ids...).Err()
+			}
+		}
+		return true, nil
+	})
+	return err
+}
+
+// RegisterSlots registers cfg's slots, whose calls go through the breaker
+// (backend.SlotStore).
+func (m *Module) RegisterSlots(cfg backend.SlotConfig) (backend.Slots, error) {
+	return m.Store.registerSlots(cfg, m.breaker.do)
+}
+
+// closeSlots stops renewing once the store's client is closed: the slots
+// still held expire after their TTL.
+func (h *slotHolder) close() {
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
+}
+
+// Interface guards.
+var (
+	_ backend.SlotStore = (*Store)(nil)
+	_ backend.SlotStore = (*Module)(nil)
+)

@@ -1,0 +1,273 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// tokenUpstream is an LLM application: it answers with the tokens the
+// request's X-Test-Used asks for, in X-Tokens-Used (as a header, or as a
+// trailer when X-Test-Trailer is set), after noting how many tokens the
+// admin API says the key has left while the request runs.
+type tokenUpstream struct {
+	addr   string
+	during atomic.Int64
+	hits   atomic.Int64
+}
+
+func newTokenUpstream(t *testing.T, inspect func() int64) *tokenUpstream {
+	u := &tokenUpstream{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.hits.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		if inspect != nil {
+			u.during.Store(inspect())
+		}
+		used := r.Header.Get("X-Test-Used")
+		if r.Header.Get("X-Test-Trailer") != "" {
+			w.Header().Set("Trailer", "X-Tokens-Used")
+			w.WriteHeader(http.StatusOK)
+			fmt.Fprint(w, `{"choices": []}`)
+			w.Header().Set("X-Tokens-Used", used)
+			return
+		}
+		if used != "" {
+			w.Header().Set("X-Tokens-Used", used)
+		}
+		fmt.Fprint(w, `{"choices": []}`)
+	}))
+	t.Cleanup(srv.Close)
+	u.addr = strings.TrimPrefix(srv.URL, "http://")
+	return u
+}
+
+// tokensLeft is what the admin API says the key "Bearer <key>" has left
+// in scope tokens of zone, or -1.
+func tokensLeft(zone, key string) int64 {
+	resp, err := http.Get("http://" + adminAddr + "/rate_limit/zones/" + zone + "/keys/" + url.PathEscape("Bearer "+key) + "?scope=tokens")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	var v struct{ Limits []adminLimit }
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || len(v.Limits) != 1 {
+		return -1
+	}
+	return v.Limits[0].Remaining
+}
+
+// tokensWithin fails unless got is want plus at most what the tokens
+// scope (200,000 a minute) refilled since since: the bucket refills in
+// real time while the test runs.
+func tokensWithin(t *testing.T, what string, got, want int64, since time.Time) {
+	t.Helper()
+	refill := int64(time.Since(since)*200000/time.Minute) + 1
+	if got < want || got > want+refill {
+		t.Fatalf("%s: %d tokens left, want %d (+ up to %d refilled in %v)", what, got, want, refill, time.Since(since))
+	}
+}
+
+// chat posts a chat completion of a 1000-byte body asking for maxTokens,
+// whose answer reports used tokens (none when used is "").
+func chat(t *testing.T, tester *caddytest.Tester, key string, maxTokens int, used string, header ...string) (int, string) {
+	t.Helper()
+	body := fmt.Sprintf(`{"max_tokens": %d, "messages": [{"role": "user", "content": "`, maxTokens)
+	body += strings.Repeat("x", 1000-len(body)-4) + `"}]}`
+	if len(body) != 1000 {
+		t.Fatalf("body of %d bytes", len(body))
+	}
+	req, _ := http.NewRequest("POST", httpBase+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+key)
+	if used != "" {
+		req.Header.Set("X-Test-Used", used)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := tester.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.Header.Get("Retry-After")
+}
+
+// llmSite is the LLM proxy of docs/outcomes.md, proxying to u, on the
+// given backend, with its zone renamed.
+func llmSite(t *testing.T, backend, zone string, u *tokenUpstream) *caddytest.Tester {
+	site := docOutcomeSite(t, "settle {http.response.header.X-Tokens-Used}", u.addr)
+	site = strings.Replace(site, "zone llm {", "zone "+zone+" {", 1)
+	site = strings.Replace(site, "rate_limit {", "rate_limit {\n\t\t"+backend, 1)
+	return newTester(t, site, "caddyfile")
+}
+
+// settleBackends runs f on the memory store and on a real Redis.
+func settleBackends(t *testing.T, f func(t *testing.T, backend, zone string)) {
+	t.Run("memory", func(t *testing.T) { f(t, "", fmt.Sprintf("settle_mem_%d", time.Now().UnixNano())) })
+	t.Run("redis", func(t *testing.T) {
+		redis := redistest.Standalone(t, "")
+		prefix := fmt.Sprintf("settle%d:", time.Now().UnixNano())
+		f(t, fmt.Sprintf("backend redis {\n\t\t\taddress %s\n\t\t\tkey_prefix %s\n\t\t}", redis.Addr, prefix), fmt.Sprintf("settle_redis_%d", time.Now().UnixNano()))
+	})
+}
+
+// The LLM proxy of docs/outcomes.md, as written: 1000 in + max_tokens
+// 4000 reserve 5000; 1800 used gives 3200 back. 250,000 used puts the key
+// in debt, and its next call waits it out. The zone refuses the 501st
+// request of a minute.
+func TestDocsOutcomeLLM(t *testing.T) {
+	settleBackends(t, func(t *testing.T, backend, zone string) {
+		u := newTokenUpstream(t, func() int64 { return tokensLeft(zone, "k1") })
+		tester := llmSite(t, backend, zone, u)
+
+		start := time.Now()
+		if code, _ := chat(t, tester, "k1", 4000, "1800"); code != http.StatusOK {
+			t.Fatalf("chat: %d", code)
+		}
+		during := u.during.Load()
+		tokensWithin(t, "while the call ran (5000 reserved)", during, 195000, start)
+		after := tokensLeft(zone, "k1")
+		tokensWithin(t, "after the call (1800 used)", after, 198200, start)
+		tokensWithin(t, "given back", after-during, 3200, start)
+
+		// 250,000 used: 1800 + 250,000 in use, 51,800 owed past the
+		// bucket; the next 5000 wait for 56,800 tokens at 200,000 per
+		// minute: 17.04 s, less what refilled meanwhile.
+		if code, _ := chat(t, tester, "k1", 4000, "250000"); code != http.StatusOK {
+			t.Fatalf("chat: %d", code)
+		}
+		if got := tokensLeft(zone, "k1"); got != 0 {
+			t.Fatalf("%d tokens left after 250,000 used, want 0", got)
+		}
+		before := u.hits.Load()
+		code, ra := chat(t, tester, "k1", 4000, "1")
+		if code != http.StatusTooManyRequests || (ra != "17" && ra != "18") || u.hits.Load() != before {
+			t.Fatalf("the call after the debt: %d, Retry-After %q, reached the upstream %v; want 429 after 17 s, not reached", code, ra, u.hits.Load() != before)
+		}
+		// Another key is not in debt.
+		if code, _ := chat(t, tester, "k2", 4000, "10"); code != http.StatusOK {
+			t.Fatalf("another key: %d", code)
+		}
+
+		// 500 requests a minute: about the 501st is refused by the zone,
+		// however few tokens they use (the bucket refills one request per
+		// 120 ms while they are sent).
+		start = time.Now()
+		admitted := 0
+		for {
+			code, ra := chat(t, tester, "k3", 10, "1")
+			if code == http.StatusTooManyRequests {
+				if ra != "1" {
+					t.Fatalf("refused with Retry-After %q, want 1", ra)
+				}
+				break
+			}
+			if code != http.StatusOK || admitted > 1000 {
+				t.Fatalf("request %d of key k3: %d", admitted+1, code)
+			}
+			admitted++
+		}
+		if most := 500 + int(time.Since(start)/(120*time.Millisecond)) + 1; admitted < 500 || admitted > most {
+			t.Fatalf("%d requests admitted in %v, want 500 to %d", admitted, time.Since(start), most)
+		}
+	})
+}
+
+// A streamed answer reports its tokens in a trailer, which reverse_proxy
+// passes on after the body: it is settled once the body is over.
+func TestSettleTrailerThroughProxy(t *testing.T) {
+	settleBackends(t, func(t *testing.T, backend, zone string) {
+		u := newTokenUpstream(t, nil)
+		tester := llmSite(t, backend, zone, u)
+		start := time.Now()
+		if code, _ := chat(t, tester, "k1", 4000, "1800", "X-Test-Trailer", "1"); code != http.StatusOK {
+			t.Fatalf("chat: %d", code)
+		}
+		tokensWithin(t, "after a trailer of 1800", tokensLeft(zone, "k1"), 198200, start)
+	})
+}
+
+// A response without a usable count keeps the estimate: missing, garbage,
+// negative, a float, huge, or given twice.
+func TestSettleGarbageKeepsEstimate(t *testing.T) {
+	settleBackends(t, func(t *testing.T, backend, zone string) {
+		u := newTokenUpstream(t, nil)
+		tester := llmSite(t, backend, zone, u)
+		left := int64(200000)
+		start := time.Now()
+		for _, used := range []string{"", "lots", "-1800", "1.8e3", "1800 tokens", "99999999999999999999", "1800, 1"} {
+			if code, _ := chat(t, tester, "k1", 4000, used); code != http.StatusOK {
+				t.Fatalf("chat reporting %q: %d", used, code)
+			}
+			left -= 5000
+			tokensWithin(t, fmt.Sprintf("after a report of %q (the estimate kept)", used), tokensLeft(zone, "k1"), left, start)
+		}
+	})
+}
+
+// settle is refused where it cannot be exact, naming the option.
+func TestSettleConfigErrors(t *testing.T) {
+	for _, tc := range []struct{ opts, want string }{
+		{"rate 10/1m\n\t\t\tsettle 1800", "settle must be one placeholder"},
+		{"rate 10/1m\n\t\t\tsettle {http.request.header.X-Tokens}", "settle reads the response"},
+		{"rate 10/1m\n\t\t\talgorithm leaky_bucket\n\t\t\tmax_delay 1s\n\t\t\tsettle {http.response.header.X-Tokens-Used}", "settle cannot be used with max_delay"},
+		{"rate 10/1m\n\t\t\tsettle {http.response.header.X-Tokens-Used} {http.vars.x}", "settle takes one value"},
+	} {
+		assertLoadError(t, caddyfileServer(`
+	rate_limit {
+		zone settle_bad {
+			by ip
+			`+tc.opts+`
+		}
+	}
+	respond "ok"`), "caddyfile", tc.want)
+	}
+}
+
+// With a lease, the estimate is spent from the lease and the real cost is
+// settled in Redis itself: 1000 leased, 500 spent, 200 used, 300 back.
+func TestSettleWithLease(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	zone := fmt.Sprintf("settle_lease_%d", time.Now().UnixNano())
+	u := newTokenUpstream(t, nil)
+	tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		backend redis {
+			address %s
+			key_prefix settle%d:
+		}
+		zone %s {
+			key {http.request.header.X-Tenant}
+			rate 100000/1m
+			algorithm token_bucket
+			lease 1000
+			cost {http.request.header.X-Cost}
+			settle {http.response.header.X-Tokens-Used}
+		}
+	}
+	reverse_proxy %s`, redis.Addr, time.Now().UnixNano(), zone, u.addr)), "caddyfile")
+	start := time.Now()
+	code, _, _ := do(t, tester, "POST", "/v1/chat/completions", "X-Tenant", "t1", "X-Cost", "500", "X-Test-Used", "200")
+	if code != http.StatusOK {
+		t.Fatalf("chat: %d", code)
+	}
+	ls := keyOp(t, "GET", "/rate_limit/zones/"+zone+"/keys/t1")
+	refill := int64(time.Since(start)*100000/time.Minute) + 1
+	if got := ls[0].Remaining; got < 99300 || got > 99300+refill {
+		t.Fatalf("Redis has %d left, want 99300 (1000 leased, 300 given back; + up to %d refilled)", got, refill)
+	}
+}

@@ -1,0 +1,83 @@
+package sluice
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/sluicehq/sluice/backend"
+)
+
+// lockoutSteps is the limit's lock-out as the stores take it (nil: none).
+func (l *Limit) lockoutSteps() backend.Lockout {
+	if len(l.Lockout) == 0 {
+		return nil
+	}
+	lo := make(backend.Lockout, len(l.Lockout))
+	for i, d := range l.Lockout {
+		lo[i] = int64(d)
+	}
+	return lo
+}
+
+// checkLockout refuses lockout where it cannot mean what it says.
+func (l *Limit) checkLockout() error {
+	if l.Lockout == nil {
+		return nil
+	}
+	switch {
+	case len(l.Lockout) == 0:
+		return fmt.Errorf("lockout: give at least one step, such as lockout 1m 5m 24h")
+	case l.concOnly():
+		return fmt.Errorf("lockout needs a rate to be denied by: a concurrency cap alone refuses requests for being in flight, not for being too many")
+	case l.MaxDelay > 0:
+		return fmt.Errorf("lockout cannot be used with max_delay: a queue makes requests wait for their turn instead of denying them, and a lock-out would punish a client for the queue being full")
+	case l.Lease > 0:
+		return fmt.Errorf("lockout cannot be used with lease: units spent locally from a lease are denied by one instance alone, which would lock the key out on that instance only")
+	}
+	return l.lockoutSteps().Check()
+}
+
+// checkLockoutShadow refuses lockout in a shadow zone: a shadow zone never
+// denies, so no key would ever be locked out, and the operator trying the
+// limit would see nothing of what lockout does.
+func (z *Zone) checkLockoutShadow(l *Limit) error {
+	if z.Shadow && len(l.Lockout) > 0 {
+		return fmt.Errorf("lockout: a shadow zone never denies, so it never locks a key out: remove lockout while the zone is in shadow")
+	}
+	return nil
+}
+
+// parseLockout reads `lockout <duration>...`; the steps' order and bounds
+// are checked with the rest of the limit (checkLockout).
+func parseLockout(d *caddyfile.Dispenser, w string) ([]caddy.Duration, error) {
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return nil, d.Errf("%slockout needs at least one duration, such as lockout 1m 5m 24h", where(w))
+	}
+	steps := make([]caddy.Duration, len(args))
+	for i, a := range args {
+		dur, err := caddy.ParseDuration(a)
+		if err != nil {
+			return nil, d.Errf("%sinvalid lockout step %d %q: %v", where(w), i+1, a, err)
+		}
+		steps[i] = caddy.Duration(dur)
+	}
+	return steps, nil
+}
+
+// lockoutState fills in st the key's lock-out in l, when l has lockout.
+func lockoutState(ctx context.Context, store backend.Store, l *Limit, key string, st *keyState) error {
+	li, ok := store.(backend.LockoutInspector)
+	if len(l.Lockout) == 0 || !ok {
+		return nil
+	}
+	lo, wait, err := li.InspectLockout(ctx, l.handle, key)
+	if err != nil {
+		return err
+	}
+	st.LockoutLevel, st.LockedOut = lo.Level, seconds(wait)
+	return nil
+}

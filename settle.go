@@ -1,0 +1,287 @@
+package sluice
+
+import (
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+// settler reads a limit's real cost from the response: a response header
+// field, a trailer, or any other placeholder once the response is over.
+type settler struct {
+	expr string // as configured, for messages
+	// field is the canonical name of a response field read by Sluice
+	// itself, "" for another placeholder (name).
+	field       string
+	trailer     string // http.TrailerPrefix + field, where a proxy puts trailers
+	trailerOnly bool
+	name        string
+	// warnAt is when a missing or unreadable value was last logged;
+	// ignored counts those since.
+	warnAt  atomic.Int64
+	ignored atomic.Int64
+}
+
+// Response placeholders Sluice reads itself: the header placeholder of
+// Caddy's replacer reads the outermost writer's fields, which a handler
+// around this one may have changed since (a deferred `header -Field`
+// removes the field as the status is written), and it never sees a
+// trailer.
+const (
+	phRespHeader  = "http.response.header."
+	phRespTrailer = "http.response.trailer."
+)
+
+// settleWarnGap is the least time between two log lines about one limit's
+// unreadable settle values: a misconfigured upstream must not write a line
+// per request.
+const settleWarnGap = time.Minute
+
+// parseSettle reads the settle option: one placeholder.
+func parseSettle(expr string) (*settler, error) {
+	name, open := strings.CutPrefix(expr, "{")
+	name, closed := strings.CutSuffix(name, "}")
+	if !open || !closed || name == "" || strings.ContainsAny(name, "{} ") {
+		return nil, fmt.Errorf("settle must be one placeholder such as {http.response.header.X-Tokens-Used}, got %q", expr)
+	}
+	s := &settler{expr: expr, name: name}
+	for _, p := range []string{phRespHeader, phRespTrailer} {
+		if f, ok := strings.CutPrefix(name, p); ok {
+			if f == "" || strings.ContainsAny(f, " :\t") {
+				return nil, fmt.Errorf("settle: %q names no field", expr)
+			}
+			s.field = textproto.CanonicalMIMEHeaderKey(f)
+			s.trailer = http.TrailerPrefix + s.field
+			s.trailerOnly = p == phRespTrailer
+		}
+	}
+	if strings.HasPrefix(name, "http.request.") {
+		return nil, fmt.Errorf("settle: %q reads the request, which the cost already does: settle reads the response", expr)
+	}
+	return s, nil
+}
+
+// checkSettle validates settle with the options it cannot go with, for
+// the limit's canonical algorithm alg.
+func (l *Limit) checkSettle(alg string) error {
+	if l.Settle == "" {
+		l.settle = nil
+		return nil
+	}
+	s, err := parseSettle(l.Settle)
+	if err != nil {
+		return err
+	}
+	switch {
+	case l.concOnly():
+		return fmt.Errorf("settle needs a rate (max_events and window): a limit of concurrency alone has no cost to settle")
+	case l.Lease > 0 && alg == algorithms.NameSlidingWindow:
+		return fmt.Errorf("settle cannot be used with lease on a sliding_window: a request spent from a lease has no event of its own in the shared log to settle (use token_bucket, gcra or a window counter, or remove lease)")
+	case l.MaxDelay > 0:
+		return fmt.Errorf("settle cannot be used with max_delay: a queued request's slot is spent once it leaves the queue")
+	}
+	l.settle = s
+	return nil
+}
+
+// provisionSettle checks that the store can settle.
+func (h *Handler) provisionSettle(l *Limit) error {
+	if l.settle == nil {
+		return nil
+	}
+	if _, ok := h.store.(backend.Settler); !ok {
+		return fmt.Errorf("zone %q: settle: the %T backend cannot settle a cost after the response", l.zone.name, h.store)
+	}
+	return nil
+}
+
+// settleNotes is what a settling writer notes as the status is written:
+// the values of the settled fields of its first limits, before a handler
+// around this one changes them on their way out.
+type settleNotes struct {
+	vals  [maxSettleNoted][]string
+	noted uint8 // which of vals were noted
+	// actual is the argument of Settle, here so that it does not escape
+	// on its own.
+	actual [1]int64
+}
+
+const maxSettleNoted = 2
+
+// settledWriter is the writer of a request with a settled limit: the
+// notes in the same allocation as the writer.
+type settledWriter struct {
+	outcomeWriter
+	notes settleNotes
+}
+
+// noteSettle notes the settled fields as the status is written.
+func (o *outcomeWriter) noteSettle(hdr http.Header) {
+	n := o.settle
+	if n == nil {
+		return
+	}
+	for i, l := range o.limits[:min(len(o.limits), maxSettleNoted)] {
+		if l.settle != nil && l.settle.field != "" {
+			n.vals[i] = hdr[l.settle.field]
+			n.noted |= 1 << i
+		}
+	}
+}
+
+// settleValues are the values of l's settle field for the i-th limit: the
+// header field as written with the status, else the trailer. A proxy puts
+// a trailer it did not declare before the body (reverse_proxy copying an
+// upstream's) under the trailer prefix; a declared one is set under its
+// own name after the body, when it was not a header at the status.
+func (o *outcomeWriter) settleValues(l *Limit, i int) []string {
+	s := l.settle
+	hdr := o.Header()
+	n := o.settle
+	noted := n != nil && i < maxSettleNoted && n.noted&(1<<i) != 0
+	var atStatus []string
+	if noted {
+		atStatus = n.vals[i]
+	} else if !s.trailerOnly {
+		atStatus = hdr[s.field]
+	}
+	if atStatus != nil && !s.trailerOnly {
+		return atStatus
+	}
+	if v := hdr[s.trailer]; v != nil {
+		return v
+	}
+	if noted && atStatus == nil {
+		return hdr[s.field]
+	}
+	return nil
+}
+
+// actual reads the real cost of the i-th limit's request, or false when
+// the response does not give one that can be trusted.
+func (o *outcomeWriter) actual(r *http.Request, l *Limit, i int) (int64, string, bool) {
+	var v string
+	if l.settle.field != "" {
+		vals := o.settleValues(l, i)
+		switch len(vals) {
+		case 0:
+			return 0, "missing", false
+		case 1:
+			v = vals[0]
+		default:
+			return 0, "given more than once", false
+		}
+	} else {
+		repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+		if repl == nil {
+			return 0, "missing", false
+		}
+		x, _ := repl.Get(l.settle.name)
+		switch x := x.(type) {
+		case nil:
+			return 0, "missing", false
+		case string:
+			v = x
+		case int:
+			v = strconv.Itoa(x)
+		case int64:
+			v = strconv.FormatInt(x, 10)
+		default:
+			v = fmt.Sprint(x)
+		}
+	}
+	n, ok := parseSettleValue(v)
+	if !ok {
+		return 0, "not a whole number from 0 to 10^15", false
+	}
+	return n, "", true
+}
+
+// parseSettleValue reads a whole number of ASCII digits (spaces around it
+// allowed), at most algorithms.MaxSettle: a sign, a fraction, an exponent,
+// a list or a number beyond any limit is not a count a limit can trust.
+func parseSettleValue(v string) (int64, bool) {
+	v = strings.Trim(v, " \t")
+	if v == "" || len(v) > 16 {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, n <= algorithms.MaxSettle
+}
+
+// settleCost settles the i-th limit of o at the real cost the response
+// gives, or keeps the estimate (and says so in the log, at most once a
+// minute per limit) when a successful response gives none it can trust.
+func (h *Handler) settleCost(o *outcomeWriter, r *http.Request, i, status int) {
+	l := o.limits[i]
+	if !o.out[i].Allowed {
+		return // a shadow request that was not taken
+	}
+	n, why, ok := o.actual(r, l, i)
+	if !ok {
+		if status >= 200 && status < 300 {
+			h.warnSettle(l, why)
+		}
+		return
+	}
+	if n == o.reqs[i].Cost {
+		return
+	}
+	// The store was checked at provision; the in-process store that
+	// decides "local" limits while Redis is away settles too.
+	st, ok := o.store.(backend.Settler)
+	if !ok {
+		return
+	}
+	o.settle.actual[0] = n
+	if err := st.Settle(&o.detached, o.reqs[i:i+1], o.out[i:i+1], o.settle.actual[:]); err != nil {
+		h.logger.Error("settling a cost after the response", zap.String("zone", l.zone.name), zap.String("scope", l.scope), zap.Error(err))
+	}
+}
+
+// warnSettle logs that a response gave no usable real cost, at most once
+// per settleWarnGap per limit, with how many responses were kept at their
+// estimate since the last line.
+func (h *Handler) warnSettle(l *Limit, why string) {
+	s := l.settle
+	s.ignored.Add(1)
+	now := h.now()
+	last := s.warnAt.Load()
+	if last != 0 && now-last < int64(settleWarnGap) || !s.warnAt.CompareAndSwap(last, now) {
+		return
+	}
+	h.logger.Warn("a response gave no real cost to settle: the estimate stays charged",
+		zap.String("zone", l.zone.name), zap.String("scope", l.scope), zap.String("settle", s.expr),
+		zap.String("value", why), zap.Int64("responses", s.ignored.Swap(0)))
+}
+
+// newOutcomeWriter makes the writer of watchOutcome: with the notes of
+// settled fields in the same allocation when a limit of s settles.
+func newOutcomeWriter(w http.ResponseWriter, s *scratch) *outcomeWriter {
+	for _, l := range s.limits {
+		if l.settle != nil {
+			sw := &settledWriter{outcomeWriter: outcomeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, store: s.store}}
+			sw.settle = &sw.notes
+			return &sw.outcomeWriter
+		}
+	}
+	return &outcomeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, store: s.store}
+}

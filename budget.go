@@ -123,13 +123,37 @@ func appendBudgetMessage(b []byte, f refusal) []byte {
 	return append(appendSeconds(b, f.retryAfter), '.')
 }
 
+// settleChargesEarly settles the spend budgets once the status is written:
+// the outcome is known then, and a body streamed for longer than
+// reservation_ttl (a long answer, a client that reads slowly) must not
+// see its reservation expire, and its unit come back, before the commit.
+// What fails to settle here is settled, and logged, when the request ends.
+func (o *outcomeWriter) settleChargesEarly() {
+	_ = o.settleCharges(!o.left, int(o.status))
+}
+
+// settleCharges commits or releases the reservations of o's spend budgets
+// (outcomeWriter.settleCharges), logging what fails.
+func (h *Handler) settleCharges(o *outcomeWriter, answered bool, status int) {
+	for _, e := range o.settleCharges(answered, status) {
+		h.logger.Error("settling a spend budget's reservation (it expires by itself after reservation_ttl)", zap.Bool("commit", e.commit), zap.Error(e.err))
+	}
+}
+
+type settleError struct {
+	commit bool
+	err    error
+}
+
 // settleCharges commits the reservations of the spend budgets among o's
 // limits whose charge_when the response matches, and releases the others
-// (all of them when the request has no outcome: answered false).
-func (h *Handler) settleCharges(o *outcomeWriter, answered bool, status int) {
+// (all of them when the request has no outcome: answered false). A
+// reservation settled is marked so (its Reserve zeroed), so that the
+// request's end does not settle it again.
+func (o *outcomeWriter) settleCharges(answered bool, status int) []settleError {
 	res, ok := o.store.(backend.Reserver)
 	if !ok {
-		return
+		return nil
 	}
 	var buf [2][4]int
 	commit, release := buf[0][:0], buf[1][:0]
@@ -145,15 +169,20 @@ func (h *Handler) settleCharges(o *outcomeWriter, answered bool, status int) {
 			release = append(release, i)
 		}
 	}
-	settle := func(reqs []backend.Request, out []algorithms.Result, commit bool) {
+	var errs []settleError
+	settle := func(reqs []backend.Request, out []algorithms.Result, which []int, commit bool) {
 		if err := res.SettleReservations(&o.detached, reqs, out, commit); err != nil {
-			h.logger.Error("settling a spend budget's reservation (it expires by itself after reservation_ttl)", zap.Bool("commit", commit), zap.Error(err))
+			errs = append(errs, settleError{commit, err})
+			return
+		}
+		for _, i := range which {
+			o.reqs[i].Reserve = 0
 		}
 	}
 	if all && (len(commit) == 0 || len(release) == 0) {
 		// The usual case, settled without copying the requests.
-		settle(o.reqs, o.out, len(release) == 0)
-		return
+		settle(o.reqs, o.out, append(commit, release...), len(release) == 0)
+		return errs
 	}
 	for k, which := range [2][]int{commit, release} {
 		if len(which) == 0 {
@@ -164,8 +193,9 @@ func (h *Handler) settleCharges(o *outcomeWriter, answered bool, status int) {
 		for j, i := range which {
 			reqs[j], out[j] = o.reqs[i], o.out[i]
 		}
-		settle(reqs, out, k == 0)
+		settle(reqs, out, which, k == 0)
 	}
+	return errs
 }
 
 // budgetOption reads charge_when, reservation_ttl, align and timezone.

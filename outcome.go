@@ -81,10 +81,14 @@ func watchOutcome(w http.ResponseWriter, s *scratch) *outcomeWriter {
 // WriteHeader notes the first final status: informational answers (103
 // Early Hints) come before the real one, while 101 ends the exchange.
 func (o *outcomeWriter) WriteHeader(code int) {
-	if o.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+	first := o.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols)
+	if first {
 		o.note(code)
 	}
 	o.ResponseWriter.WriteHeader(code)
+	if first {
+		o.settleChargesEarly()
+	}
 }
 
 // A body written without WriteHeader goes out as 200.
@@ -112,6 +116,7 @@ func (o *outcomeWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 func (o *outcomeWriter) wrote() {
 	if o.status == 0 {
 		o.note(http.StatusOK)
+		o.settleChargesEarly()
 	}
 }
 

@@ -93,7 +93,9 @@ type Store interface {
 	// Refund gives back what an allowed Decide of the same requests took,
 	// for a request that did not happen after all (a queued request whose
 	// client left); granted holds that Decide's results. It never gives
-	// back more than was taken.
+	// back more than was taken: a request that reserved (Request.Reserve)
+	// has its reservation released, as Reserver.Settle does, so that its
+	// expiry does not give the units back a second time.
 	Refund(ctx context.Context, reqs []Request, granted []algorithms.Result) error
 	// Close releases the zones this store registered.
 	Close() error

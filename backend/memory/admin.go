@@ -102,7 +102,15 @@ func (s *Store) Reset(_ context.Context, l backend.Limit, key string) error {
 	if err != nil {
 		return err
 	}
-	h := l.(zoneOps).hash(key)
+	z := l.(zoneOps)
+	h := z.hash(key)
+	// The key's open reservations go with it: released later, they would
+	// give back units of the fresh state.
+	s.resv.mu.Lock()
+	if live, ok := s.resv.keys[resvKey{z, key}]; ok {
+		s.resv.put(resvKey{z, key}, live[:0])
+	}
+	s.resv.mu.Unlock()
 	own.reset(h)
 	for _, p := range peers {
 		p.reset(h)

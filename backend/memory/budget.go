@@ -28,10 +28,18 @@ type resvKey struct {
 // before the key is decided again, and a pass over every key, once per
 // reservation_ttl, drops those of keys nobody asks for any more.
 type reservations struct {
-	mu      sync.Mutex
-	keys    map[resvKey][]reservation
+	mu   sync.Mutex
+	keys map[resvKey][]reservation
+	// spare holds the lists of keys left without reservations, for the
+	// next keys to reserve: a key is dropped as soon as it holds none
+	// (a flood of keys must not pile up beside max_keys until the next
+	// pass), and a busy key reserves without allocating.
+	spare   [][]reservation
 	sweepAt int64
 }
+
+// maxSpare bounds the lists kept for reuse.
+const maxSpare = 64
 
 // Decide is the store's decision (decide), with the reservations of the
 // requests that ask for one (backend.Reserver): due ones of their keys
@@ -63,7 +71,12 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 		k := resvKey{r.Limit.(zoneOps), r.Key}
 		switch {
 		case ok && out[i].Allowed && r.Cost > 0:
-			s.resv.keys[k] = append(s.resv.keys[k], reservation{token: r.Token, deadline: out[i].At + r.Reserve, cost: r.Cost, granted: out[i]})
+			live, held := s.resv.keys[k]
+			if !held && len(s.resv.spare) > 0 {
+				live = s.resv.spare[len(s.resv.spare)-1]
+				s.resv.spare = s.resv.spare[:len(s.resv.spare)-1]
+			}
+			s.resv.keys[k] = append(live, reservation{token: r.Token, deadline: out[i].At + r.Reserve, cost: r.Cost, granted: out[i]})
 		case !out[i].Allowed && out[i].RetryAfter != algorithms.Never:
 			// A live reservation may come back before the window
 			// ends: the client is told the sooner of the two.
@@ -130,11 +143,24 @@ func (rs *reservations) takeDue(k resvKey, now int64, due []resvDue, drop bool) 
 		n++
 	}
 	if n == 0 && drop {
-		delete(rs.keys, k)
+		rs.put(k, live[:0])
 	} else if n < len(live) {
 		rs.keys[k] = live[:n]
 	}
 	return due
+}
+
+// put stores k's live reservations, dropping k when it holds none. The
+// caller holds rs.mu.
+func (rs *reservations) put(k resvKey, live []reservation) {
+	if len(live) > 0 {
+		rs.keys[k] = live
+		return
+	}
+	delete(rs.keys, k)
+	if len(rs.spare) < maxSpare {
+		rs.spare = append(rs.spare, live[:0])
+	}
 }
 
 // SettleReservations commits or releases the reservations of reqs (backend.Reserver).
@@ -143,34 +169,38 @@ func (rs *reservations) takeDue(k resvKey, now int64, due []resvDue, drop bool) 
 func (s *Store) SettleReservations(_ context.Context, reqs []backend.Request, granted []algorithms.Result, commit bool) error {
 	now := s.now()
 	for i, r := range reqs {
-		if r.Reserve <= 0 || r.Cost <= 0 || !granted[i].Allowed {
-			continue
-		}
 		z, ok := r.Limit.(zoneOps)
 		if !ok {
 			return fmt.Errorf("zone %q was not registered with the memory backend", r.Limit.Name())
 		}
-		k := resvKey{z, r.Key}
-		s.resv.mu.Lock()
-		live, found := s.resv.keys[k], false
-		for j, v := range live {
-			if v.token == r.Token && v.granted.At == granted[i].At {
-				found = true
-				live = append(live[:j], live[j+1:]...)
-				break
-			}
-		}
-		if found {
-			// Kept when empty, for the key's next reservation; the
-			// pass over every key drops it.
-			s.resv.keys[k] = live
-		}
-		s.resv.mu.Unlock()
-		if found && !commit {
-			z.refund(z.hash(r.Key), now, granted[i], r.Cost)
-		}
+		s.settle(z, r, granted[i], commit, now)
 	}
 	return nil
+}
+
+// settle commits or releases r's reservation, made by the decision that
+// granted it; a release refunds its units only if it was still held.
+func (s *Store) settle(z zoneOps, r backend.Request, granted algorithms.Result, commit bool, now int64) {
+	if r.Reserve <= 0 || r.Cost <= 0 || !granted.Allowed {
+		return
+	}
+	k := resvKey{z, r.Key}
+	s.resv.mu.Lock()
+	live, found := s.resv.keys[k], false
+	for j, v := range live {
+		if v.token == r.Token && v.granted.At == granted.At {
+			found = true
+			live = append(live[:j], live[j+1:]...)
+			break
+		}
+	}
+	if found {
+		s.resv.put(k, live)
+	}
+	s.resv.mu.Unlock()
+	if found && !commit {
+		z.refund(z.hash(r.Key), now, granted, r.Cost)
+	}
 }
 
 // Interface guard.

@@ -504,8 +504,9 @@ func stricter(a, b algorithms.Result) algorithms.Result {
 	return a
 }
 
-// Refund gives back the units reqs took. Each key is refunded under its own
-// shard lock; a refund only ever makes room, so it needs no all-or-nothing.
+// Refund gives back the units reqs took, releasing the reservations among
+// them. Each key is refunded under its own shard lock; a refund only ever
+// makes room, so it needs no all-or-nothing.
 func (s *Store) Refund(_ context.Context, reqs []backend.Request, granted []algorithms.Result) error {
 	now := s.now()
 	for i, r := range reqs {
@@ -513,7 +514,12 @@ func (s *Store) Refund(_ context.Context, reqs []backend.Request, granted []algo
 		if !ok {
 			return fmt.Errorf("zone %q was not registered with the memory backend", r.Limit.Name())
 		}
-		if r.Cost > 0 && granted[i].Allowed {
+		switch {
+		case r.Reserve > 0:
+			// A reservation's units come back once: its expiry must
+			// not give them back again.
+			s.settle(z, r, granted[i], false, now)
+		case r.Cost > 0 && granted[i].Allowed:
 			z.refund(z.hash(r.Key), now, granted[i], r.Cost)
 		}
 	}

@@ -111,8 +111,10 @@ func (s *Store) Reset(ctx context.Context, l backend.Limit, key string) error {
 	s.forget(it)
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	// One command: the record has the state's hash tag (one cluster slot).
-	err = s.client.Del(ctx, it.key, lk).Err()
+	// One command: the record and the open reservations (released
+	// later, they would give back units of the fresh state) have the
+	// state's hash tag (one cluster slot).
+	err = s.client.Del(ctx, it.key, lk, it.key+":R").Err()
 	s.forget(it)
 	if err != nil {
 		return fmt.Errorf("redis backend: reset: %w", err)

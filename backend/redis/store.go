@@ -6,6 +6,7 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -585,11 +586,13 @@ func (s *Store) giveBack(ctx context.Context, items []item, results []algorithms
 }
 
 // Refund gives back what an allowed Decide of the same requests took
-// (backend.Store). Each key is refunded in turn, as in the memory store.
+// (backend.Store). Each key is refunded in turn, as in the memory store; a
+// reservation is released instead (mode e), so that its expiry does not
+// give its units back a second time.
 func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []algorithms.Result) error {
 	items := make([]item, 0, len(reqs))
 	results := make([]algorithms.Result, 0, len(reqs))
-	idx := make([]int, 0, len(reqs))
+	var plain, reserved []int
 	for i, r := range reqs {
 		z, ok := r.Limit.(*zone)
 		if !ok {
@@ -598,19 +601,27 @@ func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []al
 		if r.Cost <= 0 || !granted[i].Allowed {
 			continue
 		}
-		idx = append(idx, len(items))
+		if r.Reserve > 0 {
+			reserved = append(reserved, len(items))
+		} else {
+			plain = append(plain, len(items))
+		}
 		conf := z.conf()
 		z.st.use(conf)
 		items = append(items, item{key: z.stateKey(conf, r.Key), conf: conf, cost: min(r.Cost, maxCost)})
-		s.budgetItem(&items[len(items)-1], backend.Request{})
+		s.budgetItem(&items[len(items)-1], r)
 		results = append(results, granted[i])
-	}
-	if len(items) == 0 {
-		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	return s.refund(ctx, "r", items, idx, results)
+	var err error
+	if len(reserved) > 0 {
+		err = s.refund(ctx, "e", items, reserved, results)
+	}
+	if len(plain) > 0 {
+		err = cmp.Or(s.refund(ctx, "r", items, plain, results), err)
+	}
+	return err
 }
 
 // refund runs the refund (mode r) or undo (mode x) script for

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/algorithms"
 )
@@ -25,4 +26,21 @@ func TestDifferentialCacheAfterGrantClockBack(t *testing.T) {
 			tw.do(ask{0, "k", 1, false})
 		})
 	}
+}
+
+// A queue whose slots are given out up to max_delay ahead, to a request of
+// the whole queue, owes max_delay + queue × interval: past 2^52 ns for a
+// 30-day window.
+func TestDifferentialLongQueueDebt(t *testing.T) {
+	client := standaloneClient(t)
+	day := int64(24 * time.Hour)
+	p := algorithms.Policy{Limit: 4, Window: 30 * day, MaxDelay: 30 * day / 4 * 3}
+	tw := newTwinWith(t, client, false, t0, zoneSpec{name: "q", alg: algorithms.NameLeakyBucket, policy: p})
+	for range 3 {
+		tw.do(ask{0, "k", 1, false})
+	}
+	tw.do(ask{0, "k", 4, false}) // its slots start max_delay away
+	tw.do(ask{0, "k", 1, false})
+	tw.clock += day
+	tw.do(ask{0, "k", 1, false})
 }

@@ -424,9 +424,20 @@ func (tw *twin) doBatch(reqs [][]ask) {
 		for i := range batch {
 			ps[i] = batch[i].p
 		}
+		var sent int64
+		var epoch uint64
+		if red.cache != nil {
+			sent, epoch = red.cache.mark()
+		}
 		b.send(ps)
 		for _, o := range batch {
 			<-o.p.done
+			if red.cache != nil {
+				// As Decide does after a batched call: without it, a
+				// denial the cache remembers would outlive the grant
+				// that followed it here.
+				red.cache.learn(o.p.items, o.p.results, o.p.allowed, sent, epoch, nil)
+			}
 			mo := make([]algorithms.Result, len(o.mr))
 			ma, merr := tw.cur.mem.Decide(context.Background(), o.mr, mo)
 			tw.log = append(tw.log, fmt.Sprintf("t=%d batched decide %s → %v %v", tw.clock, describe(o.mr), ma, mo))

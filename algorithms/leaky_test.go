@@ -115,10 +115,11 @@ func TestRefundNeverOverfills(t *testing.T) {
 	if r := a.Decide(l, base+5120*ms, 1); r.Allowed {
 		t.Fatal("F at 5.12 s allowed: C, D, E are three in the last 5 s")
 	}
-	// Nothing to give back: a cost the log never took, or a time it did not.
+	// Nothing to give back: a cost the log never took, or a time it did
+	// not (before C leaves the window at 5.2 s: a refund prunes).
 	before, _ := l.Len()
-	l = a.Refund(l, base+6*s, Result{At: base + 3*s}, 1)
-	l = a.Refund(l, base+6*s, Result{At: base + 200*ms}, 2)
+	l = a.Refund(l, base+5150*ms, Result{At: base + 3*s}, 1)
+	l = a.Refund(l, base+5150*ms, Result{At: base + 200*ms}, 2)
 	if after, _ := l.Len(); after != before {
 		t.Fatalf("a refund of something never logged removed an event")
 	}

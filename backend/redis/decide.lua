@@ -791,12 +791,18 @@ local function libL()
 	-- are never touched.
 	local function logRefund(l, cost, at, key, W)
 		if not l.n or cost <= 0 then return end
+		-- Events that left the window go first, as in a decision, and
+		-- stay gone (logKeep) even when the event is not found.
+		logPrune(l, W)
 		if l.wide ~= 2 then
 			l = logRewrite(l, 2)
 			if not l then return end
 		end
 		local i = logFind(l, cost, at)
-		if not i then return end
+		if not i then
+			logKeep(l, key)
+			return
+		end
 		local t = logEvent(l, i)
 		l.sum = l.sum - cost
 		if i == l.n then

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -43,4 +44,48 @@ func TestDifferentialLongQueueDebt(t *testing.T) {
 	tw.do(ask{0, "k", 1, false})
 	tw.clock += day
 	tw.do(ask{0, "k", 1, false})
+}
+
+// A refund after some of a log's events have left its window, then a
+// longer window: the events that left are gone in both stores. Redis let
+// the key the refund wrote expire when its newest event had left the
+// window an hour before (the test's expiry margin), and kept those events
+// when a newer one was live; the memory store kept them in both cases, and
+// counted them again.
+func TestDifferentialLogRefundAfterWindow(t *testing.T) {
+	client := standaloneClient(t)
+	for _, live := range []bool{false, true} {
+		spec := zoneSpec{name: "l", alg: algorithms.NameSlidingWindow, policy: policy(5, time.Hour)}
+		tw := newTwinWith(t, client, false, t0, spec)
+		tw.do(ask{0, "k", 1, false})
+		if live {
+			tw.clock += int64(59 * time.Minute)
+			tw.do(ask{0, "k", 2, false})
+			tw.do(ask{0, "k", 1, false})
+			tw.clock += int64(11 * time.Minute) // the first event has left
+			tw.giveBack(1)                      // of two live events, one goes
+		} else {
+			tw.do(ask{0, "k", 2, false})
+			tw.clock += int64(3 * time.Hour)
+			tw.giveBack(0) // an event that left the window two hours ago
+			waitExpired(t, tw, 0, "k")
+		}
+		spec.policy = policy(5, 4*time.Hour)
+		tw.reloadTo(false, spec)
+		tw.do(ask{0, "k", 1, false})
+	}
+}
+
+// waitExpired waits, at most a second, until Redis has expired key's
+// state in zone z: an expiry set in the past of the test's clock is a
+// millisecond of Redis's own.
+func waitExpired(t *testing.T, tw *twin, z int, key string) {
+	t.Helper()
+	rz := tw.cur.redZ[z].(*zone)
+	k := rz.stateKey(rz.st.conf.Load(), key)
+	for stop := time.Now().Add(time.Second); time.Now().Before(stop); time.Sleep(time.Millisecond) {
+		if n, err := tw.client.Exists(context.Background(), k).Result(); err != nil || n == 0 {
+			return
+		}
+	}
 }

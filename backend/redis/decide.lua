@@ -47,6 +47,8 @@ local E9 = 1000000000
 local E6 = 1000000
 local P52 = 4503599627370496
 local P53 = 9007199254740992
+-- QMAX is 2 * MaxSpan (zones.go): the largest debt of a queue.
+local QMAX = 9005000231485440
 -- A stored time more than FAR seconds from now is outside the exact range
 -- (2^53 ns is 104 days); every span is at most 52 days, so such a state is
 -- idle and reads as a fresh one.
@@ -89,9 +91,10 @@ local function px(idle)
 end
 
 -- muldiv is floor(a*b/c) and the remainder, exactly, for integers
--- 0 <= a, b <= 2^52 and 1 <= c <= 2^52, by binary long multiplication with
+-- 0 <= a, b < 2^53 and 1 <= c <= 2^52, by binary long multiplication with
 -- the running quotient and remainder (r < c keeps 2r and r + b mod c below
--- 2^53). A quotient above 2^52 saturates to P53 (remainder -1).
+-- 2^53). A quotient above most (default 2^52, at most QMAX) saturates to
+-- P53 (remainder -1).
 -- The functions of each algorithm are made only when a call needs them:
 -- a script's functions are closures made anew on every call, and making
 -- all of them costs more than a whole decision.
@@ -99,7 +102,8 @@ end
 local Mlib
 local function libM()
 	if Mlib then return Mlib end
-	local function muldiv(a, b, c)
+	local function muldiv(a, b, c, most)
+		most = most or P52
 		local p = a * b
 		if p < P52 then
 			local q = floordiv(p, c)
@@ -121,14 +125,14 @@ local function libM()
 				r = r + br
 				if r >= c then r = r - c; q = q + 1 end
 			end
-			if q > P52 then return P53, -1 end
+			if q > most then return P53, -1 end
 			bit = bit / 2
 		end
 		return q, r
 	end
 
-	local function muldivceil(a, b, c)
-		local q, r = muldiv(a, b, c)
+	local function muldivceil(a, b, c, most)
+		local q, r = muldiv(a, b, c, most)
 		if r > 0 then q = q + 1 end
 		return q
 	end
@@ -285,10 +289,13 @@ local function libB()
 		return {tat = slot}
 	end
 
-	local function bucketRebase(s, at, old, new)
+	-- bucketRebase keeps the debt at the new interval; most is the
+	-- largest it may become: 2^52, or QMAX for a queue, whose slots given
+	-- out reach max_delay + the queue's size in intervals (2 * MaxSpan).
+	local function bucketRebase(s, at, old, new, most)
 		if not s.tat or s.tat <= at or old == new then return s end
-		local d = libM().muldivceil(s.tat - at, new, old)
-		if d > P52 then d = P52 end
+		local d = libM().muldivceil(s.tat - at, new, old, most)
+		if d > most then d = most end
 		return {tat = at + d}
 	end
 
@@ -951,7 +958,8 @@ local function history(h)
 end
 
 local function rebase(kind, s, at, old, new)
-	if kind == 'b' or kind == 'q' then return libB().rebase(s, at, old, new) end
+	if kind == 'b' then return libB().rebase(s, at, old, new, P52) end
+	if kind == 'q' then return libB().rebase(s, at, old, new, QMAX) end
 	if kind == 'w' then return libW().rebase(s, at, old, new) end
 	return libC().rebase(s, at, old, new)
 end

@@ -42,6 +42,16 @@ func TestDifferentialLongQueueDebt(t *testing.T) {
 	}
 	tw.do(ask{0, "k", 4, false}) // its slots start max_delay away
 	tw.do(ask{0, "k", 1, false})
+	tw.clock++
+	// A rate a nanosecond per slot slower: the debt is rebased.
+	q := zoneSpec{name: "q", alg: algorithms.NameLeakyBucket, policy: p}
+	q.policy.Window += 4
+	q.policy.MaxDelay = 3 * q.policy.Interval()
+	tw.reloadTo(false, q)
+	_, r := tw.do(ask{0, "k", 1, false})
+	if want := 7*q.policy.Interval() - 1 - q.policy.MaxDelay; r[0].RetryAfter != want {
+		t.Errorf("retry after %d, want %d: the slots given out are kept at the new rate", r[0].RetryAfter, want)
+	}
 	tw.clock += day
 	tw.do(ask{0, "k", 1, false})
 }

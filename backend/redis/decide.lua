@@ -47,8 +47,6 @@ local E9 = 1000000000
 local E6 = 1000000
 local P52 = 4503599627370496
 local P53 = 9007199254740992
--- QMAX is 2 * MaxSpan (zones.go): the largest debt of a queue.
-local QMAX = 9005000231485440
 -- A stored time more than FAR seconds from now is outside the exact range
 -- (2^53 ns is 104 days); every span is at most 52 days, so such a state is
 -- idle and reads as a fresh one.
@@ -93,8 +91,8 @@ end
 -- muldiv is floor(a*b/c) and the remainder, exactly, for integers
 -- 0 <= a, b < 2^53 and 1 <= c <= 2^52, by binary long multiplication with
 -- the running quotient and remainder (r < c keeps 2r and r + b mod c below
--- 2^53). A quotient above most (default 2^52, at most QMAX) saturates to
--- P53 (remainder -1).
+-- 2^53). A quotient above most (default 2^52, below 2^53) saturates to P53
+-- (remainder -1).
 -- The functions of each algorithm are made only when a call needs them:
 -- a script's functions are closures made anew on every call, and making
 -- all of them costs more than a whole decision.
@@ -289,9 +287,8 @@ local function libB()
 		return {tat = slot}
 	end
 
-	-- bucketRebase keeps the debt at the new interval; most is the
-	-- largest it may become: 2^52, or QMAX for a queue, whose slots given
-	-- out reach max_delay + the queue's size in intervals (2 * MaxSpan).
+	-- bucketRebase keeps the debt at the new interval, up to most (as
+	-- algorithms.LeakyBucket.Rebase and bucket.Rebase bound it).
 	local function bucketRebase(s, at, old, new, most)
 		if not s.tat or s.tat <= at or old == new then return s end
 		local d = libM().muldivceil(s.tat - at, new, old, most)
@@ -957,9 +954,14 @@ local function history(h)
 	return v
 end
 
-local function rebase(kind, s, at, old, new)
+-- p2 is the policy's second number: a queue's max_delay, whose slots
+-- given out reach max_delay + the queue's size in intervals, past 2^52 for
+-- a 30-day window (and at most 2 * MaxSpan).
+local function rebase(kind, s, at, old, new, p2)
 	if kind == 'b' then return libB().rebase(s, at, old, new, P52) end
-	if kind == 'q' then return libB().rebase(s, at, old, new, QMAX) end
+	if kind == 'q' then
+		return libB().rebase(s, at, old, new, max(P52, p2 + (floordiv(p2, new) + 1) * new))
+	end
 	if kind == 'w' then return libW().rebase(s, at, old, new) end
 	return libC().rebase(s, at, old, new)
 end
@@ -969,7 +971,7 @@ end
 -- in order. A state written by a process with another history (another
 -- instance of the fleet, or before a restart) is rebased from its own rate
 -- to the current one now.
-local function load(kind, key, param, lin, gen, hist)
+local function load(kind, key, param, p2, lin, gen, hist)
 	if kind == 'l' then
 		local l, moved = libL().load(key)
 		return l or {}, l ~= nil, moved
@@ -986,14 +988,14 @@ local function load(kind, key, param, lin, gen, hist)
 					if not sw.at then
 						s = {}
 					else
-						s = rebase(kind, s, sw.at, kp, sw.param)
+						s = rebase(kind, s, sw.at, kp, sw.param, p2)
 					end
 					kp = sw.param
 				end
 			end
 		end
 	end
-	if kp ~= param then s = rebase(kind, s, now, kp, param) end
+	if kp ~= param then s = rebase(kind, s, now, kp, param, p2) end
 	return s, true
 end
 
@@ -1178,7 +1180,7 @@ local function carry(a)
 			local real = now
 			now = at
 			local ok, s, t, exists = pcall(function()
-				local os, found = load(f.kind, okey, f.p1, '', 0, '')
+				local os, found = load(f.kind, okey, f.p1, f.p2, '', 0, '')
 				if not found then return nil, nil, false end
 				local ns, nt = fromUsage(a.kind, usage(f.kind, os, f.p1, f.p2), a.p1, a.p2, a.key)
 				return ns, nt, true
@@ -1202,7 +1204,7 @@ end
 -- loadItem is load, with the change of kind: a key marked as moved is
 -- decided by the kind it moved to, unless a's zone is the newer one.
 local function loadItem(a)
-	local s, exists, moved = load(a.kind, a.key, a.p1, a.lin, a.gen, a.hist)
+	local s, exists, moved = load(a.kind, a.key, a.p1, a.p2, a.lin, a.gen, a.hist)
 	if exists or a.from == '' and not moved then return s end
 	if moved then
 		local k, p1, p2, pos = string.match(moved, '^m(%a):(%d+):(%d+):(%d+)')
@@ -1211,7 +1213,7 @@ local function loadItem(a)
 			a.kind, a.p1, a.p2 = k, tonumber(p1), tonumber(p2)
 			a.key = keyOf(a.key, tonumber(pos), k)
 			a.lin, a.gen, a.hist, a.from = '', 0, '', ''
-			return (load(a.kind, a.key, a.p1, '', 0, ''))
+			return (load(a.kind, a.key, a.p1, a.p2, '', 0, ''))
 		end
 	end
 	-- A key starting with } has an empty hash tag: each kind's key is hashed
@@ -1325,7 +1327,7 @@ end
 -- refundOne gives back what a granted decision took from the key of a.
 local function refundOne(a)
 	local key = a.key
-	local s, exists = load(a.kind, key, a.p1, a.lin, a.gen, a.hist)
+	local s, exists = load(a.kind, key, a.p1, a.p2, a.lin, a.gen, a.hist)
 	local at = rel(a.x1) or -P53
 	local k = a.kind
 	if k == 'l' then
@@ -1587,7 +1589,7 @@ if mode == 's' then
 		local k, est, act = a.kind, a.cost, tonumber(a.x2)
 		-- A key whose usage moved to another kind of state (a reload that
 		-- changed the algorithm) keeps its mark: nothing is written over it.
-		local s, _, moved = load(k, a.key, a.p1, a.lin, a.gen, a.hist)
+		local s, _, moved = load(k, a.key, a.p1, a.p2, a.lin, a.gen, a.hist)
 		if moved then
 			-- settled nowhere: the request's units are in the other kind
 		elseif k == 'l' then

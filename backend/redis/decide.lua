@@ -947,21 +947,16 @@ local function history(h)
 	local v = hists[h]
 	if v then return v end
 	v = {}
-	for at, gen, param in string.gmatch(h, '(%d+),(%d+),(%d+)') do
-		v[#v + 1] = {at = rel(at), gen = tonumber(gen), param = tonumber(param)}
+	for at, gen, param, most in string.gmatch(h, '(%d+),(%d+),(%d+),(%d+)') do
+		v[#v + 1] = {at = rel(at), gen = tonumber(gen), param = tonumber(param), most = tonumber(most)}
 	end
 	hists[h] = v
 	return v
 end
 
--- p2 is the policy's second number: a queue's max_delay, whose slots
--- given out reach max_delay + the queue's size in intervals, past 2^52 for
--- a 30-day window (and at most 2 * MaxSpan).
-local function rebase(kind, s, at, old, new, p2)
-	if kind == 'b' then return libB().rebase(s, at, old, new, P52) end
-	if kind == 'q' then
-		return libB().rebase(s, at, old, new, max(P52, p2 + (floordiv(p2, new) + 1) * new))
-	end
+-- most bounds a bucket's debt (change.most in zones.go).
+local function rebase(kind, s, at, old, new, most)
+	if kind == 'b' or kind == 'q' then return libB().rebase(s, at, old, new, most) end
 	if kind == 'w' then return libW().rebase(s, at, old, new) end
 	return libC().rebase(s, at, old, new)
 end
@@ -988,14 +983,21 @@ local function load(kind, key, param, p2, lin, gen, hist)
 					if not sw.at then
 						s = {}
 					else
-						s = rebase(kind, s, sw.at, kp, sw.param, p2)
+						s = rebase(kind, s, sw.at, kp, sw.param, sw.most)
 					end
 					kp = sw.param
 				end
 			end
 		end
 	end
-	if kp ~= param then s = rebase(kind, s, now, kp, param, p2) end
+	if kp ~= param then
+		-- The current policy's bound: a queue's slots given out reach
+		-- max_delay (p2) + the queue's size in intervals, past 2^52 for a
+		-- 30-day window.
+		local most = P52
+		if kind == 'q' then most = max(P52, p2 + (floordiv(p2, param) + 1) * param) end
+		s = rebase(kind, s, now, kp, param, most)
+	end
 	return s, true
 end
 

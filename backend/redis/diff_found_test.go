@@ -54,6 +54,12 @@ func TestDifferentialLongQueueDebt(t *testing.T) {
 	}
 	tw.clock += day
 	tw.do(ask{0, "k", 1, false})
+	// Then a token bucket of 6 a minute: the debt past 2^52 is scaled to
+	// the new interval as it is (70 s), not cut to 2^52 first.
+	tb := zoneSpec{name: "q", alg: algorithms.NameTokenBucket, policy: policy(6, time.Minute)}
+	tw.reloadTo(false, tb)
+	tw.do(ask{0, "k", 0, false})
+	tw.do(ask{0, "k", 1, false})
 }
 
 // A refund after some of a log's events have left its window, then a

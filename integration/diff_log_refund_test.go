@@ -13,8 +13,8 @@ import (
 // (a slow response that count_when does not count); a reload then makes
 // the window longer. The events that had left are gone: the new window
 // admits its whole limit. Before, the memory store kept them through the
-// refund, the Redis store kept those before the refunded one, and both
-// counted them again under the longer window.
+// refund and counted them again under the longer window (3 of 5 passed);
+// Redis had let the key expire.
 func TestDiffLogRefundAfterWindowThenLongerWindow(t *testing.T) {
 	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
 		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -68,6 +68,20 @@ func (l *LeakyBucket) queued(d int64) int64 {
 // now on.
 func (l *LeakyBucket) Take(s Bucket, now, cost int64) Bucket { return l.bucket.Take(s, now, cost) }
 
+// Rebase keeps the slots a queue has given out at the new interval: they
+// reach max_delay + the queue's size in intervals, past the bucket's
+// capacity, and a debt cut short would hand a newcomer a slot already
+// given. The debt stops at the larger of that and the bucket's own bound
+// (a settled cost may owe up to MaxDebt).
+func (l *LeakyBucket) Rebase(s Bucket, at int64, old Policy) Bucket {
+	t := old.Interval()
+	if l.maxDelay == 0 || s.TAT <= at || t == l.interval || t <= 0 {
+		return l.bucket.Rebase(s, at, old)
+	}
+	most := max(l.capacity, MaxDebt, l.maxDelay+l.queueSize()*l.interval)
+	return Bucket{TAT: at + min(mulDivCeil(s.TAT-at, l.interval, t), most)}
+}
+
 // Refund frees the slot of a queued request whose client left, when it
 // is the last slot given out. A slot in the middle of the queue stays
 // empty: the requests queued behind it keep theirs, and handing it to a

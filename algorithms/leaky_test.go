@@ -115,11 +115,34 @@ func TestRefundNeverOverfills(t *testing.T) {
 	if r := a.Decide(l, base+5120*ms, 1); r.Allowed {
 		t.Fatal("F at 5.12 s allowed: C, D, E are three in the last 5 s")
 	}
-	// Nothing to give back: a cost the log never took, or a time it did not.
+	// Nothing to give back: a cost the log never took, or a time it did
+	// not (before C leaves the window at 5.2 s: a refund prunes).
 	before, _ := l.Len()
-	l = a.Refund(l, base+6*s, Result{At: base + 3*s}, 1)
-	l = a.Refund(l, base+6*s, Result{At: base + 200*ms}, 2)
+	l = a.Refund(l, base+5150*ms, Result{At: base + 3*s}, 1)
+	l = a.Refund(l, base+5150*ms, Result{At: base + 200*ms}, 2)
 	if after, _ := l.Len(); after != before {
 		t.Fatalf("a refund of something never logged removed an event")
+	}
+}
+
+// A queue's slots given out reach past 2^52 ns with a 30-day window: a
+// change of rate keeps all of them, at the new interval.
+func TestLeakyQueueRebaseKeepsLongDebt(t *testing.T) {
+	day := int64(24 * time.Hour)
+	old := Policy{Limit: 4, Window: 30 * day, MaxDelay: 30 * day / 4 * 3}
+	q := NewLeakyBucket(old)
+	var st Bucket
+	for _, c := range []int64{1, 1, 1, 4} {
+		if r := q.Decide(st, base, c); !r.Allowed {
+			t.Fatalf("cost %d: %+v", c, r)
+		}
+		st = q.Take(st, base, c)
+	}
+	p := old
+	p.Window += 4 // a nanosecond more per slot
+	p.MaxDelay = 3 * p.Interval()
+	got := NewLeakyBucket(p).Rebase(st, base, old).TAT - base
+	if want := 7 * p.Interval(); got != want {
+		t.Fatalf("debt %d after the change, want %d (7 slots of the new interval)", got, want)
 	}
 }

@@ -168,11 +168,15 @@ func (a *SlidingLog) Take(l *Log, now, cost int64) *Log {
 // Refund removes the event the granted request logged: cost units at
 // granted.At, searched from the newest. Events of other requests are never
 // taken out, so the log stays exact; an event that cannot be found (the
-// clock stepped back and it was logged at a later time) stays.
-func (a *SlidingLog) Refund(l *Log, _ int64, granted Result, cost int64) *Log {
+// clock stepped back and it was logged at a later time) stays. Like a
+// decision, it first drops the events that have left the window: a later,
+// longer window must not count them again (the Redis store lets the key
+// expire once its newest event has left).
+func (a *SlidingLog) Refund(l *Log, now int64, granted Result, cost int64) *Log {
 	if l == nil || cost <= 0 {
 		return l
 	}
+	l.prune(now, a.p.Window)
 	for i := l.n - 1; i >= 0; i-- {
 		j := l.index(i)
 		if l.at[j] < granted.At {

@@ -157,3 +157,18 @@ func TestSlidingLogGrowsAndShrinks(t *testing.T) {
 		t.Fatalf("ring size %d after pruning to 4 events, want it shrunk", len(st.at))
 	}
 }
+
+// A refund drops the events that have left the window, as a decision
+// does: a longer window after a reload must not count them again.
+func TestSlidingLogRefundPrunes(t *testing.T) {
+	a := NewSlidingLog(Policy{Limit: 5, Window: s})
+	var l *Log
+	l = a.Take(l, base, 1)
+	l = a.Take(l, base, 2)
+	l = a.Take(l, base+900*ms, 1)
+	l = a.Refund(l, base+1500*ms, Result{At: base + 900*ms}, 1)
+	long := NewSlidingLog(Policy{Limit: 5, Window: 10 * s})
+	if r := long.Decide(l, base+1500*ms, 0); r.Remaining != 5 {
+		t.Fatalf("remaining %d under a longer window after the refund, want 5: the events that left came back", r.Remaining)
+	}
+}

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"container/list"
+	"math"
 	"sync"
 
 	"github.com/sluicehq/sluice/algorithms"
@@ -170,9 +171,11 @@ func (c *overCache) learn(items []item, results []algorithms.Result, took bool, 
 				// Units were taken, so the retry time Redis gave is past
 				// (or later than it said, after a smaller cost): the key
 				// is still at its limit and its next request probes
-				// alone.
+				// alone. Never trusted again, rather than until sent: a
+				// clock that reads earlier than sent (a test's clock that
+				// steps back) would answer with the old denial.
 				e.until = min(e.until, sent)
-				e.trust = min(e.trust, e.until)
+				e.trust = math.MinInt64
 			}
 			continue
 		}

@@ -89,9 +89,10 @@ local function px(idle)
 end
 
 -- muldiv is floor(a*b/c) and the remainder, exactly, for integers
--- 0 <= a, b <= 2^52 and 1 <= c <= 2^52, by binary long multiplication with
+-- 0 <= a, b < 2^53 and 1 <= c <= 2^52, by binary long multiplication with
 -- the running quotient and remainder (r < c keeps 2r and r + b mod c below
--- 2^53). A quotient above 2^52 saturates to P53 (remainder -1).
+-- 2^53). A quotient above most (default 2^52, below 2^53) saturates to P53
+-- (remainder -1).
 -- The functions of each algorithm are made only when a call needs them:
 -- a script's functions are closures made anew on every call, and making
 -- all of them costs more than a whole decision.
@@ -99,7 +100,8 @@ end
 local Mlib
 local function libM()
 	if Mlib then return Mlib end
-	local function muldiv(a, b, c)
+	local function muldiv(a, b, c, most)
+		most = most or P52
 		local p = a * b
 		if p < P52 then
 			local q = floordiv(p, c)
@@ -121,14 +123,14 @@ local function libM()
 				r = r + br
 				if r >= c then r = r - c; q = q + 1 end
 			end
-			if q > P52 then return P53, -1 end
+			if q > most then return P53, -1 end
 			bit = bit / 2
 		end
 		return q, r
 	end
 
-	local function muldivceil(a, b, c)
-		local q, r = muldiv(a, b, c)
+	local function muldivceil(a, b, c, most)
+		local q, r = muldiv(a, b, c, most)
 		if r > 0 then q = q + 1 end
 		return q
 	end
@@ -285,10 +287,12 @@ local function libB()
 		return {tat = slot}
 	end
 
-	local function bucketRebase(s, at, old, new)
+	-- bucketRebase keeps the debt at the new interval, up to most (as
+	-- algorithms.LeakyBucket.Rebase and bucket.Rebase bound it).
+	local function bucketRebase(s, at, old, new, most)
 		if not s.tat or s.tat <= at or old == new then return s end
-		local d = libM().muldivceil(s.tat - at, new, old)
-		if d > P52 then d = P52 end
+		local d = libM().muldivceil(s.tat - at, new, old, most)
+		if d > most then d = most end
 		return {tat = at + d}
 	end
 
@@ -791,12 +795,18 @@ local function libL()
 	-- are never touched.
 	local function logRefund(l, cost, at, key, W)
 		if not l.n or cost <= 0 then return end
+		-- Events that left the window go first, as in a decision, and
+		-- stay gone (logKeep) even when the event is not found.
+		logPrune(l, W)
 		if l.wide ~= 2 then
 			l = logRewrite(l, 2)
 			if not l then return end
 		end
 		local i = logFind(l, cost, at)
-		if not i then return end
+		if not i then
+			logKeep(l, key)
+			return
+		end
 		local t = logEvent(l, i)
 		l.sum = l.sum - cost
 		if i == l.n then
@@ -937,15 +947,16 @@ local function history(h)
 	local v = hists[h]
 	if v then return v end
 	v = {}
-	for at, gen, param in string.gmatch(h, '(%d+),(%d+),(%d+)') do
-		v[#v + 1] = {at = rel(at), gen = tonumber(gen), param = tonumber(param)}
+	for at, gen, param, most in string.gmatch(h, '(%d+),(%d+),(%d+),(%d+)') do
+		v[#v + 1] = {at = rel(at), gen = tonumber(gen), param = tonumber(param), most = tonumber(most)}
 	end
 	hists[h] = v
 	return v
 end
 
-local function rebase(kind, s, at, old, new)
-	if kind == 'b' or kind == 'q' then return libB().rebase(s, at, old, new) end
+-- most bounds a bucket's debt (change.most in zones.go).
+local function rebase(kind, s, at, old, new, most)
+	if kind == 'b' or kind == 'q' then return libB().rebase(s, at, old, new, most) end
 	if kind == 'w' then return libW().rebase(s, at, old, new) end
 	return libC().rebase(s, at, old, new)
 end
@@ -955,7 +966,7 @@ end
 -- in order. A state written by a process with another history (another
 -- instance of the fleet, or before a restart) is rebased from its own rate
 -- to the current one now.
-local function load(kind, key, param, lin, gen, hist)
+local function load(kind, key, param, p2, lin, gen, hist)
 	if kind == 'l' then
 		local l, moved = libL().load(key)
 		return l or {}, l ~= nil, moved
@@ -972,14 +983,21 @@ local function load(kind, key, param, lin, gen, hist)
 					if not sw.at then
 						s = {}
 					else
-						s = rebase(kind, s, sw.at, kp, sw.param)
+						s = rebase(kind, s, sw.at, kp, sw.param, sw.most)
 					end
 					kp = sw.param
 				end
 			end
 		end
 	end
-	if kp ~= param then s = rebase(kind, s, now, kp, param) end
+	if kp ~= param then
+		-- The current policy's bound: a queue's slots given out reach
+		-- max_delay (p2) + the queue's size in intervals, past 2^52 for a
+		-- 30-day window.
+		local most = P52
+		if kind == 'q' then most = max(P52, p2 + (floordiv(p2, param) + 1) * param) end
+		s = rebase(kind, s, now, kp, param, most)
+	end
 	return s, true
 end
 
@@ -1164,7 +1182,7 @@ local function carry(a)
 			local real = now
 			now = at
 			local ok, s, t, exists = pcall(function()
-				local os, found = load(f.kind, okey, f.p1, '', 0, '')
+				local os, found = load(f.kind, okey, f.p1, f.p2, '', 0, '')
 				if not found then return nil, nil, false end
 				local ns, nt = fromUsage(a.kind, usage(f.kind, os, f.p1, f.p2), a.p1, a.p2, a.key)
 				return ns, nt, true
@@ -1188,7 +1206,7 @@ end
 -- loadItem is load, with the change of kind: a key marked as moved is
 -- decided by the kind it moved to, unless a's zone is the newer one.
 local function loadItem(a)
-	local s, exists, moved = load(a.kind, a.key, a.p1, a.lin, a.gen, a.hist)
+	local s, exists, moved = load(a.kind, a.key, a.p1, a.p2, a.lin, a.gen, a.hist)
 	if exists or a.from == '' and not moved then return s end
 	if moved then
 		local k, p1, p2, pos = string.match(moved, '^m(%a):(%d+):(%d+):(%d+)')
@@ -1197,7 +1215,7 @@ local function loadItem(a)
 			a.kind, a.p1, a.p2 = k, tonumber(p1), tonumber(p2)
 			a.key = keyOf(a.key, tonumber(pos), k)
 			a.lin, a.gen, a.hist, a.from = '', 0, '', ''
-			return (load(a.kind, a.key, a.p1, '', 0, ''))
+			return (load(a.kind, a.key, a.p1, a.p2, '', 0, ''))
 		end
 	end
 	-- A key starting with } has an empty hash tag: each kind's key is hashed
@@ -1311,7 +1329,7 @@ end
 -- refundOne gives back what a granted decision took from the key of a.
 local function refundOne(a)
 	local key = a.key
-	local s, exists = load(a.kind, key, a.p1, a.lin, a.gen, a.hist)
+	local s, exists = load(a.kind, key, a.p1, a.p2, a.lin, a.gen, a.hist)
 	local at = rel(a.x1) or -P53
 	local k = a.kind
 	if k == 'l' then
@@ -1573,7 +1591,7 @@ if mode == 's' then
 		local k, est, act = a.kind, a.cost, tonumber(a.x2)
 		-- A key whose usage moved to another kind of state (a reload that
 		-- changed the algorithm) keeps its mark: nothing is written over it.
-		local s, _, moved = load(k, a.key, a.p1, a.lin, a.gen, a.hist)
+		local s, _, moved = load(k, a.key, a.p1, a.p2, a.lin, a.gen, a.hist)
 		if moved then
 			-- settled nowhere: the request's units are in the other kind
 		elseif k == 'l' then

@@ -424,9 +424,20 @@ func (tw *twin) doBatch(reqs [][]ask) {
 		for i := range batch {
 			ps[i] = batch[i].p
 		}
+		var sent int64
+		var epoch uint64
+		if red.cache != nil {
+			sent, epoch = red.cache.mark()
+		}
 		b.send(ps)
 		for _, o := range batch {
 			<-o.p.done
+			if red.cache != nil {
+				// As Decide does after a batched call: without it, a
+				// denial the cache remembers would outlive the grant
+				// that followed it here.
+				red.cache.learn(o.p.items, o.p.results, o.p.allowed, sent, epoch, nil)
+			}
 			mo := make([]algorithms.Result, len(o.mr))
 			ma, merr := tw.cur.mem.Decide(context.Background(), o.mr, mo)
 			tw.log = append(tw.log, fmt.Sprintf("t=%d batched decide %s → %v %v", tw.clock, describe(o.mr), ma, mo))
@@ -558,10 +569,26 @@ func diffRuns(def int) int {
 	return def
 }
 
+// diffFrom is the first run of a hunt split in chunks (SLUICE_DIFF_FROM):
+// runs from..from+SLUICE_DIFF_RUNS−1 draw what they draw in one long hunt.
+// SLUICE_DIFF_TAIL is how many steps a failure prints.
+func diffFrom() int {
+	n, err := strconv.Atoi(os.Getenv("SLUICE_DIFF_FROM"))
+	if err != nil || n < 0 {
+		return 0
+	}
+	twinSeq += n
+	if t, err := strconv.Atoi(os.Getenv("SLUICE_DIFF_TAIL")); err == nil && t > 0 {
+		tailLen = t // the whole sequence, and the keys at the end
+	}
+	return n
+}
+
 func TestDifferentialRandom(t *testing.T) {
 	client := standaloneClient(t)
+	from := diffFrom()
 	runs, steps := diffRuns(300), 150
-	for run := range runs {
+	for run := from; run < from+runs; run++ {
 		tw := newTwin(t, prng{rand.New(rand.NewPCG(uint64(run), 7))}, client, run%4 == 3)
 		for range steps {
 			tw.step()

@@ -91,6 +91,10 @@ type change struct {
 	at    int64
 	gen   int
 	param int64
+	// most is the largest debt a bucket is rebased to under the new
+	// policy, as the algorithm bounds it: 2^52, or a queue's slots given
+	// out when they reach further.
+	most int64
 }
 
 // zoneConf is what the script decides with: the newest live registration's
@@ -319,7 +323,11 @@ func (z *zoneState) apply(r *registration, now int64) {
 		}
 	}
 	if cur != nil && cur.policy != r.policy {
-		z.changes = append(z.changes, change{at: now, gen: len(z.changes) + 1, param: next.param})
+		most := int64(1 << 52)
+		if kind == kindQueue {
+			most = max(most, debtBound(r.alg, r.policy))
+		}
+		z.changes = append(z.changes, change{at: now, gen: len(z.changes) + 1, param: next.param, most: most})
 	}
 	next.genN = int64(len(z.changes))
 	next.gen = strconv.Itoa(len(z.changes))
@@ -330,7 +338,7 @@ func (z *zoneState) apply(r *registration, now int64) {
 		if h.Len() > 0 {
 			h.WriteByte(';')
 		}
-		fmt.Fprintf(&h, "%d,%d,%d", c.at, c.gen, c.param)
+		fmt.Fprintf(&h, "%d,%d,%d,%d", c.at, c.gen, c.param, c.most)
 	}
 	next.hist = h.String()
 	next.from = fromArg(z.from)

@@ -100,3 +100,20 @@ func TestAttack7SettleRefundAfterRefill(t *testing.T) {
 		})
 	}
 }
+
+// A cost whose numbers alone add up past what the limit holds refuses
+// every request, as a constant cost that large does: a config error, not
+// a zone that answers 429 to everyone.
+func TestAttack7CostSumNeverPasses(t *testing.T) {
+	for _, cost := range []string{"6+6", "{http.request.header.X-Cost}+11", "5+{http.request.header.X-Cost}+3+3"} {
+		assertLoadError(t, caddyfileServer(`
+	rate_limit {
+		zone a7sum {
+			key {remote_host}
+			rate 10/1m
+			cost `+cost+`
+		}
+	}
+	respond ok`), "caddyfile", "can never pass")
+	}
+}

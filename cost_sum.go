@@ -83,3 +83,15 @@ func (c *Cost) evalSum(r *http.Request, repl *caddy.Replacer, body *keys.Body) (
 	}
 	return sum, nil
 }
+
+// least is the least a sum can cost: its numbers, the placeholders adding
+// at least 0 (saturating). 0 for a cost that is not a sum.
+func (c *Cost) least() int64 {
+	var sum int64
+	for _, t := range c.terms {
+		if t.expr == "" {
+			sum = min(sum, math.MaxInt64-t.n) + t.n
+		}
+	}
+	return sum
+}

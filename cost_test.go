@@ -98,3 +98,24 @@ func TestParseCostSum(t *testing.T) {
 		t.Fatalf("JSON %s", b)
 	}
 }
+
+// The least a sum costs is its numbers, saturating; a cost that is not a
+// sum has none.
+func TestCostLeast(t *testing.T) {
+	for expr, want := range map[string]int64{
+		"6+6":                           12,
+		"{http.request.header.A}+11":    11,
+		"5+{http.request.header.A}+3+3": 11,
+		"{http.request.header.A}":       0,
+		"7":                             0,
+		"9223372036854775807+1":         math.MaxInt64,
+	} {
+		c, err := ParseCost(expr)
+		if err != nil {
+			t.Fatalf("%s: %v", expr, err)
+		}
+		if got := c.least(); got != want {
+			t.Errorf("%s: least %d, want %d", expr, got, want)
+		}
+	}
+}

@@ -708,8 +708,12 @@ func (l *Limit) check() (string, error) {
 		if err := l.Cost.validate(); err != nil {
 			return "", err
 		}
-		if most := algorithms.MaxCost(alg, l.policy()); l.Cost.expr == "" && l.Cost.n > most {
+		most := algorithms.MaxCost(alg, l.policy())
+		if l.Cost.expr == "" && l.Cost.n > most {
 			return "", fmt.Errorf("cost %d can never pass: the limit holds at most %d units (raise %s)", l.Cost.n, most, burstOrMax(alg, l.MaxDelay))
+		}
+		if least := l.Cost.least(); least > most {
+			return "", fmt.Errorf("cost %q can never pass: its numbers alone add up to %d, and the limit holds at most %d units (raise %s)", l.Cost.expr, least, most, burstOrMax(alg, l.MaxDelay))
 		}
 	}
 	for i, n := range l.Normalize {

@@ -104,10 +104,23 @@ func (b *bucket) Take(s Bucket, now, cost int64) Bucket {
 }
 
 // Refund gives cost tokens back (a request that took them did not happen),
-// never filling the bucket above its capacity. Tokens are all alike, so
-// when they were taken does not matter.
-func (b *bucket) Refund(s Bucket, now int64, _ Result, cost int64) Bucket {
-	d := b.debt(s, now) - max(cost, 0)*b.interval
+// never filling the bucket above its capacity, and never more than the
+// request's charge still holds: the refill has paid it off by the time
+// its decision said the bucket would be full again (granted.At +
+// granted.ResetAfter), whatever came after it. Tokens given back past
+// that would be refill the key had already had: a client that held
+// reservations open while its bucket refilled could cash them all at
+// once, a burst many times the bucket's size. A result that does not say
+// when (no ResetAfter: units a lease gives back) is refunded whole.
+func (b *bucket) Refund(s Bucket, now int64, granted Result, cost int64) Bucket {
+	back := max(cost, 0) * b.interval
+	if granted.At != 0 && granted.ResetAfter > 0 {
+		back = min(back, granted.At+granted.ResetAfter-now)
+	}
+	if back <= 0 {
+		return s
+	}
+	d := b.debt(s, now) - back
 	if d <= 0 {
 		return Bucket{}
 	}

@@ -146,3 +146,49 @@ func TestLeakyQueueRebaseKeepsLongDebt(t *testing.T) {
 		t.Fatalf("debt %d after the change, want %d (7 slots of the new interval)", got, want)
 	}
 }
+
+// A refund gives back no more than the request's charge still holds: a
+// reservation that the refill paid off while it was held (its bucket full
+// again, then spent by others) cannot be cashed as a second burst. One
+// still outstanding is given back whole, as is what is left of one the
+// refill is paying off.
+func TestBucketRefundAfterRefill(t *testing.T) {
+	for _, b := range []interface {
+		Decide(Bucket, int64, int64) Result
+		Take(Bucket, int64, int64) Bucket
+		Refund(Bucket, int64, Result, int64) Bucket
+		Settle(Bucket, int64, Result, int64, int64) Bucket
+		Tokens(Bucket, int64) float64
+	}{NewTokenBucket(Policy{Limit: 100, Window: 2 * s}), NewGCRA(Policy{Limit: 100, Window: 2 * s})} {
+		grant := func(st Bucket, now, cost int64) (Bucket, Result) {
+			r := b.Decide(st, now, cost)
+			if !r.Allowed {
+				t.Fatalf("%T: %d at %d denied", b, cost, now)
+			}
+			r.At = now
+			return b.Take(st, now, cost), r
+		}
+		st, a := grant(Bucket{}, base, 100) // held 2.5 s, used nothing
+		st, _ = grant(st, base+2100*ms, 100)
+		st = b.Settle(st, base+2500*ms, a, 100, 0)
+		if got := b.Tokens(st, base+2500*ms); got > 21 {
+			t.Errorf("%T: %v tokens after settling a paid-off reservation, want the refill alone (20)", b, got)
+		}
+		st = b.Refund(st, base+2500*ms, a, 100)
+		if got := b.Tokens(st, base+2500*ms); got > 21 {
+			t.Errorf("%T: %v tokens after refunding a paid-off reservation, want 20", b, got)
+		}
+		// Half paid off: 1 s of a 2 s charge is still held.
+		st, a = grant(Bucket{}, base, 100)
+		st = b.Settle(st, base+s, a, 100, 0)
+		if got := b.Tokens(st, base+s); got != 100 {
+			t.Errorf("%T: %v tokens after settling a half paid-off reservation, want 100", b, got)
+		}
+		st, a = grant(Bucket{}, base, 60)
+		st, _ = grant(st, base+10*ms, 40)
+		st = b.Refund(st, base+20*ms, a, 60)
+		if got := b.Tokens(st, base+20*ms); got < 60 || got > 61 {
+			t.Errorf("%T: %v tokens after refunding an outstanding 60, want 60 and the refill", b, got)
+		}
+	}
+}

@@ -275,8 +275,13 @@ local function libB()
 		return {tat = now + debt(s, now) + cost * T}
 	end
 
-	local function bucketRefund(s, T, cost)
-		local d = debt(s, now) - cost * T
+	-- till: when the decision said the bucket would be full again; the
+	-- refill has paid the charge off by then (algorithms' bucket.Refund).
+	local function bucketRefund(s, T, cost, till)
+		local back = cost * T
+		if till and back > till - now then back = till - now end
+		if back <= 0 then return s end
+		local d = debt(s, now) - back
 		if d <= 0 then return {} end
 		return {tat = now + d}
 	end
@@ -1330,14 +1335,21 @@ end
 local function refundOne(a)
 	local key = a.key
 	local s, exists = load(a.kind, key, a.p1, a.p2, a.lin, a.gen, a.hist)
-	local at = rel(a.x1) or -P53
+	-- A bucket's refund and settle add ":<when it was to be full again>".
+	local x1, till = a.x1, nil
+	local c = string.find(x1, ':', 1, true)
+	if c then
+		till = rel(sub(x1, c + 1))
+		x1 = sub(x1, 1, c - 1)
+	end
+	local at = rel(x1) or -P53
 	local k = a.kind
 	if k == 'l' then
 		libL().refund(s, a.cost, at, key, a.p1)
 	elseif exists then
 		local r
 		if k == 'b' then
-			r = libB().refund(s, a.p1, a.cost)
+			r = libB().refund(s, a.p1, a.cost, till)
 		elseif k == 'q' then
 			r = libB().qrefund(s, a.p1, a.cost, at, tonumber(a.x2))
 		elseif k == 'w' then

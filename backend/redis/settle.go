@@ -30,7 +30,7 @@ func (s *Store) Settle(ctx context.Context, reqs []backend.Request, granted []al
 		z.st.use(conf)
 		items = append(items, item{key: z.stateKey(conf, r.Key), conf: conf, cost: cost})
 		s.budgetItem(&items[len(items)-1], backend.Request{})
-		xs = append(xs, [2]string{strconv.FormatInt(granted[i].At, 10), strconv.FormatInt(act, 10)})
+		xs = append(xs, [2]string{refundAt(items[len(items)-1], granted[i]), strconv.FormatInt(act, 10)})
 	}
 	if len(items) == 0 {
 		return nil

@@ -636,8 +636,22 @@ func (s *Store) refund(ctx context.Context, mode string, items []item, which []i
 		if sub[i].token != "" {
 			return strconv.FormatInt(r.At, 10), sub[i].token
 		}
+		if mode == "r" {
+			return refundAt(sub[i], r), strconv.FormatInt(r.Delay, 10)
+		}
 		return strconv.FormatInt(r.At, 10), strconv.FormatInt(r.Delay, 10)
 	})
+}
+
+// refundAt is the decision's time argument of a refund or a settle: for a
+// bucket, with when the decision said it would be full again, past which
+// the refill has paid the charge off and nothing is given back.
+func refundAt(it item, r algorithms.Result) string {
+	at := strconv.FormatInt(r.At, 10)
+	if it.conf.kind != string(kindBucket) || r.At == 0 || r.ResetAfter <= 0 {
+		return at
+	}
+	return at + ":" + strconv.FormatInt(r.At+r.ResetAfter, 10)
 }
 
 // runEach runs the script in mode for items, each key in turn (a refund,

@@ -61,8 +61,9 @@ type Adaptive struct {
 
 	// LatencyP99Low is the low mark of the 99th percentile latency: the
 	// time the handlers after rate_limit took (for reverse_proxy, the
-	// upstream's answer and the copy of its body), measured to within
-	// 6.25%. The limit grows only below it. Set with LatencyP99High.
+	// upstream's answer and the copy of its body), less the time spent
+	// reading the client's body or writing to the client, measured to
+	// within 6.25%. The limit grows only below it. Set with LatencyP99High.
 	// Default: unset, latency is not watched (only errors).
 	LatencyP99Low caddy.Duration `json:"latency_p99_low,omitempty"`
 
@@ -411,6 +412,27 @@ type adaptiveWriter struct {
 	caddyhttp.ResponseWriterWrapper
 	status   int
 	hijacked bool
+	// now is the limits' clock; client is the time spent waiting on the
+	// client: reading its body, writing the answer to it. It is not the
+	// upstream's: a client that uploads or reads slowly must not make the
+	// upstream look slow and drive the limit down for everyone.
+	now    func() int64
+	client atomic.Int64
+}
+
+// clientBody times the reads of the request's body. It is not pooled: a
+// transport may still read the body after the handlers returned.
+type clientBody struct {
+	io.ReadCloser
+	now func() int64
+	ns  atomic.Int64
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	start := b.now()
+	n, err := b.ReadCloser.Read(p)
+	b.ns.Add(b.now() - start)
+	return n, err
 }
 
 var adaptiveWriters = sync.Pool{New: func() any { return new(adaptiveWriter) }}
@@ -426,19 +448,31 @@ func (w *adaptiveWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	return w.ResponseWriter.Write(b)
+	start := w.now()
+	n, err := w.ResponseWriter.Write(b)
+	w.client.Add(w.now() - start)
+	return n, err
 }
 
 func (w *adaptiveWriter) ReadFrom(r io.Reader) (int64, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	return w.ResponseWriterWrapper.ReadFrom(r)
+	// Counted whole as the client's: the sources copied this way are
+	// files (file_server), read at the disk's pace, and wrapping the
+	// source to time it apart would lose sendfile.
+	start := w.now()
+	n, err := w.ResponseWriterWrapper.ReadFrom(r)
+	w.client.Add(w.now() - start)
+	return n, err
 }
 
 // FlushError lets http.ResponseController flush a streamed response.
 func (w *adaptiveWriter) FlushError() error {
-	return http.NewResponseController(w.ResponseWriter).Flush()
+	start := w.now()
+	err := http.NewResponseController(w.ResponseWriter).Flush()
+	w.client.Add(w.now() - start)
+	return err
 }
 
 // Hijack is for the handlers that still assert http.Hijacker.
@@ -451,6 +485,14 @@ func (w *adaptiveWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // and noting whether they failed, for every adaptive limit it passed.
 func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, aw *adaptiveWriter, o *outcomeWriter, adapt []*adaptiveLimit) error {
 	now := adapt[0].now
+	aw.now = now
+	aw.client.Store(0)
+	body := r.Body
+	var timedBody *clientBody
+	if body != nil && body != http.NoBody {
+		timedBody = &clientBody{ReadCloser: body, now: now}
+		r.Body = timedBody
+	}
 	start := now()
 	var err error
 	if o != nil {
@@ -459,15 +501,23 @@ func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next cad
 		err = next.ServeHTTP(w, r)
 	}
 	end := now()
+	r.Body = body
 	// A connection that switched protocols (a WebSocket) lasts as long as
 	// its client stays: its length says nothing of the upstream's speed.
 	if !aw.hijacked && aw.status != http.StatusSwitchingProtocols {
 		failed := requestFailed(aw.status, err, r)
+		// The body is read while the upstream waits for it (a proxy
+		// sends it as it comes): that wait is the client's.
+		waited := aw.client.Load()
+		if timedBody != nil {
+			waited += timedBody.ns.Load()
+		}
+		latency := max(end-start-waited, 0)
 		for _, a := range adapt {
-			a.observe(end-start, failed, end)
+			a.observe(latency, failed, end)
 		}
 	}
-	aw.ResponseWriter, aw.status, aw.hijacked = nil, 0, false
+	aw.ResponseWriter, aw.status, aw.hijacked, aw.now = nil, 0, false, nil
 	adaptiveWriters.Put(aw)
 	return err
 }

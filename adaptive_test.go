@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -494,5 +495,87 @@ func TestAdaptiveLocalFallbackAfterReload(t *testing.T) {
 	out := make([]algorithms.Result, 1)
 	if _, err := nw.local.Decide(context.Background(), []backend.Request{{Limit: l.local, Key: "k", Cost: 1}}, out); err != nil || out[0].Limit != 70 {
 		t.Fatalf("the local fallback decides with %+v (%v), want a limit of 70", out[0], err)
+	}
+}
+
+// slowClientWriter is a client that takes a second to take each write.
+type slowClientWriter struct {
+	*httptest.ResponseRecorder
+	clock *int64
+}
+
+func (w slowClientWriter) Write(b []byte) (int, error) {
+	*w.clock += int64(time.Second)
+	return w.ResponseRecorder.Write(b)
+}
+
+func (w slowClientWriter) WriteString(s string) (int, error) { return w.Write([]byte(s)) }
+
+// slowClientBody is a body whose every read waits a second for the client.
+type slowClientBody struct {
+	clock *int64
+	left  int
+}
+
+func (b *slowClientBody) Read(p []byte) (int, error) {
+	*b.clock += int64(time.Second)
+	if b.left == 0 {
+		return 0, io.EOF
+	}
+	b.left--
+	p[0] = 'x'
+	return 1, nil
+}
+
+func (*slowClientBody) Close() error { return nil }
+
+// The latency is the handlers' own: the time spent waiting for a client
+// that sends its body slowly, or takes the answer slowly, is the client's,
+// and does not count (one hostile client would otherwise drive the limit
+// down for everyone). The upstream's own time still counts, streaming
+// included.
+func TestAdaptiveLatencyLeavesOutTheClient(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		next func(clock *int64) nextFunc
+	}{
+		{"slow upload", func(clock *int64) nextFunc {
+			return func(w http.ResponseWriter, r *http.Request) error {
+				_, _ = io.Copy(io.Discard, r.Body)
+				*clock += int64(70 * time.Millisecond)
+				_, err := w.Write([]byte("ok"))
+				return err
+			}
+		}},
+		{"slow reader", func(clock *int64) nextFunc {
+			return func(w http.ResponseWriter, _ *http.Request) error {
+				*clock += int64(30 * time.Millisecond)
+				_, _ = w.Write([]byte("part"))
+				*clock += int64(40 * time.Millisecond)
+				_, err := w.Write([]byte("rest"))
+				return err
+			}
+		}},
+		{"slow reader through ReadFrom", func(clock *int64) nextFunc {
+			return func(w http.ResponseWriter, _ *http.Request) error {
+				*clock += int64(70 * time.Millisecond)
+				_, err := w.(io.ReaderFrom).ReadFrom(strings.NewReader("ok"))
+				return err
+			}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var clock int64
+			h, a := adaptiveHandler(t, `{"handler": "rate_limit", "rate_limits": {"adapt_client_`+strings.ReplaceAll(tt.name, " ", "_")+`": {"key": "k", "concurrency": 10, "adaptive": {"interval": "1h"}}}}`, &clock)
+			r := requestWithReplacer(httptest.NewRequest("POST", "/", &slowClientBody{clock: &clock, left: 3}))
+			_ = h.ServeHTTP(slowClientWriter{httptest.NewRecorder(), &clock}, r, tt.next(&clock))
+			n, p99 := a.ctl.hist.drain()
+			if n != 1 || p99 < int64(70*time.Millisecond) || p99 > int64(75*time.Millisecond) {
+				t.Fatalf("%d observations, latency %v; want 1 of 70 ms (clock moved %v)", n, time.Duration(p99), time.Duration(clock))
+			}
+			if _, ok := r.Body.(*slowClientBody); !ok {
+				t.Fatalf("the request's body is %T after the handler, want the client's", r.Body)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // A client that sends its body slowly is waited for by the upstream, but
@@ -82,5 +87,66 @@ func TestAttack8SlowUploadDoesNotShrinkAdaptive(t *testing.T) {
 	t.Logf("after 4 s of slow uploads: limit %d, last p99 %.3fs", s.Limit, s.LatencyP99)
 	if s.Limit != 50 {
 		t.Fatalf("slow uploads drove the adaptive cap to %d (p99 %.3fs): the client's wait was counted as the upstream's", s.Limit, s.LatencyP99)
+	}
+}
+
+// Slots whose release could not reach Redis (it paused for 1.5 s while
+// the requests holding them ended) are freed once Redis answers again:
+// before, the key stayed full, every request answered 503, until
+// slot_ttl (30 s) after all its requests had ended.
+func TestAttack8SlotsFreedAfterRedisHiccup(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("slow") != "" {
+			time.Sleep(600 * time.Millisecond)
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	t.Cleanup(up.Close)
+	newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		backend redis {
+			address %s
+			timeout 100ms
+		}
+		zone attack8_slot_hiccup {
+			key static
+			concurrency 2
+			slot_ttl 30s
+		}
+	}
+	reverse_proxy %s`, redis.Addr, strings.TrimPrefix(up.URL, "http://"))), "caddyfile")
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			if resp, err := http.Get(httpBase + "/?slow=1"); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond) // both admitted, a lower bound
+	rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr})
+	defer rc.Close()
+	if err := rc.Do(context.Background(), "CLIENT", "PAUSE", "1500", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	// Redis answers again 1.5 s after the pause began; the breaker opens
+	// for a moment after the failures.
+	time.Sleep(1500 * time.Millisecond)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := http.Get(httpBase + "/")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			n, _ := rc.ZCard(context.Background(), "sluice:attack8_slot_hiccup//s{static}").Result()
+			t.Fatalf("5 s after Redis came back, the key's requests all ended, still refused (last %v %v); %d slots held in Redis", resp.StatusCode, err, n)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -172,6 +172,30 @@ var (
 
 var adaptiveCollectors = []prometheus.Collector{adaptiveLimitG, adaptiveMinG, adaptiveP99G, adaptiveErrG}
 
+// adaptiveSeries counts the provisioned limits behind each zone and
+// scope's series, so that the last one released removes them: a zone
+// taken out of the config must not leave its limit exported (and an
+// alert on it firing) for the life of the process. During a reload the
+// new config counts before the old one lets go.
+var adaptiveSeries = struct {
+	sync.Mutex
+	refs map[[2]string]int
+}{refs: map[[2]string]int{}}
+
+func countAdaptiveSeries(zone, scope string, delta int) {
+	adaptiveSeries.Lock()
+	defer adaptiveSeries.Unlock()
+	k := [2]string{zone, scope}
+	adaptiveSeries.refs[k] += delta
+	if adaptiveSeries.refs[k] > 0 {
+		return
+	}
+	delete(adaptiveSeries.refs, k)
+	for _, g := range []*prometheus.GaugeVec{adaptiveLimitG, adaptiveMinG, adaptiveP99G, adaptiveErrG} {
+		g.DeleteLabelValues(zone, scope)
+	}
+}
+
 // errAdaptiveTiers refuses adaptive on a tiered limit, whose numbers are
 // each tier's.
 var errAdaptiveTiers = errors.New("adaptive: a tiered limit takes its rate and concurrency from each request's tier: adapt a limit without tiers")
@@ -282,6 +306,7 @@ func (l *Limit) provisionAdaptive(logger *zap.Logger) error {
 	}
 	a.ctl = v.(*aimd)
 	l.adapt = a
+	countAdaptiveSeries(l.zone.name, l.scope, 1)
 	a.applied.Store(start)
 	a.lim.Set(float64(start))
 	a.apply()
@@ -300,6 +325,7 @@ func (h *Handler) releaseAdaptive() {
 			if a := l.adapt; a != nil && !a.released {
 				a.released = true
 				_, _ = adaptiveStates.Delete(a.key)
+				countAdaptiveSeries(a.l.zone.name, a.l.scope, -1)
 			}
 		}
 	}

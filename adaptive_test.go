@@ -579,3 +579,45 @@ func TestAdaptiveLatencyLeavesOutTheClient(t *testing.T) {
 		})
 	}
 }
+
+// hasAdaptiveSeries tells whether the adaptive gauges export zone.
+func hasAdaptiveSeries(t *testing.T, zone string) bool {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 1024)
+	adaptiveMinG.Collect(ch)
+	close(ch)
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range d.GetLabel() {
+			if l.GetName() == "zone" && l.GetValue() == zone {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// The series of an adaptive limit outlive a reload (the new config counts
+// before the old lets go) and leave with the last config that has it.
+func TestAdaptiveSeriesRemovedWithTheLastConfig(t *testing.T) {
+	raw := []byte(`{"handler": "rate_limit", "rate_limits": {"adapt_series_gone": {"key": "k", "concurrency": 10, "adaptive": {"min": 2}}}}`)
+	_, cleanOld, err := provisionJSON(raw, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, cleanNew, err := provisionJSON(raw, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleanOld()
+	if !hasAdaptiveSeries(t, "adapt_series_gone") {
+		t.Fatal("the old config's cleanup removed the series of the running one")
+	}
+	cleanNew()
+	if hasAdaptiveSeries(t, "adapt_series_gone") {
+		t.Fatal("the series outlived the last config with the zone")
+	}
+}

@@ -150,3 +150,44 @@ func TestAttack8SlotsFreedAfterRedisHiccup(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A zone taken out of the config takes its adaptive series with it: left
+// behind, a limit that sat at its min would keep RateLimitAdaptiveAtMin
+// firing for a zone that no longer exists. A reload that keeps the zone
+// keeps them.
+func TestAttack8AdaptiveSeriesLeaveWithTheirZone(t *testing.T) {
+	site := func(zone string) string {
+		return caddyfileServer(`
+	rate_limit {
+		zone ` + zone + ` {
+			key static
+			concurrency 10
+			adaptive {
+				min 2
+			}
+		}
+	}
+	respond ok`)
+	}
+	tester := newTester(t, site("attack8_series_gone"), "caddyfile")
+	const series = `caddy_rate_limit_adaptive_min_limit{scope="",zone="attack8_series_gone"}`
+	expectMetric(t, series, 2)
+	tester.InitServer(site("attack8_series_gone"), "caddyfile")
+	expectMetric(t, series, 2)
+	tester.InitServer(site("attack8_series_other"), "caddyfile")
+	if gone := grepLines(adminRequest(t, "GET", "/metrics", "", ""), `adaptive_`, `zone="attack8_series_gone"`); gone != "" {
+		t.Fatalf("the removed zone's adaptive series are still exported:\n%s", gone)
+	}
+	expectMetric(t, `caddy_rate_limit_adaptive_min_limit{scope="",zone="attack8_series_other"}`, 2)
+}
+
+// grepLines returns the lines of text that hold both a and b.
+func grepLines(text, a, b string) string {
+	var out []string
+	for line := range strings.SplitSeq(text, "\n") {
+		if strings.Contains(line, a) && strings.Contains(line, b) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
+}

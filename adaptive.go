@@ -137,8 +137,8 @@ func (a *Adaptive) config(start, most int64) (aimdConfig, error) {
 		return c, fmt.Errorf("adaptive: interval must be from 1s to 1h, got %s", time.Duration(c.interval))
 	case (c.latLow == 0) != (c.latHigh == 0):
 		return c, fmt.Errorf("adaptive: latency_p99 needs both marks, low and high (got %s and %s)", time.Duration(c.latLow), time.Duration(c.latHigh))
-	case c.latLow < 0:
-		return c, fmt.Errorf("adaptive: latency_p99 marks must be positive, got %s", time.Duration(c.latLow))
+	case c.latLow < 0 || c.latHigh < 0:
+		return c, fmt.Errorf("adaptive: latency_p99 marks must be positive, got %s and %s", time.Duration(c.latLow), time.Duration(c.latHigh))
 	case c.latHigh > 0 && c.latLow >= c.latHigh:
 		return c, fmt.Errorf("adaptive: latency_p99 low mark %s must be below the high mark %s", time.Duration(c.latLow), time.Duration(c.latHigh))
 	case !(c.errLow > 0 && c.errLow <= 1) || !(c.errHigh > 0 && c.errHigh <= 1):

@@ -61,6 +61,7 @@ func TestAdaptiveProvisionErrors(t *testing.T) {
 		{"decrease 0 is the default, negative is not", `"key": "k", "concurrency": 100, "adaptive": {"decrease": -0.3}`, `adaptive: decrease must be strictly between 0 and 1, got -0.3`},
 		{"interval under 1s", `"key": "k", "concurrency": 100, "adaptive": {"interval": "500ms"}`, `adaptive: interval must be from 1s to 1h, got 500ms`},
 		{"latency marks reversed", `"key": "k", "concurrency": 100, "adaptive": {"latency_p99_low": "500ms", "latency_p99_high": "200ms"}`, `adaptive: latency_p99 low mark 500ms must be below the high mark 200ms`},
+		{"latency high mark negative", `"key": "k", "concurrency": 100, "adaptive": {"latency_p99_low": "200ms", "latency_p99_high": "-1s"}`, `adaptive: latency_p99 marks must be positive, got 200ms and -1s`},
 		{"error marks reversed", `"key": "k", "concurrency": 100, "adaptive": {"error_rate_low": 0.05, "error_rate_high": 0.01}`, `adaptive: error_rate low mark 0.05 must be below the high mark 0.01`},
 		{"start outside", `"key": "k", "concurrency": 10, "adaptive": {"min": 50, "max": 2000}`, `adaptive: the limit starts at the configured 10, which must be within min 50 and max 2000`},
 		{"concurrency max too large", `"key": "k", "concurrency": 10, "adaptive": {"max": 2000000000}`, `adaptive: max must be at most 1073741824`},

@@ -191,3 +191,10 @@ func grepLines(text, a, b string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// A negative high latency mark in JSON was accepted, and latency then
+// silently not watched: it is refused at load, naming the field.
+func TestAttack8AdaptiveNegativeLatencyMarkRefused(t *testing.T) {
+	assertLoadError(t, jsonServer(`{"handler": "rate_limit", "rate_limits": {"attack8_neg_lat": {"key": "k", "concurrency": 10, "adaptive": {"latency_p99_low": "200ms", "latency_p99_high": "-1s"}}}}`, ""), "json",
+		`adaptive: latency_p99 marks must be positive, got 200ms and -1s`)
+}

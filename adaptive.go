@@ -61,8 +61,9 @@ type Adaptive struct {
 
 	// LatencyP99Low is the low mark of the 99th percentile latency: the
 	// time the handlers after rate_limit took (for reverse_proxy, the
-	// upstream's answer and the copy of its body), measured to within
-	// 6.25%. The limit grows only below it. Set with LatencyP99High.
+	// upstream's answer and the copy of its body), less the time spent
+	// reading the client's body or writing to the client, measured to
+	// within 6.25%. The limit grows only below it. Set with LatencyP99High.
 	// Default: unset, latency is not watched (only errors).
 	LatencyP99Low caddy.Duration `json:"latency_p99_low,omitempty"`
 
@@ -136,8 +137,8 @@ func (a *Adaptive) config(start, most int64) (aimdConfig, error) {
 		return c, fmt.Errorf("adaptive: interval must be from 1s to 1h, got %s", time.Duration(c.interval))
 	case (c.latLow == 0) != (c.latHigh == 0):
 		return c, fmt.Errorf("adaptive: latency_p99 needs both marks, low and high (got %s and %s)", time.Duration(c.latLow), time.Duration(c.latHigh))
-	case c.latLow < 0:
-		return c, fmt.Errorf("adaptive: latency_p99 marks must be positive, got %s", time.Duration(c.latLow))
+	case c.latLow < 0 || c.latHigh < 0:
+		return c, fmt.Errorf("adaptive: latency_p99 marks must be positive, got %s and %s", time.Duration(c.latLow), time.Duration(c.latHigh))
 	case c.latHigh > 0 && c.latLow >= c.latHigh:
 		return c, fmt.Errorf("adaptive: latency_p99 low mark %s must be below the high mark %s", time.Duration(c.latLow), time.Duration(c.latHigh))
 	case !(c.errLow > 0 && c.errLow <= 1) || !(c.errHigh > 0 && c.errHigh <= 1):
@@ -170,6 +171,30 @@ var (
 )
 
 var adaptiveCollectors = []prometheus.Collector{adaptiveLimitG, adaptiveMinG, adaptiveP99G, adaptiveErrG}
+
+// adaptiveSeries counts the provisioned limits behind each zone and
+// scope's series, so that the last one released removes them: a zone
+// taken out of the config must not leave its limit exported (and an
+// alert on it firing) for the life of the process. During a reload the
+// new config counts before the old one lets go.
+var adaptiveSeries = struct {
+	sync.Mutex
+	refs map[[2]string]int
+}{refs: map[[2]string]int{}}
+
+func countAdaptiveSeries(zone, scope string, delta int) {
+	adaptiveSeries.Lock()
+	defer adaptiveSeries.Unlock()
+	k := [2]string{zone, scope}
+	adaptiveSeries.refs[k] += delta
+	if adaptiveSeries.refs[k] > 0 {
+		return
+	}
+	delete(adaptiveSeries.refs, k)
+	for _, g := range []*prometheus.GaugeVec{adaptiveLimitG, adaptiveMinG, adaptiveP99G, adaptiveErrG} {
+		g.DeleteLabelValues(zone, scope)
+	}
+}
 
 // errAdaptiveTiers refuses adaptive on a tiered limit, whose numbers are
 // each tier's.
@@ -281,6 +306,7 @@ func (l *Limit) provisionAdaptive(logger *zap.Logger) error {
 	}
 	a.ctl = v.(*aimd)
 	l.adapt = a
+	countAdaptiveSeries(l.zone.name, l.scope, 1)
 	a.applied.Store(start)
 	a.lim.Set(float64(start))
 	a.apply()
@@ -299,6 +325,7 @@ func (h *Handler) releaseAdaptive() {
 			if a := l.adapt; a != nil && !a.released {
 				a.released = true
 				_, _ = adaptiveStates.Delete(a.key)
+				countAdaptiveSeries(a.l.zone.name, a.l.scope, -1)
 			}
 		}
 	}
@@ -411,6 +438,27 @@ type adaptiveWriter struct {
 	caddyhttp.ResponseWriterWrapper
 	status   int
 	hijacked bool
+	// now is the limits' clock; client is the time spent waiting on the
+	// client: reading its body, writing the answer to it. It is not the
+	// upstream's: a client that uploads or reads slowly must not make the
+	// upstream look slow and drive the limit down for everyone.
+	now    func() int64
+	client atomic.Int64
+}
+
+// clientBody times the reads of the request's body. It is not pooled: a
+// transport may still read the body after the handlers returned.
+type clientBody struct {
+	io.ReadCloser
+	now func() int64
+	ns  atomic.Int64
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	start := b.now()
+	n, err := b.ReadCloser.Read(p)
+	b.ns.Add(b.now() - start)
+	return n, err
 }
 
 var adaptiveWriters = sync.Pool{New: func() any { return new(adaptiveWriter) }}
@@ -426,19 +474,31 @@ func (w *adaptiveWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	return w.ResponseWriter.Write(b)
+	start := w.now()
+	n, err := w.ResponseWriter.Write(b)
+	w.client.Add(w.now() - start)
+	return n, err
 }
 
 func (w *adaptiveWriter) ReadFrom(r io.Reader) (int64, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	return w.ResponseWriterWrapper.ReadFrom(r)
+	// Counted whole as the client's: the sources copied this way are
+	// files (file_server), read at the disk's pace, and wrapping the
+	// source to time it apart would lose sendfile.
+	start := w.now()
+	n, err := w.ResponseWriterWrapper.ReadFrom(r)
+	w.client.Add(w.now() - start)
+	return n, err
 }
 
 // FlushError lets http.ResponseController flush a streamed response.
 func (w *adaptiveWriter) FlushError() error {
-	return http.NewResponseController(w.ResponseWriter).Flush()
+	start := w.now()
+	err := http.NewResponseController(w.ResponseWriter).Flush()
+	w.client.Add(w.now() - start)
+	return err
 }
 
 // Hijack is for the handlers that still assert http.Hijacker.
@@ -451,6 +511,14 @@ func (w *adaptiveWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // and noting whether they failed, for every adaptive limit it passed.
 func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, aw *adaptiveWriter, o *outcomeWriter, adapt []*adaptiveLimit) error {
 	now := adapt[0].now
+	aw.now = now
+	aw.client.Store(0)
+	body := r.Body
+	var timedBody *clientBody
+	if body != nil && body != http.NoBody {
+		timedBody = &clientBody{ReadCloser: body, now: now}
+		r.Body = timedBody
+	}
 	start := now()
 	var err error
 	if o != nil {
@@ -459,15 +527,23 @@ func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next cad
 		err = next.ServeHTTP(w, r)
 	}
 	end := now()
+	r.Body = body
 	// A connection that switched protocols (a WebSocket) lasts as long as
 	// its client stays: its length says nothing of the upstream's speed.
 	if !aw.hijacked && aw.status != http.StatusSwitchingProtocols {
 		failed := requestFailed(aw.status, err, r)
+		// The body is read while the upstream waits for it (a proxy
+		// sends it as it comes): that wait is the client's.
+		waited := aw.client.Load()
+		if timedBody != nil {
+			waited += timedBody.ns.Load()
+		}
+		latency := max(end-start-waited, 0)
 		for _, a := range adapt {
-			a.observe(end-start, failed, end)
+			a.observe(latency, failed, end)
 		}
 	}
-	aw.ResponseWriter, aw.status, aw.hijacked = nil, 0, false
+	aw.ResponseWriter, aw.status, aw.hijacked, aw.now = nil, 0, false, nil
 	adaptiveWriters.Put(aw)
 	return err
 }

@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -60,6 +61,7 @@ func TestAdaptiveProvisionErrors(t *testing.T) {
 		{"decrease 0 is the default, negative is not", `"key": "k", "concurrency": 100, "adaptive": {"decrease": -0.3}`, `adaptive: decrease must be strictly between 0 and 1, got -0.3`},
 		{"interval under 1s", `"key": "k", "concurrency": 100, "adaptive": {"interval": "500ms"}`, `adaptive: interval must be from 1s to 1h, got 500ms`},
 		{"latency marks reversed", `"key": "k", "concurrency": 100, "adaptive": {"latency_p99_low": "500ms", "latency_p99_high": "200ms"}`, `adaptive: latency_p99 low mark 500ms must be below the high mark 200ms`},
+		{"latency high mark negative", `"key": "k", "concurrency": 100, "adaptive": {"latency_p99_low": "200ms", "latency_p99_high": "-1s"}`, `adaptive: latency_p99 marks must be positive, got 200ms and -1s`},
 		{"error marks reversed", `"key": "k", "concurrency": 100, "adaptive": {"error_rate_low": 0.05, "error_rate_high": 0.01}`, `adaptive: error_rate low mark 0.05 must be below the high mark 0.01`},
 		{"start outside", `"key": "k", "concurrency": 10, "adaptive": {"min": 50, "max": 2000}`, `adaptive: the limit starts at the configured 10, which must be within min 50 and max 2000`},
 		{"concurrency max too large", `"key": "k", "concurrency": 10, "adaptive": {"max": 2000000000}`, `adaptive: max must be at most 1073741824`},
@@ -494,5 +496,129 @@ func TestAdaptiveLocalFallbackAfterReload(t *testing.T) {
 	out := make([]algorithms.Result, 1)
 	if _, err := nw.local.Decide(context.Background(), []backend.Request{{Limit: l.local, Key: "k", Cost: 1}}, out); err != nil || out[0].Limit != 70 {
 		t.Fatalf("the local fallback decides with %+v (%v), want a limit of 70", out[0], err)
+	}
+}
+
+// slowClientWriter is a client that takes a second to take each write.
+type slowClientWriter struct {
+	*httptest.ResponseRecorder
+	clock *int64
+}
+
+func (w slowClientWriter) Write(b []byte) (int, error) {
+	*w.clock += int64(time.Second)
+	return w.ResponseRecorder.Write(b)
+}
+
+func (w slowClientWriter) WriteString(s string) (int, error) { return w.Write([]byte(s)) }
+
+// slowClientBody is a body whose every read waits a second for the client.
+type slowClientBody struct {
+	clock *int64
+	left  int
+}
+
+func (b *slowClientBody) Read(p []byte) (int, error) {
+	*b.clock += int64(time.Second)
+	if b.left == 0 {
+		return 0, io.EOF
+	}
+	b.left--
+	p[0] = 'x'
+	return 1, nil
+}
+
+func (*slowClientBody) Close() error { return nil }
+
+// The latency is the handlers' own: the time spent waiting for a client
+// that sends its body slowly, or takes the answer slowly, is the client's,
+// and does not count (one hostile client would otherwise drive the limit
+// down for everyone). The upstream's own time still counts, streaming
+// included.
+func TestAdaptiveLatencyLeavesOutTheClient(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		next func(clock *int64) nextFunc
+	}{
+		{"slow upload", func(clock *int64) nextFunc {
+			return func(w http.ResponseWriter, r *http.Request) error {
+				_, _ = io.Copy(io.Discard, r.Body)
+				*clock += int64(70 * time.Millisecond)
+				_, err := w.Write([]byte("ok"))
+				return err
+			}
+		}},
+		{"slow reader", func(clock *int64) nextFunc {
+			return func(w http.ResponseWriter, _ *http.Request) error {
+				*clock += int64(30 * time.Millisecond)
+				_, _ = w.Write([]byte("part"))
+				*clock += int64(40 * time.Millisecond)
+				_, err := w.Write([]byte("rest"))
+				return err
+			}
+		}},
+		{"slow reader through ReadFrom", func(clock *int64) nextFunc {
+			return func(w http.ResponseWriter, _ *http.Request) error {
+				*clock += int64(70 * time.Millisecond)
+				_, err := w.(io.ReaderFrom).ReadFrom(strings.NewReader("ok"))
+				return err
+			}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var clock int64
+			h, a := adaptiveHandler(t, `{"handler": "rate_limit", "rate_limits": {"adapt_client_`+strings.ReplaceAll(tt.name, " ", "_")+`": {"key": "k", "concurrency": 10, "adaptive": {"interval": "1h"}}}}`, &clock)
+			r := requestWithReplacer(httptest.NewRequest("POST", "/", &slowClientBody{clock: &clock, left: 3}))
+			_ = h.ServeHTTP(slowClientWriter{httptest.NewRecorder(), &clock}, r, tt.next(&clock))
+			n, p99 := a.ctl.hist.drain()
+			if n != 1 || p99 < int64(70*time.Millisecond) || p99 > int64(75*time.Millisecond) {
+				t.Fatalf("%d observations, latency %v; want 1 of 70 ms (clock moved %v)", n, time.Duration(p99), time.Duration(clock))
+			}
+			if _, ok := r.Body.(*slowClientBody); !ok {
+				t.Fatalf("the request's body is %T after the handler, want the client's", r.Body)
+			}
+		})
+	}
+}
+
+// hasAdaptiveSeries tells whether the adaptive gauges export zone.
+func hasAdaptiveSeries(t *testing.T, zone string) bool {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 1024)
+	adaptiveMinG.Collect(ch)
+	close(ch)
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range d.GetLabel() {
+			if l.GetName() == "zone" && l.GetValue() == zone {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// The series of an adaptive limit outlive a reload (the new config counts
+// before the old lets go) and leave with the last config that has it.
+func TestAdaptiveSeriesRemovedWithTheLastConfig(t *testing.T) {
+	raw := []byte(`{"handler": "rate_limit", "rate_limits": {"adapt_series_gone": {"key": "k", "concurrency": 10, "adaptive": {"min": 2}}}}`)
+	_, cleanOld, err := provisionJSON(raw, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, cleanNew, err := provisionJSON(raw, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleanOld()
+	if !hasAdaptiveSeries(t, "adapt_series_gone") {
+		t.Fatal("the old config's cleanup removed the series of the running one")
+	}
+	cleanNew()
+	if hasAdaptiveSeries(t, "adapt_series_gone") {
+		t.Fatal("the series outlived the last config with the zone")
 	}
 }

@@ -171,7 +171,7 @@ func (c *sharedConc) leave(key string, line *list.List, w *sharedWaiter) {
 func (c *sharedConc) release(key, id string) {
 	c.gauge.Dec()
 	if err := c.slots.Release(context.Background(), key, id); err != nil && c.logger != nil {
-		c.logger.Warn("freeing a concurrency slot in the backend: it stays taken until its slot_ttl", zap.Error(err))
+		c.logger.Warn("freeing a concurrency slot in the backend: tried again until it answers, or the slot expires after its slot_ttl", zap.Error(err))
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

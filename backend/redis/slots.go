@@ -124,7 +124,23 @@ type slotHolder struct {
 	shorter chan struct{}
 	logger  *zap.Logger
 	every   time.Duration // how often the goroutine renews: the shortest TTL held ÷ 3
+	renewed time.Time     // when the goroutine last renewed
+	// unfreed are the slots whose release did not reach Redis (a timeout,
+	// the open breaker): the goroutine tries again every
+	// slotReleaseRetry until Redis takes them or they expire. Left to
+	// their TTL, a second of trouble would refuse a key whose requests
+	// had all ended for up to slot_ttl after Redis came back.
+	unfreed []unfreedSlot
 }
+
+type unfreedSlot struct {
+	z       *slotZone
+	set, id string
+	until   time.Time // its expiry at the latest: no use freeing it after
+}
+
+// slotReleaseRetry is how often a release that failed is tried again.
+const slotReleaseRetry = 250 * time.Millisecond
 
 type heldSet struct {
 	z   *slotZone
@@ -192,6 +208,9 @@ func (z *slotZone) Release(ctx context.Context, key, id string) error {
 		defer cancel()
 		return true, z.s.client.ZRem(tctx, set, id).Err()
 	})
+	if err != nil {
+		z.s.slots.retryRelease(z, set, id)
+	}
 	return err
 }
 
@@ -239,6 +258,29 @@ func (h *slotHolder) hold(z *slotZone, set, id string) {
 	}
 }
 
+// retryRelease has the goroutine free the slot id of set once Redis
+// answers again.
+func (h *slotHolder) retryRelease(z *slotZone, set, id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return
+	}
+	h.unfreed = append(h.unfreed, unfreedSlot{z: z, set: set, id: id, until: time.Now().Add(z.ttl)})
+	if h.shorter == nil {
+		h.shorter = make(chan struct{}, 1)
+	}
+	if !h.running {
+		h.running = true
+		go h.renewLoop(h.shorter)
+		return
+	}
+	select {
+	case h.shorter <- struct{}{}:
+	default:
+	}
+}
+
 func (h *slotHolder) drop(set, id string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -254,57 +296,109 @@ func (h *slotHolder) drop(set, id string) {
 	}
 }
 
-// renewLoop renews the held slots every third of the shortest TTL, and
-// ends when none is held (the next acquire starts it again) or when the
-// store's client is gone.
+// renewLoop renews the held slots every third of the shortest TTL, frees
+// those whose release failed, and ends when none is held or left to free
+// (the next acquire starts it again) or when the store's client is gone.
 func (h *slotHolder) renewLoop(shorter <-chan struct{}) {
 	// A wake-up sent before the loop started is for a TTL it reads below.
 	select {
 	case <-shorter:
 	default:
 	}
+	h.mu.Lock()
+	h.renewed = time.Now()
+	h.mu.Unlock()
 	for {
 		h.mu.Lock()
-		every := h.every
+		wait := h.every
+		if len(h.unfreed) > 0 && (wait == 0 || wait > slotReleaseRetry) {
+			wait = slotReleaseRetry
+		}
 		h.mu.Unlock()
-		t := time.NewTimer(every)
+		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
 		case <-shorter:
-			// Sleep again for the shorter third; the slots already held
-			// were due no sooner than before.
+			// Sleep again for the shorter third (or the retry of a
+			// release); the slots already held were due no sooner.
 			t.Stop()
 			continue
 		}
 		h.mu.Lock()
-		if len(h.sets) == 0 {
+		if len(h.sets) == 0 && len(h.unfreed) == 0 {
 			h.running, h.every = false, 0
 			h.mu.Unlock()
 			return
 		}
-		batch := make([]renewal, 0, len(h.sets))
-		for set, hs := range h.sets {
-			r := renewal{z: hs.z, set: set, ids: make([]any, 0, len(hs.ids)+1)}
-			r.ids = append(r.ids, hs.z.ttlMs)
-			for _, id := range hs.ids {
-				r.ids = append(r.ids, id)
+		now := time.Now()
+		var batch []renewal
+		if len(h.sets) > 0 && !now.Before(h.renewed.Add(h.every)) {
+			h.renewed = now
+			batch = make([]renewal, 0, len(h.sets))
+			for set, hs := range h.sets {
+				r := renewal{z: hs.z, set: set, ids: make([]any, 0, len(hs.ids)+1)}
+				r.ids = append(r.ids, hs.z.ttlMs)
+				for _, id := range hs.ids {
+					r.ids = append(r.ids, id)
+				}
+				batch = append(batch, r)
 			}
-			batch = append(batch, r)
 		}
+		h.unfreed = slices.DeleteFunc(h.unfreed, func(u unfreedSlot) bool { return now.After(u.until) })
+		unfreed := slices.Clone(h.unfreed)
 		closed := h.closed
 		h.mu.Unlock()
-		if err := renew(batch); err != nil {
+		var err error
+		if len(batch) > 0 {
+			err = renew(batch)
+		}
+		if len(unfreed) > 0 {
+			ferr := free(unfreed)
+			if ferr == nil {
+				// Only this goroutine removes; releases that failed
+				// meanwhile were appended after these.
+				h.mu.Lock()
+				h.unfreed = h.unfreed[len(unfreed):]
+				done := len(h.sets) == 0 && len(h.unfreed) == 0
+				if done {
+					h.running, h.every = false, 0
+				}
+				h.mu.Unlock()
+				if done {
+					return
+				}
+			}
+			err = errors.Join(err, ferr)
+		}
+		if err != nil {
 			if closed && errors.Is(err, goredis.ErrClosed) {
 				h.mu.Lock()
-				h.running = false
+				h.running, h.unfreed = false, nil
 				h.mu.Unlock()
 				return
 			}
-			if h.logger != nil {
+			if h.logger != nil && len(batch) > 0 {
 				h.logger.Warn("renewing concurrency slots in redis: they expire after their slot_ttl unless a later renewal reaches redis", zap.Int("sets", len(batch)), zap.Error(err))
 			}
 		}
 	}
+}
+
+// free removes slots whose release failed, in one pipeline through the
+// breaker.
+func free(slots []unfreedSlot) error {
+	z := slots[0].z
+	_, err := z.guard(context.Background(), func() (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), max(z.s.timeout, time.Second))
+		defer cancel()
+		pipe := z.s.client.Pipeline()
+		for _, u := range slots {
+			pipe.ZRem(ctx, u.set, u.id)
+		}
+		_, err := pipe.Exec(ctx)
+		return true, err
+	})
+	return err
 }
 
 type renewal struct {

@@ -403,3 +403,52 @@ func TestSlotsNoScriptRecovers(t *testing.T) {
 		t.Fatalf("the slot's expiry after its renewal: %v (before %v) %v", score, before, err)
 	}
 }
+
+// A release that fails (Redis away, the breaker open) is tried again in
+// the background: the slot is freed once Redis answers, long before its
+// TTL, and the goroutine then ends.
+func TestSlotsFailedReleaseRetried(t *testing.T) {
+	stores := slotStores(t, 1, standaloneU)
+	var down atomic.Bool
+	z, err := stores[0].registerSlots(backend.SlotConfig{Name: "unfreed", Limit: 1, TTL: time.Minute},
+		func(_ context.Context, call func() (bool, error)) (bool, error) {
+			if down.Load() {
+				return false, errors.New("redis away")
+			}
+			return call()
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := z.Acquire(context.Background(), "k")
+	if err != nil || id == "" {
+		t.Fatalf("acquire: %q %v", id, err)
+	}
+	down.Store(true)
+	if err := z.Release(context.Background(), "k", id); err == nil {
+		t.Fatal("a release through a failing Redis succeeded")
+	}
+	set := z.prefix + "k}"
+	if n, _ := stores[0].client.ZCard(context.Background(), set).Result(); n != 1 {
+		t.Fatalf("%d slots held after the failed release, want 1", n)
+	}
+	down.Store(false)
+	h := &stores[0].slots
+	deadline := time.Now().Add(5 * time.Second) // the retry comes within slotReleaseRetry; the TTL is a minute
+	for {
+		n, _ := stores[0].client.ZCard(context.Background(), set).Result()
+		h.mu.Lock()
+		running := h.running
+		h.mu.Unlock()
+		if n == 0 && !running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after Redis came back: %d slots held, renewer running %v", n, running)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if id, _ := z.Acquire(context.Background(), "k"); id == "" {
+		t.Fatal("the freed slot cannot be taken")
+	}
+}

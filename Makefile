@@ -1,5 +1,6 @@
 # Sluice: the two commands of the README, and a few helpers.
 GO ?= go
+SHELL := /bin/bash
 
 .PHONY: run build test bench fmt vet
 
@@ -11,9 +12,15 @@ run: build
 build:
 	$(GO) build -o caddy ./cmd/caddy
 
-## test: vet, then every test with the race detector
+## test: vet, then every test with the race detector. The integration
+## package logs every Caddy it starts, so a failure's own lines get lost in
+## the output: they are printed again at the end (everything is in test.out).
 test: vet
-	$(GO) test -race -count=1 ./...
+	@set -o pipefail; $(GO) test -race -count=1 -timeout 40m ./... 2>&1 | tee test.out; status=$$?; \
+	if [ $$status -ne 0 ]; then \
+		echo; echo "== what failed (the whole output is in test.out) =="; \
+		grep -E -A15 -- '--- FAIL|^panic:|^FAIL|DATA RACE' test.out | grep -v '^{"level"' | head -300; \
+	fi; exit $$status
 
 ## vet: gofmt, go vet, then staticcheck and promlinter at the versions .ci/tools pins
 vet:

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 const recipeSecret = "an-example-secret-of-32-bytes!!!"
@@ -527,4 +530,144 @@ func TestDocsRecipeCostTable(t *testing.T) {
 		}
 	}
 	wantStatus(t, "another user's export", postFull(t, tester, "/api/report/export/", `{}`, "Authorization", "Bearer bob"), 200, 0, 0)
+}
+
+// A client that keeps hammering a full limit is let back in as soon as the
+// limit has room: denied requests are never counted, on any algorithm and
+// either store (a log that recorded them, or a bucket that charged them,
+// would keep a hammering client out for ever).
+func TestSeedsHammeringNeverExtendsTheBlock(t *testing.T) {
+	backends := map[string]string{"memory": ""}
+	if redistestAvailable() {
+		backends["redis"] = "backend redis {\n\t\t\taddress " + redistest.Standalone(t, "").Addr + "\n\t\t}"
+	}
+	for name, backend := range backends {
+		for _, algo := range []string{"sliding_window", "sliding_window_counter", "fixed_window", "token_bucket", "gcra", "leaky_bucket"} {
+			t.Run(name+"/"+algo, func(t *testing.T) {
+				tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		`+backend+`
+		zone seeds_hammer_`+name+`_`+algo+` {
+			by ip
+			rate 2/1s
+			algorithm `+algo+`
+		}
+	}
+	respond "ok"`), "caddyfile")
+				allowed, denied := 0, 0
+				for end := time.Now().Add(2500 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+					switch r := fetch(t, tester, "GET", "/"); r.code {
+					case 200:
+						allowed++
+					case 429:
+						denied++
+						if r.header.Get("Retry-After") == "" {
+							t.Fatal("429 without Retry-After")
+						}
+					default:
+						t.Fatalf("status %d", r.code)
+					}
+				}
+				// 2 at once, then 2 a second: at least 4 in 2.5 s for every
+				// algorithm, and never more than 2 per second plus both ends'.
+				if allowed < 4 || allowed > 9 || denied == 0 {
+					t.Fatalf("hammering for 2.5 s: %d allowed, %d denied; want 4 to 9 allowed", allowed, denied)
+				}
+			})
+		}
+	}
+}
+
+// redistestAvailable reports whether redis-server is installed, without
+// skipping the test that asks.
+func redistestAvailable() bool {
+	_, err := exec.LookPath("redis-server")
+	return err == nil
+}
+
+// Requests refused as invalid (no usable key, an unreadable cost) charge
+// no limit: a client's typos do not use up its quota.
+func TestSeedsInvalidRequestsChargeNothing(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone seeds_invalid_ip {
+			by ip
+			rate 3/1m
+			cost {http.request.header.X-Units}
+		}
+		zone seeds_invalid_phone {
+			by json phone
+			normalize phone BD
+			missing deny
+			rate 3/10m
+		}
+	}
+	respond "ok"`), "caddyfile")
+	for i, body := range []string{`{}`, `{"phone":"not a number"}`, `{"phone":"017"}`, `not json`, `{"phone":["01712345678"]}`} {
+		wantStatus(t, fmt.Sprintf("invalid request #%d", i+1), postFull(t, tester, "/otp", body), 400, 0, 0)
+	}
+	wantStatus(t, "unreadable cost", postFull(t, tester, "/otp", `{"phone":"01712345678"}`, "X-Units", "lots"), 400, 0, 0)
+	for i, phone := range []string{"01712345678", "01812345678", "01912345678"} {
+		wantStatus(t, fmt.Sprintf("valid request #%d", i+1), postFull(t, tester, "/otp", `{"phone":"`+phone+`"}`), 200, 0, 0)
+	}
+	wantStatus(t, "4th valid request", postFull(t, tester, "/otp", `{"phone":"01612345678"}`), 429, 59, 60)
+}
+
+// A load test's checks: 200 requests a second for 3 s against 60 a minute
+// are either allowed or limited, never a 5xx, every 429 has Retry-After;
+// the exact window admits exactly 60, a policy without burst 1 plus one
+// a second.
+func TestSeedsLoadAllowedOrLimited(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone seeds_load_window {
+			match {
+				path /window
+			}
+			by header Authorization
+			rate 60/1m
+		}
+		zone seeds_load_smooth {
+			match {
+				path /smooth
+			}
+			by header Authorization
+			rate 60/1m
+			burst 1
+			algorithm gcra
+		}
+	}
+	respond "ok"`), "caddyfile")
+	for _, path := range []string{"/window", "/smooth"} {
+		var ok, limited, other atomic.Int64
+		var wg sync.WaitGroup
+		start := time.Now()
+		tick := time.NewTicker(5 * time.Millisecond)
+		for range 600 {
+			<-tick.C
+			wg.Go(func() {
+				r := fetch(t, tester, "GET", path, "Authorization", "Bearer k6")
+				switch {
+				case r.code == 200:
+					ok.Add(1)
+				case r.code == 429 && r.header.Get("Retry-After") != "":
+					limited.Add(1)
+				default:
+					other.Add(1)
+				}
+			})
+		}
+		tick.Stop()
+		wg.Wait()
+		elapsed := time.Since(start).Seconds()
+		if other.Load() != 0 || ok.Load()+limited.Load() != 600 {
+			t.Fatalf("%s: %d allowed, %d limited with Retry-After, %d other", path, ok.Load(), limited.Load(), other.Load())
+		}
+		switch n := ok.Load(); {
+		case path == "/window" && n != 60:
+			t.Fatalf("/window: %d allowed, want exactly 60", n)
+		case path == "/smooth" && (n < 2 || float64(n) > 2+elapsed):
+			t.Fatalf("/smooth: %d allowed in %.1fs, want 1 plus one a second", n, elapsed)
+		}
+	}
 }

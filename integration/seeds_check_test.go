@@ -781,3 +781,85 @@ func TestDocsCloudflareClientIP(t *testing.T) {
 	expect429(t, tester, 3599, 3600, "GET", "/", "CF-Connecting-IP", "198.51.100.1", "X-Forwarded-For", "203.0.113.9")
 	expect429(t, tester, 3599, 3600, "GET", "/", "CF-Connecting-IP", "2001:db8:1:2::ffff")
 }
+
+// A spend budget with a constant key is a gauge, so an alert can fire
+// before it runs out: committed units and open reservations are deducted,
+// released ones are not; a budget per client makes no series.
+func TestSeedsBudgetRemainingGauge(t *testing.T) {
+	backends := map[string]string{"mem": ""}
+	if redistestAvailable() {
+		backends["redis"] = "backend redis {\n\t\t\taddress " + redistest.Standalone(t, "").Addr + "\n\t\t}"
+	}
+	for name, backend := range backends {
+		t.Run(name, func(t *testing.T) { testBudgetRemainingGauge(t, "seeds_gauge_"+name, backend) })
+	}
+}
+
+func testBudgetRemainingGauge(t *testing.T, zone, backend string) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Query().Get("answer") {
+		case "fail":
+			w.WriteHeader(http.StatusBadGateway)
+		case "hold":
+			<-release
+		}
+	}))
+	t.Cleanup(srv.Close)
+	newTester(t, caddyfileServer(`
+	rate_limit {
+		`+backend+`
+		zone `+zone+` {
+			key sms
+			rate 5/1d
+			algorithm fixed_window
+			charge_when status 2xx
+			scope hour {
+				rate 4/1h
+				charge_when status 2xx
+			}
+		}
+		zone `+zone+`_per_user {
+			by header X-User
+			rate 5/1d
+			charge_when status 2xx
+		}
+	}
+	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")), "caddyfile")
+	gauge := func(name, scope string) float64 {
+		return metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_budget_`+name+`{scope="`+scope+`",zone="`+zone+`"}`)
+	}
+	if r, l := gauge("remaining", ""), gauge("limit", ""); r != 5 || l != 5 {
+		t.Fatalf("before any request: remaining %v of %v, want 5 of 5", r, l)
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	send := func(answer string) int {
+		resp, err := client.Get(httpBase + "/send?answer=" + answer)
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, answer := range []string{"ok", "fail", "ok"} {
+		send(answer)
+	}
+	if r, h := gauge("remaining", ""), gauge("remaining", "hour"); r != 3 || h != 2 {
+		t.Fatalf("after 2 sent and 1 failed: remaining %v (day) and %v (hour), want 3 and 2", r, h)
+	}
+	if l := gauge("limit", "hour"); l != 4 {
+		t.Fatalf("hour budget's limit %v, want 4", l)
+	}
+	done := make(chan int)
+	go func() { done <- send("hold") }()
+	eventually(t, "the held request's reservation", func() bool { return gauge("remaining", "") == 2 })
+	close(release)
+	<-done
+	if r := gauge("remaining", ""); r != 2 {
+		t.Fatalf("after the held request succeeded: remaining %v, want 2", r)
+	}
+	if page := adminRequest(t, "GET", "/metrics", "", ""); strings.Contains(page, `caddy_rate_limit_budget_remaining{scope="",zone="`+zone+`_per_user"}`) {
+		t.Fatal("a budget keyed per client has a series")
+	}
+}

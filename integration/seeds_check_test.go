@@ -863,3 +863,55 @@ func testBudgetRemainingGauge(t *testing.T, zone, backend string) {
 		t.Fatal("a budget keyed per client has a series")
 	}
 }
+
+// The five layers of the OTP example of docs/keys.md, each at its number:
+// 10 codes per address, 40 per /24, 500 a minute for the service.
+func TestDocsOTPExampleLayers(t *testing.T) {
+	t.Setenv("SLUICE_KEY_SECRET", recipeSecret)
+	site := docSite(t, "../docs/keys.md", "zone otp_send {\n\t\t\tmatch")
+	// The test's peer stands for the load balancer the example trusts.
+	tester := newTester(t, strings.Replace(site, "trusted_proxies static 10.0.0.0/8", "trusted_proxies static 127.0.0.1/32", 1), "caddyfile")
+	next := 0
+	send := func(ip string) (int, string) {
+		next++
+		return post(t, tester, "/otp/send", "application/json", fmt.Sprintf(`{"phone":"0171%07d"}`, next), "X-Forwarded-For", ip)
+	}
+	for i := range 10 {
+		if code, body := send("198.51.100.1"); code != 200 {
+			t.Fatalf("address's code #%d: %d %q", i+1, code, body)
+		}
+	}
+	if code, body := send("198.51.100.1"); code != 429 || !strings.Contains(body, `"retry_after":600`) {
+		t.Fatalf("address's 11th code: %d %q, want 429 with retry_after 600", code, body)
+	}
+	for _, ip := range []string{"198.51.100.2", "198.51.100.3", "198.51.100.4"} {
+		for i := range 10 {
+			if code, body := send(ip); code != 200 {
+				t.Fatalf("%s code #%d: %d %q", ip, i+1, code, body)
+			}
+		}
+	}
+	if code, body := send("198.51.100.5"); code != 429 || !strings.Contains(body, `"retry_after":6`) {
+		t.Fatalf("the /24's 41st code: %d %q, want 429 with retry_after about 600", code, body)
+	}
+	// The service's ceiling: 500 a minute in bursts of 500, from addresses
+	// of many networks (40 of it were sent above).
+	start := time.Now()
+	allowed := 40
+	for n := 0; ; n++ {
+		code, body := send(fmt.Sprintf("203.0.%d.%d", n/40, 1+n%40/10))
+		if code == 429 {
+			if !strings.Contains(body, `"retry_after":1}`) {
+				t.Fatalf("over the ceiling: %q, want retry_after 1", body)
+			}
+			break
+		}
+		if code != 200 || n > 1000 {
+			t.Fatalf("code #%d: %d %q", allowed+1, code, body)
+		}
+		allowed++
+	}
+	if elapsed := time.Since(start).Seconds(); allowed < 500 || float64(allowed) > 500+500.0/60*elapsed+1 {
+		t.Fatalf("the service sent %d codes in %.1fs before its ceiling, want 500 plus the refill", allowed, elapsed)
+	}
+}

@@ -529,6 +529,12 @@ func TestDocsRecipeCostTable(t *testing.T) {
 			t.Fatalf("search %s: RateLimit %q", path, r.header.Get("RateLimit"))
 		}
 	}
+	wantStatus(t, "a search as POST", postFull(t, tester, "/api/search", `{"q":"a"}`, user...), 429, 1, 1)
+	for _, path := range []string{"/api//search", "/api/./search", "/api/x/../search", "//api/search"} {
+		wantStatus(t, "search "+path, fetch(t, tester, "GET", path, "Authorization", "Bearer carol"), 400, 0, 0)
+	}
+	// Those cost carol nothing: her 100 are whole.
+	wantStatus(t, "carol's export", postFull(t, tester, "/api/report/export", `{}`, "Authorization", "Bearer carol"), 200, 0, 0)
 	wantStatus(t, "another user's export", postFull(t, tester, "/api/report/export/", `{}`, "Authorization", "Bearer bob"), 200, 0, 0)
 }
 

@@ -334,3 +334,24 @@ func TestOutsideSeveralZonesDenyLongestWait(t *testing.T) {
 		t.Fatalf("exceeded.name %q, want outside_zb (the longest wait)", body)
 	}
 }
+
+// A query parameter given twice is ambiguous: it counts under the missing
+// policy's shared quota (with the empty value), never as a fresh key per
+// combination, which is what Caddy's joined value "a,b" made it in mholt's.
+func TestOutsideRepeatedValueSharesTheMissingQuota(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`	rate_limit {
+		zone outside_repeated {
+			key    {http.request.uri.query.u}
+			events 2
+			window 1m
+		}
+	}
+	respond "ok"`), "caddyfile")
+	expectN(t, tester, 1, http.StatusOK, "GET", "/?u=a&u=b")
+	expectN(t, tester, 1, http.StatusOK, "GET", "/?u=c&u=d")
+	expect429(t, tester, 59, 60, "GET", "/?u=e&u=f")
+	expect429(t, tester, 59, 60, "GET", "/?u=")
+	expect429(t, tester, 59, 60, "GET", "/")
+	expectN(t, tester, 2, http.StatusOK, "GET", "/?u=a")
+	expect429(t, tester, 59, 60, "GET", "/?u=a")
+}

@@ -355,3 +355,29 @@ func TestOutsideRepeatedValueSharesTheMissingQuota(t *testing.T) {
 	expectN(t, tester, 2, http.StatusOK, "GET", "/?u=a")
 	expect429(t, tester, 59, 60, "GET", "/?u=a")
 }
+
+// A zone whose requests all lack their key (a client that lost its header,
+// a key template that reads the wrong field) is refused with 400 by
+// `missing deny`, and no request is decided: `caddy rate-limit report`
+// must not call that "no traffic yet".
+func TestOutsideReportMissingKeysAreTraffic(t *testing.T) {
+	zone := freshZone("outside_report_nokey") // Prometheus counters are the process's
+	tester := newTester(t, jsonServer(`{
+		"handler": "rate_limit",
+		"rate_limits": {"`+zone+`": {"key": "{http.request.header.X-Api-Key}", "missing": "deny", "window": "1m", "max_events": 10}}
+	}, `+okHandler, ""), "json")
+	expectN(t, tester, 3, http.StatusBadRequest, "GET", "/")
+	out, err := runCaddy(t, "rate-limit", "report", "--metrics", "http://"+adminAddr+"/metrics", "--address", adminAddr)
+	if err != nil {
+		t.Fatalf("report: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, zone+" ") {
+			if !strings.Contains(line, "CHECK: 3 requests without a usable key") {
+				t.Fatalf("report line %q, want the 3 requests without a key flagged", line)
+			}
+			return
+		}
+	}
+	t.Fatalf("zone %s not in the report:\n%s", zone, out)
+}

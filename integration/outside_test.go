@@ -7,7 +7,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // The examples of mholt/caddy-ratelimit's README, loaded as its users wrote
@@ -380,4 +384,69 @@ func TestOutsideReportMissingKeysAreTraffic(t *testing.T) {
 		}
 	}
 	t.Fatalf("zone %s not in the report:\n%s", zone, out)
+}
+
+// outsideRecorder is an event handler module that keeps the events it is
+// given, so a test sees what a subscriber of Caddy's events app sees.
+type outsideRecorder struct{}
+
+var outsideEvents struct {
+	sync.Mutex
+	got []caddy.Event
+}
+
+func init() { caddy.RegisterModule(outsideRecorder{}) }
+
+func (outsideRecorder) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "events.handlers.outside_recorder", New: func() caddy.Module { return new(outsideRecorder) }}
+}
+
+func (outsideRecorder) Handle(_ context.Context, e caddy.Event) error {
+	outsideEvents.Lock()
+	defer outsideEvents.Unlock()
+	outsideEvents.got = append(outsideEvents.got, e)
+	return nil
+}
+
+// A denial emits the rate_limit_exceeded event with the zone, the scope,
+// the wait and the peer's address, as mholt's does, so a subscriber can act
+// on it; an allowed request emits nothing.
+func TestOutsideDenialEmitsEvent(t *testing.T) {
+	outsideEvents.Lock()
+	outsideEvents.got = nil
+	outsideEvents.Unlock()
+	tester := newTester(t, withPorts(`{
+	"admin": {"listen": "localhost:2999"},
+	"logging": {"logs": {"default": {"level": "ERROR"}}},
+	"apps": {
+		"events": {"subscriptions": [{"events": ["rate_limit_exceeded"], "handlers": [{"handler": "outside_recorder"}]}]},
+		"http": {"http_port": 9080, "servers": {"srv": {
+			"listen": [":9080"],
+			"routes": [{"handle": [
+				{"handler": "rate_limit", "rate_limits": {"outside_event": {"key": "{http.request.remote.host}", "window": "1m", "max_events": 2}}},
+				`+okHandler+`
+			]}]
+		}}}
+	}
+}`), "json")
+	expectN(t, tester, 2, http.StatusOK, "GET", "/")
+	outsideEvents.Lock()
+	n := len(outsideEvents.got)
+	outsideEvents.Unlock()
+	if n != 0 {
+		t.Fatalf("%d events for allowed requests", n)
+	}
+	expect429(t, tester, 59, 60, "GET", "/")
+	outsideEvents.Lock()
+	defer outsideEvents.Unlock()
+	if len(outsideEvents.got) != 1 {
+		t.Fatalf("%d events for one denial, want 1", len(outsideEvents.got))
+	}
+	e := outsideEvents.got[0]
+	wait, _ := e.Data["wait"].(time.Duration)
+	if e.Name() != "rate_limit_exceeded" || e.Origin() == nil || e.Origin().CaddyModule().ID != "http.handlers.rate_limit" ||
+		e.Data["zone"] != "outside_event" || e.Data["scope"] != "" || e.Data["remote_ip"] != "127.0.0.1" ||
+		wait <= 59*time.Second || wait > time.Minute {
+		t.Fatalf("event %s from %v: %v; want rate_limit_exceeded from http.handlers.rate_limit, zone outside_event, scope \"\", remote_ip 127.0.0.1, a wait just under 1m", e.Name(), e.Origin(), e.Data)
+	}
 }

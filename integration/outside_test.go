@@ -450,3 +450,30 @@ func TestOutsideDenialEmitsEvent(t *testing.T) {
 		t.Fatalf("event %s from %v: %v; want rate_limit_exceeded from http.handlers.rate_limit, zone outside_event, scope \"\", remote_ip 127.0.0.1, a wait just under 1m", e.Name(), e.Origin(), e.Data)
 	}
 }
+
+// Every JSON block of the documentation loads into a running Caddy: a
+// handler as it is, a zone's fields inside a zone. (The Caddyfile blocks
+// are validated by TestExamplesValidate.)
+func TestOutsideDocJSONLoads(t *testing.T) {
+	newTester(t, jsonServer(okHandler, ""), "json")
+	n := 0
+	for _, b := range docBlocks(t) {
+		if b.lang != "json" {
+			continue
+		}
+		handler := b.text
+		if !strings.Contains(b.text, `"handler"`) {
+			handler = `{"handler": "rate_limit", "rate_limits": {"outside_doc_json": ` + b.text + `}}`
+			if !strings.Contains(b.text, `"key"`) {
+				handler = strings.Replace(handler, `"outside_doc_json": {`, `"outside_doc_json": {"key": "{http.request.header.X-Api-Key}",`, 1)
+			}
+		}
+		t.Run(b.where, func(t *testing.T) {
+			adminRequest(t, "POST", "/load", "application/json", jsonServer(handler+`, `+okHandler, ""))
+		})
+		n++
+	}
+	if n < 3 {
+		t.Fatalf("%d JSON blocks found in the documentation, want at least 3", n)
+	}
+}

@@ -253,9 +253,18 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Jitter = j
 
 		case "sweep_interval":
-			dur, err := durationArg(d, "", opt)
+			v, err := oneArg(d)
 			if err != nil {
 				return err
+			}
+			dur, err := caddy.ParseDuration(v)
+			if err != nil {
+				return d.Errf("invalid %s %q: %v", opt, v, err)
+			}
+			// 0 is the default, as in JSON (where 0 is the field left out)
+			// and in mholt/caddy-ratelimit's Caddyfile: such configs load.
+			if dur == 0 {
+				break
 			}
 			if err := checkSweepInterval(dur); err != nil {
 				return d.Errf("%v", err)

@@ -129,6 +129,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"scope rate in zone of scopes", "rate_limit {\n\tzone a {\n\t\tscope s {\n\t\t\trate 1/s\n\t\t\tcost 9\n\t\t}\n\t}\n}", `zone "a" scope "s": cost 9 can never pass`, 6},
 		{"tiny sweep_interval", "rate_limit {\n\tsweep_interval 1ns\n}", "sweep_interval must be from 1s to 24h, got 1ns", 3},
 		{"huge sweep_interval", "rate_limit {\n\tsweep_interval 25h\n}", "sweep_interval must be from 1s to 24h, got 25h", 3},
+		{"negative sweep_interval", "rate_limit {\n\tsweep_interval -1s\n}", "sweep_interval must be from 1s to 24h, got -1s", 3},
+		{"sweep_interval 0 then another", "rate_limit {\n\tsweep_interval 0\n\tsweep_interval 5s\n}", "sweep_interval already specified", 4},
 		{"body_limit of 1GiB", "rate_limit {\n\tbody_limit 1GiB\n}", `invalid body_limit "1GiB": want a size such as 64KiB, at most 16MiB (16777216 bytes)`, 3},
 		{"body_limit past 16MiB", "rate_limit {\n\tbody_limit 16777217\n}", `invalid body_limit "16777217"`, 3},
 		{"huge events", "rate_limit {\n\tzone a {\n\t\tevents 9223372036854775807\n\t\twindow 1m\n\t\talgorithm leaky_bucket\n\t\tmax_delay 1s\n\t}\n}", `zone "a": max_events must be at most 1000000000000000, got 9223372036854775807`, 4},

@@ -52,7 +52,7 @@ type Handler struct {
 	Jitter float64 `json:"jitter,omitempty"`
 
 	// SweepInterval is how often keys that are back to idle are dropped from
-	// memory. Default: 1m; from 1s to 24h.
+	// memory. Default (and 0): 1m; from 1s to 24h.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
 	// LogKey adds the key to the log line of a denied request. Off by

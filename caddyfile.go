@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -214,7 +213,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if opt != "zone" {
+		// A flag given twice says the same thing twice: mholt/caddy-ratelimit
+		// loads such configs, so they load here too.
+		if opt != "zone" && opt != "log_key" && opt != "disable_metrics" {
 			if seen[opt] {
 				return d.Errf("%s already specified", opt)
 			}
@@ -247,8 +248,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			j, err := strconv.ParseFloat(v, 64)
-			if err != nil || math.IsNaN(j) || j < 0 || j > maxJitter {
-				return d.Errf("invalid jitter %q: want a fraction from 0 to %v, such as 0.2", v, maxJitter)
+			if err == nil {
+				err = checkJitter(j)
+			}
+			if err != nil {
+				return d.Errf("invalid jitter %q: want a fraction of the wait, 0 or more, such as 0.2", v)
 			}
 			h.Jitter = j
 
@@ -266,8 +270,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if dur == 0 {
 				break
 			}
-			if err := checkSweepInterval(dur); err != nil {
-				return d.Errf("%v", err)
+			if dur < 0 {
+				return d.Errf("invalid %s %q: must be positive (0 is the default, 1m)", opt, v)
 			}
 			h.SweepInterval = caddy.Duration(dur)
 

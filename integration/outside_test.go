@@ -296,6 +296,29 @@ func TestOutsideSweepIntervalZeroIsDefault(t *testing.T) {
 	expect429(t, tester, 59, 60, "GET", "/")
 }
 
+// Values mholt's loads, however odd, load and limit: a jitter written as a
+// percent adds up to that many times the wait, as it did there; a sweep
+// under a second runs at 1s; a flag given twice is the flag.
+func TestOutsideMholtLooseValuesLoad(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`	rate_limit {
+		zone mholt_loose {
+			key    static
+			events 2
+			window 5s
+		}
+		jitter 20
+		sweep_interval 500ms
+		log_key
+		log_key
+		disable_metrics
+		disable_metrics
+	}
+	respond "ok"`), "caddyfile")
+	expectN(t, tester, 2, http.StatusOK, "GET", "/")
+	// 5 s of wait, plus up to 20 times that.
+	expect429(t, tester, 5, 105, "GET", "/")
+}
+
 // Several match blocks in a zone are OR'ed, as in mholt's.
 func TestOutsideMholtMatchBlocksOr(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`	rate_limit {

@@ -57,7 +57,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	var adaptBuf [4]*adaptiveLimit
 	var aw *adaptiveWriter
 	adapt := adaptBuf[:0]
-	if pass && len(s.adapt) > 0 {
+	// With a latency target, the group's latency is measured the same way.
+	var timed *shedGroup
+	if pass && h.timed(counted) {
+		timed = h.shed
+	}
+	if pass && (len(s.adapt) > 0 || timed != nil) {
 		adapt = append(adapt, s.adapt...)
 		aw = adaptiveWriters.Get().(*adaptiveWriter)
 		aw.ResponseWriter = w
@@ -81,7 +86,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	switch {
 	case aw != nil:
-		return h.serveAdaptive(w, r, next, aw, o, adapt)
+		return h.serveAdaptive(w, r, next, aw, o, adapt, timed)
 	case o != nil:
 		return h.serveOutcome(o, r, next)
 	}

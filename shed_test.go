@@ -193,7 +193,7 @@ func TestShedTarpitCaddyfileErrors(t *testing.T) {
 		{"shed twice", "", "shed a {\n\t\tcapacity 1\n\t}\n\tshed b {\n\t\tcapacity 1\n\t}", "shed already specified"},
 		{"capacity twice over", "rate_limit {\n\t\tshed a {\n\t\t\tcapacity 10\n\t\t}\n\t}", "shed a {\n\t\tcapacity 20\n\t}", `shed "a": capacity 20 here, 10 in the global options`},
 		{"global priority", "rate_limit {\n\t\tshed a {\n\t\t\tcapacity 10\n\t\t\tpriority 1\n\t\t}\n\t}", "shed a", `shed "a": priority is a route's, not the group's`},
-		{"global without capacity", "rate_limit {\n\t\tshed a\n\t}", "shed a", `shed "a": capacity is required`},
+		{"global without capacity", "rate_limit {\n\t\tshed a\n\t}", "shed a", `shed "a": capacity or latency_target is required`},
 		{"global group twice", "rate_limit {\n\t\tshed a {\n\t\t\tcapacity 1\n\t\t}\n\t\tshed a {\n\t\t\tcapacity 2\n\t\t}\n\t}", "shed a", `shed "a" already defined`},
 		{"tarpit word", "", "tarpit long", `invalid tarpit "long"`},
 		{"tarpit 0", "", "tarpit 0s", "tarpit must be positive"},
@@ -217,7 +217,7 @@ func TestShedTarpitCaddyfileErrors(t *testing.T) {
 func TestShedTarpitProvisionErrors(t *testing.T) {
 	tests := []struct{ name, config, want string }{
 		{"no group", `{"shed": {"capacity": 10}}`, "shed: group is required"},
-		{"no capacity", `{"shed": {"group": "p_a"}}`, `shed "p_a": capacity must be from 1 to 1073741824, got 0`},
+		{"no capacity", `{"shed": {"group": "p_a"}}`, `shed "p_a": capacity is required (or latency_target, to shed on latency alone)`},
 		{"huge capacity", `{"shed": {"group": "p_a", "capacity": 1073741825}}`, "capacity must be from 1 to 1073741824"},
 		{"priority 5", `{"shed": {"group": "p_a", "capacity": 10, "priority": 5}}`, `shed "p_a": priority must be from 0 (never shed) to 4 (shed first), got 5`},
 		{"negative priority", `{"shed": {"group": "p_a", "capacity": 10, "priority": -1}}`, "got -1"},

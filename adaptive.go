@@ -444,15 +444,15 @@ type adaptiveWriter struct {
 	// upstream look slow and drive the limit down for everyone.
 	now    func() int64
 	client atomic.Int64
-	// For a shedding group's latency, which leaves out besides the
-	// waits of a tarpit, a queue or a max_delay behind this handler:
-	// paused is their total, pausedAt when the current one began.
-	// refused is set when a rate_limit behind refused the request: its
-	// answer took no upstream time. outer is the writer timing it for
-	// another group, outside this one.
+	// For a shedding group's latency (group, when the writer times the
+	// request for one), which leaves out besides the waits of a tarpit,
+	// a queue or a max_delay behind this handler: paused is their total,
+	// pausedAt when the current one began. refused is set when a
+	// rate_limit behind refused the request: its answer took no upstream
+	// time.
+	group            *shedGroup
 	paused, pausedAt int64
 	refused          bool
-	outer            *adaptiveWriter
 }
 
 // clientBody times the reads of the request's body. It is not pooled: a
@@ -521,11 +521,8 @@ func (w *adaptiveWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // for the shedding group g (nil when the request is not timed for one).
 func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, aw *adaptiveWriter, o *outcomeWriter, adapt []*adaptiveLimit, g *shedGroup) error {
 	var now func() int64
-	var vars map[string]any
 	if g != nil {
 		now = g.now
-		vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-		startTimer(vars, aw)
 	} else {
 		now = adapt[0].now
 	}
@@ -562,13 +559,11 @@ func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next cad
 		}
 		if g != nil && !aw.refused {
 			g.latency.add(max(latency-aw.paused, 0), end)
+			g.latency.p99At(end) // up to date for the checks that read it without the clock
 		}
 	}
-	if g != nil {
-		stopTimer(vars, aw)
-	}
 	aw.ResponseWriter, aw.status, aw.hijacked, aw.now = nil, 0, false, nil
-	aw.paused, aw.pausedAt, aw.refused, aw.outer = 0, 0, false, nil
+	aw.paused, aw.pausedAt, aw.refused, aw.group = 0, 0, false, nil
 	adaptiveWriters.Put(aw)
 	return err
 }

@@ -81,7 +81,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if g := h.shed; g != nil && !counted {
 		// Counted only once admitted: a request refused or held in a
 		// tarpit loads nothing behind this handler.
-		g.enter(vars)
+		var timer *adaptiveWriter
+		if timed != nil {
+			timer = aw
+		}
+		g.enter(vars, timer)
 		defer g.leave(vars)
 	}
 	switch {

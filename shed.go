@@ -218,8 +218,13 @@ func (h *Handler) shedding(counted bool) bool {
 	if c := h.Shed.Capacity; c > 0 && sheds(n, c, h.Shed.Priority) {
 		return true
 	}
+	// The p99 read without the clock is the last worked out: one that
+	// does not shed the request stands (requests that finish bring it up
+	// to date), one that does is brought up to date first, so that a p99
+	// from before a quiet spell cannot shed anything.
 	t := h.shedReg.target
-	return t > 0 && sheds(g.latency.p99At(g.now()), t, h.Shed.Priority)
+	return t > 0 && sheds(g.latency.p99.Load(), t, h.Shed.Priority) &&
+		sheds(g.latency.p99At(g.now()), t, h.Shed.Priority)
 }
 
 // timed tells whether the handler that counts r in its group times it:
@@ -238,16 +243,34 @@ func (h *Handler) shedCounted(r *http.Request) (vars map[string]any, counted boo
 		return nil, false
 	}
 	vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	g, _ := vars[h.shed.varKey].(*shedGroup)
-	return vars, g == h.shed
+	return vars, inGroup(vars[h.shed.varKey]) == h.shed
 }
 
-// enter counts an admitted request in the group until leave. The caller
-// holds on to g: a reload cleans the handler up while its last requests
-// are still being served.
-func (g *shedGroup) enter(vars map[string]any) {
+// inGroup is the group a request var of a group's names: the group, or
+// the writer that times the request for it.
+func inGroup(v any) *shedGroup {
+	switch v := v.(type) {
+	case *shedGroup:
+		return v
+	case *adaptiveWriter:
+		return v.group
+	}
+	return nil
+}
+
+// enter counts an admitted request in the group until leave; timer, when
+// the request is timed for the group, is the writer timing it, which the
+// request's var then holds (one map write either way). The caller holds
+// on to g: a reload cleans the handler up while its last requests are
+// still being served.
+func (g *shedGroup) enter(vars map[string]any, timer *adaptiveWriter) {
 	g.inFlight.Add(1)
-	if vars != nil {
+	switch {
+	case vars == nil:
+	case timer != nil:
+		timer.group = g
+		vars[g.varKey] = timer
+	default:
 		vars[g.varKey] = g
 	}
 }
@@ -270,54 +293,24 @@ func (g *shedGroup) leave(vars map[string]any) {
 func leaveGroups(r *http.Request) map[string]any {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	for _, v := range vars {
-		if g, ok := v.(*shedGroup); ok {
+		if g := inGroup(v); g != nil {
 			g.inFlight.Add(-1)
 		}
-	}
-	for t := shedTimer(vars); t != nil; t = t.outer {
-		t.pausedAt = t.now()
+		if t, ok := v.(*adaptiveWriter); ok {
+			t.pausedAt = t.now()
+		}
 	}
 	return vars
 }
 
 func rejoinGroups(vars map[string]any) {
 	for _, v := range vars {
-		if g, ok := v.(*shedGroup); ok {
+		if g := inGroup(v); g != nil {
 			g.inFlight.Add(1)
 		}
-	}
-	for t := shedTimer(vars); t != nil; t = t.outer {
-		t.paused += t.now() - t.pausedAt
-	}
-}
-
-// shedTimerVar names the request var that holds the innermost writer
-// timing the request for a shedding group; each links to the one of the
-// group outside it (a request may be timed by two groups).
-const shedTimerVar = "rate_limit.shed_timer"
-
-func shedTimer(vars map[string]any) *adaptiveWriter {
-	t, _ := vars[shedTimerVar].(*adaptiveWriter)
-	return t
-}
-
-// startTimer marks r as timed for the group by w, until stopTimer.
-func startTimer(vars map[string]any, w *adaptiveWriter) {
-	if vars == nil {
-		return
-	}
-	w.outer = shedTimer(vars)
-	vars[shedTimerVar] = w
-}
-
-func stopTimer(vars map[string]any, w *adaptiveWriter) {
-	if vars == nil {
-		return
-	}
-	if w.outer != nil {
-		vars[shedTimerVar] = w.outer
-	} else {
-		delete(vars, shedTimerVar)
+		if t, ok := v.(*adaptiveWriter); ok {
+			t.paused += t.now() - t.pausedAt
+		}
 	}
 }
 
@@ -327,8 +320,10 @@ func stopTimer(vars map[string]any, w *adaptiveWriter) {
 // that the slow upstream still needs.
 func untime(r *http.Request) {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	for t := shedTimer(vars); t != nil; t = t.outer {
-		t.refused = true
+	for _, v := range vars {
+		if t, ok := v.(*adaptiveWriter); ok {
+			t.refused = true
+		}
 	}
 }
 

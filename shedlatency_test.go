@@ -526,3 +526,34 @@ func BenchmarkShedLatency(b *testing.B) {
 		}
 	})
 }
+
+// One very slow request is the p99 of a window of fewer than 100 (the
+// ⌈0.99·n⌉-th of n is the slowest), and only 1% of one of 100 or more;
+// handlers that answer at once read under a microsecond.
+func TestLatencyWindowOneSlowRequest(t *testing.T) {
+	for _, tt := range []struct {
+		fast int
+		want int64 // the p99's least value
+	}{
+		{0, 30 * int64(time.Second)},
+		{98, 30 * int64(time.Second)},
+		{99, 5 * ms},
+		{1000, 5 * ms},
+	} {
+		var w latencyWindow
+		now := int64(800 * time.Second)
+		for range tt.fast {
+			w.add(5*ms, now)
+		}
+		w.add(30*int64(time.Second), now)
+		if got := w.p99At(now); got < tt.want || got > tt.want*17/16 {
+			t.Errorf("one 30 s request among %d of 5 ms: p99 %s, want %s", tt.fast, time.Duration(got), time.Duration(tt.want))
+		}
+	}
+	var w latencyWindow
+	w.add(0, 0)
+	w.add(-5, 0) // a clock step back reads as 0
+	if got := w.p99At(0); got != 999 {
+		t.Fatalf("requests of no time: p99 %dns, want 999 (the first bucket's bound)", got)
+	}
+}

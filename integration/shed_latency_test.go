@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -163,4 +164,50 @@ func TestShedByLatency(t *testing.T) {
 	if v := metric(`caddy_rate_limit_shed_latency_p99_seconds{group="itest_shedlat"}`); v <= 0 || v > 0.1 {
 		t.Fatalf("p99 gauge %v after the window, want the fast requests' few ms", v)
 	}
+}
+
+// Clients that upload slowly spend their time on the client's side, not
+// the upstream's: a flood of them leaves the group's p99 at the
+// upstream's few milliseconds, and sheds nothing, where counting their
+// uploads would read 1.5 s against a target of 1 s.
+func TestShedLatencyLeavesOutSlowUploads(t *testing.T) {
+	u := newCountingUpstream(t, func(r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // the upstream reads the body as it comes
+	})
+	tester := newTester(t, shedLatencySite(strings.TrimPrefix(u.URL, "http://"), ""), "caddyfile")
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range 20 {
+		wg.Go(func() {
+			pr, pw := io.Pipe()
+			go func() {
+				for range 15 {
+					_, _ = pw.Write([]byte(strings.Repeat("x", 100)))
+					time.Sleep(100 * time.Millisecond)
+				}
+				pw.Close()
+			}()
+			req, _ := http.NewRequest(http.MethodPost, httpBase+"/p0", pr)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil || resp.StatusCode != 200 {
+				failed.Add(1)
+			}
+			if err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.Fatalf("%d uploads failed", failed.Load())
+	}
+	time.Sleep(150 * time.Millisecond)
+	p99 := metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="itest_shedlat"}`)
+	if p99 <= 0 || p99 > 0.2 {
+		t.Fatalf("p99 %v s after 20 uploads of 1.5 s each, want the upstream's few ms", p99)
+	}
+	if codes, _ := shedCodes(t, tester); codes != [5]int{200, 200, 200, 200, 200} {
+		t.Fatalf("after slow uploads: %v, want nothing shed", codes)
+	}
+	t.Logf("20 uploads of 1.5 s: p99 %v s", p99)
 }

@@ -521,10 +521,10 @@ func (w *adaptiveWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // for the shedding group g (nil when the request is not timed for one).
 func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, aw *adaptiveWriter, o *outcomeWriter, adapt []*adaptiveLimit, g *shedGroup) error {
 	var now func() int64
-	if g != nil {
-		now = g.now
-	} else {
+	if len(adapt) > 0 {
 		now = adapt[0].now
+	} else {
+		now = g.now
 	}
 	aw.now = now
 	aw.client.Store(0)

@@ -1,6 +1,8 @@
 package sluice
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -75,6 +77,29 @@ type Shed struct {
 	// Priority is how early this handler's requests are shed: 0 never
 	// (they still count toward the load), 1 last, … 4 first. Default: 0.
 	Priority int `json:"priority,omitempty"`
+}
+
+// UnmarshalJSON reads a shed object strictly, as Caddy reads a module, and
+// names latency_target in the error of a value that is not a duration
+// ("0.2" has no unit), which caddy.Duration alone does not.
+func (s *Shed) UnmarshalJSON(b []byte) error {
+	type plain Shed
+	var v struct {
+		plain
+		LatencyTarget json.RawMessage `json:"latency_target,omitempty"` // shadows plain's
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return err
+	}
+	*s = Shed(v.plain)
+	if len(v.LatencyTarget) > 0 {
+		if err := s.LatencyTarget.UnmarshalJSON(v.LatencyTarget); err != nil {
+			return fmt.Errorf("shed %q: latency_target %s: %v", s.Group, v.LatencyTarget, err)
+		}
+	}
+	return nil
 }
 
 // shedGroup is the state one group's handlers share: the requests in

@@ -211,3 +211,75 @@ func TestShedLatencyLeavesOutSlowUploads(t *testing.T) {
 	}
 	t.Logf("20 uploads of 1.5 s: p99 %v s", p99)
 }
+
+// A site-wide rate_limit counts and times every request in the group; a
+// flood of requests that a route's rate limit refuses at once (429) must
+// not pull the group's p99 down while the upstream is still slow: their
+// answers took no upstream time. Counted, 300 quick refusals against a
+// few slow requests would put the p99 at a millisecond and end the
+// shedding.
+func TestShedLatencyIgnoresRefusalsBehind(t *testing.T) {
+	u, delay := latencyUpstream(t)
+	upstream := strings.TrimPrefix(u.URL, "http://")
+	tester := newTester(t, caddyfileServerWith(`
+	rate_limit {
+		shed itest_shedlat_nested {
+			capacity 100
+			latency_target 1s
+		}
+	}`, `
+	rate_limit {
+		shed itest_shedlat_nested
+	}
+	handle /limited {
+		rate_limit {
+			zone itest_shedlat_nested_z {
+				key static
+				rate 1/1h
+			}
+		}
+		reverse_proxy `+upstream+`
+	}
+	handle /p4 {
+		rate_limit {
+			shed itest_shedlat_nested {
+				priority 4
+			}
+		}
+		reverse_proxy `+upstream+`
+	}
+	reverse_proxy `+upstream), "caddyfile")
+	delay.Store(int64(1000 * time.Millisecond))
+	if got, _, _ := do(t, tester, "GET", "/limited"); got != 200 { // its one request an hour, slow
+		t.Fatalf("the first /limited: %d", got)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if got, _, _ := do(t, tester, "GET", "/p4"); got != 503 {
+		t.Fatalf("priority 4 with the upstream at its target: %d, want 503", got)
+	}
+	var wg sync.WaitGroup
+	var refused atomic.Int64
+	for range 300 {
+		wg.Go(func() {
+			resp, err := http.Get(httpBase + "/limited")
+			if err == nil {
+				if resp.StatusCode == http.StatusTooManyRequests {
+					refused.Add(1)
+				}
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	if refused.Load() != 300 {
+		t.Fatalf("%d of 300 refused, want all", refused.Load())
+	}
+	time.Sleep(150 * time.Millisecond)
+	p99 := metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="itest_shedlat_nested"}`)
+	if p99 <= 1.0 {
+		t.Fatalf("p99 %v s after 300 quick refusals behind the group's handler, want the slow request's 1.016", p99)
+	}
+	if got, _, _ := do(t, tester, "GET", "/p4"); got != 503 {
+		t.Fatalf("priority 4 after the refusals: %d, want 503 (the upstream is as slow)", got)
+	}
+}

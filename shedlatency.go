@@ -81,7 +81,8 @@ func (w *latencyWindow) turn(p *latencyPartHist, e int64) bool {
 func (w *latencyWindow) p99At(now int64) int64 {
 	if now >= w.fresh.Load() && w.mu.TryLock() {
 		if now >= w.fresh.Load() {
-			w.p99.Store(w.sum(now))
+			_, p99 := w.sum(now)
+			w.p99.Store(p99)
 			w.fresh.Store((now/int64(latencyRefresh) + 1) * int64(latencyRefresh))
 		}
 		w.mu.Unlock()
@@ -89,17 +90,17 @@ func (w *latencyWindow) p99At(now int64) int64 {
 	return w.p99.Load()
 }
 
-// sum works out the p99 of the parts in the window at now. The counts are
-// summed on the stack (4 kB, not escaping): nothing is allocated.
-func (w *latencyWindow) sum(now int64) int64 {
+// sum counts the requests of the parts in the window at now, and works out
+// their p99. The counts are summed on the stack (4 kB, not escaping):
+// nothing is allocated.
+func (w *latencyWindow) sum(now int64) (n, p99 int64) {
 	e := now / int64(latencyPart)
 	var counts [histBuckets]uint64
-	var n int64
 	for i := range w.parts {
 		p := &w.parts[i]
 		if ep := p.epoch.Load(); ep > e-latencyParts && ep <= e {
 			n += p.hist.sumInto(&counts)
 		}
 	}
-	return histP99(&counts, n)
+	return n, histP99(&counts, n)
 }

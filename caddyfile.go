@@ -48,7 +48,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // globalOptions are the `rate_limit` global options of a Caddyfile.
 type globalOptions struct {
 	backend json.RawMessage
-	shed    map[string]int64 // load shedding groups' capacities
+	shed    map[string]*Shed // load shedding groups' capacities and targets
 }
 
 // parseGlobalOption reads the global options block
@@ -57,14 +57,16 @@ type globalOptions struct {
 //	    rate_limit {
 //	        backend <name> [{ <options of that backend> }]
 //	        shed <group> {
-//	            capacity <n>
+//	            capacity       <n>
+//	            latency_target <duration>
 //	        }
 //	    }
 //	}
 //
 // whose backend is the default of every rate_limit handler of the file
 // that does not name one, so that a fleet's Redis is written once, and
-// whose shed groups give their capacity to every handler that names them.
+// whose shed groups give their capacity and latency target to every
+// handler that names them.
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	if existing != nil {
 		return nil, d.Err("rate_limit global options given twice")
@@ -94,9 +96,9 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, d.Errf("shed %q already defined", s.Group)
 			}
 			if g.shed == nil {
-				g.shed = map[string]int64{}
+				g.shed = map[string]*Shed{}
 			}
-			g.shed[s.Group] = s.Capacity
+			g.shed[s.Group] = s
 		default:
 			return nil, d.Errf("unrecognized rate_limit global option %q (want backend or shed)", opt)
 		}
@@ -187,8 +189,9 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    body_limit     <size>
 //	    backend        <name> [{ <options of that backend> }]
 //	    shed <group> {
-//	        priority <0-4>
-//	        capacity <n>
+//	        priority       <0-4>
+//	        capacity       <n>
+//	        latency_target <duration>
 //	    }
 //	    tarpit         <duration>
 //	    tarpit_max     <n>

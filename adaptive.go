@@ -283,21 +283,32 @@ func (l *Limit) provisionAdaptive(logger *zap.Logger) error {
 		errs: adaptiveErrG.WithLabelValues(l.zone.name, l.scope),
 	}
 	start := l.Concurrency
-	if l.shared != nil {
-		// Each instance would move only its own idea of a cap that all
-		// of them share in Redis.
-		return fmt.Errorf("adaptive: a concurrency limit shared through the redis backend cannot adapt yet: use adaptive on a rate, or concurrency on the memory backend")
-	}
-	if l.conc != nil {
+	switch {
+	case l.shared != nil:
+		// Each instance moves the cap it sends with its own acquires, from
+		// what its own requests meet; the set of slots is the fleet's.
+		slots, ok := l.shared.slots.(backend.AdjustableSlots)
+		if !ok {
+			return fmt.Errorf("adaptive: this backend cannot change the concurrency of its shared slots while the limit runs")
+		}
+		a.set = func(n int64) error {
+			if l.conc != nil { // the local cap while Redis is away
+				l.conc.setMax(n)
+			}
+			err := slots.SetLimit(n)
+			l.shared.wakeAll()
+			return err
+		}
+	case l.conc != nil:
 		a.set = func(n int64) error { l.conc.setMax(n); return nil }
-	} else {
+	default:
 		start = l.MaxEvents
 		if h, ok := l.handle.(backend.Adjustable); !ok || !h.CanAdjust() {
 			return fmt.Errorf("adaptive: this backend cannot change max_events while the limit runs")
 		}
 		a.set = l.setMaxEvents
 	}
-	a.key = adaptiveKey{zone: l.zone.name, scope: l.scope, conc: l.conc != nil, start: start, cfg: l.adaptCfg}
+	a.key = adaptiveKey{zone: l.zone.name, scope: l.scope, conc: l.Concurrency != 0, start: start, cfg: l.adaptCfg}
 	v, _, err := adaptiveStates.LoadOrNew(a.key, func() (caddy.Destructor, error) {
 		return newAIMD(l.adaptCfg, start, monotonic()), nil
 	})

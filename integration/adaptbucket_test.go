@@ -1,0 +1,220 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// adaptInstance is one Caddy process of a fleet test, with its admin API.
+type adaptInstance struct {
+	base, admin string
+}
+
+// startAdaptInstance runs the binary with one rate_limit zone (its
+// options) on the Redis at addr, in front of upstream.
+func startAdaptInstance(t *testing.T, addr, zone, options, upstream string) *adaptInstance {
+	t.Helper()
+	admin, port := freePort(t), freePort(t)
+	cfg := fleetGlobals("") + fmt.Sprintf(`http://127.0.0.1:%d {
+	handle /up {
+		respond ok
+	}
+	handle {
+		rate_limit {
+			%s
+			zone %s {
+				%s
+			}
+		}
+		reverse_proxy %s
+	}
+}
+`, port, redisBackend(3, "address "+addr), zone, options, strings.TrimPrefix(upstream, "http://"))
+	cfg = strings.NewReplacer("@ADMIN@", strconv.Itoa(admin), "@HTTP@", strconv.Itoa(port)).Replace(cfg)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startCaddy(t, file, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	in := &adaptInstance{base: "http://127.0.0.1:" + strconv.Itoa(port), admin: "http://127.0.0.1:" + strconv.Itoa(admin)}
+	waitUp(t, in.base+"/up")
+	return in
+}
+
+// limit reads the adaptive limit of the instance's zone from its admin API.
+func (in *adaptInstance) limit(t *testing.T, zone string) int64 {
+	t.Helper()
+	resp, err := http.Get(in.admin + "/rate_limit/zones")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var listing struct {
+		Zones []struct {
+			Name   string `json:"name"`
+			Limits []struct {
+				Adaptive *adaptiveState `json:"adaptive"`
+			} `json:"limits"`
+		} `json:"zones"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&listing); err != nil {
+		t.Fatal(err)
+	}
+	for _, z := range listing.Zones {
+		for _, l := range z.Limits {
+			if z.Name == zone && l.Adaptive != nil {
+				return l.Adaptive.Limit
+			}
+		}
+	}
+	t.Fatalf("%s: zone %q has no adaptive limit", in.admin, zone)
+	return 0
+}
+
+// fleetLoad runs clients spread over the instances, back to back, pausing
+// 10 ms after a refusal, until the test ends; it counts answers by status.
+type fleetLoad struct {
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	counts map[int]int
+}
+
+func startFleetLoad(t *testing.T, clients int, bases ...string) *fleetLoad {
+	l := &fleetLoad{stop: make(chan struct{}), counts: map[int]int{}}
+	for i := range clients {
+		base := bases[i%len(bases)]
+		l.wg.Go(func() {
+			for {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				code := status(ctx, base)
+				cancel()
+				l.mu.Lock()
+				l.counts[code]++
+				l.mu.Unlock()
+				if code != http.StatusOK {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+		})
+	}
+	t.Cleanup(l.end)
+	return l
+}
+
+func (l *fleetLoad) end() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
+}
+
+func (l *fleetLoad) take() map[int]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.counts
+	l.counts = map[int]int{}
+	return c
+}
+
+// Two Caddy instances share a concurrency cap's slots through Redis, each
+// adapting the cap it sends from what its own requests meet. When the
+// upstream slows, both caps fall to their min, and the upstream then never
+// serves more requests at once than the largest cap of the fleet (the slot
+// set is one: an acquire succeeds while the set holds fewer than the
+// caller's cap); when it is fast again, both caps climb back.
+func TestAdaptiveRedisSlotsFleet(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	u := newSickUpstream(t)
+	const zone = "adaptbucket_slots"
+	opts := `key static
+				concurrency 8
+				adaptive {
+					min 2
+					max 8
+					increase 2
+					decrease 0.5
+					interval 1s
+					latency_p99 300ms 1s
+				}`
+	a := startAdaptInstance(t, redis.Addr, zone, opts, u.URL)
+	b := startAdaptInstance(t, redis.Addr, zone, opts, u.URL)
+	l := startFleetLoad(t, 16, a.base, b.base)
+
+	time.Sleep(1500 * time.Millisecond) // at least one interval of healthy traffic, a lower bound
+	if la, lb := a.limit(t, zone), b.limit(t, zone); la != 8 || lb != 8 {
+		t.Fatalf("healthy upstream: caps %d and %d, want 8 and 8", la, lb)
+	}
+	if peak := u.peak.Load(); peak > 8 {
+		t.Fatalf("healthy upstream: %d at once at the upstream, above the cap of 8", peak)
+	}
+
+	u.delay.Store(int64(1500 * time.Millisecond))
+	deadline := time.Now().Add(30 * time.Second)
+	var pathA, pathB []int64
+	for {
+		la, lb := a.limit(t, zone), b.limit(t, zone)
+		if len(pathA) == 0 || pathA[len(pathA)-1] != la {
+			pathA = append(pathA, la)
+		}
+		if len(pathB) == 0 || pathB[len(pathB)-1] != lb {
+			pathB = append(pathB, lb)
+		}
+		if la == 2 && lb == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("during the spike the caps went %v and %v, want both at 2", pathA, pathB)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("during the spike the caps went %v (instance a) and %v (instance b)", pathA, pathB)
+	// The requests admitted under the larger caps finish within 1.5 s;
+	// from then on the fleet holds at most 2 slots.
+	time.Sleep(3 * time.Second) // lower bound: the old requests drain, twice their length
+	u.peak.Store(u.now.Load())
+	l.take()
+	time.Sleep(3 * time.Second) // a window of load to measure over
+	peak, c := u.peak.Load(), l.take()
+	t.Logf("with both caps at 2: at most %d at once at the upstream; answers in 3 s %v", peak, c)
+	if peak > 2 {
+		t.Fatalf("with both caps at 2, the upstream served %d at once", peak)
+	}
+	if c[http.StatusServiceUnavailable] == 0 || c[http.StatusOK] == 0 {
+		t.Fatalf("16 clients against a fleet cap of 2: %v", c)
+	}
+
+	u.delay.Store(int64(5 * time.Millisecond))
+	deadline = time.Now().Add(30 * time.Second)
+	for a.limit(t, zone) != 8 || b.limit(t, zone) != 8 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the spike the caps are %d and %d, want 8 and 8", a.limit(t, zone), b.limit(t, zone))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	u.peak.Store(u.now.Load())
+	time.Sleep(time.Second) // a window of load to measure over
+	if peak := u.peak.Load(); peak > 8 || peak < 3 {
+		t.Fatalf("recovered: %d at once at the upstream, want more than the spike's 2 and at most 8", peak)
+	}
+	l.end()
+}

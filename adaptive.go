@@ -212,8 +212,6 @@ func (l *Limit) checkAdaptive(alg string) error {
 		return errAdaptiveTiers
 	case l.Concurrency != 0 && !l.concOnly():
 		return fmt.Errorf("adaptive: the limit has both a rate and a concurrency, and adapts one number: put the concurrency (or the rate) in a scope of its own")
-	case l.Concurrency == 0 && algorithms.KindOf(alg) == algorithms.KindBucket:
-		return fmt.Errorf("adaptive: algorithm %s keeps each key's state in the emission interval window ÷ max_events, which a new max_events would rewrite for every key each interval: use sliding_window, sliding_window_counter or fixed_window", alg)
 	case l.Lease != 0:
 		return fmt.Errorf("adaptive: a lease takes units in advance under the limit of the moment: remove lease or adaptive")
 	}
@@ -230,6 +228,20 @@ func (l *Limit) checkAdaptive(alg string) error {
 	}
 	if cost := l.constantCost(); l.Concurrency == 0 && cost > cfg.min {
 		return fmt.Errorf("adaptive: min %d is below the cost %d of every request: at min, none would pass", cfg.min, cost)
+	}
+	if l.Concurrency == 0 && algorithms.KindOf(alg) == algorithms.KindBucket {
+		// The burst moves with the rate: both ends must make a policy the
+		// algorithm takes (a burst past its bound at max, a burst × interval
+		// too long at min).
+		for _, n := range []int64{cfg.min, cfg.max} {
+			p := algorithms.Adapted(alg, l.policy(), n)
+			if err := p.Validate(); err != nil {
+				return fmt.Errorf("adaptive: at %d events per window (burst %d): %w", n, p.Burst, err)
+			}
+			if r := algorithms.NewBucketAlgorithm(alg, p).Decide(algorithms.Bucket{}, 0, l.constantCost()); r.RetryAfter == algorithms.Never {
+				return fmt.Errorf("adaptive: at min %d the bucket holds %d (burst × min ÷ max_events), below the cost %d of every request: none would pass", n, r.Limit, l.constantCost())
+			}
+		}
 	}
 	l.adaptCfg = cfg
 	return nil

@@ -218,3 +218,84 @@ func TestAdaptiveRedisSlotsFleet(t *testing.T) {
 	}
 	l.end()
 }
+
+// A bucket rate (token_bucket, gcra, leaky_bucket as a meter or a queue)
+// follows the upstream's errors through a real Caddy, on the memory store
+// and on Redis: max_events falls to its min, the burst with it (40 at 400
+// a second, 2 at 20), and the upstream then gets about 20 requests a
+// second; answering 200 again, the limit grows back to 400.
+func TestAdaptiveBucketRates(t *testing.T) {
+	for _, c := range []struct{ store, alg, extra string }{
+		{"memory", "token_bucket", "burst 40"},
+		{"redis", "gcra", "burst 40"},
+		{"memory", "leaky_bucket", "burst 40"},
+		{"redis", "leaky_bucket", "max_delay 200ms"},
+	} {
+		t.Run(c.store+"_"+c.alg+"_"+strings.Fields(c.extra)[0], func(t *testing.T) {
+			backend := ""
+			if c.store == "redis" {
+				redis := redistest.Standalone(t, "")
+				backend = "backend redis {\n\t\t\taddress " + redis.Addr + "\n\t\t\ttimeout 5s\n\t\t}"
+			}
+			u := newSickUpstream(t)
+			zone := "adaptbucket_" + c.store + "_" + c.alg + "_" + strings.Fields(c.extra)[0]
+			tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %s {
+			key static
+			rate 400/1s
+			algorithm %s
+			%s
+			adaptive {
+				min 20
+				increase 200
+				decrease 0.5
+				interval 1s
+				error_rate 1%% 5%%
+			}
+		}
+	}
+	reverse_proxy %s`, backend, zone, c.alg, c.extra, strings.TrimPrefix(u.URL, "http://"))), "caddyfile")
+			l := startLoad(t, 4)
+			u.fail.Store(true)
+			path := awaitLimit(t, zone, "", "while the upstream fails", 20*time.Second, func(n int64) bool { return n == 20 })
+			t.Logf("while the upstream failed the limit went %v", path)
+			expectMetric(t, `caddy_rate_limit_adaptive_limit{scope="",zone="`+zone+`"}`, 20)
+			l.take()
+			u.served.Store(0)
+			time.Sleep(2 * time.Second) // a window of load to measure over
+			served, answers := u.served.Load(), l.take()
+			t.Logf("with the limit at 20/s: the upstream got %d requests in 2 s; answers %v", served, answers)
+			// 20 a second for 2 s, and the burst of 2 (a queue: its 5 slots).
+			if served > 2*20+5 || served < 20 {
+				t.Fatalf("with the limit at 20/s: the upstream got %d requests in 2 s (answers %v)", served, answers)
+			}
+			if c.extra == "burst 40" && answers[http.StatusTooManyRequests] == 0 {
+				t.Fatalf("4 clients back to back at 20/s: no 429 (%v)", answers)
+			}
+			l.end()
+			if c.extra == "burst 40" {
+				// A fresh look after the load: the burst shrank with the
+				// rate (2 of 40 at 20 of 400), it is full again.
+				time.Sleep(200 * time.Millisecond)
+				passed := 0
+				for range 10 {
+					// The upstream still answers 502: what counts is that
+					// the limit let the request through.
+					if code, _, _ := do(t, tester, "GET", "/"); code != http.StatusTooManyRequests {
+						passed++
+					}
+				}
+				if passed != 2 {
+					t.Fatalf("a full bucket at 20/s passed %d requests at once, want its burst of 2", passed)
+				}
+			}
+			u.fail.Store(false)
+			l = startLoad(t, 4)
+			path = awaitLimit(t, zone, "", "after the failures", 20*time.Second, func(n int64) bool { return n == 400 })
+			t.Logf("after the failures the limit went %v", path)
+			l.end()
+		})
+	}
+}

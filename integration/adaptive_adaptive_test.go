@@ -355,7 +355,7 @@ func TestAdaptiveConfigErrors(t *testing.T) {
 		{"concurrency 100", "latency_p99 500ms 200ms", "adaptive: latency_p99 low mark 500ms must be below the high mark 200ms"},
 		{"concurrency 100", "error_rate 5% 1%", "adaptive: error_rate low mark 0.05 must be below the high mark 0.01"},
 		{"concurrency 100", "interval 100ms", "adaptive: interval must be from 1s to 1h, got 100ms"},
-		{"rate 100/1s\n\t\t\talgorithm token_bucket", "min 10", "adaptive: algorithm token_bucket keeps each key's state in the emission interval"},
+		{"rate 100/1s\n\t\t\talgorithm token_bucket\n\t\t\tburst 20\n\t\t\tcost 3", "min 10", "adaptive: at min 10 the bucket holds 2 (burst × min ÷ max_events), below the cost 3 of every request"},
 	} {
 		assertLoadError(t, site(c.limit, c.adaptive), "caddyfile", c.want)
 	}

@@ -2,8 +2,11 @@ package sluice
 
 import (
 	"context"
+	"strconv"
 	"testing"
 
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -34,6 +37,31 @@ func TestAdaptiveSharedSlotsFollowTheController(t *testing.T) {
 		}
 		if id != "" {
 			defer func() { _ = l.shared.slots.Release(ctx, "k", id) }()
+		}
+	}
+}
+
+// A reload in the middle of an incident keeps a bucket rate where it
+// backed off, its burst with it, on the memory backend and on Redis: a
+// fresh key of the reloaded config gets 70 of the 100 units.
+func TestAdaptiveBucketSurvivesReload(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	for i, store := range []string{"", `"backend": {"name": "redis", "addresses": ["` + redis.Addr + `"]}, `} {
+		nw, _ := reloadBackedOff(t, `{`+store+`"rate_limits": {"adapt_bucket_reload`+strconv.Itoa(i)+`": {"key": "k", "max_events": 100, "window": "1h", "algorithm": "token_bucket", "adaptive": {"min": 10, "interval": "1s"}}}}`)
+		l := nw.zones[0].keyed[0]
+		passed := 0
+		for range 150 {
+			out := make([]algorithms.Result, 1)
+			ok, err := nw.store.Decide(context.Background(), []backend.Request{{Limit: l.handle, Key: "fresh", Cost: 1}}, out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				passed++
+			}
+		}
+		if passed != 70 {
+			t.Fatalf("%q: a fresh key got %d units after the reload, want the burst of 70", store, passed)
 		}
 	}
 }

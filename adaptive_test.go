@@ -87,6 +87,7 @@ func TestAdaptiveProvisionErrors(t *testing.T) {
 		`"scopes": {"s": {"window": "1s", "max_events": 500, "algorithm": "sliding_window_counter", "adaptive": {"min": 100}}}`,
 		`"window": "1s", "max_events": 500, "algorithm": "token_bucket", "burst": 50, "adaptive": {"min": 1, "max": 2000}`,
 		`"window": "1s", "max_events": 500, "algorithm": "gcra", "adaptive": {"min": 500, "max": 500}`,
+		`"window": "1s", "max_events": 10, "algorithm": "gcra", "adaptive": {"max": 1000000000000000}`,
 		`"window": "1s", "max_events": 10, "algorithm": "leaky_bucket", "max_delay": "2s", "adaptive": {"min": 1, "max": 1000}`,
 	} {
 		if err := validate(t, `{"handler": "rate_limit", "rate_limits": {"z": {`+ok+`}}}`); err != nil {
@@ -354,6 +355,8 @@ func adaptiveCases() []struct{ name, limit string } {
 		{"rate_adaptive", `"max_events": 1000, "window": "1m", "algorithm": "fixed_window"` + adaptive},
 		{"concurrency", `"concurrency": 1000`},
 		{"concurrency_adaptive", `"concurrency": 1000` + adaptive},
+		{"bucket", `"max_events": 1000, "window": "1m", "burst": 100, "algorithm": "token_bucket"`},
+		{"bucket_adaptive", `"max_events": 1000, "window": "1m", "burst": 100, "algorithm": "token_bucket"` + adaptive},
 	}
 }
 
@@ -385,13 +388,15 @@ func TestAdaptiveAllocations(t *testing.T) {
 		send()
 		allocs[c.name] = testing.AllocsPerRun(500, send)
 	}
-	for _, base := range []string{"rate", "concurrency"} {
+	for _, base := range []string{"rate", "concurrency", "bucket"} {
 		if allocs[base+"_adaptive"] != allocs[base] {
 			t.Errorf("%s: %v allocations per request, %v when adaptive", base, allocs[base], allocs[base+"_adaptive"])
 		}
 	}
-	if allocs["rate_adaptive"] != 0 {
-		t.Errorf("an adaptive rate: %v allocations per request, want 0", allocs["rate_adaptive"])
+	for _, c := range []string{"rate_adaptive", "bucket_adaptive"} {
+		if allocs[c] != 0 {
+			t.Errorf("%s: %v allocations per request, want 0", c, allocs[c])
+		}
 	}
 }
 

@@ -2,6 +2,9 @@ package memory
 
 import (
 	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -205,5 +208,54 @@ func TestSetMaxEventsQueue(t *testing.T) {
 	c.advance(time.Second)
 	if got := delays(30); fmt.Sprint(got) != "[50 250 450 650 850]" {
 		t.Fatalf("lowered to 5/s, a second later: delays %v ms", got)
+	}
+}
+
+// A flood of keys while max_events moves under it, from 1 to 1000 and
+// back, at one instant: no key is admitted more than the largest burst in
+// force (the depth of the bucket, at the fastest rate), and nothing races
+// (go test -race).
+func TestSetMaxEventsFlood(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	// 100 a second, burst 10: the bucket is 100 ms deep; at 1000 a second
+	// the burst is 100.
+	l := testZone(t, s, algorithms.NameGCRA, algorithms.Policy{Limit: 100, Window: sec, Burst: 10}, 0)
+	adj := l.(backend.Adjustable)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for n := int64(1); ; n = n*7%1000 + 1 {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := adj.SetMaxEvents(n); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	const keys = 500
+	var passed [keys]atomic.Int64
+	var flood sync.WaitGroup
+	for g := range 4 {
+		flood.Go(func() {
+			for i := range 20 * keys {
+				k := (i*7 + g) % keys
+				if ok, _ := decide(t, s, backend.Request{Limit: l, Key: strconv.Itoa(k), Cost: 1}); ok {
+					passed[k].Add(1)
+				}
+			}
+		})
+	}
+	flood.Wait()
+	close(stop)
+	wg.Wait()
+	for k := range passed {
+		if n := passed[k].Load(); n > 100 || n < 1 {
+			t.Fatalf("key %d: %d admitted at one instant, want from 1 to the largest burst, 100", k, n)
+		}
 	}
 }

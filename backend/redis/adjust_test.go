@@ -104,3 +104,19 @@ func TestSetMaxEventsBuckets(t *testing.T) {
 		}
 	}
 }
+
+// The largest max_events an adaptive limit may reach: the interval is a
+// nanosecond, the burst 10^15, and the script still decides exactly.
+func TestSetMaxEventsHuge(t *testing.T) {
+	client := standaloneClient(t)
+	s := newStore(t, client)
+	l := mustZone(t, s, "adj_huge", algorithms.NameGCRA, policy(10, time.Second))
+	if err := l.(backend.Adjustable).SetMaxEvents(algorithms.MaxEvents); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]algorithms.Result, 1)
+	ok, err := s.Decide(context.Background(), []backend.Request{{Limit: l, Key: "k", Cost: 1000}}, out)
+	if err != nil || !ok || out[0].Limit != algorithms.MaxEvents || out[0].Remaining != algorithms.MaxEvents-1000 {
+		t.Fatalf("at 10^15: %v %v %+v", ok, err, out[0])
+	}
+}

@@ -299,3 +299,57 @@ func TestAdaptiveBucketRates(t *testing.T) {
 		})
 	}
 }
+
+// A config reload in the middle of an incident, under load: a bucket rate
+// that backed off stays where it is (and its burst with it) in the new
+// config, on the memory backend and on Redis; the upstream keeps getting
+// about the backed-off rate through the reload.
+func TestAdaptiveBucketReloadMidLoad(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			backend := ""
+			if store == "redis" {
+				redis := redistest.Standalone(t, "")
+				backend = "backend redis {\n\t\t\taddress " + redis.Addr + "\n\t\t\ttimeout 5s\n\t\t}"
+			}
+			u := newSickUpstream(t)
+			u.fail.Store(true)
+			zone := "adaptbucket_reload_" + store
+			cfg := func(header string) string {
+				return caddyfileServer(fmt.Sprintf(`
+	header X-Config %s
+	rate_limit {
+		%s
+		zone %s {
+			key static
+			rate 400/1s
+			algorithm token_bucket
+			burst 40
+			adaptive {
+				min 20
+				decrease 0.1
+				interval 1s
+			}
+		}
+	}
+	reverse_proxy %s`, header, backend, zone, strings.TrimPrefix(u.URL, "http://")))
+			}
+			tester := newTester(t, cfg("one"), "caddyfile")
+			l := startLoad(t, 4)
+			awaitLimit(t, zone, "", "while the upstream fails", 20*time.Second, func(n int64) bool { return n == 20 })
+			tester.InitServer(withPorts(cfg("two")), "caddyfile") // a reload: the zone stays
+			if s := adaptiveNow(t, zone, ""); s.Limit != 20 {
+				t.Fatalf("after the reload the limit is %d, want the 20 it backed off to", s.Limit)
+			}
+			l.take()
+			u.served.Store(0)
+			time.Sleep(2 * time.Second) // a window of load to measure over
+			served, answers := u.served.Load(), l.take()
+			t.Logf("after the reload, at 20/s: the upstream got %d requests in 2 s; answers %v", served, answers)
+			if served > 2*20+2+2 || answers[http.StatusTooManyRequests] == 0 {
+				t.Fatalf("after the reload, at 20/s: the upstream got %d requests in 2 s (answers %v)", served, answers)
+			}
+			l.end()
+		})
+	}
+}

@@ -5,56 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// adaptInstance is one Caddy process of a fleet test, with its admin API.
-type adaptInstance struct {
-	base, admin string
-}
-
-// startAdaptInstance runs the binary with one rate_limit zone (its
-// options) on the Redis at addr, in front of upstream.
-func startAdaptInstance(t *testing.T, addr, zone, options, upstream string) *adaptInstance {
-	t.Helper()
-	admin, port := freePort(t), freePort(t)
-	cfg := fleetGlobals("") + fmt.Sprintf(`http://127.0.0.1:%d {
-	handle /up {
-		respond ok
-	}
-	handle {
-		rate_limit {
-			%s
-			zone %s {
-				%s
-			}
-		}
-		reverse_proxy %s
-	}
-}
-`, port, redisBackend(3, "address "+addr), zone, options, strings.TrimPrefix(upstream, "http://"))
-	cfg = strings.NewReplacer("@ADMIN@", strconv.Itoa(admin), "@HTTP@", strconv.Itoa(port)).Replace(cfg)
-	dir := t.TempDir()
-	file := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	startCaddy(t, file, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	in := &adaptInstance{base: "http://127.0.0.1:" + strconv.Itoa(port), admin: "http://127.0.0.1:" + strconv.Itoa(admin)}
-	waitUp(t, in.base+"/up")
-	return in
-}
-
-// limit reads the adaptive limit of the instance's zone from its admin API.
-func (in *adaptInstance) limit(t *testing.T, zone string) int64 {
+// adaptiveLimit reads the adaptive limit of the instance's zone from its admin API.
+func (in *slotInstance) adaptiveLimit(t *testing.T, zone string) int64 {
 	t.Helper()
 	resp, err := http.Get(in.admin + "/rate_limit/zones")
 	if err != nil {
@@ -83,17 +42,11 @@ func (in *adaptInstance) limit(t *testing.T, zone string) int64 {
 	return 0
 }
 
-// fleetLoad runs clients spread over the instances, back to back, pausing
-// 10 ms after a refusal, until the test ends; it counts answers by status.
-type fleetLoad struct {
-	stop   chan struct{}
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	counts map[int]int
-}
-
-func startFleetLoad(t *testing.T, clients int, bases ...string) *fleetLoad {
-	l := &fleetLoad{stop: make(chan struct{}), counts: map[int]int{}}
+// startLoadOn runs clients spread over the sites at bases, each sending
+// requests back to back until the test ends, pausing 10 ms after a refusal
+// so that refused clients do not spin, and counts the answers by status.
+func startLoadOn(t *testing.T, clients int, bases ...string) *load {
+	l := &load{stop: make(chan struct{}), counts: map[int]int{}}
 	for i := range clients {
 		base := bases[i%len(bases)]
 		l.wg.Go(func() {
@@ -119,23 +72,6 @@ func startFleetLoad(t *testing.T, clients int, bases ...string) *fleetLoad {
 	return l
 }
 
-func (l *fleetLoad) end() {
-	select {
-	case <-l.stop:
-	default:
-		close(l.stop)
-	}
-	l.wg.Wait()
-}
-
-func (l *fleetLoad) take() map[int]int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	c := l.counts
-	l.counts = map[int]int{}
-	return c
-}
-
 // Two Caddy instances share a concurrency cap's slots through Redis, each
 // adapting the cap it sends from what its own requests meet. When the
 // upstream slows, both caps fall to their min, and the upstream then never
@@ -156,12 +92,12 @@ func TestAdaptiveRedisSlotsFleet(t *testing.T) {
 					interval 1s
 					latency_p99 300ms 1s
 				}`
-	a := startAdaptInstance(t, redis.Addr, zone, opts, u.URL)
-	b := startAdaptInstance(t, redis.Addr, zone, opts, u.URL)
-	l := startFleetLoad(t, 16, a.base, b.base)
+	a := startSlotInstance(t, redis.Addr, zone, opts, u.URL)
+	b := startSlotInstance(t, redis.Addr, zone, opts, u.URL)
+	l := startLoadOn(t, 16, a.base, b.base)
 
 	time.Sleep(1500 * time.Millisecond) // at least one interval of healthy traffic, a lower bound
-	if la, lb := a.limit(t, zone), b.limit(t, zone); la != 8 || lb != 8 {
+	if la, lb := a.adaptiveLimit(t, zone), b.adaptiveLimit(t, zone); la != 8 || lb != 8 {
 		t.Fatalf("healthy upstream: caps %d and %d, want 8 and 8", la, lb)
 	}
 	if peak := u.peak.Load(); peak > 8 {
@@ -172,7 +108,7 @@ func TestAdaptiveRedisSlotsFleet(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	var pathA, pathB []int64
 	for {
-		la, lb := a.limit(t, zone), b.limit(t, zone)
+		la, lb := a.adaptiveLimit(t, zone), b.adaptiveLimit(t, zone)
 		if len(pathA) == 0 || pathA[len(pathA)-1] != la {
 			pathA = append(pathA, la)
 		}
@@ -205,9 +141,9 @@ func TestAdaptiveRedisSlotsFleet(t *testing.T) {
 
 	u.delay.Store(int64(5 * time.Millisecond))
 	deadline = time.Now().Add(30 * time.Second)
-	for a.limit(t, zone) != 8 || b.limit(t, zone) != 8 {
+	for a.adaptiveLimit(t, zone) != 8 || b.adaptiveLimit(t, zone) != 8 {
 		if time.Now().After(deadline) {
-			t.Fatalf("after the spike the caps are %d and %d, want 8 and 8", a.limit(t, zone), b.limit(t, zone))
+			t.Fatalf("after the spike the caps are %d and %d, want 8 and 8", a.adaptiveLimit(t, zone), b.adaptiveLimit(t, zone))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -60,39 +59,7 @@ type load struct {
 	counts map[int]int
 }
 
-func startLoad(t *testing.T, clients int) *load {
-	l := &load{stop: make(chan struct{}), counts: map[int]int{}}
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
-	for range clients {
-		l.wg.Go(func() {
-			for {
-				select {
-				case <-l.stop:
-					return
-				default:
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, httpBase+"/", nil)
-				resp, err := client.Do(req)
-				code := 0
-				if err == nil {
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					code = resp.StatusCode
-				}
-				cancel()
-				l.mu.Lock()
-				l.counts[code]++
-				l.mu.Unlock()
-				if code != http.StatusOK {
-					time.Sleep(10 * time.Millisecond)
-				}
-			}
-		})
-	}
-	t.Cleanup(l.end)
-	return l
-}
+func startLoad(t *testing.T, clients int) *load { return startLoadOn(t, clients, httpBase) }
 
 func (l *load) end() {
 	select {

@@ -72,6 +72,17 @@ func startLoadOn(t *testing.T, clients int, bases ...string) *load {
 	return l
 }
 
+// drainedPeak waits 3 s, twice the length of the slow requests admitted
+// before a cap fell (a lower bound: they have drained), then measures over
+// window the most requests the upstream served at once and the answers.
+func drainedPeak(u *sickUpstream, l *load, window time.Duration) (int64, map[int]int) {
+	time.Sleep(3 * time.Second)
+	u.peak.Store(u.now.Load())
+	l.take()
+	time.Sleep(window)
+	return u.peak.Load(), l.take()
+}
+
 // Two Caddy instances share a concurrency cap's slots through Redis, each
 // adapting the cap it sends from what its own requests meet. When the
 // upstream slows, both caps fall to their min, and the upstream then never
@@ -126,11 +137,7 @@ func TestAdaptiveRedisSlotsFleet(t *testing.T) {
 	t.Logf("during the spike the caps went %v (instance a) and %v (instance b)", pathA, pathB)
 	// The requests admitted under the larger caps finish within 1.5 s;
 	// from then on the fleet holds at most 2 slots.
-	time.Sleep(3 * time.Second) // lower bound: the old requests drain, twice their length
-	u.peak.Store(u.now.Load())
-	l.take()
-	time.Sleep(3 * time.Second) // a window of load to measure over
-	peak, c := u.peak.Load(), l.take()
+	peak, c := drainedPeak(u, l, 3*time.Second)
 	t.Logf("with both caps at 2: at most %d at once at the upstream; answers in 3 s %v", peak, c)
 	if peak > 2 {
 		t.Fatalf("with both caps at 2, the upstream served %d at once", peak)
@@ -155,6 +162,18 @@ func TestAdaptiveRedisSlotsFleet(t *testing.T) {
 	l.end()
 }
 
+// adaptiveBackend is the backend block of a rate_limit handler for store:
+// none for memory, a real redis-server for redis, with a generous timeout
+// (a call that times out on a loaded machine would be admitted, fail open,
+// and the limit would count nothing).
+func adaptiveBackend(t *testing.T, store string) string {
+	if store != "redis" {
+		return ""
+	}
+	redis := redistest.Standalone(t, "")
+	return "backend redis {\n\t\t\taddress " + redis.Addr + "\n\t\t\ttimeout 5s\n\t\t}"
+}
+
 // A bucket rate (token_bucket, gcra, leaky_bucket as a meter or a queue)
 // follows the upstream's errors through a real Caddy, on the memory store
 // and on Redis: max_events falls to its min, the burst with it (40 at 400
@@ -168,11 +187,7 @@ func TestAdaptiveBucketRates(t *testing.T) {
 		{"redis", "leaky_bucket", "max_delay 200ms"},
 	} {
 		t.Run(c.store+"_"+c.alg+"_"+strings.Fields(c.extra)[0], func(t *testing.T) {
-			backend := ""
-			if c.store == "redis" {
-				redis := redistest.Standalone(t, "")
-				backend = "backend redis {\n\t\t\taddress " + redis.Addr + "\n\t\t\ttimeout 5s\n\t\t}"
-			}
+			backend := adaptiveBackend(t, c.store)
 			u := newSickUpstream(t)
 			zone := "adaptbucket_" + c.store + "_" + c.alg + "_" + strings.Fields(c.extra)[0]
 			tester := newTester(t, caddyfileServer(fmt.Sprintf(`
@@ -243,11 +258,7 @@ func TestAdaptiveBucketRates(t *testing.T) {
 func TestAdaptiveBucketReloadMidLoad(t *testing.T) {
 	for _, store := range []string{"memory", "redis"} {
 		t.Run(store, func(t *testing.T) {
-			backend := ""
-			if store == "redis" {
-				redis := redistest.Standalone(t, "")
-				backend = "backend redis {\n\t\t\taddress " + redis.Addr + "\n\t\t\ttimeout 5s\n\t\t}"
-			}
+			backend := adaptiveBackend(t, store)
 			u := newSickUpstream(t)
 			u.fail.Store(true)
 			zone := "adaptbucket_reload_" + store

@@ -11,8 +11,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // sickUpstream is an upstream whose latency and failures the test sets
@@ -192,11 +190,7 @@ func TestAdaptiveConcurrencyLatencySpike(t *testing.T) {
 	expectMetric(t, `caddy_rate_limit_adaptive_min_limit{scope="",zone="`+zone+`"}`, 3)
 	// Requests admitted under the larger cap finish within 1.5 s; from
 	// then on the upstream sees at most 3 at once, and clients get 503.
-	time.Sleep(3 * time.Second) // lower bound: the old requests drain, twice their length
-	u.peak.Store(u.now.Load())
-	l.take()
-	time.Sleep(1500 * time.Millisecond) // a window of load to measure over
-	peak, c := u.peak.Load(), l.take()
+	peak, c := drainedPeak(u, l, 1500*time.Millisecond)
 	t.Logf("with the cap at 3: at most %d at once at the upstream; answers in 1.5 s %v", peak, c)
 	if peak > 3 {
 		t.Fatalf("with the cap at 3, the upstream served %d at once", peak)
@@ -230,13 +224,7 @@ func TestAdaptiveConcurrencyLatencySpike(t *testing.T) {
 func TestAdaptiveRateErrors(t *testing.T) {
 	for _, store := range []string{"memory", "redis"} {
 		t.Run(store, func(t *testing.T) {
-			backend := ""
-			if store == "redis" {
-				redis := redistest.Standalone(t, "")
-				// A generous timeout: a call that times out on a loaded
-				// machine would be admitted (fail open), unlimited.
-				backend = "backend redis {\n\t\t\taddress " + redis.Addr + "\n\t\t\ttimeout 5s\n\t\t}"
-			}
+			backend := adaptiveBackend(t, store)
 			u := newSickUpstream(t)
 			zone := "adapt_rate_it_" + store
 			newTester(t, caddyfileServer(fmt.Sprintf(`

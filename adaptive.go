@@ -30,8 +30,11 @@ import (
 // were answered fast and without errors, and is multiplied by Decrease as
 // soon as their 99th percentile latency or their error rate goes above its
 // high mark; between the marks it holds. It starts at the configured limit
-// (concurrency, or max_events of a rate) and stays within Min and Max.
-// Each Caddy instance adapts on the requests it serves.
+// (concurrency, or max_events of a rate) and stays within Min and Max. A
+// bucket rate's burst follows max_events in proportion (at least 1).
+// Each Caddy instance adapts on the requests it serves; with slots shared
+// through Redis, each sends the cap it came to, and the fleet holds at
+// most the largest.
 type Adaptive struct {
 	// Min is the lowest the limit goes, however bad the upstream looks.
 	// Default: 1; at most the configured limit.

@@ -30,8 +30,11 @@ import (
 // were answered fast and without errors, and is multiplied by Decrease as
 // soon as their 99th percentile latency or their error rate goes above its
 // high mark; between the marks it holds. It starts at the configured limit
-// (concurrency, or max_events of a rate) and stays within Min and Max.
-// Each Caddy instance adapts on the requests it serves.
+// (concurrency, or max_events of a rate) and stays within Min and Max. A
+// bucket rate's burst follows max_events in proportion (at least 1).
+// Each Caddy instance adapts on the requests it serves; with slots shared
+// through Redis, each sends the cap it came to, and the fleet holds at
+// most the largest.
 type Adaptive struct {
 	// Min is the lowest the limit goes, however bad the upstream looks.
 	// Default: 1; at most the configured limit.
@@ -212,8 +215,6 @@ func (l *Limit) checkAdaptive(alg string) error {
 		return errAdaptiveTiers
 	case l.Concurrency != 0 && !l.concOnly():
 		return fmt.Errorf("adaptive: the limit has both a rate and a concurrency, and adapts one number: put the concurrency (or the rate) in a scope of its own")
-	case l.Concurrency == 0 && algorithms.KindOf(alg) == algorithms.KindBucket:
-		return fmt.Errorf("adaptive: algorithm %s keeps each key's state in the emission interval window ÷ max_events, which a new max_events would rewrite for every key each interval: use sliding_window, sliding_window_counter or fixed_window", alg)
 	case l.Lease != 0:
 		return fmt.Errorf("adaptive: a lease takes units in advance under the limit of the moment: remove lease or adaptive")
 	}
@@ -230,6 +231,20 @@ func (l *Limit) checkAdaptive(alg string) error {
 	}
 	if cost := l.constantCost(); l.Concurrency == 0 && cost > cfg.min {
 		return fmt.Errorf("adaptive: min %d is below the cost %d of every request: at min, none would pass", cfg.min, cost)
+	}
+	if l.Concurrency == 0 && algorithms.KindOf(alg) == algorithms.KindBucket {
+		// The burst moves with the rate: both ends must make a policy the
+		// algorithm takes (a burst past its bound at max, a burst × interval
+		// too long at min).
+		for _, n := range []int64{cfg.min, cfg.max} {
+			p := algorithms.Adapted(alg, l.policy(), n)
+			if err := p.Validate(); err != nil {
+				return fmt.Errorf("adaptive: at %d events per window (burst %d): %w", n, p.Burst, err)
+			}
+			if r := algorithms.NewBucketAlgorithm(alg, p).Decide(algorithms.Bucket{}, 0, l.constantCost()); r.RetryAfter == algorithms.Never {
+				return fmt.Errorf("adaptive: at min %d the bucket holds %d (burst × min ÷ max_events), below the cost %d of every request: none would pass", n, r.Limit, l.constantCost())
+			}
+		}
 	}
 	l.adaptCfg = cfg
 	return nil
@@ -283,21 +298,32 @@ func (l *Limit) provisionAdaptive(logger *zap.Logger) error {
 		errs: adaptiveErrG.WithLabelValues(l.zone.name, l.scope),
 	}
 	start := l.Concurrency
-	if l.shared != nil {
-		// Each instance would move only its own idea of a cap that all
-		// of them share in Redis.
-		return fmt.Errorf("adaptive: a concurrency limit shared through the redis backend cannot adapt yet: use adaptive on a rate, or concurrency on the memory backend")
-	}
-	if l.conc != nil {
+	switch {
+	case l.shared != nil:
+		// Each instance moves the cap it sends with its own acquires, from
+		// what its own requests meet; the set of slots is the fleet's.
+		slots, ok := l.shared.slots.(backend.AdjustableSlots)
+		if !ok {
+			return fmt.Errorf("adaptive: this backend cannot change the concurrency of its shared slots while the limit runs")
+		}
+		a.set = func(n int64) error {
+			if l.conc != nil { // the local cap while Redis is away
+				l.conc.setMax(n)
+			}
+			err := slots.SetLimit(n)
+			l.shared.wakeAll()
+			return err
+		}
+	case l.conc != nil:
 		a.set = func(n int64) error { l.conc.setMax(n); return nil }
-	} else {
+	default:
 		start = l.MaxEvents
 		if h, ok := l.handle.(backend.Adjustable); !ok || !h.CanAdjust() {
 			return fmt.Errorf("adaptive: this backend cannot change max_events while the limit runs")
 		}
 		a.set = l.setMaxEvents
 	}
-	a.key = adaptiveKey{zone: l.zone.name, scope: l.scope, conc: l.conc != nil, start: start, cfg: l.adaptCfg}
+	a.key = adaptiveKey{zone: l.zone.name, scope: l.scope, conc: l.Concurrency != 0, start: start, cfg: l.adaptCfg}
 	v, _, err := adaptiveStates.LoadOrNew(a.key, func() (caddy.Destructor, error) {
 		return newAIMD(l.adaptCfg, start, monotonic()), nil
 	})

@@ -66,8 +66,9 @@ func TestAdaptiveProvisionErrors(t *testing.T) {
 		{"start outside", `"key": "k", "concurrency": 10, "adaptive": {"min": 50, "max": 2000}`, `adaptive: the limit starts at the configured 10, which must be within min 50 and max 2000`},
 		{"concurrency max too large", `"key": "k", "concurrency": 10, "adaptive": {"max": 2000000000}`, `adaptive: max must be at most 1073741824`},
 		{"sliding_window max too large", `"window": "1s", "max_events": 10, "adaptive": {"max": 5000000000}`, `adaptive: max must be at most 4294967295`},
-		{"token bucket", `"window": "1s", "max_events": 10, "algorithm": "token_bucket", "adaptive": {}`, `adaptive: algorithm token_bucket keeps each key's state in the emission interval`},
-		{"gcra in a scope", `"scopes": {"s": {"window": "1s", "max_events": 10, "algorithm": "gcra", "adaptive": {}}}`, `zone "z": scope "s": adaptive: algorithm gcra`},
+		{"token bucket burst past its bound at max", `"window": "1ms", "max_events": 1000, "burst": 1000000000000000, "algorithm": "token_bucket", "adaptive": {"max": 2000}`, `adaptive: at 2000 events per window (burst 2000000000000000): burst must be at most 1000000000000000`},
+		{"gcra in a scope, cost above the burst at min", `"scopes": {"s": {"window": "1s", "max_events": 10, "burst": 5, "cost": 3, "algorithm": "gcra", "adaptive": {"min": 4}}}`, `zone "z": scope "s": adaptive: at min 4 the bucket holds 2 (burst × min ÷ max_events), below the cost 3`},
+		{"queue too short for the cost at min", `"window": "1s", "max_events": 10, "cost": 3, "algorithm": "leaky_bucket", "max_delay": "300ms", "adaptive": {"min": 3}`, `adaptive: at min 3 the bucket holds 1`},
 		{"rate and concurrency", `"key": "k", "window": "1s", "max_events": 10, "concurrency": 5, "adaptive": {}`, `adaptive: the limit has both a rate and a concurrency`},
 		{"min below the cost", `"window": "1s", "max_events": 100, "cost": 10, "adaptive": {"min": 5}`, `adaptive: min 5 is below the cost 10 of every request`},
 		{"tiered", `"key": "k", "tier": "{http.request.header.X-Plan}", "tiers": [{"name": "free", "max_events": 10, "window": "1m"}], "default_tier": "free", "adaptive": {}`, `adaptive: a tiered limit takes its rate and concurrency from each request's tier`},
@@ -84,6 +85,10 @@ func TestAdaptiveProvisionErrors(t *testing.T) {
 		`"key": "k", "concurrency": 500, "adaptive": {"min": 50, "max": 2000, "increase": 10, "decrease": 0.7, "interval": "10s", "latency_p99_low": "200ms", "latency_p99_high": "500ms", "error_rate_low": 0.01, "error_rate_high": 0.05}`,
 		`"window": "1s", "max_events": 500, "algorithm": "fixed_window", "adaptive": {"max": 2000}`,
 		`"scopes": {"s": {"window": "1s", "max_events": 500, "algorithm": "sliding_window_counter", "adaptive": {"min": 100}}}`,
+		`"window": "1s", "max_events": 500, "algorithm": "token_bucket", "burst": 50, "adaptive": {"min": 1, "max": 2000}`,
+		`"window": "1s", "max_events": 500, "algorithm": "gcra", "adaptive": {"min": 500, "max": 500}`,
+		`"window": "1s", "max_events": 10, "algorithm": "gcra", "adaptive": {"max": 1000000000000000}`,
+		`"window": "1s", "max_events": 10, "algorithm": "leaky_bucket", "max_delay": "2s", "adaptive": {"min": 1, "max": 1000}`,
 	} {
 		if err := validate(t, `{"handler": "rate_limit", "rate_limits": {"z": {`+ok+`}}}`); err != nil {
 			t.Errorf("%s: %v", ok, err)
@@ -350,6 +355,8 @@ func adaptiveCases() []struct{ name, limit string } {
 		{"rate_adaptive", `"max_events": 1000, "window": "1m", "algorithm": "fixed_window"` + adaptive},
 		{"concurrency", `"concurrency": 1000`},
 		{"concurrency_adaptive", `"concurrency": 1000` + adaptive},
+		{"bucket", `"max_events": 1000, "window": "1m", "burst": 100, "algorithm": "token_bucket"`},
+		{"bucket_adaptive", `"max_events": 1000, "window": "1m", "burst": 100, "algorithm": "token_bucket"` + adaptive},
 	}
 }
 
@@ -381,13 +388,15 @@ func TestAdaptiveAllocations(t *testing.T) {
 		send()
 		allocs[c.name] = testing.AllocsPerRun(500, send)
 	}
-	for _, base := range []string{"rate", "concurrency"} {
+	for _, base := range []string{"rate", "concurrency", "bucket"} {
 		if allocs[base+"_adaptive"] != allocs[base] {
 			t.Errorf("%s: %v allocations per request, %v when adaptive", base, allocs[base], allocs[base+"_adaptive"])
 		}
 	}
-	if allocs["rate_adaptive"] != 0 {
-		t.Errorf("an adaptive rate: %v allocations per request, want 0", allocs["rate_adaptive"])
+	for _, c := range []string{"rate_adaptive", "bucket_adaptive"} {
+		if allocs[c] != 0 {
+			t.Errorf("%s: %v allocations per request, want 0", c, allocs[c])
+		}
 	}
 }
 

@@ -182,3 +182,16 @@ func (c *sharedConc) release(key, id string) {
 		}
 	}
 }
+
+// wakeAll tells the first request of every line here to ask again at
+// once: the cap was raised, and a slot may be free for it now.
+func (c *sharedConc) wakeAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, line := range c.lines {
+		select {
+		case line.Front().Value.(*sharedWaiter).wake <- struct{}{}:
+		default:
+		}
+	}
+}

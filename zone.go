@@ -387,9 +387,8 @@ type Limit struct {
 	// concurrency, or the max_events of its rate, grows while the requests
 	// it lets through are fast and succeed, and shrinks when they slow
 	// down or fail (see Adaptive). On a limit with either a concurrency or
-	// a rate, not both; a rate must count events (sliding_window,
-	// sliding_window_counter or fixed_window). Default: unset, the limit
-	// is fixed.
+	// a rate, not both; a bucket rate's burst moves with its max_events,
+	// in proportion. Default: unset, the limit is fixed.
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
 
 	zone      *Zone

@@ -36,3 +36,13 @@ type Slots interface {
 type SlotStore interface {
 	RegisterSlots(cfg SlotConfig) (Slots, error)
 }
+
+// AdjustableSlots is implemented by the slots whose limit can change while
+// they are held: an adaptive limit moves it every interval. The limit is
+// the one this process sends with each acquire; every instance of a fleet
+// sets its own, and the slot set is one: an acquire succeeds when fewer
+// slots than the caller's limit are held, by every instance together.
+// Lowered, the slots held stay held until released.
+type AdjustableSlots interface {
+	SetLimit(n int64) error
+}

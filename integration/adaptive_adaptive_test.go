@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,8 +11,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // sickUpstream is an upstream whose latency and failures the test sets
@@ -60,39 +57,7 @@ type load struct {
 	counts map[int]int
 }
 
-func startLoad(t *testing.T, clients int) *load {
-	l := &load{stop: make(chan struct{}), counts: map[int]int{}}
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
-	for range clients {
-		l.wg.Go(func() {
-			for {
-				select {
-				case <-l.stop:
-					return
-				default:
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, httpBase+"/", nil)
-				resp, err := client.Do(req)
-				code := 0
-				if err == nil {
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					code = resp.StatusCode
-				}
-				cancel()
-				l.mu.Lock()
-				l.counts[code]++
-				l.mu.Unlock()
-				if code != http.StatusOK {
-					time.Sleep(10 * time.Millisecond)
-				}
-			}
-		})
-	}
-	t.Cleanup(l.end)
-	return l
-}
+func startLoad(t *testing.T, clients int) *load { return startLoadOn(t, clients, httpBase) }
 
 func (l *load) end() {
 	select {
@@ -225,11 +190,7 @@ func TestAdaptiveConcurrencyLatencySpike(t *testing.T) {
 	expectMetric(t, `caddy_rate_limit_adaptive_min_limit{scope="",zone="`+zone+`"}`, 3)
 	// Requests admitted under the larger cap finish within 1.5 s; from
 	// then on the upstream sees at most 3 at once, and clients get 503.
-	time.Sleep(3 * time.Second) // lower bound: the old requests drain, twice their length
-	u.peak.Store(u.now.Load())
-	l.take()
-	time.Sleep(1500 * time.Millisecond) // a window of load to measure over
-	peak, c := u.peak.Load(), l.take()
+	peak, c := drainedPeak(u, l, 1500*time.Millisecond)
 	t.Logf("with the cap at 3: at most %d at once at the upstream; answers in 1.5 s %v", peak, c)
 	if peak > 3 {
 		t.Fatalf("with the cap at 3, the upstream served %d at once", peak)
@@ -263,13 +224,7 @@ func TestAdaptiveConcurrencyLatencySpike(t *testing.T) {
 func TestAdaptiveRateErrors(t *testing.T) {
 	for _, store := range []string{"memory", "redis"} {
 		t.Run(store, func(t *testing.T) {
-			backend := ""
-			if store == "redis" {
-				redis := redistest.Standalone(t, "")
-				// A generous timeout: a call that times out on a loaded
-				// machine would be admitted (fail open), unlimited.
-				backend = "backend redis {\n\t\t\taddress " + redis.Addr + "\n\t\t\ttimeout 5s\n\t\t}"
-			}
+			backend := adaptiveBackend(t, store)
 			u := newSickUpstream(t)
 			zone := "adapt_rate_it_" + store
 			newTester(t, caddyfileServer(fmt.Sprintf(`
@@ -355,7 +310,7 @@ func TestAdaptiveConfigErrors(t *testing.T) {
 		{"concurrency 100", "latency_p99 500ms 200ms", "adaptive: latency_p99 low mark 500ms must be below the high mark 200ms"},
 		{"concurrency 100", "error_rate 5% 1%", "adaptive: error_rate low mark 0.05 must be below the high mark 0.01"},
 		{"concurrency 100", "interval 100ms", "adaptive: interval must be from 1s to 1h, got 100ms"},
-		{"rate 100/1s\n\t\t\talgorithm token_bucket", "min 10", "adaptive: algorithm token_bucket keeps each key's state in the emission interval"},
+		{"rate 100/1s\n\t\t\talgorithm token_bucket\n\t\t\tburst 20\n\t\t\tcost 3", "min 10", "adaptive: at min 10 the bucket holds 2 (burst × min ÷ max_events), below the cost 3 of every request"},
 	} {
 		assertLoadError(t, site(c.limit, c.adaptive), "caddyfile", c.want)
 	}

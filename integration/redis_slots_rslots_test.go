@@ -24,8 +24,8 @@ import (
 
 // slotInstance is one Caddy process of a slot test.
 type slotInstance struct {
-	base string
-	cmd  *exec.Cmd
+	base, admin string // http://127.0.0.1:port of its site and of its admin API
+	cmd         *exec.Cmd
 }
 
 // startSlotInstance runs the binary on a site whose rate_limit zone is
@@ -58,7 +58,7 @@ func startSlotInstance(t *testing.T, addr, zone, options, upstream string) *slot
 	cmd := startCaddy(t, file, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
 	waitUp(t, base+"/up")
-	return &slotInstance{base: base, cmd: cmd}
+	return &slotInstance{base: base, admin: "http://127.0.0.1:" + strconv.Itoa(admin), cmd: cmd}
 }
 
 var slotClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 200, MaxConnsPerHost: 200}, Timeout: 60 * time.Second}

@@ -25,18 +25,18 @@ func newCounter(p algorithms.Policy) algorithms.Algorithm[algorithms.Counter] {
 }
 
 // CanAdjust reports whether the limit's kind of state takes a new
-// max_events without a rewrite: every kind but the buckets'.
+// max_events without a rewrite: every kind does (algorithms.Adapted).
 func (z *zone[S]) CanAdjust() bool { return z.mk != nil }
 
-// SetMaxEvents makes this handle decide with n events per window. Only
-// this handle: another config's handle on the same table keeps its own.
+// SetMaxEvents makes this handle decide with n events per window (and a
+// bucket's burst in proportion). Only this handle: another config's
+// handle on the same table keeps its own. No key's state changes.
 func (z *zone[S]) SetMaxEvents(n int64) error {
 	if z.mk == nil {
-		return fmt.Errorf("zone %q: max_events of a bucket algorithm cannot change while it runs", z.name)
+		return fmt.Errorf("zone %q: max_events cannot change while it runs", z.name)
 	}
 	c := z.t.conf.Load()
-	p := c.alg.Policy()
-	p.Limit = n
+	p := algorithms.Adapted(z.algName, c.alg.Policy(), n)
 	if _, err := algorithms.Check(z.algName, p); err != nil {
 		return err
 	}
@@ -61,8 +61,7 @@ func (z *zone[S]) algFor(c *tableConf[S]) algorithms.Algorithm[S] {
 		// A reload changed the table's conf: keep the adjusted max_events
 		// over the new window. Made once per reload; a SetMaxEvents in
 		// between wins (the swap fails and this call uses its own).
-		p := c.alg.Policy()
-		p.Limit = a.limit
+		p := algorithms.Adapted(z.algName, c.alg.Policy(), a.limit)
 		next := &adjusted[S]{limit: a.limit, base: c, alg: z.mk(p)}
 		z.adj.CompareAndSwap(a, next)
 		return next.alg

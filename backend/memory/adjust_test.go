@@ -1,7 +1,10 @@
 package memory
 
 import (
-	"strings"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,20 +64,52 @@ func TestSetMaxEvents(t *testing.T) {
 	}
 }
 
-// The bucket algorithms refuse: their state is measured in the emission
-// interval, which a new max_events changes for every key.
+// A bucket algorithm's max_events moves while the limit runs, its burst
+// in proportion, and each key's state stays: at the moment of a change a
+// key that emptied its bucket has emptied the new one (lowered: no free
+// burst; raised: no burst on top of the one it had), a fresh key has the
+// new burst, and half a depth later half the new bucket is back.
 func TestSetMaxEventsBuckets(t *testing.T) {
-	c := newFakeClock()
-	s := newStore(t, c)
 	for _, alg := range []string{algorithms.NameTokenBucket, algorithms.NameGCRA, algorithms.NameLeakyBucket} {
-		l := testZone(t, s, alg, algorithms.Policy{Limit: 5, Window: 60 * sec}, 0)
-		adj := l.(backend.Adjustable)
-		if adj.CanAdjust() {
-			t.Errorf("%s says it can adjust", alg)
-		}
-		if err := adj.SetMaxEvents(6); err == nil || !strings.Contains(err.Error(), "bucket") {
-			t.Errorf("%s: %v", alg, err)
-		}
+		t.Run(alg, func(t *testing.T) {
+			c := newFakeClock()
+			s := newStore(t, c)
+			// 10 a second, burst 10: the bucket is a second deep.
+			l := testZone(t, s, alg, algorithms.Policy{Limit: 10, Window: sec}, 0)
+			adj := l.(backend.Adjustable)
+			if !adj.CanAdjust() {
+				t.Fatal("cannot adjust")
+			}
+			if got := admitted(t, s, l, "k", 20); got != 10 {
+				t.Fatalf("at 10: %d admitted", got)
+			}
+			for _, n := range []int64{4, 40, 10} {
+				if err := adj.SetMaxEvents(n); err != nil {
+					t.Fatal(err)
+				}
+				if got := admitted(t, s, l, "k", 50); got != 0 {
+					t.Fatalf("an empty bucket, changed to %d: %d admitted at once", n, got)
+				}
+			}
+			if err := adj.SetMaxEvents(40); err != nil {
+				t.Fatal(err)
+			}
+			_, out := decide(t, s, backend.Request{Limit: l, Key: "fresh", Cost: 1})
+			if out[0].Limit != 40 || out[0].Remaining != 39 {
+				t.Fatalf("a fresh key at 40: %+v, want the burst of 40", out[0])
+			}
+			c.advance(500 * time.Millisecond)
+			if got := admitted(t, s, l, "k", 50); got != 20 {
+				t.Fatalf("half a second at 40: %d admitted, want 20", got)
+			}
+			if err := adj.SetMaxEvents(4); err != nil {
+				t.Fatal(err)
+			}
+			c.advance(500 * time.Millisecond)
+			if got := admitted(t, s, l, "k", 50); got != 2 {
+				t.Fatalf("half a second at 4: %d admitted, want 2", got)
+			}
+		})
 	}
 }
 
@@ -136,5 +171,91 @@ func TestSetMaxEventsNoAlloc(t *testing.T) {
 	out := make([]algorithms.Result, 1)
 	if n := testing.AllocsPerRun(100, func() { _, _ = s.Decide(t.Context(), reqs, out) }); n != 0 {
 		t.Fatalf("%v allocations per decision", n)
+	}
+}
+
+// A queue (leaky_bucket with max_delay) keeps the slots it gave out when
+// max_events changes; the next slots are spaced by the new interval, and
+// max_delay stays, so the queue holds max_delay ÷ the new interval more.
+func TestSetMaxEventsQueue(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	l := testZone(t, s, algorithms.NameLeakyBucket, algorithms.Policy{Limit: 10, Window: sec, MaxDelay: sec}, 0)
+	adj := l.(backend.Adjustable)
+	delays := func(n int) []int64 {
+		var d []int64
+		for range n {
+			ok, out := decide(t, s, backend.Request{Limit: l, Key: "k", Cost: 1})
+			if !ok {
+				break
+			}
+			d = append(d, out[0].Delay/int64(time.Millisecond))
+		}
+		return d
+	}
+	if got := delays(3); fmt.Sprint(got) != "[0 100 200]" {
+		t.Fatalf("at 10/s: delays %v ms", got)
+	}
+	if err := adj.SetMaxEvents(20); err != nil {
+		t.Fatal(err)
+	}
+	if got := delays(30); fmt.Sprint(got) != "[300 350 400 450 500 550 600 650 700 750 800 850 900 950 1000]" {
+		t.Fatalf("raised to 20/s: delays %v ms", got)
+	}
+	if err := adj.SetMaxEvents(5); err != nil {
+		t.Fatal(err)
+	}
+	c.advance(time.Second)
+	if got := delays(30); fmt.Sprint(got) != "[50 250 450 650 850]" {
+		t.Fatalf("lowered to 5/s, a second later: delays %v ms", got)
+	}
+}
+
+// A flood of keys while max_events moves under it, from 1 to 1000 and
+// back, at one instant: no key is admitted more than the largest burst in
+// force (the depth of the bucket, at the fastest rate), and nothing races
+// (go test -race).
+func TestSetMaxEventsFlood(t *testing.T) {
+	c := newFakeClock()
+	s := newStore(t, c)
+	// 100 a second, burst 10: the bucket is 100 ms deep; at 1000 a second
+	// the burst is 100.
+	l := testZone(t, s, algorithms.NameGCRA, algorithms.Policy{Limit: 100, Window: sec, Burst: 10}, 0)
+	adj := l.(backend.Adjustable)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for n := int64(1); ; n = n*7%1000 + 1 {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := adj.SetMaxEvents(n); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	const keys = 500
+	var passed [keys]atomic.Int64
+	var flood sync.WaitGroup
+	for g := range 4 {
+		flood.Go(func() {
+			for i := range 20 * keys {
+				k := (i*7 + g) % keys
+				if ok, _ := decide(t, s, backend.Request{Limit: l, Key: strconv.Itoa(k), Cost: 1}); ok {
+					passed[k].Add(1)
+				}
+			}
+		})
+	}
+	flood.Wait()
+	close(stop)
+	wg.Wait()
+	for k := range passed {
+		if n := passed[k].Load(); n > 100 || n < 1 {
+			t.Fatalf("key %d: %d admitted at one instant, want from 1 to the largest burst, 100", k, n)
+		}
 	}
 }

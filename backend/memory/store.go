@@ -173,7 +173,9 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 	cfg.Algorithm = name
 	switch kind := algorithms.KindOf(name); kind {
 	case algorithms.KindBucket:
-		return register(s, cfg, kind, algorithms.NewBucketAlgorithm(name, p), nil)
+		return register(s, cfg, kind, algorithms.NewBucketAlgorithm(name, p), func(p algorithms.Policy) algorithms.Algorithm[algorithms.Bucket] {
+			return algorithms.NewBucketAlgorithm(name, p)
+		})
 	case algorithms.KindLog:
 		return register(s, cfg, kind, algorithms.Algorithm[*algorithms.Log](algorithms.NewSlidingLog(p)), newLog)
 	case algorithms.KindWindow:
@@ -188,8 +190,7 @@ func (s *Store) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 }
 
 // register binds cfg to its table, creating the table on first use. mk
-// makes the algorithm for another max_events (SetMaxEvents); nil when the
-// kind of state cannot take one without a rebase.
+// makes the algorithm for another max_events (SetMaxEvents).
 func register[S any](s *Store, cfg backend.LimitConfig, kind algorithms.Kind, alg algorithms.Algorithm[S], mk func(algorithms.Policy) algorithms.Algorithm[S]) (backend.Limit, error) {
 	maxKeys := cfg.MaxKeys
 	if maxKeys == 0 {

@@ -73,7 +73,7 @@ if mode == 'g' then
 			else
 				r = grantCounter(s, a.p1, a.cost)
 			end
-			if r ~= s then store(k, key, r, a.p1, a.lin, a.gen, a.p1, a.cal) end
+			if r ~= s then store(k, key, r, a.param, a.lin, a.gen, a.p1, a.cal) end
 		end
 	end
 	return {}

@@ -41,6 +41,10 @@ func benchDecide(b *testing.B, alg string, p algorithms.Policy, keys int) {
 	benchDecideWith(b, alg, p, keys, Options{}, 32)
 }
 
+// benchAdapted is how many events per window an adaptive limit moved the
+// benchmark's zone to (0: as registered).
+var benchAdapted int64
+
 func benchDecideWith(b *testing.B, alg string, p algorithms.Policy, keys int, opts Options, parallelism int) {
 	c := standaloneClient(b)
 	opts.KeyPrefix = uniquePrefix(b)
@@ -51,6 +55,11 @@ func benchDecideWith(b *testing.B, alg string, p algorithms.Policy, keys int, op
 	}
 	b.Cleanup(func() { s.Close() })
 	z := mustZone(b, s, "bench", alg, p)
+	if benchAdapted != 0 {
+		if err := z.(backend.Adjustable).SetMaxEvents(benchAdapted); err != nil {
+			b.Fatal(err)
+		}
+	}
 	names := make([]string, keys)
 	for i := range names {
 		names[i] = fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255)
@@ -110,6 +119,17 @@ func BenchmarkScript(b *testing.B) {
 		for _, keys := range []int{1, 10_000} {
 			b.Run(fmt.Sprintf("%s/keys=%d", alg, keys), func(b *testing.B) { benchDecide(b, alg, p, keys) })
 		}
+	}
+}
+
+// BenchmarkScriptAdapted is BenchmarkScript's buckets with max_events
+// moved by an adaptive limit: the script then reads the interval it decides
+// with apart from the one the state is written under ("T/R").
+func BenchmarkScriptAdapted(b *testing.B) {
+	benchAdapted = 1_500_000
+	defer func() { benchAdapted = 0 }()
+	for _, alg := range []string{algorithms.NameTokenBucket, algorithms.NameGCRA} {
+		b.Run(alg+"/keys=10000", func(b *testing.B) { benchDecide(b, alg, policy(1_000_000, 1_000_000*time.Second), 10_000) })
 	}
 }
 

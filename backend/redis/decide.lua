@@ -17,7 +17,10 @@
 --   kind   b bucket (token bucket, GCRA, leaky meter), q leaky queue,
 --          w fixed window, c sliding window counter, l sliding log
 --   p1     the rate parameter: interval T (b, q) or window W (w, c, l), ns;
---          a calendar window's adds its boundaries (CALENDAR WINDOWS)
+--          a calendar window's adds its boundaries (CALENDAR WINDOWS); an
+--          adaptive bucket's or queue's is "T/R", deciding with interval T
+--          while its states stay written under the registered R (a.param):
+--          a state is a time, which a change of max_events keeps as it is
 --   p2     burst (b), max_delay (q) or limit (w, c, l)
 --   cost   units, already summed over repeated keys and capped by the caller
 --   x1     decide: "1" for a shadow request; refund: the decision's time
@@ -1195,12 +1198,12 @@ local function carry(a)
 			now = real
 			if not ok then error(s) end
 			if exists then
-				redis.call('SET', okey, string.format('m%s:%d:%d:%d', a.kind, a.p1, a.p2, fl.pos), 'KEEPTTL')
+				redis.call('SET', okey, string.format('m%s:%d:%d:%d', a.kind, a.param, a.p2, fl.pos), 'KEEPTTL')
 				if t then
 					redis.call('PEXPIRE', a.key, px(t + a.p1))
 					return libL().load(a.key)
 				end
-				store(a.kind, a.key, s, a.p1, a.lin, a.gen, a.p1)
+				store(a.kind, a.key, s, a.param, a.lin, a.gen, a.p1)
 				return s
 			end
 		end
@@ -1211,13 +1214,14 @@ end
 -- loadItem is load, with the change of kind: a key marked as moved is
 -- decided by the kind it moved to, unless a's zone is the newer one.
 local function loadItem(a)
-	local s, exists, moved = load(a.kind, a.key, a.p1, a.p2, a.lin, a.gen, a.hist)
+	local s, exists, moved = load(a.kind, a.key, a.param, a.p2, a.lin, a.gen, a.hist)
 	if exists or a.from == '' and not moved then return s end
 	if moved then
 		local k, p1, p2, pos = string.match(moved, '^m(%a):(%d+):(%d+):(%d+)')
 		local kc = keyOf('b', 1, k or a.kind)
 		if kc ~= keyOf('b', 1, a.kind) and not (a.from ~= '' and fromList(a.from).has[kc]) then
 			a.kind, a.p1, a.p2 = k, tonumber(p1), tonumber(p2)
+			a.param = a.p1
 			a.key = keyOf(a.key, tonumber(pos), k)
 			a.lin, a.gen, a.hist, a.from = '', 0, '', ''
 			return (load(a.kind, a.key, a.p1, a.p2, '', 0, ''))
@@ -1326,7 +1330,16 @@ local function readArgs(k0, o0, n)
 			from = ARGV[o + 10],
 			lk = ARGV[o + 11],
 		}
-		if not args[i].p1 then calArg(args[i], ARGV[o + 2]) end
+		local a = args[i]
+		if not a.p1 then
+			local t, r = string.match(ARGV[o + 2], '^(%d+)/(%d+)$')
+			if t then
+				a.p1, a.param = tonumber(t), tonumber(r)
+			else
+				calArg(a, ARGV[o + 2])
+			end
+		end
+		a.param = a.param or a.p1
 	end
 	return args
 end
@@ -1334,7 +1347,7 @@ end
 -- refundOne gives back what a granted decision took from the key of a.
 local function refundOne(a)
 	local key = a.key
-	local s, exists = load(a.kind, key, a.p1, a.p2, a.lin, a.gen, a.hist)
+	local s, exists = load(a.kind, key, a.param, a.p2, a.lin, a.gen, a.hist)
 	-- A bucket's refund and settle add ":<when it was to be full again>".
 	local x1, till = a.x1, nil
 	local c = string.find(x1, ':', 1, true)
@@ -1359,7 +1372,7 @@ local function refundOne(a)
 		end
 		-- Nothing to give back leaves the key as it is (a state idle now
 		-- is not idle for a clock that steps back).
-		if r ~= s then store(k, key, r, a.p1, a.lin, a.gen, a.p1, a.cal) end
+		if r ~= s then store(k, key, r, a.param, a.lin, a.gen, a.p1, a.cal) end
 	end
 end
 
@@ -1390,7 +1403,7 @@ local function expireDue(a)
 	for _, m in ipairs(due) do
 		local at, cost = string.match(m, '^t%d+:(%d+):(%d+)$')
 		if at then
-			refundOne({key = a.key, kind = a.kind, p1 = a.p1, cost = tonumber(cost), x1 = at, x2 = '0',
+			refundOne({key = a.key, kind = a.kind, p1 = a.p1, param = a.param, cost = tonumber(cost), x1 = at, x2 = '0',
 				lin = a.lin, gen = a.gen, hist = a.hist, cal = a.cal})
 		end
 	end
@@ -1528,7 +1541,7 @@ local function decideKeys(args, undo, out, o)
 				else
 					s = libC().take(s, a.p1, a.cost)
 				end
-				store(k, key, s, a.p1, a.lin, a.gen, a.p1, a.cal)
+				store(k, key, s, a.param, a.lin, a.gen, a.p1, a.cal)
 			end
 		end
 	end
@@ -1603,7 +1616,7 @@ if mode == 's' then
 		local k, est, act = a.kind, a.cost, tonumber(a.x2)
 		-- A key whose usage moved to another kind of state (a reload that
 		-- changed the algorithm) keeps its mark: nothing is written over it.
-		local s, _, moved = load(k, a.key, a.p1, a.p2, a.lin, a.gen, a.hist)
+		local s, _, moved = load(k, a.key, a.param, a.p2, a.lin, a.gen, a.hist)
 		if moved then
 			-- settled nowhere: the request's units are in the other kind
 		elseif k == 'l' then
@@ -1630,7 +1643,7 @@ if mode == 's' then
 				r = libC().take(s, a.p1, math.min(extra, MAXOWED))
 				if r.curr > MAXOWED then r.curr = MAXOWED end
 			end
-			if r then store(k, a.key, r, a.p1, a.lin, a.gen, a.p1) end
+			if r then store(k, a.key, r, a.param, a.lin, a.gen, a.p1) end
 		end
 	end
 	return {}

@@ -87,6 +87,8 @@ type twin struct {
 	// granted decisions that a later refund may give back
 	granted []grant
 	log     []string
+	// adjusted is the max_events each zone was moved to (adapt_diff_test.go)
+	adjusted map[int]int64
 }
 
 type grant struct {

@@ -101,9 +101,11 @@ type slotZone struct {
 	prefix string // the set's key before the client's key
 	ttl    time.Duration
 	ttlMs  string
-	// The limit and the TTL in ms as command arguments, converted once.
-	limitArg, ttlArg any
-	guard            guard
+	// The limit and the TTL in ms as command arguments, converted once;
+	// the limit is a boxed string in limitArg, replaced whole by SetLimit.
+	limitArg atomic.Value
+	ttlArg   any
+	guard    guard
 }
 
 // guard runs a call to Redis (through the breaker, for the module).
@@ -161,12 +163,26 @@ func (s *Store) registerSlots(cfg backend.SlotConfig, g guard) (*slotZone, error
 	}
 	z := &slotZone{
 		s: s, prefix: zonePrefix(s.prefix, cfg.Name, cfg.Scope, kindSlots),
-		limitArg: strconv.FormatInt(cfg.Limit, 10), ttl: cfg.TTL, ttlMs: strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
+		ttl: cfg.TTL, ttlMs: strconv.FormatInt(cfg.TTL.Milliseconds(), 10),
 		guard: g,
 	}
 	z.ttlArg = z.ttlMs
+	z.limitArg.Store(any(strconv.FormatInt(cfg.Limit, 10)))
 	return z, nil
 }
+
+// SetLimit makes this process's acquires of z's slots succeed while fewer
+// than n are held (backend.AdjustableSlots). The other instances keep the
+// limit they send; the set is counted whole, whoever took its slots.
+func (z *slotZone) SetLimit(n int64) error {
+	if n < 1 {
+		return fmt.Errorf("concurrency must be at least 1, got %d", n)
+	}
+	z.limitArg.Store(any(strconv.FormatInt(n, 10)))
+	return nil
+}
+
+var _ backend.AdjustableSlots = (*slotZone)(nil)
 
 // Acquire takes a slot of key (backend.Slots).
 func (z *slotZone) Acquire(ctx context.Context, key string) (string, error) {
@@ -221,10 +237,11 @@ var slotAcquireHash, slotAcquireArg any = slotAcquire.Hash(), slotAcquireSource
 // acquireOnce runs the acquire script on set, never retried after it may
 // have run (see once), with the source sent again after NOSCRIPT.
 func (z *slotZone) acquireOnce(ctx context.Context, set, id string) (int64, error) {
-	cmd := goredis.NewCmd(ctx, "evalsha", slotAcquireHash, 1, set, z.limitArg, z.ttlArg, id)
+	limit := z.limitArg.Load()
+	cmd := goredis.NewCmd(ctx, "evalsha", slotAcquireHash, 1, set, limit, z.ttlArg, id)
 	_ = z.s.client.Process(ctx, once{cmd})
 	if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd = goredis.NewCmd(ctx, "eval", slotAcquireArg, 1, set, z.limitArg, z.ttlArg, id)
+		cmd = goredis.NewCmd(ctx, "eval", slotAcquireArg, 1, set, limit, z.ttlArg, id)
 		_ = z.s.client.Process(ctx, once{cmd})
 	}
 	return cmd.Int64()

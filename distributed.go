@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/gob"
 	"errors"
@@ -108,9 +109,11 @@ func (d *Distributed) check() error {
 // instance admitted are remembered here, at most cap of them; a key is
 // forgotten when a snapshot finds it idle.
 type tracked struct {
-	name   string // zone, or zone scopeSep scope
-	window int64
-	cap    int64
+	name string // zone, or zone scopeSep scope
+	// window and cap are the newest config's: a reload may change them
+	// while the old config still decides.
+	window atomic.Int64
+	cap    atomic.Int64
 	keys   sync.Map // string → struct{}
 	n      atomic.Int64
 	full   atomic.Bool // logged that a key could not be tracked
@@ -130,11 +133,11 @@ func (t *tracked) note(key string, logger *zap.Logger) {
 	if _, ok := t.keys.Load(key); ok {
 		return
 	}
-	if t.n.Add(1) > t.cap {
+	if t.n.Add(1) > t.cap.Load() {
 		t.n.Add(-1)
 		if !t.full.Swap(true) {
 			logger.Warn("distributed: too many keys to share; new keys are limited by this instance only until tracked keys go idle",
-				zap.String("zone", strings.ReplaceAll(t.name, scopeSep, "/")), zap.Int64("tracked_keys", t.cap))
+				zap.String("zone", strings.ReplaceAll(t.name, scopeSep, "/")), zap.Int64("tracked_keys", t.cap.Load()))
 		}
 		return
 	}
@@ -153,9 +156,8 @@ type fleet struct {
 	now     func() int64
 
 	mu      sync.Mutex
-	refs    int
-	conf    Distributed // the newest member's
-	logger  *zap.Logger
+	members []*fleetMember // oldest first; the newest's conf and logger apply
+	conf    Distributed    // the newest member's, kept when the last leaves
 	limits  map[string]*tracked
 
 	others atomic.Pointer[[]fleetFile]
@@ -167,6 +169,7 @@ type fleet struct {
 // fleetMember is one handler's use of a fleet.
 type fleetMember struct {
 	f      *fleet
+	conf   Distributed
 	limits map[*Limit]*tracked
 	logger *zap.Logger
 }
@@ -206,7 +209,7 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("distributed: the backend cannot report its counts")
 	}
-	m := &fleetMember{limits: map[*Limit]*tracked{}, logger: h.logger}
+	m := &fleetMember{conf: *h.Distributed, limits: map[*Limit]*tracked{}, logger: h.logger}
 	for _, z := range h.zones {
 		for _, l := range z.limits {
 			switch algorithms.KindOf(l.algorithm) {
@@ -226,11 +229,7 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("distributed: instance id: %v", err)
 	}
-	f, err := joinFleet(storageKey, storage, id.String(), h.now, *h.Distributed, h.logger)
-	if err != nil {
-		return err
-	}
-	m.f = f
+	f := joinFleet(storageKey, storage, id.String(), h.now, m)
 	f.mu.Lock()
 	for _, z := range h.zones {
 		for _, l := range z.limits {
@@ -243,11 +242,8 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 				t = &tracked{name: name}
 				f.limits[name] = t
 			}
-			t.window = int64(l.Window)
-			t.cap = int64(l.MaxKeys)
-			if t.cap == 0 {
-				t.cap = defaultTrackedKeys
-			}
+			t.window.Store(int64(l.Window))
+			t.cap.Store(cmp.Or(int64(l.MaxKeys), defaultTrackedKeys))
 			t.regs = append(t.regs, trackedReg{m, admin, l.handle})
 			m.limits[l] = t
 		}
@@ -259,30 +255,39 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 
 // joinFleet returns the running fleet of storageKey, or starts one after
 // a first read, so that the first requests already count the others.
-func joinFleet(storageKey string, storage certmagic.Storage, id string, now func() int64, conf Distributed, logger *zap.Logger) (*fleet, error) {
+func joinFleet(storageKey string, storage certmagic.Storage, id string, now func() int64, m *fleetMember) *fleet {
 	fleets.Lock()
 	defer fleets.Unlock()
 	if f := fleets.m[storageKey]; f != nil {
 		f.mu.Lock()
-		f.refs++
-		f.conf, f.logger = conf, logger
+		f.members = append(f.members, m)
+		f.conf, m.f = m.conf, f
 		f.mu.Unlock()
-		select {
-		case f.wake <- struct{}{}:
-		default:
-		}
-		return f, nil
+		f.reconfigure()
+		return f
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &fleet{key: storageKey, storage: storage, id: id, now: now, refs: 1, conf: conf, logger: logger,
+	f := &fleet{key: storageKey, storage: storage, id: id, now: now, members: []*fleetMember{m}, conf: m.conf,
 		limits: map[string]*tracked{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	m.f = f
 	if err := f.read(ctx); err != nil {
-		logger.Error("distributed: reading the other instances' counts", zap.Error(err))
+		m.logger.Error("distributed: reading the other instances' counts", zap.Error(err))
 	}
 	fleets.m[storageKey] = f
 	go f.run(ctx)
-	return f, nil
+	return f
 }
+
+// reconfigure makes the sync loop pick up the newest member's intervals.
+func (f *fleet) reconfigure() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// newest is the member whose config applies; f.mu is held.
+func (f *fleet) newest() *fleetMember { return f.members[len(f.members)-1] }
 
 // leave drops the member's limits; the last member stops the sync.
 func (m *fleetMember) leave() {
@@ -296,13 +301,19 @@ func (m *fleetMember) leave() {
 			delete(f.limits, name)
 		}
 	}
-	f.refs--
-	last := f.refs == 0
+	f.members = deleteFunc(f.members, func(o *fleetMember) bool { return o == m })
+	last := len(f.members) == 0
+	if !last {
+		f.conf = f.newest().conf
+	}
 	f.mu.Unlock()
 	if last {
 		delete(fleets.m, f.key)
 		f.cancel()
+		return
 	}
+	// A failed reload leaves: the running config's intervals apply again.
+	f.reconfigure()
 }
 
 func deleteFunc[T any](s []T, del func(T) bool) []T {
@@ -318,9 +329,7 @@ func deleteFunc[T any](s []T, del func(T) bool) []T {
 
 func (f *fleet) run(ctx context.Context) {
 	defer close(f.done)
-	f.mu.Lock()
-	conf := f.conf
-	f.mu.Unlock()
+	conf := f.config()
 	read := time.NewTicker(time.Duration(conf.ReadInterval))
 	write := time.NewTicker(time.Duration(conf.WriteInterval))
 	defer read.Stop()
@@ -330,9 +339,7 @@ func (f *fleet) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-f.wake:
-			f.mu.Lock()
-			conf = f.conf
-			f.mu.Unlock()
+			conf = f.config()
 			read.Reset(time.Duration(conf.ReadInterval))
 			write.Reset(time.Duration(conf.WriteInterval))
 		case <-read.C:
@@ -347,10 +354,19 @@ func (f *fleet) run(ctx context.Context) {
 	}
 }
 
+func (f *fleet) config() Distributed {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.conf
+}
+
 func (f *fleet) log() *zap.Logger {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.logger
+	if len(f.members) == 0 {
+		return zap.NewNop()
+	}
+	return f.newest().logger
 }
 
 func (f *fleet) file(id string) string { return path.Join(fleetPrefix, id+fleetSuffix) }
@@ -387,7 +403,7 @@ func (f *fleet) snapshot(ctx context.Context) fleetFile {
 			}
 			c := fleetCount{Count: int(min(used, int64(maxInt)))}
 			if u.RetryAfter > 0 && u.RetryAfter != algorithms.Never {
-				c.OldestEvent = time.Unix(0, now+u.RetryAfter-j.t.window)
+				c.OldestEvent = time.Unix(0, now+u.RetryAfter-j.t.window.Load())
 			}
 			counts[key] = c
 			return true
@@ -421,10 +437,8 @@ func (f *fleet) read(ctx context.Context) error {
 		}
 		return err
 	}
-	f.mu.Lock()
-	purge := time.Duration(f.conf.PurgeAge)
-	logger := f.logger
-	f.mu.Unlock()
+	purge := time.Duration(f.config().PurgeAge)
+	logger := f.log()
 	now := time.Unix(0, f.now())
 	others := make([]fleetFile, 0, len(names))
 	for _, name := range names {
@@ -461,9 +475,10 @@ func (f *fleet) read(ctx context.Context) error {
 // A report older than the window counts nothing: all it counted has left.
 func remote(others []fleetFile, t *tracked, key string, now int64) (used, wait int64) {
 	wait = -1
+	window := t.window.Load()
 	for i := range others {
 		at := others[i].Timestamp.UnixNano()
-		if at+t.window <= now {
+		if at+window <= now {
 			continue
 		}
 		c, ok := others[i].Zones[t.name][key]
@@ -471,9 +486,9 @@ func remote(others []fleetFile, t *tracked, key string, now int64) (used, wait i
 			continue
 		}
 		used += int64(c.Count)
-		free := at + t.window
-		if o := c.OldestEvent.UnixNano(); !c.OldestEvent.IsZero() && o+t.window > now && o+t.window < free {
-			free = o + t.window
+		free := at + window
+		if o := c.OldestEvent.UnixNano(); !c.OldestEvent.IsZero() && o+window > now && o+window < free {
+			free = o + window
 		}
 		if wait < 0 || free-now < wait {
 			wait = free - now

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/gob"
+	"fmt"
 	"io/fs"
 	"net/http"
 	"path"
@@ -115,7 +116,7 @@ func (c *distClock) time() time.Time               { return time.Unix(0, c.now) 
 func (c *distClock) ago(d time.Duration) time.Time { return time.Unix(0, c.now-int64(d)) }
 
 // provisionDist provisions a handler that syncs through s, on clock c.
-func provisionDist(t *testing.T, config string, s *memStorage, c *distClock) *unitHandler {
+func provisionDist(t testing.TB, config string, s *memStorage, c *distClock) *unitHandler {
 	t.Helper()
 	if _, _, err := provisionJSON([]byte(`{}`), c.get); err != nil {
 		t.Fatal(err)
@@ -342,4 +343,51 @@ func TestDistributedFleetSharedAndReleased(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the sync did not stop with its last handler")
 	}
+}
+
+// A reload joins the running sync: the keys the old config noted are still
+// written, the new intervals apply, and the others' counts still count.
+func TestDistributedReloadKeepsSyncing(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	old := provisionDist(t, distZone, s, c)
+	admittedOf(old, 3)
+	putState(t, s, "peer", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{
+		"dist_a": {"static": {Count: 7}},
+	}})
+	f := old.h.fleet.f
+	if err := f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	reloaded := provisionDist(t, `{"rate_limits": {"dist_a": {"key": "static", "max_events": 20, "window": "1m"}},
+	"distributed": {"read_interval": "2h", "write_interval": "2h"}}`, s, c)
+	_ = old.h.Cleanup()
+	if reloaded.h.fleet.f != f || time.Duration(f.config().ReadInterval) != 2*time.Hour {
+		t.Fatalf("the reload did not join the running sync with its intervals: %+v", f.config())
+	}
+	if got := f.snapshot(context.Background()).Zones["dist_a"]["static"].Count; got != 3 {
+		t.Errorf("snapshot after the reload counts %d, want the 3 of the old config", got)
+	}
+	if ok, _ := admittedOf(reloaded, 20); ok != 10 {
+		t.Errorf("admitted %d after the reload, want 20 − 3 − 7 = 10", ok)
+	}
+}
+
+// BenchmarkDistributedWrite is the cost of one write of a zone of 10,000
+// keys: a snapshot of every key and its encoding.
+func BenchmarkDistributedWrite(b *testing.B) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(b, `{"rate_limits": {"dist_bench": {"key": "{http.request.header.K}", "max_events": 10, "window": "1m"}},
+	"distributed": {"read_interval": "1h", "write_interval": "1h"}}`, s, c)
+	for i := range 10000 {
+		u.serve(context.Background(), func(r *http.Request) { r.Header.Set("K", fmt.Sprintf("client-%d", i)) })
+	}
+	f := u.h.fleet.f
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := f.write(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	data, _ := s.Load(context.Background(), f.file(f.id))
+	b.ReportMetric(float64(len(data)), "bytes/write")
 }

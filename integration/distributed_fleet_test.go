@@ -27,7 +27,7 @@ func fleetMember(t *testing.T, httpPort, adminPort int, dir, distributed string)
 			match {
 				path /limited
 			}
-			key    static
+			key    {query.k}
 			events 10
 			window 1m
 		}
@@ -95,7 +95,7 @@ func TestDistributedFleetSharesLimit(t *testing.T) {
 		if i%2 == 1 {
 			base = b
 		}
-		if fleetStatus(t, base+"/limited") == http.StatusOK {
+		if fleetStatus(t, base+"/limited?k=paced") == http.StatusOK {
 			admitted[base]++
 		}
 		time.Sleep(150 * time.Millisecond)
@@ -106,8 +106,26 @@ func TestDistributedFleetSharesLimit(t *testing.T) {
 		t.Fatalf("the fleet admitted %d of 30, want 10 to 12 (10 per minute across both)", total)
 	}
 	// Both now deny: the key is used up fleet-wide.
-	if sa, sb := fleetStatus(t, a+"/limited"), fleetStatus(t, b+"/limited"); sa != http.StatusTooManyRequests || sb != http.StatusTooManyRequests {
+	if sa, sb := fleetStatus(t, a+"/limited?k=paced"), fleetStatus(t, b+"/limited?k=paced"); sa != http.StatusTooManyRequests || sb != http.StatusTooManyRequests {
 		t.Fatalf("after the fleet's limit: %d and %d, want 429 from both", sa, sb)
+	}
+
+	// A burst faster than a sync is decided by each instance on its own
+	// count and what it last read: the fleet admits at most one limit per
+	// instance, as mholt/caddy-ratelimit's does.
+	burst := 0
+	for i := range 30 {
+		base := a
+		if i%2 == 1 {
+			base = b
+		}
+		if fleetStatus(t, base+"/limited?k=burst") == http.StatusOK {
+			burst++
+		}
+	}
+	t.Logf("a burst of 30 admitted %d", burst)
+	if burst < 10 || burst > 20 {
+		t.Fatalf("a burst of 30 admitted %d, want 10 to 20", burst)
 	}
 }
 
@@ -129,7 +147,7 @@ func TestDistributedPurgeAgeDropsDeadInstance(t *testing.T) {
 	dir := t.TempDir()
 	var buf bytes.Buffer
 	if err := gob.NewEncoder(&buf).Encode(mholtState{Timestamp: time.Now(), Zones: map[string]map[string]mholtValue{
-		"dist_fleet": {"static": {Count: 10, OldestEvent: time.Now()}},
+		"dist_fleet": {"dead": {Count: 10, OldestEvent: time.Now()}},
 	}}); err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +159,7 @@ func TestDistributedPurgeAgeDropsDeadInstance(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := fleetMember(t, 9554, 3554, dir, "\t\t\tread_interval 100ms\n\t\t\twrite_interval 100ms\n\t\t\tpurge_age 2s")
-	if got := fleetStatus(t, a+"/limited"); got != http.StatusTooManyRequests {
+	if got := fleetStatus(t, a+"/limited?k=dead"); got != http.StatusTooManyRequests {
 		t.Fatalf("with the dead instance's 10 counted: %d, want 429", got)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -155,7 +173,7 @@ func TestDistributedPurgeAgeDropsDeadInstance(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(300 * time.Millisecond)
-	if got := fleetStatus(t, a+"/limited"); got != http.StatusOK {
+	if got := fleetStatus(t, a+"/limited?k=dead"); got != http.StatusOK {
 		t.Fatalf("after purge_age: %d, want 200", got)
 	}
 }

@@ -114,9 +114,13 @@ type tracked struct {
 	// while the old config still decides.
 	window atomic.Int64
 	cap    atomic.Int64
-	keys   sync.Map // string → struct{}
-	n      atomic.Int64
-	full   atomic.Bool // logged that a key could not be tracked
+	// fixed is set for fixed_window, whose counts all leave at once, at
+	// the end of the window: the file dates them so, and a report whose
+	// window has ended counts nothing.
+	fixed atomic.Bool
+	keys  sync.Map // string → struct{}
+	n     atomic.Int64
+	full  atomic.Bool // logged that a key could not be tracked
 	// regs are the configs using this limit, newest last; the newest is
 	// asked for the counts. Guarded by the fleet's mu.
 	regs []trackedReg
@@ -244,6 +248,7 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 			}
 			t.window.Store(int64(l.Window))
 			t.cap.Store(cmp.Or(int64(l.MaxKeys), defaultTrackedKeys))
+			t.fixed.Store(algorithms.KindOf(l.algorithm) == algorithms.KindWindow)
 			t.regs = append(t.regs, trackedReg{m, admin, l.handle})
 			m.limits[l] = t
 		}
@@ -388,6 +393,7 @@ func (f *fleet) snapshot(ctx context.Context) fleetFile {
 	st := fleetFile{Timestamp: time.Unix(0, now), Zones: make(map[string]map[string]fleetCount, len(jobs))}
 	for _, j := range jobs {
 		counts := map[string]fleetCount{}
+		window, fixed := j.t.window.Load(), j.t.fixed.Load()
 		j.t.keys.Range(func(k, _ any) bool {
 			key := k.(string)
 			u, err := j.reg.admin.Inspect(ctx, j.reg.handle, key)
@@ -401,9 +407,12 @@ func (f *fleet) snapshot(ctx context.Context) fleetFile {
 				j.t.full.Store(false)
 				return true
 			}
-			c := fleetCount{Count: int(min(used, int64(maxInt)))}
-			if u.RetryAfter > 0 && u.RetryAfter != algorithms.Never {
-				c.OldestEvent = time.Unix(0, now+u.RetryAfter-j.t.window.Load())
+			c := fleetCount{Count: int(min(used, maxCount))}
+			switch {
+			case fixed && u.ResetAfter > 0:
+				c.OldestEvent = time.Unix(0, now+u.ResetAfter-window)
+			case u.RetryAfter > 0 && u.RetryAfter != algorithms.Never:
+				c.OldestEvent = time.Unix(0, now+u.RetryAfter-window)
 			}
 			counts[key] = c
 			return true
@@ -415,7 +424,9 @@ func (f *fleet) snapshot(ctx context.Context) fleetFile {
 	return st
 }
 
-const maxInt = int(^uint(0) >> 1)
+// maxCount bounds one key's count in a report, read or written, so that
+// the sum over any number of instances stays far from overflowing.
+const maxCount = 1 << 40
 
 // write stores this instance's counts.
 func (f *fleet) write(ctx context.Context) error {
@@ -475,7 +486,7 @@ func (f *fleet) read(ctx context.Context) error {
 // A report older than the window counts nothing: all it counted has left.
 func remote(others []fleetFile, t *tracked, key string, now int64) (used, wait int64) {
 	wait = -1
-	window := t.window.Load()
+	window, fixed := t.window.Load(), t.fixed.Load()
 	for i := range others {
 		at := others[i].Timestamp.UnixNano()
 		if at+window <= now {
@@ -485,13 +496,21 @@ func remote(others []fleetFile, t *tracked, key string, now int64) (used, wait i
 		if !ok || c.Count <= 0 {
 			continue
 		}
-		used += int64(c.Count)
 		free := at + window
-		if o := c.OldestEvent.UnixNano(); !c.OldestEvent.IsZero() && o+window > now && o+window < free {
-			free = o + window
+		if !c.OldestEvent.IsZero() {
+			o := c.OldestEvent.UnixNano() + window
+			if fixed && o <= now {
+				continue // counted in a window that has ended
+			}
+			if o > now && o < free {
+				free = o
+			}
 		}
-		if wait < 0 || free-now < wait {
-			wait = free - now
+		used += min(int64(c.Count), maxCount)
+		// A clock ahead of this one must not make a client wait longer
+		// than a window.
+		if w := min(free-now, window); wait < 0 || w < wait {
+			wait = w
 		}
 	}
 	return used, wait

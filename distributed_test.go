@@ -97,7 +97,7 @@ type mholtState struct {
 	Zones     map[string]map[string]mholtValue
 }
 
-func putState(t *testing.T, s *memStorage, id string, st mholtState) {
+func putState(t testing.TB, s *memStorage, id string, st mholtState) {
 	t.Helper()
 	var buf bytes.Buffer
 	if err := gob.NewEncoder(&buf).Encode(st); err != nil {
@@ -291,6 +291,48 @@ func TestDistributedOtherAlgorithms(t *testing.T) {
 	}
 }
 
+// A fixed window's counts all leave at its end: a report taken before
+// the boundary counts nothing after it, and this instance writes its
+// counts dated so.
+func TestDistributedFixedWindowBoundary(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: int64(10 * time.Hour)} // on a minute boundary
+	u := provisionDist(t, `{"rate_limits": {"dist_fixed": {"key": "static", "algorithm": "fixed_window", "max_events": 10, "window": "1m"}},
+	"distributed": {"read_interval": "1h", "write_interval": "1h"}}`, s, c)
+	putState(t, s, "peer", mholtState{Timestamp: c.ago(time.Second), Zones: map[string]map[string]mholtValue{
+		"dist_fixed": {"static": {Count: 10, OldestEvent: c.ago(time.Minute)}},
+	}})
+	u.h.fleet.f.read(context.Background())
+	c.advance(15 * time.Second)
+	if ok, _ := admittedOf(u, 4); ok != 4 {
+		t.Fatalf("admitted %d, want 4: the peer's window ended", ok)
+	}
+	st := u.h.fleet.f.snapshot(context.Background())
+	// Its 4 leave at the end of the window, 45 s from now.
+	if got := st.Zones["dist_fixed"]["static"]; got.Count != 4 || !got.OldestEvent.Equal(c.ago(15*time.Second)) {
+		t.Errorf("wrote %+v, want 4 dated %v", got, c.ago(15*time.Second))
+	}
+}
+
+// Counts that would overflow, from any number of instances, and clocks
+// ahead of this one, deny with at most a window's wait.
+func TestDistributedHostileReports(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(t, distZone, s, c)
+	for _, id := range []string{"p1", "p2", "p3"} {
+		putState(t, s, id, mholtState{Timestamp: c.time().Add(time.Hour), Zones: map[string]map[string]mholtValue{
+			"dist_a": {"static": {Count: int(^uint(0) >> 1)}},
+		}})
+	}
+	putState(t, s, "negative", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{
+		"dist_a": {"static": {Count: -100}},
+	}})
+	u.h.fleet.f.read(context.Background())
+	ok, last := admittedOf(u, 3)
+	if ok != 0 || last.header.Get("Retry-After") != "60" {
+		t.Errorf("admitted %d, Retry-After %q; want 0 and 60", ok, last.header.Get("Retry-After"))
+	}
+}
+
 func TestDistributedRefusedConfigs(t *testing.T) {
 	for _, tt := range []struct{ config, want string }{
 		{`"algorithm": "token_bucket"`, `zone "z": algorithm: distributed shares counts`},
@@ -390,4 +432,23 @@ func BenchmarkDistributedWrite(b *testing.B) {
 	}
 	data, _ := s.Load(context.Background(), f.file(f.id))
 	b.ReportMetric(float64(len(data)), "bytes/write")
+}
+
+// BenchmarkDistributedRead is the cost of reading another instance's
+// report of 10,000 keys.
+func BenchmarkDistributedRead(b *testing.B) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(b, distZone, s, c)
+	keys := map[string]mholtValue{}
+	for i := range 10000 {
+		keys[fmt.Sprintf("client-%d", i)] = mholtValue{Count: 5, OldestEvent: c.time()}
+	}
+	putState(b, s, "peer", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{"dist_a": keys}})
+	f := u.h.fleet.f
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := f.read(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

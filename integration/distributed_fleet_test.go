@@ -177,3 +177,63 @@ func TestDistributedPurgeAgeDropsDeadInstance(t *testing.T) {
 		t.Fatalf("after purge_age: %d, want 200", got)
 	}
 }
+
+// In one Caddy: the other instances' counts apply from the first request,
+// and a reload keeps the sync running under the new config.
+func TestDistributedReloadKeepsSync(t *testing.T) {
+	dir := t.TempDir()
+	var buf bytes.Buffer
+	if err := gob.NewEncoder(&buf).Encode(mholtState{Timestamp: time.Now(), Zones: map[string]map[string]mholtValue{
+		"dist_reload": {"static": {Count: 8}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	peer := filepath.Join(dir, "rate_limit", "instances", "peer.rlstate")
+	if err := os.MkdirAll(filepath.Dir(peer), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(peer, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	site := func(events int) string {
+		return caddyfileServer(fmt.Sprintf(`	rate_limit {
+		zone dist_reload {
+			key    static
+			events %d
+			window 1m
+		}
+		distributed {
+			read_interval  50ms
+			write_interval 50ms
+		}
+		storage file_system %s
+	}
+	respond "ok"`, events, dir))
+	}
+	tester := newTester(t, site(10), "caddyfile")
+	expectN(t, tester, 2, http.StatusOK, "GET", "/")
+	expect429(t, tester, 50, 60, "GET", "/")
+
+	tester.InitServer(site(12), "caddyfile")
+	// 12 − the peer's 8 − this instance's 2.
+	expectN(t, tester, 2, http.StatusOK, "GET", "/")
+	expect429(t, tester, 50, 60, "GET", "/")
+	// This instance's counts are still written after the reload.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		files, _ := filepath.Glob(filepath.Join(dir, "rate_limit", "instances", "*.rlstate"))
+		var st mholtState
+		for _, f := range files {
+			if data, err := os.ReadFile(f); f != peer && err == nil {
+				_ = gob.NewDecoder(bytes.NewReader(data)).Decode(&st)
+			}
+		}
+		if st.Zones["dist_reload"]["static"].Count == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the reload, this instance's file says %+v, want the 4 admitted", st.Zones)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -141,23 +141,31 @@ type mholtState struct {
 	Zones     map[string]map[string]mholtValue
 }
 
+// plantState writes, in storage dir, the file of instance id as it
+// reports zones now, and returns its path.
+func plantState(t *testing.T, dir, id string, zones map[string]map[string]mholtValue) string {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := gob.NewEncoder(&buf).Encode(mholtState{Timestamp: time.Now(), Zones: zones}); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "rate_limit", "instances", id+".rlstate")
+	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
 // A file left by an instance that stopped counts until purge_age deletes
 // it; it is read in mholt/caddy-ratelimit's format.
 func TestDistributedPurgeAgeDropsDeadInstance(t *testing.T) {
 	dir := t.TempDir()
-	var buf bytes.Buffer
-	if err := gob.NewEncoder(&buf).Encode(mholtState{Timestamp: time.Now(), Zones: map[string]map[string]mholtValue{
+	dead := plantState(t, dir, "dead-instance", map[string]map[string]mholtValue{
 		"dist_fleet": {"dead": {Count: 10, OldestEvent: time.Now()}},
-	}}); err != nil {
-		t.Fatal(err)
-	}
-	dead := filepath.Join(dir, "rate_limit", "instances", "dead-instance.rlstate")
-	if err := os.MkdirAll(filepath.Dir(dead), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(dead, buf.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	})
 	a := fleetMember(t, 9554, 3554, dir, "\t\t\tread_interval 100ms\n\t\t\twrite_interval 100ms\n\t\t\tpurge_age 2s")
 	if got := fleetStatus(t, a+"/limited?k=dead"); got != http.StatusTooManyRequests {
 		t.Fatalf("with the dead instance's 10 counted: %d, want 429", got)
@@ -182,19 +190,9 @@ func TestDistributedPurgeAgeDropsDeadInstance(t *testing.T) {
 // and a reload keeps the sync running under the new config.
 func TestDistributedReloadKeepsSync(t *testing.T) {
 	dir := t.TempDir()
-	var buf bytes.Buffer
-	if err := gob.NewEncoder(&buf).Encode(mholtState{Timestamp: time.Now(), Zones: map[string]map[string]mholtValue{
+	peer := plantState(t, dir, "peer", map[string]map[string]mholtValue{
 		"dist_reload": {"static": {Count: 8}},
-	}}); err != nil {
-		t.Fatal(err)
-	}
-	peer := filepath.Join(dir, "rate_limit", "instances", "peer.rlstate")
-	if err := os.MkdirAll(filepath.Dir(peer), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(peer, buf.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	})
 	site := func(events int) string {
 		return caddyfileServer(fmt.Sprintf(`	rate_limit {
 		zone dist_reload {

@@ -186,7 +186,6 @@ var fleets = struct {
 // provisionDistributed joins the fleet of the handler's storage.
 func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 	var storage certmagic.Storage
-	storageKey := string(h.StorageRaw)
 	if len(h.StorageRaw) > 0 {
 		mod, err := ctx.LoadModule(h, "StorageRaw")
 		if err != nil {
@@ -223,8 +222,8 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 			}
 		}
 	}
-	if storage == nil && h.distStorage != nil {
-		storage, storageKey = h.distStorage, fmt.Sprintf("test %p", h.distStorage)
+	if storage == nil {
+		storage = h.distStorage
 	}
 	if storage == nil {
 		storage = ctx.Storage()
@@ -233,7 +232,7 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("distributed: instance id: %v", err)
 	}
-	f := joinFleet(storageKey, storage, id.String(), h.now, m)
+	f := joinFleet(storageKey(storage), storage, id.String(), h.now, m)
 	f.mu.Lock()
 	for _, z := range h.zones {
 		for _, l := range z.limits {
@@ -256,6 +255,17 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 	f.mu.Unlock()
 	h.fleet = m
 	return nil
+}
+
+// storageKey tells storages apart: each config makes its own storage
+// value, and the handler's storage option and the config's storage may
+// name one place. Storages that describe themselves (file_system says its
+// path) are one fleet across configs and handlers; others one per value.
+func storageKey(s certmagic.Storage) string {
+	if str, ok := s.(fmt.Stringer); ok {
+		return fmt.Sprintf("%T %s", s, str)
+	}
+	return fmt.Sprintf("%T %p", s, s)
 }
 
 // joinFleet returns the running fleet of storageKey, or starts one after

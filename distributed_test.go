@@ -452,3 +452,15 @@ func BenchmarkDistributedRead(b *testing.B) {
 		}
 	}
 }
+
+// The handler's storage option and the config's storage, or two configs,
+// naming one directory are one fleet: they must write one file.
+func TestDistributedStorageKey(t *testing.T) {
+	a, b, other := &certmagic.FileStorage{Path: "/x"}, &certmagic.FileStorage{Path: "/x"}, &certmagic.FileStorage{Path: "/y"}
+	if storageKey(a) != storageKey(b) || storageKey(a) == storageKey(other) {
+		t.Errorf("keys %q %q %q: want the first two equal, the third apart", storageKey(a), storageKey(b), storageKey(other))
+	}
+	if m, n := newMemStorage(), newMemStorage(); storageKey(m) == storageKey(n) {
+		t.Error("two storages that cannot describe themselves share a fleet")
+	}
+}

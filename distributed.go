@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -311,12 +312,12 @@ func (m *fleetMember) leave() {
 	defer fleets.Unlock()
 	f.mu.Lock()
 	for name, t := range f.limits {
-		t.regs = deleteFunc(t.regs, func(r trackedReg) bool { return r.member == m })
+		t.regs = slices.DeleteFunc(t.regs, func(r trackedReg) bool { return r.member == m })
 		if len(t.regs) == 0 {
 			delete(f.limits, name)
 		}
 	}
-	f.members = deleteFunc(f.members, func(o *fleetMember) bool { return o == m })
+	f.members = slices.DeleteFunc(f.members, func(o *fleetMember) bool { return o == m })
 	last := len(f.members) == 0
 	if !last {
 		f.conf = f.newest().conf
@@ -329,17 +330,6 @@ func (m *fleetMember) leave() {
 	}
 	// A failed reload leaves: the running config's intervals apply again.
 	f.reconfigure()
-}
-
-func deleteFunc[T any](s []T, del func(T) bool) []T {
-	out := s[:0]
-	for _, v := range s {
-		if !del(v) {
-			out = append(out, v)
-		}
-	}
-	clear(s[len(out):])
-	return out
 }
 
 func (f *fleet) run(ctx context.Context) {

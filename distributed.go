@@ -286,7 +286,11 @@ func joinFleet(storageKey string, storage certmagic.Storage, id string, now func
 	f := &fleet{key: storageKey, storage: storage, id: id, now: now, members: []*fleetMember{m}, conf: m.conf,
 		limits: map[string]*tracked{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 	m.f = f
-	if err := f.read(ctx); err != nil {
+	// A storage that does not answer must not hold up the config's load:
+	// the loop reads again soon anyway.
+	first, done := context.WithTimeout(ctx, max(time.Duration(m.conf.ReadInterval), time.Second))
+	defer done()
+	if err := f.read(first); err != nil {
 		m.logger.Error("distributed: reading the other instances' counts", zap.Error(err))
 	}
 	fleets.m[storageKey] = f

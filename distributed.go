@@ -82,8 +82,8 @@ type fleetFile struct {
 type fleetCount struct {
 	// Count is how many units the key had in its window at Timestamp.
 	Count int
-	// OldestEvent is when the oldest of them leaves the window, minus the
-	// window; zero when unknown.
+	// OldestEvent is the time of the oldest of them, which leaves the
+	// window a window later; zero when unknown.
 	OldestEvent time.Time
 }
 
@@ -100,7 +100,7 @@ func (d *Distributed) check() error {
 		}
 	}
 	if d.PurgeAge < 0 {
-		return fmt.Errorf("distributed: purge_age must be positive, got %s", time.Duration(d.PurgeAge))
+		return fmt.Errorf("distributed: purge_age must not be negative, got %s", time.Duration(d.PurgeAge))
 	}
 	return nil
 }

@@ -346,7 +346,7 @@ func TestDistributedRefusedConfigs(t *testing.T) {
 	for _, tt := range []struct{ opt, want string }{
 		{`"distributed": {"read_interval": "1ms"}`, "distributed: read_interval must be at least 10ms"},
 		{`"distributed": {"write_interval": "-1s"}`, "distributed: write_interval must be at least 10ms"},
-		{`"distributed": {"purge_age": "-1s"}`, "distributed: purge_age must be positive"},
+		{`"distributed": {"purge_age": "-1s"}`, "distributed: purge_age must not be negative"},
 		{`"distributed": {}, "backend": {"name": "redis"}`, "distributed: the backend already"},
 	} {
 		err := validate(t, `{"handler": "rate_limit", `+tt.opt+`, "rate_limits": {"z": {"window": "1m", "max_events": 5}}}`)

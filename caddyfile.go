@@ -785,28 +785,34 @@ func (p *limitParser) parseTiers() error {
 	return nil
 }
 
-func unmarshalDistributed(d *caddyfile.Dispenser) (json.RawMessage, error) {
+func unmarshalDistributed(d *caddyfile.Dispenser) (*Distributed, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
-	fields := map[string]caddy.Duration{}
+	dist := new(Distributed)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
+		var field *caddy.Duration
 		switch opt {
-		case "read_interval", "write_interval", "purge_age":
+		case "read_interval":
+			field = &dist.ReadInterval
+		case "write_interval":
+			field = &dist.WriteInterval
+		case "purge_age":
+			field = &dist.PurgeAge
 		default:
 			return nil, d.Errf("distributed: unrecognized subdirective %q", opt)
 		}
-		if _, dup := fields[opt]; dup {
+		if *field != 0 {
 			return nil, d.Errf("distributed: %s already specified", opt)
 		}
 		dur, err := durationArg(d, "distributed", opt)
 		if err != nil {
 			return nil, err
 		}
-		fields[opt] = caddy.Duration(dur)
+		*field = caddy.Duration(dur)
 	}
-	return json.Marshal(fields)
+	return dist, nil
 }
 
 // ParseRate reads "<events>/<duration>": "100/1m", "10/s", "5/1h30m". A

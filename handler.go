@@ -225,6 +225,9 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *scratch) (al
 	}
 	store = h.store
 	allowed, err = store.Decide(r.Context(), s.reqs, s.out)
+	if err == nil && allowed && h.fleet != nil {
+		allowed = h.fleet.check(r.Context(), store, s.limits, s.reqs, s.out, h.now())
+	}
 	if err != nil {
 		reqs, limits, out, ok, err := h.failover(w, r, s.reqs, s.limits, s.out, fmt.Errorf("rate_limit: %w", err))
 		if err != nil {

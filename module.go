@@ -7,12 +7,12 @@ import (
 	"math"
 	"runtime/debug"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -72,15 +72,15 @@ type Handler struct {
 	// of a fleet limits on its own). Default: {"name": "memory"}.
 	BackendRaw json.RawMessage `json:"backend,omitempty" caddy:"namespace=http.rate_limit.backends inline_key=name"`
 
-	// Distributed is mholt/caddy-ratelimit's approximate cluster sync
-	// through Caddy storage. Sluice accepts it so such configs load, and
-	// ignores it (a warning is logged at startup): to share limits across a
-	// fleet, use the redis backend.
-	Distributed json.RawMessage `json:"distributed,omitempty"`
+	// Distributed shares the zones' counts with the other instances that
+	// use the same storage, eventually consistent (see Distributed), as
+	// mholt/caddy-ratelimit does. An empty object enables it with the
+	// defaults. Default: unset, each instance limits on its own.
+	Distributed *Distributed `json:"distributed,omitempty"`
 
-	// StorageRaw is the storage mholt/caddy-ratelimit syncs through; it is
-	// accepted with Distributed and, like it, not used.
-	StorageRaw json.RawMessage `json:"storage,omitempty"`
+	// StorageRaw is the Caddy storage module distributed syncs through.
+	// Default: the storage of the Caddy config (file_system unless set).
+	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
 
 	// BodyLimit is how many bytes of a request body are read to find a key
 	// or cost field ({http.request.body.json.*}, {http.request.body.form.*},
@@ -147,6 +147,9 @@ type Handler struct {
 	// shedDetail is the log's error of a shed request.
 	shedDetail error
 	tarpit     *tarpitState // nil without tarpit
+	fleet      *fleetMember // nil without distributed
+	// distStorage replaces the config's storage for distributed (tests).
+	distStorage certmagic.Storage
 	// tierSeries are the metric series of this config's tier versions.
 	tierSeries [][2]string // zone, scope
 }
@@ -246,10 +249,6 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 			h.SweepInterval = caddy.Duration(in)
 		}
 	}
-	if len(h.Distributed) > 0 && string(h.Distributed) != "null" {
-		h.logger.Warn("the distributed option of mholt/caddy-ratelimit is ignored: the backend decides whether instances share limits (backend redis shares them across a fleet)",
-			zap.String("zones", strings.Join(slices.Sorted(maps.Keys(h.RateLimits)), ",")))
-	}
 
 	eventsApp, err := ctx.App("events")
 	if err != nil {
@@ -315,6 +314,9 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if err := h.provisionTarpit(ctx); err != nil {
 		return err
 	}
+	if err := h.provisionDistributed(ctx); err != nil {
+		return err
+	}
 	h.publish() // to the admin API
 	return nil
 }
@@ -364,6 +366,9 @@ func (h *Handler) Cleanup() error {
 	h.releaseTierSeries()
 	h.cleanupShed()
 	h.tarpit.stop()
+	if h.fleet != nil {
+		h.fleet.leave()
+	}
 	h.releaseAdaptive()
 	if h.local != nil {
 		_ = h.local.Close()

@@ -1,0 +1,466 @@
+package sluice
+
+import (
+	"bytes"
+	"context"
+	"encoding/gob"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"path"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
+)
+
+// memStorage is a certmagic.Storage in a map.
+type memStorage struct {
+	mu    sync.Mutex
+	files map[string][]byte
+	times map[string]time.Time
+}
+
+func newMemStorage() *memStorage {
+	return &memStorage{files: map[string][]byte{}, times: map[string]time.Time{}}
+}
+
+func (m *memStorage) Lock(context.Context, string) error   { return nil }
+func (m *memStorage) Unlock(context.Context, string) error { return nil }
+func (m *memStorage) Store(_ context.Context, key string, v []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.files[key] = bytes.Clone(v)
+	m.times[key] = time.Now()
+	return nil
+}
+func (m *memStorage) Load(_ context.Context, key string) ([]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v, ok := m.files[key]
+	if !ok {
+		return nil, fs.ErrNotExist
+	}
+	return bytes.Clone(v), nil
+}
+func (m *memStorage) Delete(_ context.Context, key string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.files, key)
+	return nil
+}
+func (m *memStorage) Exists(_ context.Context, key string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.files[key]
+	return ok
+}
+func (m *memStorage) List(_ context.Context, prefix string, _ bool) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for k := range m.files {
+		if strings.HasPrefix(k, prefix+"/") {
+			out = append(out, k)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fs.ErrNotExist
+	}
+	return out, nil
+}
+func (m *memStorage) Stat(_ context.Context, key string) (certmagic.KeyInfo, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v, ok := m.files[key]
+	if !ok {
+		return certmagic.KeyInfo{}, fs.ErrNotExist
+	}
+	return certmagic.KeyInfo{Key: key, Size: int64(len(v)), Modified: m.times[key], IsTerminal: true}, nil
+}
+
+// mholtValue and mholtState mirror the shapes of the state file that
+// mholt/caddy-ratelimit documents (per zone, per key: the count in the
+// window and the oldest event), under other type names: gob matches the
+// fields by name, so these are what an instance of that module writes
+// and reads.
+type mholtValue struct {
+	Count       int
+	OldestEvent time.Time
+}
+
+type mholtState struct {
+	Timestamp time.Time
+	Zones     map[string]map[string]mholtValue
+}
+
+func putState(t testing.TB, s *memStorage, id string, st mholtState) {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := gob.NewEncoder(&buf).Encode(st); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Store(context.Background(), path.Join("rate_limit/instances", id+".rlstate"), buf.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type distClock struct{ now int64 }
+
+func (c *distClock) get() int64                    { return c.now }
+func (c *distClock) advance(d time.Duration)       { c.now += int64(d) }
+func (c *distClock) time() time.Time               { return time.Unix(0, c.now) }
+func (c *distClock) ago(d time.Duration) time.Time { return time.Unix(0, c.now-int64(d)) }
+
+// provisionDist provisions a handler that syncs through s, on clock c.
+func provisionDist(t testing.TB, config string, s *memStorage, c *distClock) *unitHandler {
+	t.Helper()
+	if _, _, err := provisionJSON([]byte(`{}`), c.get); err != nil {
+		t.Fatal(err)
+	}
+	h, err := decodeHandler([]byte(config))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(fuzzBase)
+	h.now, h.distStorage = c.get, s
+	if err := h.Provision(ctx); err != nil {
+		_ = h.Cleanup()
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Cleanup(); cancel() })
+	return &unitHandler{h: h}
+}
+
+func admittedOf(u *unitHandler, n int) (ok int, last answer) {
+	for range n {
+		last = u.serve(context.Background(), nil)
+		if last.passed {
+			ok++
+		}
+	}
+	return ok, last
+}
+
+// The intervals are long so that only the test's own reads and writes
+// happen.
+const distZone = `{"rate_limits": {"dist_a": {"key": "static", "max_events": 10, "window": "1m"}},
+	"distributed": {"read_interval": "1h", "write_interval": "1h"}}`
+
+func TestDistributedAddsOtherInstancesCounts(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(t, distZone, s, c)
+	// Another instance admitted 7 of the key, the first 20 s ago.
+	putState(t, s, "peer-1", mholtState{Timestamp: c.ago(time.Second), Zones: map[string]map[string]mholtValue{
+		"dist_a": {"static": {Count: 7, OldestEvent: c.ago(20 * time.Second)}, "other": {Count: 10}},
+	}})
+	if err := u.h.fleet.f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ok, last := admittedOf(u, 10)
+	if ok != 3 || last.code != http.StatusTooManyRequests {
+		t.Fatalf("admitted %d of 10 (last %d), want 3 then 429", ok, last.code)
+	}
+	// Room comes back when the peer's oldest event leaves the window.
+	if got := last.header.Get("Retry-After"); got != "40" {
+		t.Errorf("Retry-After %q, want 40", got)
+	}
+	// The denials took nothing here: once the peer's report is older than
+	// the window, all 10 are this instance's again, less its own 3.
+	c.advance(59500 * time.Millisecond)
+	if ok, _ := admittedOf(u, 10); ok != 7 {
+		t.Errorf("after the peer's report aged out: admitted %d, want 7", ok)
+	}
+}
+
+func TestDistributedPeerCountsAddUp(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(t, distZone, s, c)
+	for _, id := range []string{"peer-1", "peer-2"} {
+		putState(t, s, id, mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{
+			"dist_a": {"static": {Count: 4}},
+		}})
+	}
+	// A report older than the window counts nothing.
+	putState(t, s, "peer-3", mholtState{Timestamp: c.ago(61 * time.Second), Zones: map[string]map[string]mholtValue{
+		"dist_a": {"static": {Count: 10}},
+	}})
+	if err := u.h.fleet.f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := admittedOf(u, 5); ok != 2 {
+		t.Errorf("admitted %d, want 10 − 4 − 4 = 2", ok)
+	}
+}
+
+func TestDistributedWritesMholtState(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(t, distZone, s, c)
+	admittedOf(u, 4)
+	c.advance(10 * time.Second)
+	admittedOf(u, 8) // 6 more pass, 2 denied
+	f := u.h.fleet.f
+	if err := f.write(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	data, err := s.Load(context.Background(), path.Join("rate_limit/instances", f.id+".rlstate"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st mholtState
+	if err := gob.NewDecoder(bytes.NewReader(data)).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	got := st.Zones["dist_a"]["static"]
+	if !st.Timestamp.Equal(c.time()) || got.Count != 10 || !got.OldestEvent.Equal(c.ago(10*time.Second)) {
+		t.Errorf("wrote %v %+v, want count 10 at %v, oldest %v", st.Timestamp, got, c.time(), c.ago(10*time.Second))
+	}
+	// Its own file is not read back as another instance's.
+	if err := f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(*f.others.Load()); n != 0 {
+		t.Errorf("read %d other instances, want 0", n)
+	}
+	// Once the key is idle, the snapshot forgets it: memory stays bounded
+	// by the keys in use.
+	c.advance(time.Minute)
+	if err := f.write(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.limits["dist_a"].n.Load(); n != 0 {
+		t.Errorf("%d keys tracked after they went idle, want 0", n)
+	}
+}
+
+func TestDistributedTracksAtMostMaxKeys(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(t, `{"rate_limits": {"dist_keys": {"key": "{http.request.header.K}", "max_keys": 3, "max_events": 10, "window": "1m"}},
+	"distributed": {"read_interval": "1h", "write_interval": "1h"}}`, s, c)
+	for _, k := range []string{"a", "b", "c", "d", "e", "a"} {
+		u.serve(context.Background(), func(r *http.Request) { r.Header.Set("K", k) })
+	}
+	f := u.h.fleet.f
+	if n := f.limits["dist_keys"].n.Load(); n != 3 {
+		t.Errorf("tracked %d keys, want max_keys 3", n)
+	}
+	f.write(context.Background())
+	st := f.snapshot(context.Background())
+	if n := len(st.Zones["dist_keys"]); n > 3 {
+		t.Errorf("snapshot of %d keys, want at most 3", n)
+	}
+}
+
+func TestDistributedPurgeAge(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(t, `{"rate_limits": {"dist_p": {"key": "static", "max_events": 10, "window": "1h"}},
+	"distributed": {"read_interval": "1h", "write_interval": "1h", "purge_age": "5m"}}`, s, c)
+	putState(t, s, "gone", mholtState{Timestamp: c.ago(6 * time.Minute), Zones: map[string]map[string]mholtValue{
+		"dist_p": {"static": {Count: 10}},
+	}})
+	putState(t, s, "alive", mholtState{Timestamp: c.ago(4 * time.Minute), Zones: map[string]map[string]mholtValue{
+		"dist_p": {"static": {Count: 5}},
+	}})
+	if err := u.h.fleet.f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s.Exists(context.Background(), "rate_limit/instances/gone.rlstate") {
+		t.Error("the file of an instance silent for longer than purge_age is still there")
+	}
+	if ok, _ := admittedOf(u, 10); ok != 5 {
+		t.Errorf("admitted %d, want 10 − 5 of the live peer = 5", ok)
+	}
+}
+
+func TestDistributedOtherAlgorithms(t *testing.T) {
+	for _, alg := range []string{"fixed_window", "sliding_window_counter"} {
+		s, c := newMemStorage(), &distClock{now: fuzzStart}
+		u := provisionDist(t, `{"rate_limits": {"dist_`+alg+`": {"key": "static", "algorithm": "`+alg+`", "max_events": 10, "window": "1m"}},
+	"distributed": {"read_interval": "1h", "write_interval": "1h"}}`, s, c)
+		putState(t, s, "peer", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{
+			"dist_" + alg: {"static": {Count: 6}},
+		}})
+		u.h.fleet.f.read(context.Background())
+		if ok, _ := admittedOf(u, 10); ok != 4 {
+			t.Errorf("%s: admitted %d, want 4", alg, ok)
+		}
+	}
+}
+
+// A fixed window's counts all leave at its end: a report taken before
+// the boundary counts nothing after it, and this instance writes its
+// counts dated so.
+func TestDistributedFixedWindowBoundary(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: int64(10 * time.Hour)} // on a minute boundary
+	u := provisionDist(t, `{"rate_limits": {"dist_fixed": {"key": "static", "algorithm": "fixed_window", "max_events": 10, "window": "1m"}},
+	"distributed": {"read_interval": "1h", "write_interval": "1h"}}`, s, c)
+	putState(t, s, "peer", mholtState{Timestamp: c.ago(time.Second), Zones: map[string]map[string]mholtValue{
+		"dist_fixed": {"static": {Count: 10, OldestEvent: c.ago(time.Minute)}},
+	}})
+	u.h.fleet.f.read(context.Background())
+	c.advance(15 * time.Second)
+	if ok, _ := admittedOf(u, 4); ok != 4 {
+		t.Fatalf("admitted %d, want 4: the peer's window ended", ok)
+	}
+	st := u.h.fleet.f.snapshot(context.Background())
+	// Its 4 leave at the end of the window, 45 s from now.
+	if got := st.Zones["dist_fixed"]["static"]; got.Count != 4 || !got.OldestEvent.Equal(c.ago(15*time.Second)) {
+		t.Errorf("wrote %+v, want 4 dated %v", got, c.ago(15*time.Second))
+	}
+}
+
+// Counts that would overflow, from any number of instances, and clocks
+// ahead of this one, deny with at most a window's wait.
+func TestDistributedHostileReports(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(t, distZone, s, c)
+	for _, id := range []string{"p1", "p2", "p3"} {
+		putState(t, s, id, mholtState{Timestamp: c.time().Add(time.Hour), Zones: map[string]map[string]mholtValue{
+			"dist_a": {"static": {Count: int(^uint(0) >> 1)}},
+		}})
+	}
+	putState(t, s, "negative", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{
+		"dist_a": {"static": {Count: -100}},
+	}})
+	u.h.fleet.f.read(context.Background())
+	ok, last := admittedOf(u, 3)
+	if ok != 0 || last.header.Get("Retry-After") != "60" {
+		t.Errorf("admitted %d, Retry-After %q; want 0 and 60", ok, last.header.Get("Retry-After"))
+	}
+}
+
+func TestDistributedRefusedConfigs(t *testing.T) {
+	for _, tt := range []struct{ config, want string }{
+		{`"algorithm": "token_bucket"`, `zone "z": algorithm: distributed shares counts`},
+		{`"algorithm": "gcra"`, `algorithm`},
+	} {
+		err := validate(t, `{"handler": "rate_limit", "distributed": {}, "rate_limits": {"z": {"window": "1m", "max_events": 5, `+tt.config+`}}}`)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: error %v, want %q", tt.config, err, tt.want)
+		}
+	}
+	for _, tt := range []struct{ opt, want string }{
+		{`"distributed": {"read_interval": "1ms"}`, "distributed: read_interval must be at least 10ms"},
+		{`"distributed": {"write_interval": "-1s"}`, "distributed: write_interval must be at least 10ms"},
+		{`"distributed": {"purge_age": "-1s"}`, "distributed: purge_age must not be negative"},
+		{`"distributed": {}, "backend": {"name": "redis"}`, "distributed: the backend already"},
+	} {
+		err := validate(t, `{"handler": "rate_limit", `+tt.opt+`, "rate_limits": {"z": {"window": "1m", "max_events": 5}}}`)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: error %v, want %q", tt.opt, err, tt.want)
+		}
+	}
+}
+
+// Handlers of one process sharing a storage write one file; the sync
+// stops with the last of them.
+func TestDistributedFleetSharedAndReleased(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	a := provisionDist(t, distZone, s, c)
+	b := provisionDist(t, `{"rate_limits": {"dist_b": {"key": "static", "max_events": 10, "window": "1m"}},
+	"distributed": {"read_interval": "1h", "write_interval": "1h"}}`, s, c)
+	if a.h.fleet.f != b.h.fleet.f {
+		t.Fatal("two handlers of one storage run two syncs")
+	}
+	f := a.h.fleet.f
+	admittedOf(a, 1)
+	admittedOf(b, 2)
+	st := f.snapshot(context.Background())
+	if st.Zones["dist_a"]["static"].Count != 1 || st.Zones["dist_b"]["static"].Count != 2 {
+		t.Errorf("snapshot %+v, want both handlers' zones", st.Zones)
+	}
+	_ = a.h.Cleanup()
+	select {
+	case <-f.done:
+		t.Fatal("the sync stopped while a handler still uses it")
+	default:
+	}
+	_ = b.h.Cleanup()
+	select {
+	case <-f.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sync did not stop with its last handler")
+	}
+}
+
+// A reload joins the running sync: the keys the old config noted are still
+// written, the new intervals apply, and the others' counts still count.
+func TestDistributedReloadKeepsSyncing(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	old := provisionDist(t, distZone, s, c)
+	admittedOf(old, 3)
+	putState(t, s, "peer", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{
+		"dist_a": {"static": {Count: 7}},
+	}})
+	f := old.h.fleet.f
+	if err := f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	reloaded := provisionDist(t, `{"rate_limits": {"dist_a": {"key": "static", "max_events": 20, "window": "1m"}},
+	"distributed": {"read_interval": "2h", "write_interval": "2h"}}`, s, c)
+	_ = old.h.Cleanup()
+	if reloaded.h.fleet.f != f || time.Duration(f.config().ReadInterval) != 2*time.Hour {
+		t.Fatalf("the reload did not join the running sync with its intervals: %+v", f.config())
+	}
+	if got := f.snapshot(context.Background()).Zones["dist_a"]["static"].Count; got != 3 {
+		t.Errorf("snapshot after the reload counts %d, want the 3 of the old config", got)
+	}
+	if ok, _ := admittedOf(reloaded, 20); ok != 10 {
+		t.Errorf("admitted %d after the reload, want 20 − 3 − 7 = 10", ok)
+	}
+}
+
+// BenchmarkDistributedWrite is the cost of one write of a zone of 10,000
+// keys: a snapshot of every key and its encoding.
+func BenchmarkDistributedWrite(b *testing.B) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(b, `{"rate_limits": {"dist_bench": {"key": "{http.request.header.K}", "max_events": 10, "window": "1m"}},
+	"distributed": {"read_interval": "1h", "write_interval": "1h"}}`, s, c)
+	for i := range 10000 {
+		u.serve(context.Background(), func(r *http.Request) { r.Header.Set("K", fmt.Sprintf("client-%d", i)) })
+	}
+	f := u.h.fleet.f
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := f.write(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	data, _ := s.Load(context.Background(), f.file(f.id))
+	b.ReportMetric(float64(len(data)), "bytes/write")
+}
+
+// BenchmarkDistributedRead is the cost of reading another instance's
+// report of 10,000 keys.
+func BenchmarkDistributedRead(b *testing.B) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(b, distZone, s, c)
+	keys := map[string]mholtValue{}
+	for i := range 10000 {
+		keys[fmt.Sprintf("client-%d", i)] = mholtValue{Count: 5, OldestEvent: c.time()}
+	}
+	putState(b, s, "peer", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{"dist_a": keys}})
+	f := u.h.fleet.f
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := f.read(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// The handler's storage option and the config's storage, or two configs,
+// naming one directory are one fleet: they must write one file.
+func TestDistributedStorageKey(t *testing.T) {
+	a, b, other := &certmagic.FileStorage{Path: "/x"}, &certmagic.FileStorage{Path: "/x"}, &certmagic.FileStorage{Path: "/y"}
+	if storageKey(a) != storageKey(b) || storageKey(a) == storageKey(other) {
+		t.Errorf("keys %q %q %q: want the first two equal, the third apart", storageKey(a), storageKey(b), storageKey(other))
+	}
+	if m, n := newMemStorage(), newMemStorage(); storageKey(m) == storageKey(n) {
+		t.Error("two storages that cannot describe themselves share a fleet")
+	}
+}

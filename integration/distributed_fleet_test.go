@@ -84,8 +84,8 @@ func waitFiles(t *testing.T, dir string, n int) {
 func TestDistributedFleetSharesLimit(t *testing.T) {
 	dir := t.TempDir()
 	conf := "\t\t\tread_interval 100ms\n\t\t\twrite_interval 100ms"
-	a := fleetMember(t, 9552, 3552, dir, conf)
-	b := fleetMember(t, 9553, 3553, dir, conf)
+	a := fleetMember(t, freePort(t), freePort(t), dir, conf)
+	b := fleetMember(t, freePort(t), freePort(t), dir, conf)
 	waitFiles(t, dir, 2)
 	time.Sleep(300 * time.Millisecond) // both have read the other's file
 
@@ -166,7 +166,7 @@ func TestDistributedPurgeAgeDropsDeadInstance(t *testing.T) {
 	dead := plantState(t, dir, "dead-instance", map[string]map[string]mholtValue{
 		"dist_fleet": {"dead": {Count: 10, OldestEvent: time.Now()}},
 	})
-	a := fleetMember(t, 9554, 3554, dir, "\t\t\tread_interval 100ms\n\t\t\twrite_interval 100ms\n\t\t\tpurge_age 2s")
+	a := fleetMember(t, freePort(t), freePort(t), dir, "\t\t\tread_interval 100ms\n\t\t\twrite_interval 100ms\n\t\t\tpurge_age 2s")
 	if got := fleetStatus(t, a+"/limited?k=dead"); got != http.StatusTooManyRequests {
 		t.Fatalf("with the dead instance's 10 counted: %d, want 429", got)
 	}

@@ -169,12 +169,12 @@ func TestAttack8AdaptiveSeriesLeaveWithTheirZone(t *testing.T) {
 	}
 	respond ok`)
 	}
-	tester := newTester(t, site("attack8_series_gone"), "caddyfile")
+	newTester(t, site("attack8_series_gone"), "caddyfile")
 	const series = `caddy_rate_limit_adaptive_min_limit{scope="",zone="attack8_series_gone"}`
 	expectMetric(t, series, 2)
-	tester.InitServer(site("attack8_series_gone"), "caddyfile")
+	loadConfig(t, site("attack8_series_gone"), "caddyfile")
 	expectMetric(t, series, 2)
-	tester.InitServer(site("attack8_series_other"), "caddyfile")
+	loadConfig(t, site("attack8_series_other"), "caddyfile")
 	if gone := grepLines(adminRequest(t, "GET", "/metrics", "", ""), `adaptive_`, `zone="attack8_series_gone"`); gone != "" {
 		t.Fatalf("the removed zone's adaptive series are still exported:\n%s", gone)
 	}

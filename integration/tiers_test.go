@@ -318,7 +318,7 @@ func TestTiersReload(t *testing.T) {
 	expectN(t, tester, 3, 200, "GET", "/", "X-Key", "k")
 	expectN(t, tester, 2, 200, "GET", "/", "X-Key", "k", "X-Plan", "pro")
 	expect429(t, tester, 1, 3600, "GET", "/", "X-Key", "k", "X-Plan", "pro")
-	tester.InitServer(withPorts(site(4)), "caddyfile")
+	loadConfig(t, withPorts(site(4)), "caddyfile")
 	expectN(t, tester, 4, 200, "GET", "/", "X-Key", "k")
 	expect429(t, tester, 1, 3600, "GET", "/", "X-Key", "k")
 	expect429(t, tester, 1, 3600, "GET", "/", "X-Key", "k", "X-Plan", "pro")

@@ -244,21 +244,30 @@ func adminSend(t testing.TB, base, method, path, contentType, body string) (int,
 // as the old server closes it.
 func settle(t testing.TB, httpListeners int) {
 	t.Helper()
-	want := map[int]int{adminPort: 1, httpPort: httpListeners, httpPort + 1: httpListeners}
+	waitListeners(t, map[int]int{adminPort: 1, httpPort: httpListeners, httpPort + 1: httpListeners})
+	http.DefaultClient.CloseIdleConnections()
+	testerTransport.CloseIdleConnections()
+	slotClient.CloseIdleConnections()
+}
+
+// waitListeners waits until each port of most has at most that many
+// listening sockets.
+func waitListeners(t testing.TB, most map[int]int) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		got, ok := listeners(want)
+		got, ok := listeners(most)
 		if !ok {
-			break // no /proc/net/tcp: nothing to wait on
+			return // no /proc/net/tcp: nothing to wait on
 		}
 		busy := ""
-		for port, most := range want {
-			if got[port] > most {
-				busy += fmt.Sprintf(" port %d has %d listeners, want at most %d;", port, got[port], most)
+		for port, n := range most {
+			if got[port] > n {
+				busy += fmt.Sprintf(" port %d has %d listeners, want at most %d;", port, got[port], n)
 			}
 		}
 		if busy == "" {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			// Another process listening on the port (SO_REUSEPORT lets
@@ -267,9 +276,6 @@ func settle(t testing.TB, httpListeners int) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	http.DefaultClient.CloseIdleConnections()
-	testerTransport.CloseIdleConnections()
-	slotClient.CloseIdleConnections()
 }
 
 // listeners counts the listening TCP sockets on each port of ports, from

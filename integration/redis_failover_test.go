@@ -161,15 +161,11 @@ func (c *foCaddy) goroutines() int {
 
 func (c *foCaddy) load(cfg string) {
 	c.t.Helper()
-	resp, err := http.Post(c.admin+"/load", "application/json", strings.NewReader(cfg))
-	if err != nil {
-		c.t.Fatal(err)
+	if code, body := adminSend(c.t, c.admin, "POST", "/load", "application/json", cfg); code != 200 {
+		c.t.Fatalf("POST /load: %d %s", code, body)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		c.t.Fatalf("POST /load: %d %s", resp.StatusCode, body)
-	}
+	waitListeners(c.t, map[int]int{c.adminPort: 1, c.httpPort: 1})
+	foClient.CloseIdleConnections()
 }
 
 // settle waits for the goroutine count to stop falling (connections and

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -140,7 +141,7 @@ const okHandler = `{"handler": "static_response", "status_code": 200, "body": "o
 // without zones (see unloadZones).
 func newTester(t *testing.T, cfg, kind string) *caddytest.Tester {
 	t.Helper()
-	tester := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
+	tester := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort, TestRequestTimeout: 30 * time.Second})
 	tester.Client.Transport = testerTransport
 	if !caddyStarted {
 		// caddytest's load marks the test failed and goes on when the
@@ -306,6 +307,45 @@ func listeners(ports map[int]int) (map[int]int, bool) {
 		f.Close()
 	}
 	return got, true
+}
+
+// waitInLine waits until n requests of the in-process Caddy wait in the
+// line of a concurrency queue (in memory or shared through Redis). Nothing
+// a client sees tells that a request got in line, or left it when its
+// client went away: the requests' goroutines are looked for in this
+// process's stacks instead.
+func waitInLine(t *testing.T, n int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := inLine()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d requests in line after 10s, want %d", what, got, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func inLine() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "sluice.(*concLimiter).await(") || strings.Contains(g, "sluice.(*sharedConc).await(") {
+			count++
+		}
+	}
+	return count
 }
 
 // do sends a request and returns status, Retry-After and body.

@@ -96,8 +96,10 @@ func TestAttack8SlowUploadDoesNotShrinkAdaptive(t *testing.T) {
 // slot_ttl (30 s) after all its requests had ended.
 func TestAttack8SlotsFreedAfterRedisHiccup(t *testing.T) {
 	redis := redistest.Standalone(t, "")
+	arrived := make(chan struct{}, 2)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("slow") != "" {
+			arrived <- struct{}{}
 			time.Sleep(600 * time.Millisecond)
 		}
 		_, _ = io.WriteString(w, "ok")
@@ -124,7 +126,9 @@ func TestAttack8SlotsFreedAfterRedisHiccup(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(200 * time.Millisecond) // both admitted, a lower bound
+	// Both hold their slots: they reached the upstream.
+	within(t, arrived, "the first slow request")
+	within(t, arrived, "the second slow request")
 	rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr})
 	defer rc.Close()
 	if err := rc.Do(context.Background(), "CLIENT", "PAUSE", "1500", "ALL").Err(); err != nil {

@@ -444,6 +444,15 @@ type adaptiveWriter struct {
 	// upstream look slow and drive the limit down for everyone.
 	now    func() int64
 	client atomic.Int64
+	// For a shedding group's latency (group, when the writer times the
+	// request for one), which leaves out besides the waits of a tarpit,
+	// a queue or a max_delay behind this handler: paused is their total,
+	// pausedAt when the current one began. refused is set when a
+	// rate_limit behind refused the request: its answer took no upstream
+	// time.
+	group            *shedGroup
+	paused, pausedAt int64
+	refused          bool
 }
 
 // clientBody times the reads of the request's body. It is not pooled: a
@@ -508,9 +517,15 @@ func (w *adaptiveWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 // serveAdaptive hands the request on, timing the handlers after this one
-// and noting whether they failed, for every adaptive limit it passed.
-func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, aw *adaptiveWriter, o *outcomeWriter, adapt []*adaptiveLimit) error {
-	now := adapt[0].now
+// and noting whether they failed, for every adaptive limit it passed and
+// for the shedding group g (nil when the request is not timed for one).
+func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, aw *adaptiveWriter, o *outcomeWriter, adapt []*adaptiveLimit, g *shedGroup) error {
+	var now func() int64
+	if len(adapt) > 0 {
+		now = adapt[0].now
+	} else {
+		now = g.now
+	}
 	aw.now = now
 	aw.client.Store(0)
 	body := r.Body
@@ -542,8 +557,13 @@ func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next cad
 		for _, a := range adapt {
 			a.observe(latency, failed, end)
 		}
+		if g != nil && !aw.refused {
+			g.latency.add(max(latency-aw.paused, 0), end)
+			g.latency.p99At(end) // up to date for the checks that read it without the clock
+		}
 	}
 	aw.ResponseWriter, aw.status, aw.hijacked, aw.now = nil, 0, false, nil
+	aw.paused, aw.pausedAt, aw.refused, aw.group = 0, 0, false, nil
 	adaptiveWriters.Put(aw)
 	return err
 }

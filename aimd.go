@@ -195,8 +195,33 @@ func (h *latencyHistogram) drain() (n, p99 int64) {
 		counts[i] = h.counts[i].Swap(0)
 		n += int64(counts[i])
 	}
-	if n == 0 {
-		return 0, 0
+	return n, histP99(&counts, n)
+}
+
+// sumInto adds the histogram's counts to counts, leaving it as it is, and
+// returns how many latencies it holds.
+func (h *latencyHistogram) sumInto(counts *[histBuckets]uint64) (n int64) {
+	for i := range h.counts {
+		c := h.counts[i].Load()
+		counts[i] += c
+		n += int64(c)
+	}
+	return n
+}
+
+// reset empties the histogram. An observation added meanwhile may be kept
+// or lost.
+func (h *latencyHistogram) reset() {
+	for i := range h.counts {
+		h.counts[i].Store(0)
+	}
+}
+
+// histP99 is the 99th percentile of the n latencies counted in counts: the
+// upper bound of its bucket, in ns; 0 when n is 0.
+func histP99(counts *[histBuckets]uint64, n int64) int64 {
+	if n <= 0 {
+		return 0
 	}
 	// The smallest latency that at least 99% of the requests did not
 	// exceed: the ⌈0.99·n⌉-th in order.
@@ -205,8 +230,8 @@ func (h *latencyHistogram) drain() (n, p99 int64) {
 	for i, c := range counts {
 		seen += int64(c)
 		if seen >= rank {
-			return n, histUpper(i)
+			return histUpper(i)
 		}
 	}
-	return n, histUpper(histBuckets - 1)
+	return histUpper(histBuckets - 1)
 }

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -49,7 +48,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // globalOptions are the `rate_limit` global options of a Caddyfile.
 type globalOptions struct {
 	backend json.RawMessage
-	shed    map[string]int64 // load shedding groups' capacities
+	shed    map[string]*Shed // load shedding groups' capacities and targets
 }
 
 // parseGlobalOption reads the global options block
@@ -58,14 +57,16 @@ type globalOptions struct {
 //	    rate_limit {
 //	        backend <name> [{ <options of that backend> }]
 //	        shed <group> {
-//	            capacity <n>
+//	            capacity       <n>
+//	            latency_target <duration>
 //	        }
 //	    }
 //	}
 //
 // whose backend is the default of every rate_limit handler of the file
 // that does not name one, so that a fleet's Redis is written once, and
-// whose shed groups give their capacity to every handler that names them.
+// whose shed groups give their capacity and latency target to every
+// handler that names them.
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	if existing != nil {
 		return nil, d.Err("rate_limit global options given twice")
@@ -95,9 +96,9 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, d.Errf("shed %q already defined", s.Group)
 			}
 			if g.shed == nil {
-				g.shed = map[string]int64{}
+				g.shed = map[string]*Shed{}
 			}
-			g.shed[s.Group] = s.Capacity
+			g.shed[s.Group] = s
 		default:
 			return nil, d.Errf("unrecognized rate_limit global option %q (want backend or shed)", opt)
 		}
@@ -188,8 +189,9 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    body_limit     <size>
 //	    backend        <name> [{ <options of that backend> }]
 //	    shed <group> {
-//	        priority <0-4>
-//	        capacity <n>
+//	        priority       <0-4>
+//	        capacity       <n>
+//	        latency_target <duration>
 //	    }
 //	    tarpit         <duration>
 //	    tarpit_max     <n>
@@ -214,7 +216,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if opt != "zone" {
+		// A flag given twice says the same thing twice: mholt/caddy-ratelimit
+		// loads such configs, so they load here too.
+		if opt != "zone" && opt != "log_key" && opt != "disable_metrics" {
 			if seen[opt] {
 				return d.Errf("%s already specified", opt)
 			}
@@ -247,18 +251,30 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			j, err := strconv.ParseFloat(v, 64)
-			if err != nil || math.IsNaN(j) || j < 0 || j > maxJitter {
-				return d.Errf("invalid jitter %q: want a fraction from 0 to %v, such as 0.2", v, maxJitter)
+			if err == nil {
+				err = checkJitter(j)
+			}
+			if err != nil {
+				return d.Errf("invalid jitter %q: want a fraction of the wait, 0 or more, such as 0.2", v)
 			}
 			h.Jitter = j
 
 		case "sweep_interval":
-			dur, err := durationArg(d, "", opt)
+			v, err := oneArg(d)
 			if err != nil {
 				return err
 			}
-			if err := checkSweepInterval(dur); err != nil {
-				return d.Errf("%v", err)
+			dur, err := caddy.ParseDuration(v)
+			if err != nil {
+				return d.Errf("invalid %s %q: %v", opt, v, err)
+			}
+			// 0 is the default, as in JSON (where 0 is the field left out)
+			// and in mholt/caddy-ratelimit's Caddyfile: such configs load.
+			if dur == 0 {
+				break
+			}
+			if dur < 0 {
+				return d.Errf("invalid %s %q: must be positive (0 is the default, 1m)", opt, v)
 			}
 			h.SweepInterval = caddy.Duration(dur)
 

@@ -57,7 +57,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	var adaptBuf [4]*adaptiveLimit
 	var aw *adaptiveWriter
 	adapt := adaptBuf[:0]
-	if pass && len(s.adapt) > 0 {
+	// With a latency target, the group's latency is measured the same way.
+	var timed *shedGroup
+	if pass && h.timed(counted) {
+		timed = h.shed
+	}
+	if pass && (len(s.adapt) > 0 || timed != nil) {
 		adapt = append(adapt, s.adapt...)
 		aw = adaptiveWriters.Get().(*adaptiveWriter)
 		aw.ResponseWriter = w
@@ -76,12 +81,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if g := h.shed; g != nil && !counted {
 		// Counted only once admitted: a request refused or held in a
 		// tarpit loads nothing behind this handler.
-		g.enter(vars)
+		var timer *adaptiveWriter
+		if timed != nil {
+			timer = aw
+		}
+		g.enter(vars, timer)
 		defer g.leave(vars)
 	}
 	switch {
 	case aw != nil:
-		return h.serveAdaptive(w, r, next, aw, o, adapt)
+		return h.serveAdaptive(w, r, next, aw, o, adapt, timed)
 	case o != nil:
 		return h.serveOutcome(o, r, next)
 	}

@@ -376,6 +376,10 @@ func TestJitterBounds(t *testing.T) {
 		{0.5, 10 * time.Second, 0.99999999, "15"},    // just under 15 s
 		{1, 100 * time.Millisecond, 0.99999999, "1"}, // under 200 ms
 		{10, time.Second, 0.99999999, "11"},
+		// `jitter 20` (meant as 20% under mholt's "<percent>") adds up to 20
+		// times the wait, as it did there.
+		{20, time.Second, 0.99999999, "21"},
+		{1e308, time.Second, 0.5, "2305843011"}, // 2^61 ns + 1 s, rounded up
 		// The extra wait is capped at the longest span: 2^61 ns more.
 		{10, time.Duration(algorithms.MaxSpan), 0.99999999, "4611686019"},
 	} {

@@ -83,7 +83,7 @@ func registerMetrics(reg *prometheus.Registry, store backend.Store) error {
 	if reg == nil {
 		return nil
 	}
-	collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.refused, metrics.duration, inFlight, shedMetrics, tarpitHeld, tarpitSkipped}
+	collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.refused, metrics.duration, inFlight, shedMetrics, tarpitHeld, tarpitSkipped, budgetMetrics}
 	collectors = append(collectors, adaptiveCollectors...)
 	if src, ok := store.(backend.StatsReporter); ok {
 		// The collectors of several handlers are one to the registry (the

@@ -48,11 +48,15 @@ type Handler struct {
 
 	// Jitter adds a random extra wait of up to this fraction of the wait to
 	// Retry-After (0.2 adds up to 20%), so that denied clients do not all
-	// retry at the same instant. From 0 to 10. Default: 0.
+	// retry at the same instant. 0 or more; above 1 (more than doubling the
+	// wait) a warning is logged, since `jitter 20` is usually meant as 20%.
+	// Default: 0.
 	Jitter float64 `json:"jitter,omitempty"`
 
 	// SweepInterval is how often keys that are back to idle are dropped from
-	// memory. Default: 1m; from 1s to 24h.
+	// memory. Default (and 0): 1m. Values under 1s are taken as 1s and values
+	// over 24h as 24h, with a warning: a key back to idle has nothing left to
+	// limit, so only memory and CPU see the difference.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
 	// LogKey adds the key to the log line of a denied request. Off by
@@ -147,8 +151,10 @@ type Handler struct {
 	tierSeries [][2]string // zone, scope
 }
 
-// maxJitter bounds jitter: 10 adds up to ten times the wait.
-const maxJitter = 10
+// jitterWarnAbove is the jitter above which a warning says that the value
+// is a fraction: mholt/caddy-ratelimit's Caddyfile syntax calls it a
+// percent, so `jitter 20` may mean 20% where it adds up to 20 times the wait.
+const jitterWarnAbove = 1
 
 // minSweepInterval keeps the sweeper from spinning: each sweep walks every
 // key.
@@ -158,11 +164,26 @@ const minSweepInterval = time.Second
 // would leave memory only when max_keys evicts them.
 const maxSweepInterval = 24 * time.Hour
 
-func checkSweepInterval(si time.Duration) error {
-	if si < minSweepInterval || si > maxSweepInterval {
-		return fmt.Errorf("sweep_interval must be from %s to %s, got %s", algorithms.FormatSpan(int64(minSweepInterval)), algorithms.FormatSpan(int64(maxSweepInterval)), algorithms.FormatSpan(int64(si)))
+// checkJitter refuses what no wait can be multiplied by. Any other value
+// loads, as it did with mholt/caddy-ratelimit: the wait it gives is bounded
+// where it is added.
+func checkJitter(j float64) error {
+	if math.IsNaN(j) || math.IsInf(j, 0) || j < 0 {
+		return fmt.Errorf("jitter must be a fraction of the wait, 0 or more (0.2 adds up to 20%%), got %v", j)
 	}
 	return nil
+}
+
+// sweepInterval is si brought within the bounds the sweeper runs at, and
+// whether it had to be.
+func sweepInterval(si time.Duration) (time.Duration, bool) {
+	switch {
+	case si < minSweepInterval:
+		return minSweepInterval, true
+	case si > maxSweepInterval:
+		return maxSweepInterval, true
+	}
+	return si, false
 }
 
 // MaxBodyLimit is the largest body_limit, in bytes: every request whose
@@ -202,8 +223,12 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		h.now = backend.SystemNow
 	}
 
-	if math.IsNaN(h.Jitter) || h.Jitter < 0 || h.Jitter > maxJitter {
-		return fmt.Errorf("jitter must be a fraction from 0 to %v, got %v", maxJitter, h.Jitter)
+	if err := checkJitter(h.Jitter); err != nil {
+		return err
+	}
+	if h.Jitter > jitterWarnAbove {
+		h.logger.Warn("jitter is a fraction of the wait: this one adds up to this many times the wait to Retry-After; for a percentage write a fraction (0.2 for 20%)",
+			zap.Float64("jitter", h.Jitter))
 	}
 	if h.BodyLimit < 0 || h.BodyLimit > MaxBodyLimit {
 		return fmt.Errorf("body_limit must be from 1 to %d bytes (16MiB), got %d", MaxBodyLimit, h.BodyLimit)
@@ -212,9 +237,13 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if h.BodyLimit == 0 {
 		h.BodyLimit = keys.DefaultBodyLimit
 	}
-	if si := time.Duration(h.SweepInterval); si != 0 {
-		if err := checkSweepInterval(si); err != nil {
-			return err
+	if si := time.Duration(h.SweepInterval); si < 0 {
+		return fmt.Errorf("sweep_interval must be positive (0 is the default, 1m), got %s", algorithms.FormatSpan(int64(si)))
+	} else if si != 0 {
+		if in, changed := sweepInterval(si); changed {
+			h.logger.Warn("sweep_interval is taken within 1s to 24h",
+				zap.String("configured", algorithms.FormatSpan(int64(si))), zap.String("used", algorithms.FormatSpan(int64(in))))
+			h.SweepInterval = caddy.Duration(in)
 		}
 	}
 	if len(h.Distributed) > 0 && string(h.Distributed) != "null" {

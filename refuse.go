@@ -232,6 +232,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 	if c := z.refused[f.reason]; c != nil {
 		c.Inc()
 	}
+	untime(r)
 	if ce := h.denyLog.Check(info.lvl, info.log); ce != nil {
 		ce.Write(h.refusalFields(r, f)...)
 	}

@@ -22,6 +22,10 @@ import (
 const (
 	healthyRatio = 0.001
 	alarmRatio   = 0.05
+	// missingRatio is the share of requests without a usable key over
+	// which the RateLimitMissingKeys alert fires: a client that lost its
+	// identifier, or a key template that reads the wrong field.
+	missingRatio = 0.01
 )
 
 // reportRow is one limit's counters in a scrape.
@@ -34,6 +38,10 @@ type reportRow struct {
 // verdict is what the numbers say to do with a limit.
 func (r reportRow) verdict(shadow bool, age, minAge time.Duration) string {
 	switch {
+	case r.requests == 0 && r.missing > 0:
+		// Requests refused for a missing key (missing deny) or let
+		// through (skip) are decided by no limit: the zone has traffic.
+		return fmt.Sprintf("CHECK: %.0f requests without a usable key and none decided: is the key right?", r.missing)
 	case r.requests == 0:
 		return "no traffic yet"
 	case shadow && r.shadow/r.requests >= healthyRatio:
@@ -148,6 +156,9 @@ func writeReport(w io.Writer, rows []reportRow, shadow map[string]bool, start fl
 			mode = "shadow"
 		}
 		v := r.verdict(isShadow, age, minAge)
+		if r.requests > 0 && r.missing/r.requests > missingRatio {
+			v += fmt.Sprintf("; %.1f%% of requests without a usable key (over 1%%): is the key right?", 100*r.missing/r.requests)
+		}
 		if r.denyingEvictions > 0 {
 			v += fmt.Sprintf("; %.0f denied keys evicted at max_keys: raise max_keys", r.denyingEvictions)
 		}

@@ -15,6 +15,11 @@ caddy_rate_limit_requests_total{key="",scope="ip",zone="login"} 1000
 caddy_rate_limit_requests_total{key="",scope="",zone="search"} 100000
 caddy_rate_limit_requests_total{key="",scope="",zone="feed"} 100000
 caddy_rate_limit_requests_total{key="",scope="",zone="idle"} 0
+caddy_rate_limit_requests_total{key="",scope="",zone="otp"} 0
+caddy_rate_limit_requests_total{key="",scope="",zone="nokey"} 1000
+# TYPE caddy_rate_limit_missing_key_requests_total counter
+caddy_rate_limit_missing_key_requests_total{policy="deny",scope="",zone="otp"} 40
+caddy_rate_limit_missing_key_requests_total{policy="shared",scope="",zone="nokey"} 20
 # TYPE caddy_rate_limit_declined_requests_total counter
 caddy_rate_limit_declined_requests_total{key="",scope="",zone="api"} 900
 caddy_rate_limit_declined_requests_total{key="",scope="",zone="login"} 3
@@ -33,7 +38,7 @@ func TestReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if start != 1.7e9 || len(rows) != 6 {
+	if start != 1.7e9 || len(rows) != 8 {
 		t.Fatalf("start %v, %d rows", start, len(rows))
 	}
 	shadow := map[string]bool{"search": true, "feed": true}
@@ -49,6 +54,10 @@ func TestReport(t *testing.T) {
 			"search/":  "READY to enforce: under 0.1% for 8.0d",
 			"feed/":    "TUNE: would deny 0.50%",
 			"idle/":    "no traffic yet",
+			// Every request refused for a missing key: traffic, none decided.
+			"otp/": "CHECK: 40 requests without a usable key and none decided",
+			// 2% without a key is over the alert's 1%.
+			"nokey/": "ok; 2.0% of requests without a usable key",
 		}},
 		{"two days of data", 48 * time.Hour, map[string]string{
 			"search/": "watch: under 0.1% for 2.0d, enforce after 7.0d",

@@ -193,8 +193,15 @@ func TestShedTarpitCaddyfileErrors(t *testing.T) {
 		{"shed twice", "", "shed a {\n\t\tcapacity 1\n\t}\n\tshed b {\n\t\tcapacity 1\n\t}", "shed already specified"},
 		{"capacity twice over", "rate_limit {\n\t\tshed a {\n\t\t\tcapacity 10\n\t\t}\n\t}", "shed a {\n\t\tcapacity 20\n\t}", `shed "a": capacity 20 here, 10 in the global options`},
 		{"global priority", "rate_limit {\n\t\tshed a {\n\t\t\tcapacity 10\n\t\t\tpriority 1\n\t\t}\n\t}", "shed a", `shed "a": priority is a route's, not the group's`},
-		{"global without capacity", "rate_limit {\n\t\tshed a\n\t}", "shed a", `shed "a": capacity is required`},
+		{"global without capacity", "rate_limit {\n\t\tshed a\n\t}", "shed a", `shed "a": capacity or latency_target is required`},
 		{"global group twice", "rate_limit {\n\t\tshed a {\n\t\t\tcapacity 1\n\t\t}\n\t\tshed a {\n\t\t\tcapacity 2\n\t\t}\n\t}", "shed a", `shed "a" already defined`},
+		{"latency_target zero", "", "shed a {\n\t\tlatency_target 0s\n\t}", `shed "a": latency_target must be positive, got "0s"`},
+		{"latency_target negative", "", "shed a {\n\t\tlatency_target -200ms\n\t}", `latency_target must be positive, got "-200ms"`},
+		{"latency_target a float", "", "shed a {\n\t\tlatency_target 0.2\n\t}", `shed "a": invalid latency_target "0.2"`},
+		{"latency_target a word", "", "shed a {\n\t\tlatency_target fast\n\t}", `invalid latency_target "fast"`},
+		{"latency_target no value", "", "shed a {\n\t\tlatency_target\n\t}", "wrong argument count"},
+		{"latency_target twice", "", "shed a {\n\t\tlatency_target 1s\n\t\tlatency_target 2s\n\t}", `shed "a": latency_target already specified`},
+		{"latency_target two targets", "rate_limit {\n\t\tshed a {\n\t\t\tlatency_target 200ms\n\t\t}\n\t}", "shed a {\n\t\tlatency_target 300ms\n\t}", `shed "a": latency_target 300ms here, 200ms in the global options`},
 		{"tarpit word", "", "tarpit long", `invalid tarpit "long"`},
 		{"tarpit 0", "", "tarpit 0s", "tarpit must be positive"},
 		{"tarpit 2m", "", "tarpit 2m", "tarpit must be at most 1m, got 2m0s"},
@@ -217,10 +224,20 @@ func TestShedTarpitCaddyfileErrors(t *testing.T) {
 func TestShedTarpitProvisionErrors(t *testing.T) {
 	tests := []struct{ name, config, want string }{
 		{"no group", `{"shed": {"capacity": 10}}`, "shed: group is required"},
-		{"no capacity", `{"shed": {"group": "p_a"}}`, `shed "p_a": capacity must be from 1 to 1073741824, got 0`},
+		{"no capacity", `{"shed": {"group": "p_a"}}`, `shed "p_a": capacity is required (or latency_target, to shed on latency alone)`},
 		{"huge capacity", `{"shed": {"group": "p_a", "capacity": 1073741825}}`, "capacity must be from 1 to 1073741824"},
 		{"priority 5", `{"shed": {"group": "p_a", "capacity": 10, "priority": 5}}`, `shed "p_a": priority must be from 0 (never shed) to 4 (shed first), got 5`},
 		{"negative priority", `{"shed": {"group": "p_a", "capacity": 10, "priority": -1}}`, "got -1"},
+		{"latency_target negative", `{"shed": {"group": "p_lat", "latency_target": "-200ms"}}`, `shed "p_lat": latency_target must be from 1ms to 1h0m0s, got -200ms`},
+		{"latency_target negative with a capacity", `{"shed": {"group": "p_lat", "capacity": 5, "latency_target": -1}}`, `latency_target must be from 1ms to 1h0m0s, got -1ns`},
+		{"latency_target too small", `{"shed": {"group": "p_lat", "latency_target": "999us"}}`, "latency_target must be from 1ms to 1h0m0s, got 999µs"},
+		{"latency_target absurd", `{"shed": {"group": "p_lat", "latency_target": "100h"}}`, "latency_target must be from 1ms to 1h0m0s, got 100h0m0s"},
+		{"latency_target a float string", `{"shed": {"group": "p_lat", "latency_target": "0.2"}}`, `shed "p_lat": latency_target "0.2": time: missing unit in duration "0.2"`},
+		{"latency_target a word", `{"shed": {"group": "p_lat", "latency_target": "fast"}}`, `shed "p_lat": latency_target "fast": time: invalid duration "fast"`},
+		{"latency_target an object", `{"shed": {"group": "p_lat", "latency_target": {}}}`, `shed "p_lat": latency_target {}:`},
+		{"unknown field in shed", `{"shed": {"group": "p_lat", "capacity": 5, "latency": "1s"}}`, `unknown field "latency"`},
+		{"latency_target a float", `{"shed": {"group": "p_lat", "latency_target": 0.2}}`, `shed "p_lat": latency_target 0.2: json: cannot unmarshal number 0.2`},
+		{"latency_target neither capacity nor target", `{"shed": {"group": "p_lat", "priority": 2}}`, `shed "p_lat": capacity is required (or latency_target, to shed on latency alone)`},
 		{"negative tarpit", `{"tarpit": -1}`, "tarpit must be from 0 to 1m, got -1ns"},
 		{"tarpit of an hour", `{"tarpit": "1h"}`, "tarpit must be from 0 to 1m, got 1h0m0s"},
 		{"tarpit_max alone", `{"tarpit_max": 5}`, "tarpit_max would do nothing without tarpit"},
@@ -241,8 +258,10 @@ func TestShedTarpitProvisionErrors(t *testing.T) {
 			}
 		})
 	}
-	if _, ok := shedGroups.References("p_a"); ok {
-		t.Fatal("a refused config left its group behind")
+	for _, group := range []string{"p_a", "p_lat"} {
+		if _, ok := shedGroups.References(group); ok {
+			t.Fatalf("a refused config left its group %q behind", group)
+		}
 	}
 }
 
@@ -344,8 +363,8 @@ func TestLeaveAndRejoinGroups(t *testing.T) {
 	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
 	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), httptest.NewRecorder(), &caddyhttp.Server{})
 	vars := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	a.enter(vars)
-	b.enter(vars)
+	a.enter(vars, nil)
+	b.enter(vars, nil)
 	other.inFlight.Add(3)
 	defer other.inFlight.Add(-3)
 	paused := leaveGroups(r)

@@ -47,13 +47,13 @@ func TestDurationsInErrorsAsWritten(t *testing.T) {
 			`zone \"dur_window\": window must be positive, got 0s`},
 		{"Caddyfile sweep_interval", caddyfileServer(`
 	rate_limit {
-		sweep_interval 25h
+		sweep_interval -25h
 		zone dur_sweep {
 			by ip
 			rate 1/s
 		}
 	}
-	respond ok`), "caddyfile", `sweep_interval must be from 1s to 24h, got 25h, at Caddyfile:11`},
+	respond ok`), "caddyfile", `invalid sweep_interval \"-25h\": must be positive (0 is the default, 1m), at Caddyfile:11`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { assertLoadError(t, tt.cfg, tt.kind, tt.want) })

@@ -403,8 +403,10 @@ func TestTarpitCapUnderFlood(t *testing.T) {
 		return after >= 0 && after <= before+5
 	})
 	// Goroutines grow with connections (one each, and one more reading
-	// behind a request being served), never with the denials held.
-	if extra := float64(peakG.Load()) - before; extra > clients+3*tarpitMax+100 {
+	// behind each request being answered at the instant of the scrape:
+	// 5,271 extra were seen once under the race detector, where answers are
+	// slow), never with the denials held.
+	if extra := float64(peakG.Load()) - before; extra > clients+3*tarpitMax+clients/10 {
 		t.Fatalf("%v goroutines more at the peak than before, for %d connections", extra, clients)
 	}
 	t.Logf("%d clients × %d requests in %s: %d answered after 2 s or more, peak held %d (tarpit_max %d); Caddy's goroutines %v before, %d at the peak, %v after",

@@ -1,0 +1,285 @@
+package integration
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+// shedLatencySite is a site whose routes /p0 … /p4 have priorities 0 … 4
+// in the group itest_shedlat, whose latency target is 1s and capacity
+// 100: with a few requests in flight, only latency loads it.
+func shedLatencySite(upstream, extra string) string {
+	site := extra
+	for p := range 5 {
+		site += fmt.Sprintf(`
+	handle /p%d {
+		rate_limit {
+			shed itest_shedlat {
+				priority %d
+			}
+		}
+		reverse_proxy %s
+	}`, p, p, upstream)
+	}
+	return caddyfileServerWith(`
+	rate_limit {
+		shed itest_shedlat {
+			capacity 100
+			latency_target 1s
+		}
+	}`, site)
+}
+
+// latencyUpstream answers after the delay the test sets.
+func latencyUpstream(t *testing.T) (*countingUpstream, *atomic.Int64) {
+	var delay atomic.Int64
+	u := newCountingUpstream(t, func(*http.Request) {
+		time.Sleep(time.Duration(delay.Load()))
+	})
+	return u, &delay
+}
+
+// shedCodes sends one request to each of /p0 … /p4 at once and returns
+// their statuses and Retry-After values, by priority.
+func shedCodes(t *testing.T, tester *caddytest.Tester) (codes [5]int, ra [5]string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for p := range 5 {
+		wg.Go(func() {
+			codes[p], ra[p], _ = do(t, tester, "GET", fmt.Sprintf("/p%d", p))
+		})
+	}
+	wg.Wait()
+	return codes, ra
+}
+
+// A group with few requests in flight but a slow upstream sheds by its
+// p99 latency against its target: at a load just above 1.0 by latency,
+// priorities 3 and 4 get 503 (reason load_shed, Retry-After: 1) and 0 to
+// 2 pass; slower, priority 2 goes too; a reload keeps the group's
+// latency; once the upstream is fast again, the slow requests leave the
+// window and nothing is shed.
+//
+// The p99 is read to within 6.25%, rounded up to its bucket's bound: any
+// latency from 983 ms to 1048 ms reads as 1.016 s or 1.049 s (threshold
+// 2.2 or 2.5: priorities 3 and 4), and from 1114 ms to 1179 ms as 1.18 s
+// (threshold 3.8: priorities 2 to 4), whatever the machine adds.
+func TestShedByLatency(t *testing.T) {
+	u, delay := latencyUpstream(t)
+	upstream := strings.TrimPrefix(u.URL, "http://")
+	tester := newTester(t, shedLatencySite(upstream, ""), "caddyfile")
+	metric := func(series string) float64 {
+		return metricLine(adminRequest(t, "GET", "/metrics", "", ""), series)
+	}
+
+	if codes, _ := shedCodes(t, tester); codes != [5]int{200, 200, 200, 200, 200} {
+		t.Fatalf("fast upstream: %v, want every priority served", codes)
+	}
+	if v := metric(`caddy_rate_limit_shed_latency_target_seconds{group="itest_shedlat"}`); v != 1 {
+		t.Fatalf("target gauge %v, want 1", v)
+	}
+
+	// The upstream slows to the target (plus what the proxy adds): one
+	// request of priority 0 gives the evidence.
+	delay.Store(int64(1000 * time.Millisecond))
+	if got, _, _ := do(t, tester, "GET", "/p0"); got != 200 {
+		t.Fatalf("priority 0: %d", got)
+	}
+	time.Sleep(150 * time.Millisecond) // the p99 is worked out again every 100 ms
+	p99 := metric(`caddy_rate_limit_shed_latency_p99_seconds{group="itest_shedlat"}`)
+	if p99 <= 1.0 || p99 > 1.1 {
+		t.Fatalf("p99 gauge %v, want just above 1 s", p99)
+	}
+	shedBefore := metric(`caddy_rate_limit_refused_requests_total{reason="load_shed",zone="itest_shedlat"}`)
+	codes, ra := shedCodes(t, tester)
+	if codes != [5]int{200, 200, 200, 503, 503} || ra[3] != "1" || ra[4] != "1" {
+		t.Fatalf("p99 %v s for a target of 1 s: %v (Retry-After %q), want 3 and 4 shed with Retry-After 1", p99, codes, ra)
+	}
+	if v := metric(`caddy_rate_limit_refused_requests_total{reason="load_shed",zone="itest_shedlat"}`); v != max(shedBefore, 0)+2 {
+		t.Fatalf("load_shed refusals %v, want %v", v, max(shedBefore, 0)+2)
+	}
+	if v := metric(`caddy_rate_limit_shed_in_flight_requests{group="itest_shedlat"}`); v != 0 {
+		t.Fatalf("in flight %v once answered", v)
+	}
+	t.Logf("upstream at 1 s: p99 read %v s, priorities 3 and 4 shed", p99)
+
+	// A reload (the site with one more route) keeps the group's latency.
+	adminRequest(t, "POST", "/load", "text/caddyfile", withPorts(shedLatencySite(upstream, `
+	handle /other {
+		respond other
+	}`)))
+	if got, _, _ := do(t, tester, "GET", "/other"); got != 200 {
+		t.Fatalf("the new config is not serving: %d", got)
+	}
+	if got, _, _ := do(t, tester, "GET", "/p4"); got != 503 {
+		t.Fatalf("priority 4 right after a reload, with the old config's slow requests in the window: %d, want 503", got)
+	}
+
+	delay.Store(int64(1130 * time.Millisecond))
+	if got, _, _ := do(t, tester, "GET", "/p0"); got != 200 {
+		t.Fatalf("priority 0: %d", got)
+	}
+	time.Sleep(150 * time.Millisecond)
+	p99 = metric(`caddy_rate_limit_shed_latency_p99_seconds{group="itest_shedlat"}`)
+	if codes, _ := shedCodes(t, tester); codes != [5]int{200, 200, 503, 503, 503} {
+		t.Fatalf("p99 %v s: %v, want 2, 3 and 4 shed", p99, codes)
+	}
+	t.Logf("upstream at 1.13 s: p99 read %v s, priorities 2 to 4 shed", p99)
+
+	// Fast again: the slow requests leave the window 8 to 10 s after they
+	// finished, and then nothing is shed.
+	delay.Store(0)
+	fast := time.Now()
+	if got, _, _ := do(t, tester, "GET", "/p0"); got != 200 {
+		t.Fatalf("priority 0: %d", got)
+	}
+	if got, _, _ := do(t, tester, "GET", "/p4"); got != 503 {
+		t.Fatalf("priority 4 with the slow requests still in the window: %d, want 503", got)
+	}
+	for deadline := fast.Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got, _, _ := do(t, tester, "GET", "/p4")
+		if got == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("priority 4 still shed 15 s after the upstream got fast")
+		}
+	}
+	if d := time.Since(fast); d < 7*time.Second {
+		t.Fatalf("shedding ended %s after the upstream got fast: the window is 8 to 10 s", d)
+	}
+	t.Logf("shedding ended %s after the upstream got fast", time.Since(fast).Round(100*time.Millisecond))
+	if codes, _ := shedCodes(t, tester); codes != [5]int{200, 200, 200, 200, 200} {
+		t.Fatalf("after the window: %v, want every priority served", codes)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if v := metric(`caddy_rate_limit_shed_latency_p99_seconds{group="itest_shedlat"}`); v <= 0 || v > 0.1 {
+		t.Fatalf("p99 gauge %v after the window, want the fast requests' few ms", v)
+	}
+}
+
+// Clients that upload slowly spend their time on the client's side, not
+// the upstream's: a flood of them leaves the group's p99 at the
+// upstream's few milliseconds, and sheds nothing, where counting their
+// uploads would read 1.5 s against a target of 1 s.
+func TestShedLatencyLeavesOutSlowUploads(t *testing.T) {
+	u := newCountingUpstream(t, func(r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // the upstream reads the body as it comes
+	})
+	tester := newTester(t, shedLatencySite(strings.TrimPrefix(u.URL, "http://"), ""), "caddyfile")
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range 20 {
+		wg.Go(func() {
+			pr, pw := io.Pipe()
+			go func() {
+				for range 15 {
+					_, _ = pw.Write([]byte(strings.Repeat("x", 100)))
+					time.Sleep(100 * time.Millisecond)
+				}
+				pw.Close()
+			}()
+			req, _ := http.NewRequest(http.MethodPost, httpBase+"/p0", pr)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil || resp.StatusCode != 200 {
+				failed.Add(1)
+			}
+			if err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.Fatalf("%d uploads failed", failed.Load())
+	}
+	time.Sleep(150 * time.Millisecond)
+	p99 := metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="itest_shedlat"}`)
+	if p99 <= 0 || p99 > 0.2 {
+		t.Fatalf("p99 %v s after 20 uploads of 1.5 s each, want the upstream's few ms", p99)
+	}
+	if codes, _ := shedCodes(t, tester); codes != [5]int{200, 200, 200, 200, 200} {
+		t.Fatalf("after slow uploads: %v, want nothing shed", codes)
+	}
+	t.Logf("20 uploads of 1.5 s: p99 %v s", p99)
+}
+
+// A site-wide rate_limit counts and times every request in the group; a
+// flood of requests that a route's rate limit refuses at once (429) must
+// not pull the group's p99 down while the upstream is still slow: their
+// answers took no upstream time. Counted, 300 quick refusals against a
+// few slow requests would put the p99 at a millisecond and end the
+// shedding.
+func TestShedLatencyIgnoresRefusalsBehind(t *testing.T) {
+	u, delay := latencyUpstream(t)
+	upstream := strings.TrimPrefix(u.URL, "http://")
+	tester := newTester(t, caddyfileServerWith(`
+	rate_limit {
+		shed itest_shedlat_nested {
+			capacity 100
+			latency_target 1s
+		}
+	}`, `
+	rate_limit {
+		shed itest_shedlat_nested
+	}
+	handle /limited {
+		rate_limit {
+			zone itest_shedlat_nested_z {
+				key static
+				rate 1/1h
+			}
+		}
+		reverse_proxy `+upstream+`
+	}
+	handle /p4 {
+		rate_limit {
+			shed itest_shedlat_nested {
+				priority 4
+			}
+		}
+		reverse_proxy `+upstream+`
+	}
+	reverse_proxy `+upstream), "caddyfile")
+	delay.Store(int64(1000 * time.Millisecond))
+	if got, _, _ := do(t, tester, "GET", "/limited"); got != 200 { // its one request an hour, slow
+		t.Fatalf("the first /limited: %d", got)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if got, _, _ := do(t, tester, "GET", "/p4"); got != 503 {
+		t.Fatalf("priority 4 with the upstream at its target: %d, want 503", got)
+	}
+	var wg sync.WaitGroup
+	var refused atomic.Int64
+	for range 300 {
+		wg.Go(func() {
+			resp, err := http.Get(httpBase + "/limited")
+			if err == nil {
+				if resp.StatusCode == http.StatusTooManyRequests {
+					refused.Add(1)
+				}
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	if refused.Load() != 300 {
+		t.Fatalf("%d of 300 refused, want all", refused.Load())
+	}
+	time.Sleep(150 * time.Millisecond)
+	p99 := metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="itest_shedlat_nested"}`)
+	if p99 <= 1.0 {
+		t.Fatalf("p99 %v s after 300 quick refusals behind the group's handler, want the slow request's 1.016", p99)
+	}
+	if got, _, _ := do(t, tester, "GET", "/p4"); got != 503 {
+		t.Fatalf("priority 4 after the refusals: %d, want 503 (the upstream is as slow)", got)
+	}
+}

@@ -249,6 +249,7 @@ func TestSettleWithLease(t *testing.T) {
 		backend redis {
 			address %s
 			key_prefix settle%d:
+			timeout 2s
 		}
 		zone %s {
 			key {http.request.header.X-Tenant}

@@ -315,6 +315,7 @@ func TestRedisSlotsConfig(t *testing.T) {
 	rate_limit {
 		backend redis {
 			address %s
+			timeout 2s
 		}
 		zone rslots_ok {
 			key static

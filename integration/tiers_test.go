@@ -194,7 +194,7 @@ func TestTiersMemory(t *testing.T) {
 
 func TestTiersRedis(t *testing.T) {
 	redis := redistest.Standalone(t, "")
-	testTiers(t, "tiers_redis", fmt.Sprintf("backend redis {\n\t\t\taddress %s\n\t\t\tkey_prefix tierstest:\n\t\t}", redis.Addr))
+	testTiers(t, "tiers_redis", fmt.Sprintf("backend redis {\n\t\t\taddress %s\n\t\t\tkey_prefix tierstest:\n\t\t\ttimeout 2s\n\t\t}", redis.Addr))
 }
 
 // Each tier has its own concurrency cap, per key: free holds 2 in flight,
@@ -281,6 +281,7 @@ func TestTiersConfigErrors(t *testing.T) {
 	rate_limit {
 		backend redis {
 			address %s
+			timeout 2s
 		}
 		zone tiers_lease {
 			key k

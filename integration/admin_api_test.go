@@ -3,7 +3,6 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -31,18 +30,7 @@ func adminConfig(name, backend, body string) string {
 // adminCall calls the admin API and returns the status and body.
 func adminCall(t *testing.T, method, path string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, "http://"+adminAddr+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Close = true
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(out)
+	return adminSend(t, "http://"+adminAddr, method, path, "", "")
 }
 
 type adminLimit struct {
@@ -100,7 +88,7 @@ func testAdminAPI(t *testing.T, name, backend string) *caddytest.Tester {
 	expect429(t, tester, 3599, 3600, "GET", "/", user...)
 
 	// A reload (a new body) keeps the state the API sees and changes.
-	tester.InitServer(withPorts(adminConfig(name, backend, "v2")), "json")
+	loadConfig(t, withPorts(adminConfig(name, backend, "v2")), "json")
 	if got := remaining(t, name, "bob"); got != 0 {
 		t.Fatalf("after a reload: %d remaining, want 0 (state kept)", got)
 	}
@@ -168,7 +156,8 @@ func TestAdminAPIRedis(t *testing.T) {
 
 // TestAdminZonesList: every zone and scope, with its policy and counters.
 func TestAdminZonesList(t *testing.T) {
-	tester := newTester(t, adminConfig("admin_list", "", "v1"), "json")
+	zone := freshZone("admin_list") // its counters are the process's (go test -count=N)
+	tester := newTester(t, adminConfig(zone, "", "v1"), "json")
 	expectN(t, tester, 3, http.StatusOK, "GET", "/", "X-User", "Ann")
 	expect429(t, tester, 3599, 3600, "GET", "/", "X-User", "Ann")
 	code, body := adminCall(t, "GET", "/rate_limit/zones")
@@ -190,7 +179,7 @@ func TestAdminZonesList(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, z := range v.Zones {
-		if z.Name != "admin_list" {
+		if z.Name != zone {
 			continue
 		}
 		if z.Backend != "memory" || len(z.Limits) != 2 {
@@ -202,7 +191,7 @@ func TestAdminZonesList(t *testing.T) {
 		}
 		return
 	}
-	t.Fatalf("zone admin_list not listed: %s", body)
+	t.Fatalf("zone %s not listed: %s", zone, body)
 }
 
 // TestRateLimitCommand drives the admin API with the built caddy binary's

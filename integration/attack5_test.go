@@ -374,7 +374,7 @@ func TestAttack5QueuedRequestsLoadNoGroup(t *testing.T) {
 	eventually(t, "one report served and nine in line", func() bool {
 		return u.now.Load() == 1 && strings.Contains(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_in_flight_requests{scope="",zone="a5_queue_load_report"} 1`)
 	})
-	time.Sleep(300 * time.Millisecond) // the other nine reach the queue: nothing counts them to poll
+	waitInLine(t, 9, "the other nine")
 	page := adminRequest(t, "GET", "/metrics", "", "")
 	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_queue_load"}`); v != 1 {
 		t.Errorf("in flight %v with one request served and nine in line, want 1", v)

@@ -67,7 +67,7 @@ func TestAttack7SettleRefundAfterRefill(t *testing.T) {
 	addr := redistest.Standalone(t, "").Addr
 	for _, c := range []struct{ zone, backend string }{
 		{"a7refill_mem", ""},
-		{"a7refill_redis", "backend redis {\n\t\t\taddress " + addr + "\n\t\t}"},
+		{"a7refill_redis", "backend redis {\n\t\t\taddress " + addr + "\n\t\t\ttimeout 2s\n\t\t}"},
 	} {
 		t.Run(c.zone, func(t *testing.T) {
 			release = make(chan struct{})

@@ -96,8 +96,10 @@ func TestAttack8SlowUploadDoesNotShrinkAdaptive(t *testing.T) {
 // slot_ttl (30 s) after all its requests had ended.
 func TestAttack8SlotsFreedAfterRedisHiccup(t *testing.T) {
 	redis := redistest.Standalone(t, "")
+	arrived := make(chan struct{}, 2)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("slow") != "" {
+			arrived <- struct{}{}
 			time.Sleep(600 * time.Millisecond)
 		}
 		_, _ = io.WriteString(w, "ok")
@@ -124,7 +126,9 @@ func TestAttack8SlotsFreedAfterRedisHiccup(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(200 * time.Millisecond) // both admitted, a lower bound
+	// Both hold their slots: they reached the upstream.
+	within(t, arrived, "the first slow request")
+	within(t, arrived, "the second slow request")
 	rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr})
 	defer rc.Close()
 	if err := rc.Do(context.Background(), "CLIENT", "PAUSE", "1500", "ALL").Err(); err != nil {
@@ -169,12 +173,12 @@ func TestAttack8AdaptiveSeriesLeaveWithTheirZone(t *testing.T) {
 	}
 	respond ok`)
 	}
-	tester := newTester(t, site("attack8_series_gone"), "caddyfile")
+	newTester(t, site("attack8_series_gone"), "caddyfile")
 	const series = `caddy_rate_limit_adaptive_min_limit{scope="",zone="attack8_series_gone"}`
 	expectMetric(t, series, 2)
-	tester.InitServer(site("attack8_series_gone"), "caddyfile")
+	loadConfig(t, site("attack8_series_gone"), "caddyfile")
 	expectMetric(t, series, 2)
-	tester.InitServer(site("attack8_series_other"), "caddyfile")
+	loadConfig(t, site("attack8_series_other"), "caddyfile")
 	if gone := grepLines(adminRequest(t, "GET", "/metrics", "", ""), `adaptive_`, `zone="attack8_series_gone"`); gone != "" {
 		t.Fatalf("the removed zone's adaptive series are still exported:\n%s", gone)
 	}

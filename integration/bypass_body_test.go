@@ -263,7 +263,10 @@ func badBody() []byte {
 
 // A body read by eight limits and a cost is parsed once, in linear time:
 // the fastest of 8 requests through the zone is within 25 ms of the fastest
-// through a route that reads no body (it was over 8 × 13 ms).
+// through a route that reads no body (it was over 8 × 13 ms). A machine too
+// slow for that (the race detector, a loaded CI) is judged against itself:
+// the eight limits cost less than 3 times what one limit reading the body
+// costs (8 times, parsing it for each).
 func TestBadBodyParsedOnceInLinearTime(t *testing.T) {
 	var scopes strings.Builder
 	for i := 0; i < 7; i++ {
@@ -279,6 +282,13 @@ func TestBadBodyParsedOnceInLinearTime(t *testing.T) {
 			cost {http.request.body.json.n}
 			rate 10000/1h
 `+scopes.String()+`		}
+		zone parse_one {
+			match {
+				path /one
+			}
+			by json phone
+			rate 10000/1h
+		}
 	}
 	respond "ok"`), "caddyfile")
 	body := badBody()
@@ -298,9 +308,10 @@ func TestBadBodyParsedOnceInLinearTime(t *testing.T) {
 	}
 	plain := fastest("/plain")
 	limited := fastest("/otp")
-	t.Logf("fastest of 8: %v through the zone, %v without", limited, plain)
-	if limited-plain > 25*time.Millisecond {
-		t.Fatalf("a 64 KiB body through 8 limits took %v, %v more than without them", limited, limited-plain)
+	one := fastest("/one")
+	t.Logf("fastest of 8: %v through the zone, %v through one limit, %v without", limited, one, plain)
+	if extra, once := limited-plain, one-plain; extra > 25*time.Millisecond && extra > 3*once+5*time.Millisecond {
+		t.Fatalf("a 64 KiB body through 8 limits took %v, %v more than without them, against %v more through one limit", limited, extra, once)
 	}
 }
 

@@ -4,48 +4,26 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
 // loadRaw posts cfg to the admin API's /load and returns the status and
-// the error it gives (or the body); a crashed handler (no answer) is
-// status 0 with the client's error.
+// the error it gives (or the body).
 func loadRaw(t *testing.T, cfg string) (int, string) {
 	t.Helper()
-	// Every /load replaces Caddy's admin server, and the old one, shut
-	// down in the background, can still accept a connection and close it
-	// unanswered: such a load never reached Caddy, so it is sent again.
-	var lastErr error
-	for range 5 {
-		req, err := http.NewRequest("POST", "http://"+adminAddr+"/load", strings.NewReader(withPorts(cfg)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Close = true
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			lastErr = err
-			time.Sleep(20 * time.Millisecond)
-			continue
-		}
-		defer resp.Body.Close()
-		out, _ := io.ReadAll(resp.Body)
-		var e struct{ Error string }
-		if json.Unmarshal(out, &e) == nil && e.Error != "" {
-			return resp.StatusCode, e.Error
-		}
-		return resp.StatusCode, string(out)
+	code, out := adminSend(t, "http://"+adminAddr, "POST", "/load", "application/json", withPorts(cfg))
+	settle(t, 1)
+	var e struct{ Error string }
+	if json.Unmarshal([]byte(out), &e) == nil && e.Error != "" {
+		return code, e.Error
 	}
-	return 0, lastErr.Error()
+	return code, out
 }
 
 // A config with a huge number is refused with an error that names the
@@ -143,8 +121,8 @@ func TestBodyLimitCappedAlike(t *testing.T) {
 		assertLoadError(t, site(limit), "caddyfile", "at most 16MiB (16777216 bytes)")
 	}
 	// At the cap, both load, and a field within the cap still keys.
-	tester.InitServer(jsonCfg("16777216"), "json")
-	tester.InitServer(site("16MiB"), "caddyfile")
+	loadConfig(t, jsonCfg("16777216"), "json")
+	loadConfig(t, site("16MiB"), "caddyfile")
 	big := `{"user": "ann", "pad": "` + strings.Repeat("x", 1<<20) + `"}`
 	for i := 0; i < 2; i++ {
 		if code, _ := post(t, tester, "/", "application/json", big); code != http.StatusOK {

@@ -3,14 +3,19 @@
 package integration
 
 import (
+	"bufio"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
+	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 
@@ -69,17 +74,27 @@ func freePorts(n int) (int, bool) {
 
 // withPorts rewrites a config written for the default ports (admin 2999,
 // HTTP 9080 and 9081) to the ports in use, binding loopback only (a
-// Caddyfile's sites through default_bind, from its http_port line).
+// Caddyfile's sites through default_bind, from its http_port line). A
+// default port is rewritten only as a whole number: an upstream's
+// ephemeral port (127.0.0.1:49081) or a port this already wrote (19080)
+// stays as it is, so that a config may pass through here twice.
 func withPorts(cfg string) string {
-	return strings.NewReplacer(
-		"localhost:2999", adminAddr,
-		"\"listen\": [\":9080\"]", "\"listen\": [\"127.0.0.1:"+strconv.Itoa(httpPort)+"\"]",
-		"http_port 9080", "http_port "+strconv.Itoa(httpPort)+"\n\tdefault_bind 127.0.0.1",
-		"localhost:9080", "localhost:"+strconv.Itoa(httpPort),
-		"9080", strconv.Itoa(httpPort),
-		"9081", strconv.Itoa(httpPort+1),
-	).Replace(cfg)
+	return defaultPorts.ReplaceAllStringFunc(cfg, func(m string) string {
+		switch m {
+		case "localhost:2999":
+			return adminAddr
+		case `"listen": [":9080"]`:
+			return `"listen": ["127.0.0.1:` + strconv.Itoa(httpPort) + `"]`
+		case "http_port 9080":
+			return "http_port " + strconv.Itoa(httpPort) + "\n\tdefault_bind 127.0.0.1"
+		case "9080":
+			return strconv.Itoa(httpPort)
+		}
+		return strconv.Itoa(httpPort + 1)
+	})
 }
+
+var defaultPorts = regexp.MustCompile(`\blocalhost:2999\b|"listen": \[":9080"\]|\bhttp_port 9080\b|\b908[01]\b`)
 
 // jsonServer wraps handlers in a config that serves them on :9080 with the
 // admin API where caddytest expects it. errors, when not empty, are the
@@ -121,27 +136,216 @@ func caddyfileServerWith(globals, site string) string {
 // okHandler answers 200 "ok" behind the rate limiter.
 const okHandler = `{"handler": "static_response", "status_code": 200, "body": "ok"}`
 
+// newTester loads cfg (of kind "json" or a config adapter's name) into the
+// in-process Caddy, started by caddytest on the first call, after a config
+// without zones (see unloadZones).
 func newTester(t *testing.T, cfg, kind string) *caddytest.Tester {
 	t.Helper()
-	tester := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
+	tester := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort, TestRequestTimeout: 30 * time.Second})
+	tester.Client.Transport = testerTransport
+	if !caddyStarted {
+		// caddytest's load marks the test failed and goes on when the
+		// config is refused: stop here instead, where the cause is logged.
+		failed := t.Failed()
+		tester.InitServer(withPorts(cfg), kind)
+		caddyStarted = true
+		if !failed && t.Failed() {
+			t.FailNow()
+		}
+		settle(t, 1)
+		return tester
+	}
 	unloadZones(t)
-	tester.InitServer(withPorts(cfg), kind)
+	loadConfig(t, cfg, kind)
 	return tester
 }
 
-// unloadZones loads a config without zones into the running Caddy, if one
-// runs, so that the test about to start has fresh state however often it
-// runs in one process (go test -count=N): zones of one name keep their
-// state across configs, and Caddy does not even reload a config that is
-// unchanged.
+var (
+	// caddyStarted is whether caddytest started the in-process Caddy.
+	// Later configs are loaded here rather than by caddytest, which sends
+	// its /load once and, when it finds no admin API (a connection reset
+	// by an admin server on its way out), starts a second Caddy in the
+	// process.
+	caddyStarted bool
+	// testerTransport is the transport of every test's caddytest client,
+	// shared so that settle can drop their idle connections.
+	testerTransport = caddytest.CreateTestingTransport()
+)
+
+// unloadZones loads a config without zones into the running Caddy, so
+// that the test about to start has fresh state however often it runs in
+// one process (go test -count=N): zones of one name keep their state
+// across configs, and Caddy does not even reload a config that is
+// unchanged. It returns once the previous test's sites stopped listening.
 func unloadZones(t *testing.T) {
 	t.Helper()
-	resp, err := http.Get("http://" + adminAddr + "/config/")
-	if err != nil {
-		return // Caddy is not running yet: caddytest starts it, empty
+	loadConfigAllowing(t, `{"admin": {"listen": "`+adminAddr+`"}}`, "json", 0)
+}
+
+// loadConfig loads cfg (of kind "json" or a config adapter's name) into
+// the running Caddy, as a reload: the zones it keeps keep their state.
+func loadConfig(t testing.TB, cfg, kind string) {
+	t.Helper()
+	loadConfigAllowing(t, cfg, kind, 1)
+}
+
+func loadConfigAllowing(t testing.TB, cfg, kind string, httpListeners int) {
+	t.Helper()
+	ctype := "application/json"
+	if kind != "json" {
+		ctype = "text/" + kind
 	}
-	resp.Body.Close()
-	adminRequest(t, "POST", "/load", "application/json", `{"admin": {"listen": "`+adminAddr+`"}}`)
+	if code, out := adminSend(t, "http://"+adminAddr, "POST", "/load", ctype, withPorts(cfg)); code != http.StatusOK {
+		t.Fatalf("POST /load: %d %s", code, out)
+	}
+	settle(t, httpListeners)
+}
+
+// adminSend sends one request to the admin API at base and returns its
+// status and body. Caddy replaces its admin server on every config change
+// and stops the old one in the background, after answering: both listen
+// on the port for a moment (SO_REUSEPORT), and a connection the kernel
+// queued for the old one is reset, unanswered, when its listener closes.
+// Such a request never reached Caddy, so it is sent again.
+func adminSend(t testing.TB, base, method, path, contentType, body string) (int, string) {
+	t.Helper()
+	var err error
+	for range 20 {
+		req, rerr := http.NewRequest(method, base+path, strings.NewReader(body))
+		if rerr != nil {
+			t.Fatal(rerr)
+		}
+		req.Close = true // never reuse a connection to an admin server that may be on its way out
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+		}
+		var resp *http.Response
+		if resp, err = http.DefaultClient.Do(req); err == nil {
+			out, rerr := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if rerr != nil { // answered: the request was handled, do not send it twice
+				t.Fatalf("%s %s: reading the answer: %v", method, path, rerr)
+			}
+			return resp.StatusCode, string(out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s %s: %v", method, path, err)
+	return 0, ""
+}
+
+// settle waits, after a config change, until the old config's servers
+// stopped listening: the admin port and the HTTP ports keep at most one
+// listener each, and the HTTP ports at most httpListeners. Caddy starts
+// the new servers before it stops the old ones, and stops them in the
+// background, the old and new sharing each port meanwhile: a request sent
+// then may be answered by the old config, or reset when the old listener
+// closes with the connection still in its queue. Idle client connections,
+// all to old servers now, are dropped so that no request is sent on one
+// as the old server closes it.
+func settle(t testing.TB, httpListeners int) {
+	t.Helper()
+	waitListeners(t, map[int]int{adminPort: 1, httpPort: httpListeners, httpPort + 1: httpListeners})
+	http.DefaultClient.CloseIdleConnections()
+	testerTransport.CloseIdleConnections()
+	slotClient.CloseIdleConnections()
+}
+
+// waitListeners waits until each port of most has at most that many
+// listening sockets.
+func waitListeners(t testing.TB, most map[int]int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, ok := listeners(most)
+		if !ok {
+			return // no /proc/net/tcp: nothing to wait on
+		}
+		busy := ""
+		for port, n := range most {
+			if got[port] > n {
+				busy += fmt.Sprintf(" port %d has %d listeners, want at most %d;", port, got[port], n)
+			}
+		}
+		if busy == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			// Another process listening on the port (SO_REUSEPORT lets
+			// processes of one user share it) stays too.
+			t.Fatalf("30s after a config change:%s the old servers never closed", busy)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// listeners counts the listening TCP sockets on each port of ports, from
+// /proc/net/tcp and tcp6; ok is false without them (not Linux). The kernel
+// lists listening sockets first: reading stops at the first other one,
+// before the thousands of connections a flood leaves in TIME_WAIT.
+func listeners(ports map[int]int) (map[int]int, bool) {
+	got := map[int]int{}
+	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, false
+		}
+		sc := bufio.NewScanner(f)
+		sc.Scan() // the header
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 4 || fields[3] != "0A" { // TCP_LISTEN
+				break
+			}
+			_, hexPort, _ := strings.Cut(fields[1], ":")
+			if port, err := strconv.ParseUint(hexPort, 16, 16); err == nil {
+				if _, ok := ports[int(port)]; ok {
+					got[int(port)]++
+				}
+			}
+		}
+		f.Close()
+	}
+	return got, true
+}
+
+// waitInLine waits until n requests of the in-process Caddy wait in the
+// line of a concurrency queue (in memory or shared through Redis). Nothing
+// a client sees tells that a request got in line, or left it when its
+// client went away: the requests' goroutines are looked for in this
+// process's stacks instead.
+func waitInLine(t *testing.T, n int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := inLine()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d requests in line after 10s, want %d", what, got, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func inLine() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "sluice.(*concLimiter).await(") || strings.Contains(g, "sluice.(*sharedConc).await(") {
+			count++
+		}
+	}
+	return count
 }
 
 // do sends a request and returns status, Retry-After and body.
@@ -177,26 +381,17 @@ func expect429(t *testing.T, tester *caddytest.Tester, lo, hi int, method, path 
 }
 
 // adminRequest calls the admin API and fails the test on an error status.
+// A config change returns once the old config's servers are gone.
 func adminRequest(t *testing.T, method, path, contentType, body string) string {
 	t.Helper()
-	req, err := http.NewRequest(method, "http://"+adminAddr+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
+	code, out := adminSend(t, "http://"+adminAddr, method, path, contentType, body)
+	if method != http.MethodGet && (strings.HasPrefix(path, "/load") || strings.HasPrefix(path, "/config")) {
+		settle(t, 1)
 	}
-	req.Close = true // a /load replaces the admin server: never reuse a connection to it
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
+	if code != http.StatusOK {
+		t.Fatalf("%s %s: %d %s", method, path, code, out)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, out)
-	}
-	return string(out)
+	return out
 }
 
 // assertLoadError loads cfg (of kind "json" or "caddyfile") into the
@@ -206,25 +401,15 @@ func assertLoadError(t *testing.T, cfg, kind, want string) {
 	t.Helper()
 	newTester(t, jsonServer(okHandler, ""), "json") // a running Caddy to load into
 	ctype := "application/json"
-	if kind == "caddyfile" {
-		ctype = "text/caddyfile"
+	if kind != "json" {
+		ctype = "text/" + kind
 	}
-	req, err := http.NewRequest("POST", "http://"+adminAddr+"/load", strings.NewReader(withPorts(cfg)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", ctype)
-	req.Close = true
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode == http.StatusOK {
+	code, out := adminSend(t, "http://"+adminAddr, "POST", "/load", ctype, withPorts(cfg))
+	settle(t, 1)
+	if code == http.StatusOK {
 		t.Fatalf("config loaded, want an error containing %q", want)
 	}
-	if !strings.Contains(string(out), want) {
+	if !strings.Contains(out, want) {
 		t.Fatalf("load error %q does not contain %q", out, want)
 	}
 }

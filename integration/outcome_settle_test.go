@@ -121,7 +121,7 @@ func settleBackends(t *testing.T, f func(t *testing.T, backend, zone string)) {
 	t.Run("redis", func(t *testing.T) {
 		redis := redistest.Standalone(t, "")
 		prefix := fmt.Sprintf("settle%d:", time.Now().UnixNano())
-		f(t, fmt.Sprintf("backend redis {\n\t\t\taddress %s\n\t\t\tkey_prefix %s\n\t\t}", redis.Addr, prefix), fmt.Sprintf("settle_redis_%d", time.Now().UnixNano()))
+		f(t, fmt.Sprintf("backend redis {\n\t\t\taddress %s\n\t\t\tkey_prefix %s\n\t\t\ttimeout 2s\n\t\t}", redis.Addr, prefix), fmt.Sprintf("settle_redis_%d", time.Now().UnixNano()))
 	})
 }
 
@@ -249,6 +249,7 @@ func TestSettleWithLease(t *testing.T) {
 		backend redis {
 			address %s
 			key_prefix settle%d:
+			timeout 2s
 		}
 		zone %s {
 			key {http.request.header.X-Tenant}

@@ -161,15 +161,11 @@ func (c *foCaddy) goroutines() int {
 
 func (c *foCaddy) load(cfg string) {
 	c.t.Helper()
-	resp, err := http.Post(c.admin+"/load", "application/json", strings.NewReader(cfg))
-	if err != nil {
-		c.t.Fatal(err)
+	if code, body := adminSend(c.t, c.admin, "POST", "/load", "application/json", cfg); code != 200 {
+		c.t.Fatalf("POST /load: %d %s", code, body)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		c.t.Fatalf("POST /load: %d %s", resp.StatusCode, body)
-	}
+	waitListeners(c.t, map[int]int{c.adminPort: 1, c.httpPort: 1})
+	foClient.CloseIdleConnections()
 }
 
 // settle waits for the goroutine count to stop falling (connections and
@@ -264,22 +260,25 @@ func TestBinaryRedisFailover(t *testing.T) {
 		t.Errorf("local zone, another client: %q", got)
 	}
 
-	// With the breaker open, a request costs no timeout.
+	stop.Store(true)
+	wg.Wait()
+	if len(load) != 1 || load["200"] == 0 {
+		t.Errorf("answers on /open under load across the kill: %v, want only 200", load)
+	}
+
+	// With the breaker open, a request costs no timeout: without it, each
+	// would dial the dead Redis again and again for its 50 ms. Timed
+	// without the load above, which a busy machine queues them behind.
 	var open []time.Duration
 	for range 200 {
 		start := time.Now()
 		c.get("/open", "lat")
 		open = append(open, time.Since(start))
 	}
-	stop.Store(true)
-	wg.Wait()
-	if len(load) != 1 || load["200"] == 0 {
-		t.Errorf("answers on /open under load across the kill: %v, want only 200", load)
-	}
 	sort.Slice(open, func(i, j int) bool { return open[i] < open[j] })
 	t.Logf("with Redis dead (breaker open): median %v, p99 %v per request over HTTP; %d requests under load, all 200", open[100], open[198], load["200"])
-	if open[100] > 10*time.Millisecond {
-		t.Errorf("median request with the breaker open took %v", open[100])
+	if open[100] > 25*time.Millisecond {
+		t.Errorf("median request with the breaker open took %v, half the 50 ms timeout or more", open[100])
 	}
 
 	// Restart on the same port: the breaker's probe finds it.

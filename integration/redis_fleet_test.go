@@ -230,20 +230,25 @@ func (f *fleet) flood(t *testing.T, path string, total int, header func(client i
 }
 
 // expectExactly checks that a flood of fleetRequests admitted exactly the
-// limit and answered 429 to the rest. (Which instance admitted how many
-// is logged, not checked: whichever instance reaches Redis first wins.)
-func expectExactly(t *testing.T, r floodResult) {
+// limit and answered 429 to the rest, give or take the units a bucket
+// refills while the flood lasts: one per refill (0 for a window, whose
+// units never come back within the test). A flood on a loaded machine may
+// outlast a refill, and then rightly admits one more per refill; on an
+// idle one it ends in about a second, and the count is exact. (Which
+// instance admitted how many is logged, not checked: whichever instance
+// reaches Redis first wins.)
+func expectExactly(t *testing.T, r floodResult, refill time.Duration) {
 	t.Helper()
-	// The buckets give a unit back every 6 s (100 per 10 minutes): a flood
-	// slower than that may rightly admit one more.
-	if r.elapsed >= 6*time.Second {
-		t.Fatalf("the flood took %v, longer than one refill interval: the count is not exact", r.elapsed)
-	}
 	if len(r.other) > 0 {
 		t.Fatalf("answers other than 200 and 429: %v", r.other)
 	}
-	if r.admitted != fleetLimit || r.denied != fleetRequests-fleetLimit {
-		t.Fatalf("admitted %d, denied %d of %d (per instance %v), want exactly %d admitted", r.admitted, r.denied, fleetRequests, r.perInstance, fleetLimit)
+	most := fleetLimit
+	if refill > 0 {
+		most += int(r.elapsed / refill)
+	}
+	if r.admitted < fleetLimit || r.admitted > most || r.admitted+r.denied != fleetRequests {
+		t.Fatalf("admitted %d, denied %d of %d in %v (per instance %v), want exactly %d admitted (%d with the units refilled meanwhile)",
+			r.admitted, r.denied, fleetRequests, r.elapsed, r.perInstance, fleetLimit, most)
 	}
 	t.Logf("admitted %d of %d in %v (per instance %v)", r.admitted, fleetRequests, r.elapsed.Round(time.Millisecond), r.perInstance)
 }
@@ -260,7 +265,11 @@ func (f *fleet) expectLimit(t *testing.T, a string) {
 			time.Sleep(left + 100*time.Millisecond)
 		}
 	}
-	expectExactly(t, f.flood(t, "/"+a, fleetRequests, nil))
+	var refill time.Duration // 100 per 10 minutes: a bucket gives a unit back every 6 s
+	if a == "token_bucket" || a == "gcra" || a == "leaky_bucket" {
+		refill = 6 * time.Second
+	}
+	expectExactly(t, f.flood(t, "/"+a, fleetRequests, nil), refill)
 }
 
 const fleetPassword = "fleet-secret-7f3a9c"
@@ -340,17 +349,18 @@ const fleetQueueRoute = `	handle /queue {
 
 // expectFleetQueue floods the queue: one request passes at once and four
 // wait for the next four slots (4 s ÷ 1 s), whichever instance they
-// reached. The flood must end within the first slot for the count to be
-// exact, so it is short: fleetQueueRequests, far more than the five that
-// pass. Then six requests, one after the other to each instance in turn:
+// reached. The flood is short, to end within the first slot where the
+// count is exact: fleetQueueRequests, far more than the five that pass. Then six requests, one after the other to each instance in turn:
 // five are let through a second apart, by all three instances.
 func expectFleetQueue(t *testing.T, f *fleet) {
 	queue := func(name string) func(int) http.Header {
 		return func(int) http.Header { return http.Header{"X-Queue": {name}} }
 	}
 	r := f.flood(t, "/queue", fleetQueueRequests, queue("flood"))
-	if len(r.other) > 0 || r.admitted != 5 || r.denied != fleetQueueRequests-5 {
-		t.Fatalf("queue: admitted %d, denied %d, other %v (per instance %v), want 5 admitted", r.admitted, r.denied, r.other, r.perInstance)
+	// A flood that outlasts a slot (a loaded machine) rightly finds a
+	// place more per slot gone.
+	if most := 5 + int(r.elapsed/time.Second); len(r.other) > 0 || r.admitted < 5 || r.admitted > most || r.admitted+r.denied != fleetQueueRequests {
+		t.Fatalf("queue: admitted %d, denied %d, other %v in %v (per instance %v), want 5 admitted (%d with the slots gone meanwhile)", r.admitted, r.denied, r.other, r.elapsed, r.perInstance, most)
 	}
 	gaps := releaseGaps(t, r.bodies)
 	t.Logf("queue flood: admitted %d of %d (per instance %v), released %v ms apart", r.admitted, fleetQueueRequests, r.perInstance, gaps)

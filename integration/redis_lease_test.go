@@ -19,7 +19,7 @@ func TestRedisSlidingWindowVariableCost(t *testing.T) {
 	addr, _ := perfRedis(t)
 	for _, b := range []struct{ name, block string }{
 		{"memory", ""},
-		{"redis", fmt.Sprintf("backend redis {\n\t\t\taddress %s\n\t\t}", addr)},
+		{"redis", fmt.Sprintf("backend redis {\n\t\t\taddress %s\n\t\t\ttimeout 2s\n\t\t}", addr)},
 	} {
 		t.Run(b.name, func(t *testing.T) {
 			tester := newTester(t, caddyfileServer(`	rate_limit {
@@ -150,6 +150,7 @@ func TestRedisLeaseFailLocal(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`	rate_limit {
 		backend redis {
 			address `+addr+`
+			timeout 2s
 		}
 		zone lease_fail_local {
 			key one
@@ -193,6 +194,7 @@ func TestRedisLeaseAdmin(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`	rate_limit {
 		backend redis {
 			address `+addr+`
+			timeout 2s
 		}
 		zone lease_admin {
 			key one

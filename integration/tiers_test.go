@@ -194,7 +194,7 @@ func TestTiersMemory(t *testing.T) {
 
 func TestTiersRedis(t *testing.T) {
 	redis := redistest.Standalone(t, "")
-	testTiers(t, "tiers_redis", fmt.Sprintf("backend redis {\n\t\t\taddress %s\n\t\t\tkey_prefix tierstest:\n\t\t}", redis.Addr))
+	testTiers(t, "tiers_redis", fmt.Sprintf("backend redis {\n\t\t\taddress %s\n\t\t\tkey_prefix tierstest:\n\t\t\ttimeout 2s\n\t\t}", redis.Addr))
 }
 
 // Each tier has its own concurrency cap, per key: free holds 2 in flight,
@@ -281,6 +281,7 @@ func TestTiersConfigErrors(t *testing.T) {
 	rate_limit {
 		backend redis {
 			address %s
+			timeout 2s
 		}
 		zone tiers_lease {
 			key k
@@ -318,7 +319,7 @@ func TestTiersReload(t *testing.T) {
 	expectN(t, tester, 3, 200, "GET", "/", "X-Key", "k")
 	expectN(t, tester, 2, 200, "GET", "/", "X-Key", "k", "X-Plan", "pro")
 	expect429(t, tester, 1, 3600, "GET", "/", "X-Key", "k", "X-Plan", "pro")
-	tester.InitServer(withPorts(site(4)), "caddyfile")
+	loadConfig(t, withPorts(site(4)), "caddyfile")
 	expectN(t, tester, 4, 200, "GET", "/", "X-Key", "k")
 	expect429(t, tester, 1, 3600, "GET", "/", "X-Key", "k")
 	expect429(t, tester, 1, 3600, "GET", "/", "X-Key", "k", "X-Plan", "pro")

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -88,15 +89,23 @@ func TestModuleBreakerOnDeadRedis(t *testing.T) {
 	}
 	reqs := []backend.Request{{Limit: z, Key: "k", Cost: 1}}
 	out := make([]algorithms.Result, 1)
+	var open []time.Duration
 	for i := range breakerTrips + 100 {
 		start := time.Now()
 		_, err := m.Decide(context.Background(), reqs, out)
 		if !errors.Is(err, backend.ErrUnavailable) {
 			t.Fatalf("decision %d: %v, want unavailable", i, err)
 		}
-		if i >= breakerTrips && time.Since(start) > 5*time.Millisecond {
-			t.Fatalf("decision %d with the breaker open took %v", i, time.Since(start))
+		if i >= breakerTrips {
+			open = append(open, time.Since(start))
 		}
+	}
+	// The median: a loaded machine (the race detector, other packages'
+	// tests) stalls a few decisions for milliseconds; one that waited for
+	// Redis would stall them all, by its retries or its 50 ms timeout.
+	slices.Sort(open)
+	if median := open[len(open)/2]; median > 5*time.Millisecond {
+		t.Fatalf("decisions with the breaker open took %v (median; fastest %v, slowest %v)", median, open[0], open[len(open)-1])
 	}
 	if err := m.Refund(context.Background(), reqs, []algorithms.Result{{Allowed: true}}); !errors.Is(err, backend.ErrUnavailable) {
 		t.Fatalf("refund: %v, want unavailable", err)

@@ -286,17 +286,30 @@ func joinFleet(storageKey string, storage certmagic.Storage, id string, now func
 	f := &fleet{key: storageKey, storage: storage, id: id, now: now, members: []*fleetMember{m}, conf: m.conf,
 		limits: map[string]*tracked{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 	m.f = f
-	// A storage that does not answer must not hold up the config's load:
-	// the loop reads again soon anyway.
-	first, done := context.WithTimeout(ctx, max(time.Duration(m.conf.ReadInterval), time.Second))
-	defer done()
-	if err := f.read(first); err != nil {
-		m.logger.Error("distributed: reading the other instances' counts", zap.Error(err))
+	// A storage that does not answer, or files that take long to decode
+	// (storages ignore the context, and decoding does), must not hold up
+	// the config's load: it waits for the first read a second at most,
+	// and the loop starts once it is done.
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		if err := f.read(ctx); err != nil && ctx.Err() == nil {
+			m.logger.Error("distributed: reading the other instances' counts", zap.Error(err))
+		}
+	}()
+	select {
+	case <-first:
+	case <-time.After(firstReadWait):
+		m.logger.Warn("distributed: the other instances' counts are still being read; requests count only this instance's until they are", zap.Duration("waited", firstReadWait))
 	}
 	fleets.m[storageKey] = f
-	go f.run(ctx)
+	go f.run(ctx, first)
 	return f
 }
+
+// firstReadWait is how long the load of a config waits for the first
+// read of the other instances' counts.
+const firstReadWait = time.Second
 
 // reconfigure makes the sync loop pick up the newest member's intervals.
 func (f *fleet) reconfigure() {
@@ -336,8 +349,13 @@ func (m *fleetMember) leave() {
 	f.reconfigure()
 }
 
-func (f *fleet) run(ctx context.Context) {
+func (f *fleet) run(ctx context.Context, first <-chan struct{}) {
 	defer close(f.done)
+	select {
+	case <-ctx.Done():
+		return
+	case <-first:
+	}
 	conf := f.config()
 	read := time.NewTicker(time.Duration(conf.ReadInterval))
 	write := time.NewTicker(time.Duration(conf.WriteInterval))
@@ -473,6 +491,11 @@ func (f *fleet) read(ctx context.Context) error {
 			logger.Error("distributed: an instance's counts are corrupted", zap.String("key", name), zap.Error(err))
 			continue
 		}
+		if y := st.Timestamp.Year(); y < 1970 || y > 2261 {
+			// Not a time in nanoseconds since 1970: no window holds it.
+			logger.Error("distributed: an instance's counts are corrupted", zap.String("key", name), zap.Time("timestamp", st.Timestamp))
+			continue
+		}
 		if purge > 0 && st.Timestamp.Before(now.Add(-purge)) {
 			if err := f.storage.Delete(ctx, name); err != nil {
 				logger.Error("distributed: deleting a stale instance's counts", zap.String("key", name), zap.Error(err))
@@ -493,7 +516,10 @@ func remote(others []fleetFile, t *tracked, key string, now int64) (used, wait i
 	window, fixed := t.window.Load(), t.fixed.Load()
 	for i := range others {
 		at := others[i].Timestamp.UnixNano()
-		if at+window <= now {
+		// A report from more than a window ahead of this clock is a
+		// clock gone wrong or a hostile file: counted, it would deny the
+		// keys it lists until it is rewritten, no window ever passing.
+		if at+window <= now || at > now+window {
 			continue
 		}
 		c, ok := others[i].Zones[t.name][key]
@@ -502,7 +528,9 @@ func remote(others []fleetFile, t *tracked, key string, now int64) (used, wait i
 		}
 		free := at + window
 		if !c.OldestEvent.IsZero() {
-			o := c.OldestEvent.UnixNano() + window
+			// An event of the report's window: at most a window before
+			// the report, and not after it.
+			o := min(max(c.OldestEvent.UnixNano(), at-window), at) + window
 			if fixed && o <= now {
 				continue // counted in a window that has ended
 			}

@@ -314,12 +314,18 @@ func TestDistributedFixedWindowBoundary(t *testing.T) {
 }
 
 // Counts that would overflow, from any number of instances, and clocks
-// ahead of this one, deny with at most a window's wait.
+// ahead of this one by less than a window, deny with at most a window's
+// wait; a report from further ahead counts nothing.
 func TestDistributedHostileReports(t *testing.T) {
 	s, c := newMemStorage(), &distClock{now: fuzzStart}
 	u := provisionDist(t, distZone, s, c)
 	for _, id := range []string{"p1", "p2", "p3"} {
-		putState(t, s, id, mholtState{Timestamp: c.time().Add(time.Hour), Zones: map[string]map[string]mholtValue{
+		putState(t, s, id, mholtState{Timestamp: c.time().Add(30 * time.Second), Zones: map[string]map[string]mholtValue{
+			"dist_a": {"static": {Count: int(^uint(0) >> 1), OldestEvent: c.time().Add(time.Hour)}},
+		}})
+	}
+	for id, at := range map[string]time.Time{"ahead": c.time().Add(time.Hour), "y3000": time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)} {
+		putState(t, s, id, mholtState{Timestamp: at, Zones: map[string]map[string]mholtValue{
 			"dist_a": {"static": {Count: int(^uint(0) >> 1)}},
 		}})
 	}
@@ -330,6 +336,12 @@ func TestDistributedHostileReports(t *testing.T) {
 	ok, last := admittedOf(u, 3)
 	if ok != 0 || last.header.Get("Retry-After") != "60" {
 		t.Errorf("admitted %d, Retry-After %q; want 0 and 60", ok, last.header.Get("Retry-After"))
+	}
+	// The reports 30 s ahead leave a window after their time; the ones
+	// further ahead never counted.
+	c.advance(91 * time.Second)
+	if ok, _ := admittedOf(u, 3); ok != 3 {
+		t.Errorf("a window after the reports 30 s ahead: admitted %d, want 3", ok)
 	}
 }
 

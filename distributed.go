@@ -166,6 +166,11 @@ type fleet struct {
 	limits  map[string]*tracked
 
 	others atomic.Pointer[[]fleetFile]
+	// wrote is the time of the last report this process stored; a file
+	// of this instance's name dated later was written by another process
+	// with the same instance id (twin: warned about once).
+	wrote atomic.Int64
+	twin  atomic.Bool
 	wake   chan struct{}
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -453,10 +458,15 @@ const maxCount = 1 << 40
 // write stores this instance's counts.
 func (f *fleet) write(ctx context.Context) error {
 	var buf bytes.Buffer
-	if err := gob.NewEncoder(&buf).Encode(f.snapshot(ctx)); err != nil {
+	st := f.snapshot(ctx)
+	if err := gob.NewEncoder(&buf).Encode(st); err != nil {
 		return err
 	}
-	return f.storage.Store(ctx, f.file(f.id), buf.Bytes())
+	if err := f.storage.Store(ctx, f.file(f.id), buf.Bytes()); err != nil {
+		return err
+	}
+	f.wrote.Store(st.Timestamp.UnixNano())
+	return nil
 }
 
 // read loads the other instances' counts, deleting the files purge_age
@@ -475,9 +485,10 @@ func (f *fleet) read(ctx context.Context) error {
 	now := time.Unix(0, f.now())
 	others := make([]fleetFile, 0, len(names))
 	for _, name := range names {
-		if !strings.HasSuffix(name, fleetSuffix) || path.Base(name) == f.id+fleetSuffix {
+		if !strings.HasSuffix(name, fleetSuffix) {
 			continue
 		}
+		own := path.Base(name) == f.id+fleetSuffix
 		data, err := f.storage.Load(ctx, name)
 		if err != nil {
 			// Gone since List (purged by another instance), or unreadable.
@@ -496,7 +507,18 @@ func (f *fleet) read(ctx context.Context) error {
 			logger.Error("distributed: an instance's counts are corrupted", zap.String("key", name), zap.Time("timestamp", st.Timestamp))
 			continue
 		}
-		if purge > 0 && st.Timestamp.Before(now.Add(-purge)) {
+		if own {
+			// Instances started from one copied data directory share
+			// its instance id, and each overwrites the other's file:
+			// skipped as this one's, their counts were never shared.
+			if st.Timestamp.UnixNano() <= f.wrote.Load() {
+				continue // this process's, or older
+			}
+			if !f.twin.Swap(true) {
+				logger.Warn("distributed: another instance writes this instance's file: instances started from a copy of one data directory share its instance id and overwrite each other's counts; give each its own data directory (or delete its instance.uuid)",
+					zap.String("key", name))
+			}
+		} else if purge > 0 && st.Timestamp.Before(now.Add(-purge)) {
 			if err := f.storage.Delete(ctx, name); err != nil {
 				logger.Error("distributed: deleting a stale instance's counts", zap.String("key", name), zap.Error(err))
 			}

@@ -476,3 +476,32 @@ func TestDistributedStorageKey(t *testing.T) {
 		t.Error("two storages that cannot describe themselves share a fleet")
 	}
 }
+
+// This process's own file is never counted, but one of its name written
+// later is another process's (a copied data directory, hence one instance
+// id) and counts.
+func TestDistributedTwinInstanceID(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(t, distZone, s, c)
+	f := u.h.fleet.f
+	admittedOf(u, 4)
+	if err := f.write(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := admittedOf(u, 4); ok != 4 {
+		t.Fatalf("with this process's own file: admitted %d, want 4 (its own counts not counted twice)", ok)
+	}
+	c.advance(time.Second)
+	putState(t, s, f.id, mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{
+		"dist_a": {"static": {Count: 2}},
+	}})
+	if err := f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := admittedOf(u, 4); ok != 0 {
+		t.Errorf("with a twin's 2 in this instance's file: admitted %d, want 10 − 8 − 2 = 0", ok)
+	}
+}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // plantStateAt writes the file of instance id in storage dir as a peer
@@ -147,4 +149,35 @@ func TestAttack9ReloadsLeakNoGoroutine(t *testing.T) {
 	if after > before+10 {
 		t.Fatalf("goroutines: %d before 50 reloads, %d after", before, after)
 	}
+}
+
+// Instances started from a copy of one data directory share its instance
+// id, so they write one file: the counts another process wrote there are
+// counted. Before, the file was skipped as this instance's own, and the
+// fleet shared nothing, silently.
+func TestAttack9TwinInstanceIDCounts(t *testing.T) {
+	dir := t.TempDir()
+	id, err := caddy.InstanceID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	plantStateAt(t, dir, id.String(), time.Now(), map[string]map[string]mholtValue{"a9_twin": {"shared": {Count: 100}}})
+	site := caddyfileServer(fmt.Sprintf(`	rate_limit {
+		zone a9_twin {
+			key    {query.k}
+			events 5
+			window 1m
+		}
+		distributed {
+			read_interval  50ms
+			write_interval 1h
+		}
+		storage file_system %s
+	}
+	respond "ok"`, dir))
+	tester := newTester(t, site, "caddyfile")
+	if code, _, _ := do(t, tester, "GET", "/?k=shared"); code != http.StatusTooManyRequests {
+		t.Fatalf("with 100 counted by a twin of this instance id: %d, want 429", code)
+	}
+	expectN(t, tester, 5, http.StatusOK, "GET", "/?k=other")
 }

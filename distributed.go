@@ -169,8 +169,8 @@ type fleet struct {
 	// wrote is the time of the last report this process stored; a file
 	// of this instance's name dated later was written by another process
 	// with the same instance id (twin: warned about once).
-	wrote atomic.Int64
-	twin  atomic.Bool
+	wrote  atomic.Int64
+	twin   atomic.Bool
 	wake   chan struct{}
 	cancel context.CancelFunc
 	done   chan struct{}

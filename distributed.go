@@ -362,6 +362,7 @@ func (f *fleet) run(ctx context.Context, first <-chan struct{}) {
 	case <-first:
 	}
 	conf := f.config()
+	var readErrs, writeErrs syncErrors
 	read := time.NewTicker(time.Duration(conf.ReadInterval))
 	write := time.NewTicker(time.Duration(conf.WriteInterval))
 	defer read.Stop()
@@ -375,14 +376,40 @@ func (f *fleet) run(ctx context.Context, first <-chan struct{}) {
 			read.Reset(time.Duration(conf.ReadInterval))
 			write.Reset(time.Duration(conf.WriteInterval))
 		case <-read.C:
-			if err := f.read(ctx); err != nil && ctx.Err() == nil {
-				f.log().Error("distributed: reading the other instances' counts", zap.Error(err))
+			if err := f.read(ctx); ctx.Err() == nil {
+				readErrs.report(f.log(), "distributed: reading the other instances' counts", err, time.Now())
 			}
 		case <-write.C:
-			if err := f.write(ctx); err != nil && ctx.Err() == nil {
-				f.log().Error("distributed: writing this instance's counts", zap.Error(err))
+			if err := f.write(ctx); ctx.Err() == nil {
+				writeErrs.report(f.log(), "distributed: writing this instance's counts", err, time.Now())
 			}
 		}
+	}
+}
+
+// syncErrors logs the failures of one sync operation without flooding
+// the log at short intervals (a storage that cannot be written, at 10ms,
+// logged 190 lines a second): the first of a run of failures, then one a
+// minute with how many failed, and the recovery.
+type syncErrors struct {
+	failed int // in a row
+	logged time.Time
+}
+
+const syncErrorsEvery = time.Minute
+
+func (e *syncErrors) report(logger *zap.Logger, msg string, err error, now time.Time) {
+	switch {
+	case err == nil && e.failed > 0:
+		logger.Info(msg+": working again", zap.Int("failed_in_a_row", e.failed))
+		*e = syncErrors{}
+	case err == nil:
+	case e.failed == 0 || now.Sub(e.logged) >= syncErrorsEvery:
+		e.failed++
+		logger.Error(msg, zap.Error(err), zap.Int("failed_in_a_row", e.failed))
+		e.logged = now
+	default:
+		e.failed++
 	}
 }
 

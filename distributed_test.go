@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/gob"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // memStorage is a certmagic.Storage in a map.
@@ -503,5 +506,30 @@ func TestDistributedTwinInstanceID(t *testing.T) {
 	}
 	if ok, _ := admittedOf(u, 4); ok != 0 {
 		t.Errorf("with a twin's 2 in this instance's file: admitted %d, want 10 − 8 − 2 = 0", ok)
+	}
+}
+
+// A run of sync failures logs its first, then one a minute, then the
+// recovery.
+func TestDistributedSyncErrorsLogOnce(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	logger, e, t0 := zap.New(core), syncErrors{}, time.Unix(1000, 0)
+	fail := errors.New("read-only")
+	for i := range 100 {
+		e.report(logger, "sync", fail, t0.Add(time.Duration(i)*10*time.Millisecond))
+	}
+	if n := logs.Len(); n != 1 {
+		t.Fatalf("100 failures in a second logged %d lines, want 1", n)
+	}
+	e.report(logger, "sync", fail, t0.Add(time.Minute))
+	e.report(logger, "sync", nil, t0.Add(time.Minute+time.Second))
+	e.report(logger, "sync", nil, t0.Add(time.Minute+2*time.Second))
+	all := logs.All()
+	if len(all) != 3 || all[1].ContextMap()["failed_in_a_row"] != int64(101) || all[2].Message != "sync: working again" {
+		t.Fatalf("logged %+v, want the first failure, one a minute later (101 in a row), the recovery", all)
+	}
+	e.report(logger, "sync", fail, t0.Add(2*time.Minute))
+	if logs.Len() != 4 {
+		t.Errorf("a new run of failures logged %d lines in all, want 4", logs.Len())
 	}
 }

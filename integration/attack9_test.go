@@ -181,3 +181,40 @@ func TestAttack9TwinInstanceIDCounts(t *testing.T) {
 	}
 	expectN(t, tester, 5, http.StatusOK, "GET", "/?k=other")
 }
+
+// A storage that cannot be read or written logs its failure once, not
+// at every interval: at 10ms, before, 190 error lines a second.
+func TestAttack9UnwritableStorageLogsOnce(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "a-file")
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logFile := filepath.Join(dir, "caddy.log")
+	cfg := caddyfileServerWith(fmt.Sprintf("\tlog {\n\t\toutput file %s\n\t}", logFile), fmt.Sprintf(`	rate_limit {
+		zone a9_unwritable {
+			key    {query.k}
+			events 5
+			window 1m
+		}
+		distributed {
+			read_interval  10ms
+			write_interval 10ms
+		}
+		storage file_system %s
+	}
+	respond "ok"`, filepath.Join(file, "sub")))
+	tester := newTester(t, cfg, "caddyfile")
+	expectN(t, tester, 3, http.StatusOK, "GET", "/?k=a")
+	time.Sleep(time.Second)
+	unloadZones(t)
+	data, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Count(string(data), `"msg":"distributed: `)
+	t.Logf("%d lines about the sync in a second", lines)
+	if lines == 0 || lines > 4 {
+		t.Fatalf("%d log lines about the failing sync in a second at 10ms, want 1 to 4", lines)
+	}
+}

@@ -166,12 +166,16 @@ type fleet struct {
 	limits  map[string]*tracked
 
 	others atomic.Pointer[[]fleetFile]
-	// wrote is the time of the last report this process stored; a file
-	// of this instance's name dated later was written by another process
-	// with the same instance id (twin: warned about once).
-	wrote  atomic.Int64
-	twin   atomic.Bool
+	// wrote is the time of the last report this process stored, started
+	// when the sync began: a file of this instance's name dated after
+	// both was written by another process with the same instance id
+	// (twin: warned about once).
+	wrote   atomic.Int64
+	started int64
+	twin    atomic.Bool
+
 	wake   chan struct{}
+	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -238,7 +242,7 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("distributed: instance id: %v", err)
 	}
-	f := joinFleet(storageKey(storage), storage, id.String(), h.now, m)
+	f, fresh := joinFleet(storageKey(storage), storage, id.String(), h.now, m)
 	f.mu.Lock()
 	for _, z := range h.zones {
 		for _, l := range z.limits {
@@ -259,6 +263,11 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 		}
 	}
 	f.mu.Unlock()
+	if fresh {
+		// After the zones registered, so that the first read knows
+		// their windows.
+		f.start(m.logger)
+	}
 	h.fleet = m
 	return nil
 }
@@ -274,9 +283,9 @@ func storageKey(s certmagic.Storage) string {
 	return fmt.Sprintf("%T %p", s, s)
 }
 
-// joinFleet returns the running fleet of storageKey, or starts one after
-// a first read, so that the first requests already count the others.
-func joinFleet(storageKey string, storage certmagic.Storage, id string, now func() int64, m *fleetMember) *fleet {
+// joinFleet returns the running fleet of storageKey, or a new one (fresh)
+// that the caller starts once its zones are registered.
+func joinFleet(storageKey string, storage certmagic.Storage, id string, now func() int64, m *fleetMember) (f *fleet, fresh bool) {
 	fleets.Lock()
 	defer fleets.Unlock()
 	if f := fleets.m[storageKey]; f != nil {
@@ -285,31 +294,35 @@ func joinFleet(storageKey string, storage certmagic.Storage, id string, now func
 		f.conf, m.f = m.conf, f
 		f.mu.Unlock()
 		f.reconfigure()
-		return f
+		return f, false
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &fleet{key: storageKey, storage: storage, id: id, now: now, members: []*fleetMember{m}, conf: m.conf,
-		limits: map[string]*tracked{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	f = &fleet{key: storageKey, storage: storage, id: id, now: now, members: []*fleetMember{m}, conf: m.conf,
+		limits: map[string]*tracked{}, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{}), started: now()}
 	m.f = f
-	// A storage that does not answer, or files that take long to decode
-	// (storages ignore the context, and decoding does), must not hold up
-	// the config's load: it waits for the first read a second at most,
-	// and the loop starts once it is done.
+	fleets.m[storageKey] = f
+	return f, true
+}
+
+// start runs the sync after a first read, so that the first requests
+// already count the others. A storage that does not answer, or files that
+// take long to decode (storages ignore the context, and decoding does),
+// must not hold up the config's load: it waits for the first read a
+// second at most, and the loop starts once the read is done.
+func (f *fleet) start(logger *zap.Logger) {
 	first := make(chan struct{})
 	go func() {
 		defer close(first)
-		if err := f.read(ctx); err != nil && ctx.Err() == nil {
-			m.logger.Error("distributed: reading the other instances' counts", zap.Error(err))
+		if err := f.read(f.ctx); err != nil && f.ctx.Err() == nil {
+			logger.Error("distributed: reading the other instances' counts", zap.Error(err))
 		}
 	}()
 	select {
 	case <-first:
 	case <-time.After(firstReadWait):
-		m.logger.Warn("distributed: the other instances' counts are still being read; requests count only this instance's until they are", zap.Duration("waited", firstReadWait))
+		logger.Warn("distributed: the other instances' counts are still being read; requests count only this instance's until they are", zap.Duration("waited", firstReadWait))
 	}
-	fleets.m[storageKey] = f
-	go f.run(ctx, first)
-	return f
+	go f.run(f.ctx, first)
 }
 
 // firstReadWait is how long the load of a config waits for the first
@@ -510,12 +523,31 @@ func (f *fleet) read(ctx context.Context) error {
 	purge := time.Duration(f.config().PurgeAge)
 	logger := f.log()
 	now := time.Unix(0, f.now())
+	// Without purge_age the files of instances gone pile up (a fleet
+	// that scales gets a new instance id each time), and each would be
+	// loaded and decoded at every read, and kept: a file not written for
+	// this long reports nothing any zone counts, even with the storage's
+	// clock an hour off this one's.
+	f.mu.Lock()
+	var longest time.Duration
+	for _, t := range f.limits {
+		longest = max(longest, time.Duration(t.window.Load()))
+	}
+	f.mu.Unlock()
+	// Without a zone (all left), no window is known: nothing is left out.
+	known := longest > 0
+	stale := now.Add(-2*longest - time.Hour)
 	others := make([]fleetFile, 0, len(names))
 	for _, name := range names {
 		if !strings.HasSuffix(name, fleetSuffix) {
 			continue
 		}
 		own := path.Base(name) == f.id+fleetSuffix
+		if purge == 0 && known {
+			if info, err := f.storage.Stat(ctx, name); err == nil && !info.Modified.IsZero() && info.Modified.Before(stale) {
+				continue
+			}
+		}
 		data, err := f.storage.Load(ctx, name)
 		if err != nil {
 			// Gone since List (purged by another instance), or unreadable.
@@ -538,8 +570,8 @@ func (f *fleet) read(ctx context.Context) error {
 			// Instances started from one copied data directory share
 			// its instance id, and each overwrites the other's file:
 			// skipped as this one's, their counts were never shared.
-			if st.Timestamp.UnixNano() <= f.wrote.Load() {
-				continue // this process's, or older
+			if st.Timestamp.UnixNano() <= max(f.wrote.Load(), f.started) {
+				continue // this process's, or of a run before it
 			}
 			if !f.twin.Swap(true) {
 				logger.Warn("distributed: another instance writes this instance's file: instances started from a copy of one data directory share its instance id and overwrite each other's counts; give each its own data directory (or delete its instance.uuid)",
@@ -550,6 +582,9 @@ func (f *fleet) read(ctx context.Context) error {
 				logger.Error("distributed: deleting a stale instance's counts", zap.String("key", name), zap.Error(err))
 			}
 			continue
+		}
+		if known && st.Timestamp.Before(now.Add(-longest)) {
+			continue // counts nothing: not kept for requests to skip
 		}
 		others = append(others, st)
 	}

@@ -487,6 +487,13 @@ func TestDistributedTwinInstanceID(t *testing.T) {
 	s, c := newMemStorage(), &distClock{now: fuzzStart}
 	u := provisionDist(t, distZone, s, c)
 	f := u.h.fleet.f
+	// This instance's file from a run before this process.
+	putState(t, s, f.id, mholtState{Timestamp: c.ago(time.Second), Zones: map[string]map[string]mholtValue{
+		"dist_a": {"static": {Count: 9}},
+	}})
+	if err := f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	admittedOf(u, 4)
 	if err := f.write(context.Background()); err != nil {
 		t.Fatal(err)
@@ -531,5 +538,30 @@ func TestDistributedSyncErrorsLogOnce(t *testing.T) {
 	e.report(logger, "sync", fail, t0.Add(2*time.Minute))
 	if logs.Len() != 4 {
 		t.Errorf("a new run of failures logged %d lines in all, want 4", logs.Len())
+	}
+}
+
+// Reports older than every zone's window are not kept; without purge_age,
+// a file not modified for over an hour and two windows is not even
+// loaded (the files of instances gone pile up).
+func TestDistributedStaleReportsLeftOut(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(t, distZone, s, c)
+	f := u.h.fleet.f
+	putState(t, s, "live", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{"dist_a": {"static": {Count: 1}}}})
+	putState(t, s, "old", mholtState{Timestamp: c.ago(2 * time.Minute), Zones: map[string]map[string]mholtValue{"dist_a": {"static": {Count: 1}}}})
+	putState(t, s, "corrupt-but-stale", mholtState{})
+	s.files[path.Join(fleetPrefix, "corrupt-but-stale"+fleetSuffix)] = []byte("not gob")
+	s.times[path.Join(fleetPrefix, "corrupt-but-stale"+fleetSuffix)] = c.ago(2 * time.Hour)
+	core, logs := observer.New(zap.ErrorLevel)
+	u.h.fleet.logger = zap.New(core)
+	if err := f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(*f.others.Load()); got != 1 {
+		t.Errorf("kept %d reports, want the live one only", got)
+	}
+	if logs.Len() != 0 {
+		t.Errorf("a file not modified for 2 hours was loaded: %v", logs.All())
 	}
 }

@@ -87,6 +87,7 @@ func TestAttack9HugePeerFileDoesNotHoldLoad(t *testing.T) {
 	for i := range 1 << 20 {
 		keys[strconv.Itoa(i)] = mholtValue{Count: 1}
 	}
+	keys["7"] = mholtValue{Count: 1000}
 	first := plantStateAt(t, dir, "huge-0", time.Now(), map[string]map[string]mholtValue{"a9_huge": keys})
 	data, err := os.ReadFile(first)
 	if err != nil {
@@ -100,7 +101,7 @@ func TestAttack9HugePeerFileDoesNotHoldLoad(t *testing.T) {
 	site := caddyfileServer(fmt.Sprintf(`	rate_limit {
 		zone a9_huge {
 			key    {query.k}
-			events 5
+			events 1000
 			window 1m
 		}
 		distributed {
@@ -118,7 +119,7 @@ func TestAttack9HugePeerFileDoesNotHoldLoad(t *testing.T) {
 		t.Fatalf("the load took %s, want at most about a second beyond the config's own work", took)
 	}
 	expectN(t, tester, 1, http.StatusOK, "GET", "/?k=fresh")
-	// The keys of the files still count once they are read.
+	// The keys of the files still count once they are read (8 × 1000 of key 7).
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		code, _, _ := do(t, tester, "GET", "/?k=7")
@@ -126,7 +127,7 @@ func TestAttack9HugePeerFileDoesNotHoldLoad(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the peers' 8 units of key 7 were never counted")
+			t.Fatal("the peers' 8,000 units of key 7 were never counted")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -161,7 +162,6 @@ func TestAttack9TwinInstanceIDCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plantStateAt(t, dir, id.String(), time.Now(), map[string]map[string]mholtValue{"a9_twin": {"shared": {Count: 100}}})
 	site := caddyfileServer(fmt.Sprintf(`	rate_limit {
 		zone a9_twin {
 			key    {query.k}
@@ -176,6 +176,8 @@ func TestAttack9TwinInstanceIDCounts(t *testing.T) {
 	}
 	respond "ok"`, dir))
 	tester := newTester(t, site, "caddyfile")
+	plantStateAt(t, dir, id.String(), time.Now(), map[string]map[string]mholtValue{"a9_twin": {"shared": {Count: 100}}})
+	time.Sleep(300 * time.Millisecond) // a few reads
 	if code, _, _ := do(t, tester, "GET", "/?k=shared"); code != http.StatusTooManyRequests {
 		t.Fatalf("with 100 counted by a twin of this instance id: %d, want 429", code)
 	}
@@ -216,5 +218,69 @@ func TestAttack9UnwritableStorageLogsOnce(t *testing.T) {
 	t.Logf("%d lines about the sync in a second", lines)
 	if lines == 0 || lines > 4 {
 		t.Fatalf("%d log lines about the failing sync in a second at 10ms, want 1 to 4", lines)
+	}
+}
+
+// Without purge_age, the files of instances gone pile up; they report
+// nothing a zone still counts, so they are not loaded at every read.
+// Before, 80 stale files of 100,000 keys were decoded at each read, and a
+// live peer's count took seconds to be read.
+func TestAttack9StaleFilesAreNotReadAgain(t *testing.T) {
+	dir := t.TempDir()
+	keys := make(map[string]mholtValue, 100_000)
+	for i := range 100_000 {
+		keys[strconv.Itoa(i)] = mholtValue{Count: 1}
+	}
+	old := time.Now().Add(-3 * time.Hour)
+	first := plantStateAt(t, dir, "gone-0", old, map[string]map[string]mholtValue{"a9_stale": keys})
+	data, err := os.ReadFile(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 80 {
+		file := filepath.Join(filepath.Dir(first), fmt.Sprintf("gone-%d.rlstate", i))
+		if err := os.WriteFile(file, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(file, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	site := caddyfileServer(fmt.Sprintf(`	rate_limit {
+		zone a9_stale {
+			key    {query.k}
+			events 1000
+			window 1m
+		}
+		distributed {
+			read_interval  20ms
+			write_interval 1s
+		}
+		storage file_system %s
+	}
+	respond "ok"`, dir))
+	tester := newTester(t, site, "caddyfile")
+	time.Sleep(500 * time.Millisecond)
+	var took time.Duration
+	for probe := range 3 {
+		key := fmt.Sprintf("live%d", probe)
+		plantStateAt(t, dir, key, time.Now(), map[string]map[string]mholtValue{"a9_stale": {key: {Count: 5000}}})
+		start := time.Now()
+		for {
+			code, _, _ := do(t, tester, "GET", "/?k="+key)
+			if code == http.StatusTooManyRequests {
+				break
+			}
+			if time.Since(start) > 30*time.Second {
+				t.Fatal("the live peer's count was never read")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		took += time.Since(start)
+		time.Sleep(time.Duration(probe+1) * 150 * time.Millisecond) // at another point of a read
+	}
+	t.Logf("a live peer's count was read in %s on average beside 80 stale files", took/3)
+	if took/3 > 300*time.Millisecond {
+		t.Fatalf("a live peer's count took %s on average to be read, want well under a second at read_interval 20ms", took/3)
 	}
 }

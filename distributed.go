@@ -166,7 +166,16 @@ type fleet struct {
 	limits  map[string]*tracked
 
 	others atomic.Pointer[[]fleetFile]
+	// wrote is the time of the last report this process stored, started
+	// when the sync began: a file of this instance's name dated after
+	// both was written by another process with the same instance id
+	// (twin: warned about once).
+	wrote   atomic.Int64
+	started int64
+	twin    atomic.Bool
+
 	wake   chan struct{}
+	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -233,7 +242,7 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("distributed: instance id: %v", err)
 	}
-	f := joinFleet(storageKey(storage), storage, id.String(), h.now, m)
+	f, fresh := joinFleet(storageKey(storage), storage, id.String(), h.now, m)
 	f.mu.Lock()
 	for _, z := range h.zones {
 		for _, l := range z.limits {
@@ -254,6 +263,11 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 		}
 	}
 	f.mu.Unlock()
+	if fresh {
+		// After the zones registered, so that the first read knows
+		// their windows.
+		f.start(m.logger)
+	}
 	h.fleet = m
 	return nil
 }
@@ -269,9 +283,9 @@ func storageKey(s certmagic.Storage) string {
 	return fmt.Sprintf("%T %p", s, s)
 }
 
-// joinFleet returns the running fleet of storageKey, or starts one after
-// a first read, so that the first requests already count the others.
-func joinFleet(storageKey string, storage certmagic.Storage, id string, now func() int64, m *fleetMember) *fleet {
+// joinFleet returns the running fleet of storageKey, or a new one (fresh)
+// that the caller starts once its zones are registered.
+func joinFleet(storageKey string, storage certmagic.Storage, id string, now func() int64, m *fleetMember) (f *fleet, fresh bool) {
 	fleets.Lock()
 	defer fleets.Unlock()
 	if f := fleets.m[storageKey]; f != nil {
@@ -280,23 +294,40 @@ func joinFleet(storageKey string, storage certmagic.Storage, id string, now func
 		f.conf, m.f = m.conf, f
 		f.mu.Unlock()
 		f.reconfigure()
-		return f
+		return f, false
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &fleet{key: storageKey, storage: storage, id: id, now: now, members: []*fleetMember{m}, conf: m.conf,
-		limits: map[string]*tracked{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	f = &fleet{key: storageKey, storage: storage, id: id, now: now, members: []*fleetMember{m}, conf: m.conf,
+		limits: map[string]*tracked{}, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{}), started: now()}
 	m.f = f
-	// A storage that does not answer must not hold up the config's load:
-	// the loop reads again soon anyway.
-	first, done := context.WithTimeout(ctx, max(time.Duration(m.conf.ReadInterval), time.Second))
-	defer done()
-	if err := f.read(first); err != nil {
-		m.logger.Error("distributed: reading the other instances' counts", zap.Error(err))
-	}
 	fleets.m[storageKey] = f
-	go f.run(ctx)
-	return f
+	return f, true
 }
+
+// start runs the sync after a first read, so that the first requests
+// already count the others. A storage that does not answer, or files that
+// take long to decode (storages ignore the context, and decoding does),
+// must not hold up the config's load: it waits for the first read a
+// second at most, and the loop starts once the read is done.
+func (f *fleet) start(logger *zap.Logger) {
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		if err := f.read(f.ctx); err != nil && f.ctx.Err() == nil {
+			logger.Error("distributed: reading the other instances' counts", zap.Error(err))
+		}
+	}()
+	select {
+	case <-first:
+	case <-time.After(firstReadWait):
+		logger.Warn("distributed: the other instances' counts are still being read; requests count only this instance's until they are", zap.Duration("waited", firstReadWait))
+	}
+	go f.run(f.ctx, first)
+}
+
+// firstReadWait is how long the load of a config waits for the first
+// read of the other instances' counts.
+const firstReadWait = time.Second
 
 // reconfigure makes the sync loop pick up the newest member's intervals.
 func (f *fleet) reconfigure() {
@@ -336,9 +367,15 @@ func (m *fleetMember) leave() {
 	f.reconfigure()
 }
 
-func (f *fleet) run(ctx context.Context) {
+func (f *fleet) run(ctx context.Context, first <-chan struct{}) {
 	defer close(f.done)
+	select {
+	case <-ctx.Done():
+		return
+	case <-first:
+	}
 	conf := f.config()
+	var readErrs, writeErrs syncErrors
 	read := time.NewTicker(time.Duration(conf.ReadInterval))
 	write := time.NewTicker(time.Duration(conf.WriteInterval))
 	defer read.Stop()
@@ -352,14 +389,40 @@ func (f *fleet) run(ctx context.Context) {
 			read.Reset(time.Duration(conf.ReadInterval))
 			write.Reset(time.Duration(conf.WriteInterval))
 		case <-read.C:
-			if err := f.read(ctx); err != nil && ctx.Err() == nil {
-				f.log().Error("distributed: reading the other instances' counts", zap.Error(err))
+			if err := f.read(ctx); ctx.Err() == nil {
+				readErrs.report(f.log(), "distributed: reading the other instances' counts", err, time.Now())
 			}
 		case <-write.C:
-			if err := f.write(ctx); err != nil && ctx.Err() == nil {
-				f.log().Error("distributed: writing this instance's counts", zap.Error(err))
+			if err := f.write(ctx); ctx.Err() == nil {
+				writeErrs.report(f.log(), "distributed: writing this instance's counts", err, time.Now())
 			}
 		}
+	}
+}
+
+// syncErrors logs the failures of one sync operation without flooding
+// the log at short intervals (a storage that cannot be written, at 10ms,
+// logged 190 lines a second): the first of a run of failures, then one a
+// minute with how many failed, and the recovery.
+type syncErrors struct {
+	failed int // in a row
+	logged time.Time
+}
+
+const syncErrorsEvery = time.Minute
+
+func (e *syncErrors) report(logger *zap.Logger, msg string, err error, now time.Time) {
+	switch {
+	case err == nil && e.failed > 0:
+		logger.Info(msg+": working again", zap.Int("failed_in_a_row", e.failed))
+		*e = syncErrors{}
+	case err == nil:
+	case e.failed == 0 || now.Sub(e.logged) >= syncErrorsEvery:
+		e.failed++
+		logger.Error(msg, zap.Error(err), zap.Int("failed_in_a_row", e.failed))
+		e.logged = now
+	default:
+		e.failed++
 	}
 }
 
@@ -435,10 +498,15 @@ const maxCount = 1 << 40
 // write stores this instance's counts.
 func (f *fleet) write(ctx context.Context) error {
 	var buf bytes.Buffer
-	if err := gob.NewEncoder(&buf).Encode(f.snapshot(ctx)); err != nil {
+	st := f.snapshot(ctx)
+	if err := gob.NewEncoder(&buf).Encode(st); err != nil {
 		return err
 	}
-	return f.storage.Store(ctx, f.file(f.id), buf.Bytes())
+	if err := f.storage.Store(ctx, f.file(f.id), buf.Bytes()); err != nil {
+		return err
+	}
+	f.wrote.Store(st.Timestamp.UnixNano())
+	return nil
 }
 
 // read loads the other instances' counts, deleting the files purge_age
@@ -455,10 +523,30 @@ func (f *fleet) read(ctx context.Context) error {
 	purge := time.Duration(f.config().PurgeAge)
 	logger := f.log()
 	now := time.Unix(0, f.now())
+	// Without purge_age the files of instances gone pile up (a fleet
+	// that scales gets a new instance id each time), and each would be
+	// loaded and decoded at every read, and kept: a file not written for
+	// this long reports nothing any zone counts, even with the storage's
+	// clock an hour off this one's.
+	f.mu.Lock()
+	var longest time.Duration
+	for _, t := range f.limits {
+		longest = max(longest, time.Duration(t.window.Load()))
+	}
+	f.mu.Unlock()
+	// Without a zone (all left), no window is known: nothing is left out.
+	known := longest > 0
+	stale := now.Add(-2*longest - time.Hour)
 	others := make([]fleetFile, 0, len(names))
 	for _, name := range names {
-		if !strings.HasSuffix(name, fleetSuffix) || path.Base(name) == f.id+fleetSuffix {
+		if !strings.HasSuffix(name, fleetSuffix) {
 			continue
+		}
+		own := path.Base(name) == f.id+fleetSuffix
+		if purge == 0 && known {
+			if info, err := f.storage.Stat(ctx, name); err == nil && !info.Modified.IsZero() && info.Modified.Before(stale) {
+				continue
+			}
 		}
 		data, err := f.storage.Load(ctx, name)
 		if err != nil {
@@ -473,11 +561,30 @@ func (f *fleet) read(ctx context.Context) error {
 			logger.Error("distributed: an instance's counts are corrupted", zap.String("key", name), zap.Error(err))
 			continue
 		}
-		if purge > 0 && st.Timestamp.Before(now.Add(-purge)) {
+		if y := st.Timestamp.Year(); y < 1970 || y > 2261 {
+			// Not a time in nanoseconds since 1970: no window holds it.
+			logger.Error("distributed: an instance's counts are corrupted", zap.String("key", name), zap.Time("timestamp", st.Timestamp))
+			continue
+		}
+		if own {
+			// Instances started from one copied data directory share
+			// its instance id, and each overwrites the other's file:
+			// skipped as this one's, their counts were never shared.
+			if st.Timestamp.UnixNano() <= max(f.wrote.Load(), f.started) {
+				continue // this process's, or of a run before it
+			}
+			if !f.twin.Swap(true) {
+				logger.Warn("distributed: another instance writes this instance's file: instances started from a copy of one data directory share its instance id and overwrite each other's counts; give each its own data directory (or delete its instance.uuid)",
+					zap.String("key", name))
+			}
+		} else if purge > 0 && st.Timestamp.Before(now.Add(-purge)) {
 			if err := f.storage.Delete(ctx, name); err != nil {
 				logger.Error("distributed: deleting a stale instance's counts", zap.String("key", name), zap.Error(err))
 			}
 			continue
+		}
+		if known && st.Timestamp.Before(now.Add(-longest)) {
+			continue // counts nothing: not kept for requests to skip
 		}
 		others = append(others, st)
 	}
@@ -493,7 +600,10 @@ func remote(others []fleetFile, t *tracked, key string, now int64) (used, wait i
 	window, fixed := t.window.Load(), t.fixed.Load()
 	for i := range others {
 		at := others[i].Timestamp.UnixNano()
-		if at+window <= now {
+		// A report from more than a window ahead of this clock is a
+		// clock gone wrong or a hostile file: counted, it would deny the
+		// keys it lists until it is rewritten, no window ever passing.
+		if at+window <= now || at > now+window {
 			continue
 		}
 		c, ok := others[i].Zones[t.name][key]
@@ -502,7 +612,9 @@ func remote(others []fleetFile, t *tracked, key string, now int64) (used, wait i
 		}
 		free := at + window
 		if !c.OldestEvent.IsZero() {
-			o := c.OldestEvent.UnixNano() + window
+			// An event of the report's window: at most a window before
+			// the report, and not after it.
+			o := min(max(c.OldestEvent.UnixNano(), at-window), at) + window
 			if fixed && o <= now {
 				continue // counted in a window that has ended
 			}

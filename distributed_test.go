@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/gob"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // memStorage is a certmagic.Storage in a map.
@@ -314,12 +317,18 @@ func TestDistributedFixedWindowBoundary(t *testing.T) {
 }
 
 // Counts that would overflow, from any number of instances, and clocks
-// ahead of this one, deny with at most a window's wait.
+// ahead of this one by less than a window, deny with at most a window's
+// wait; a report from further ahead counts nothing.
 func TestDistributedHostileReports(t *testing.T) {
 	s, c := newMemStorage(), &distClock{now: fuzzStart}
 	u := provisionDist(t, distZone, s, c)
 	for _, id := range []string{"p1", "p2", "p3"} {
-		putState(t, s, id, mholtState{Timestamp: c.time().Add(time.Hour), Zones: map[string]map[string]mholtValue{
+		putState(t, s, id, mholtState{Timestamp: c.time().Add(30 * time.Second), Zones: map[string]map[string]mholtValue{
+			"dist_a": {"static": {Count: int(^uint(0) >> 1), OldestEvent: c.time().Add(time.Hour)}},
+		}})
+	}
+	for id, at := range map[string]time.Time{"ahead": c.time().Add(time.Hour), "y3000": time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)} {
+		putState(t, s, id, mholtState{Timestamp: at, Zones: map[string]map[string]mholtValue{
 			"dist_a": {"static": {Count: int(^uint(0) >> 1)}},
 		}})
 	}
@@ -330,6 +339,12 @@ func TestDistributedHostileReports(t *testing.T) {
 	ok, last := admittedOf(u, 3)
 	if ok != 0 || last.header.Get("Retry-After") != "60" {
 		t.Errorf("admitted %d, Retry-After %q; want 0 and 60", ok, last.header.Get("Retry-After"))
+	}
+	// The reports 30 s ahead leave a window after their time; the ones
+	// further ahead never counted.
+	c.advance(91 * time.Second)
+	if ok, _ := admittedOf(u, 3); ok != 3 {
+		t.Errorf("a window after the reports 30 s ahead: admitted %d, want 3", ok)
 	}
 }
 
@@ -462,5 +477,91 @@ func TestDistributedStorageKey(t *testing.T) {
 	}
 	if m, n := newMemStorage(), newMemStorage(); storageKey(m) == storageKey(n) {
 		t.Error("two storages that cannot describe themselves share a fleet")
+	}
+}
+
+// This process's own file is never counted, but one of its name written
+// later is another process's (a copied data directory, hence one instance
+// id) and counts.
+func TestDistributedTwinInstanceID(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(t, distZone, s, c)
+	f := u.h.fleet.f
+	// This instance's file from a run before this process.
+	putState(t, s, f.id, mholtState{Timestamp: c.ago(time.Second), Zones: map[string]map[string]mholtValue{
+		"dist_a": {"static": {Count: 9}},
+	}})
+	if err := f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	admittedOf(u, 4)
+	if err := f.write(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := admittedOf(u, 4); ok != 4 {
+		t.Fatalf("with this process's own file: admitted %d, want 4 (its own counts not counted twice)", ok)
+	}
+	c.advance(time.Second)
+	putState(t, s, f.id, mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{
+		"dist_a": {"static": {Count: 2}},
+	}})
+	if err := f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := admittedOf(u, 4); ok != 0 {
+		t.Errorf("with a twin's 2 in this instance's file: admitted %d, want 10 − 8 − 2 = 0", ok)
+	}
+}
+
+// A run of sync failures logs its first, then one a minute, then the
+// recovery.
+func TestDistributedSyncErrorsLogOnce(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	logger, e, t0 := zap.New(core), syncErrors{}, time.Unix(1000, 0)
+	fail := errors.New("read-only")
+	for i := range 100 {
+		e.report(logger, "sync", fail, t0.Add(time.Duration(i)*10*time.Millisecond))
+	}
+	if n := logs.Len(); n != 1 {
+		t.Fatalf("100 failures in a second logged %d lines, want 1", n)
+	}
+	e.report(logger, "sync", fail, t0.Add(time.Minute))
+	e.report(logger, "sync", nil, t0.Add(time.Minute+time.Second))
+	e.report(logger, "sync", nil, t0.Add(time.Minute+2*time.Second))
+	all := logs.All()
+	if len(all) != 3 || all[1].ContextMap()["failed_in_a_row"] != int64(101) || all[2].Message != "sync: working again" {
+		t.Fatalf("logged %+v, want the first failure, one a minute later (101 in a row), the recovery", all)
+	}
+	e.report(logger, "sync", fail, t0.Add(2*time.Minute))
+	if logs.Len() != 4 {
+		t.Errorf("a new run of failures logged %d lines in all, want 4", logs.Len())
+	}
+}
+
+// Reports older than every zone's window are not kept; without purge_age,
+// a file not modified for over an hour and two windows is not even
+// loaded (the files of instances gone pile up).
+func TestDistributedStaleReportsLeftOut(t *testing.T) {
+	s, c := newMemStorage(), &distClock{now: fuzzStart}
+	u := provisionDist(t, distZone, s, c)
+	f := u.h.fleet.f
+	putState(t, s, "live", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{"dist_a": {"static": {Count: 1}}}})
+	putState(t, s, "old", mholtState{Timestamp: c.ago(2 * time.Minute), Zones: map[string]map[string]mholtValue{"dist_a": {"static": {Count: 1}}}})
+	putState(t, s, "corrupt-but-stale", mholtState{})
+	s.files[path.Join(fleetPrefix, "corrupt-but-stale"+fleetSuffix)] = []byte("not gob")
+	s.times[path.Join(fleetPrefix, "corrupt-but-stale"+fleetSuffix)] = c.ago(2 * time.Hour)
+	core, logs := observer.New(zap.ErrorLevel)
+	u.h.fleet.logger = zap.New(core)
+	if err := f.read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(*f.others.Load()); got != 1 {
+		t.Errorf("kept %d reports, want the live one only", got)
+	}
+	if logs.Len() != 0 {
+		t.Errorf("a file not modified for 2 hours was loaded: %v", logs.All())
 	}
 }

@@ -174,3 +174,53 @@ func TestAttack10SlowRouteShedsOthers(t *testing.T) {
 		t.Fatalf("priority 4 got %d with %d slow requests of 1 s in the window: a p99 is set by the slowest 1%%", codes[4], slow)
 	}
 }
+
+// Upgraded connections held open for 1.5 s must not raise the group's
+// p99: a WebSocket's life is its client's, not the upstream's latency.
+func TestAttack10UpgradeLeavesP99(t *testing.T) {
+	u := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "" {
+			_, _ = io.WriteString(w, "ok")
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: attack10\r\nConnection: Upgrade\r\n\r\n")
+		_ = brw.Flush()
+		time.Sleep(1500 * time.Millisecond)
+	}))
+	t.Cleanup(u.Close)
+	tester := newTester(t, attack10Site(strings.TrimPrefix(u.URL, "http://")), "caddyfile")
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Go(func() {
+			c, err := net.Dial("tcp", strings.TrimPrefix(httpBase, "http://"))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "GET /p0 HTTP/1.1\r\nHost: localhost\r\nUpgrade: attack10\r\nConnection: Upgrade\r\n\r\n")
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+				t.Errorf("upgrade: %v %v", resp, err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, br) // until the upstream closes, 1.5 s later
+		})
+	}
+	wg.Wait()
+	if code, _, _ := do(t, tester, "GET", "/p0"); code != 200 { // at least one ordinary request in the window
+		t.Fatalf("plain request: %d", code)
+	}
+	p99 := attack10P99(t)
+	t.Logf("5 upgraded connections of 1.5 s: p99 %v s", p99)
+	if p99 > 0.25 {
+		t.Fatalf("p99 %v s, want the plain request's time", p99)
+	}
+}

@@ -224,3 +224,63 @@ func TestAttack10UpgradeLeavesP99(t *testing.T) {
 		t.Fatalf("p99 %v s, want the plain request's time", p99)
 	}
 }
+
+// Greedy clients against a bucket rate whose limit the upstream's errors
+// drive down and back up every second or so: over the span, the requests
+// let through must not exceed what the limits in force allowed (the
+// integral of the limit over time) plus one bucket at its largest, on
+// the memory store and on Redis.
+func TestAttack10AdaptiveOscillation(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			backend := adaptiveBackend(t, store)
+			u := newSickUpstream(t)
+			zone := "attack10_osc_" + store
+			newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %s {
+			key static
+			rate 100/1s
+			algorithm token_bucket
+			burst 20
+			adaptive {
+				min 10
+				increase 90
+				decrease 0.1
+				interval 1s
+				error_rate 1%% 5%%
+			}
+		}
+	}
+	reverse_proxy %s`, backend, zone, strings.TrimPrefix(u.URL, "http://"))), "caddyfile")
+			l := startLoad(t, 4)
+			defer l.end()
+			time.Sleep(500 * time.Millisecond)
+			l.take()
+			u.served.Store(0)
+			start := time.Now()
+			var allowed float64
+			limits := map[int64]int{}
+			last := start
+			for time.Since(start) < 8*time.Second {
+				u.fail.Store(time.Since(start)/(1100*time.Millisecond)%2 == 0)
+				n := adaptiveNow(t, zone, "").Limit
+				now := time.Now()
+				allowed += float64(n) * now.Sub(last).Seconds()
+				last = now
+				limits[n]++
+				time.Sleep(10 * time.Millisecond)
+			}
+			served, answers := u.served.Load(), l.take()
+			t.Logf("%s: limits seen %v; the upstream got %d in %v, the limits in force allowed %.0f + a burst of 20; answers %v",
+				store, limits, served, time.Since(start), allowed, answers)
+			if len(limits) < 2 {
+				t.Fatalf("the limit never moved: %v", limits)
+			}
+			if float64(served) > allowed+20+10 {
+				t.Fatalf("the upstream got %d, more than the %.0f the limits in force allowed and a burst", served, allowed)
+			}
+		})
+	}
+}

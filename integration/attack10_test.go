@@ -229,23 +229,28 @@ func TestAttack10UpgradeLeavesP99(t *testing.T) {
 // drive down and back up every second or so: over the span, the requests
 // let through must not exceed what the limits in force allowed (the
 // integral of the limit over time) plus one bucket at its largest, on
-// the memory store and on Redis.
+// the memory store and on Redis. With min = max the limit stays put.
 func TestAttack10AdaptiveOscillation(t *testing.T) {
-	for _, store := range []string{"memory", "redis"} {
-		t.Run(store, func(t *testing.T) {
+	for _, c := range []struct {
+		store    string
+		min, max int
+	}{{"memory", 10, 100}, {"redis", 10, 100}, {"memory", 50, 50}} {
+		store := c.store
+		t.Run(fmt.Sprintf("%s_%d_%d", store, c.min, c.max), func(t *testing.T) {
 			backend := adaptiveBackend(t, store)
 			u := newSickUpstream(t)
-			zone := "attack10_osc_" + store
+			zone := fmt.Sprintf("attack10_osc_%s_%d", store, c.min)
 			newTester(t, caddyfileServer(fmt.Sprintf(`
 	rate_limit {
 		%s
 		zone %s {
 			key static
-			rate 100/1s
+			rate %d/1s
 			algorithm token_bucket
 			burst 20
 			adaptive {
-				min 10
+				min %d
+				max %d
 				increase 90
 				decrease 0.1
 				interval 1s
@@ -253,7 +258,7 @@ func TestAttack10AdaptiveOscillation(t *testing.T) {
 			}
 		}
 	}
-	reverse_proxy %s`, backend, zone, strings.TrimPrefix(u.URL, "http://"))), "caddyfile")
+	reverse_proxy %s`, backend, zone, c.max, c.min, c.max, strings.TrimPrefix(u.URL, "http://"))), "caddyfile")
 			l := startLoad(t, 4)
 			defer l.end()
 			time.Sleep(500 * time.Millisecond)
@@ -275,7 +280,7 @@ func TestAttack10AdaptiveOscillation(t *testing.T) {
 			served, answers := u.served.Load(), l.take()
 			t.Logf("%s: limits seen %v; the upstream got %d in %v, the limits in force allowed %.0f + a burst of 20; answers %v",
 				store, limits, served, time.Since(start), allowed, answers)
-			if len(limits) < 2 {
+			if len(limits) < 2 && c.min != c.max {
 				t.Fatalf("the limit never moved: %v", limits)
 			}
 			if float64(served) > allowed+20+10 {

@@ -37,6 +37,23 @@ func attack10Site(upstream string) string {
 	}`, site)
 }
 
+// rawRequest writes head on a new connection to the server, for requests
+// net/http cannot send as a client would; nil after an error.
+func rawRequest(t *testing.T, head string) (net.Conn, *bufio.Reader) {
+	c, err := net.Dial("tcp", strings.TrimPrefix(httpBase, "http://"))
+	if err != nil {
+		t.Error(err)
+		return nil, nil
+	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, head); err != nil {
+		t.Error(err)
+		c.Close()
+		return nil, nil
+	}
+	return c, bufio.NewReader(c)
+}
+
 func attack10P99(t *testing.T) float64 {
 	t.Helper()
 	time.Sleep(150 * time.Millisecond) // one refresh of the p99
@@ -76,8 +93,10 @@ func TestAttack10SlowReaderLeavesP99(t *testing.T) {
 	took := time.Since(start)
 	p99 := attack10P99(t)
 	t.Logf("5 slow readers of 16 MB over %v: p99 %v s", took, p99)
-	if p99 > 0.25 {
-		t.Fatalf("p99 %v s after slow readers (each %v), want the upstream's time", p99, took)
+	// Counted, the slow reading would be the p99 (about took); the copy
+	// itself takes 0.05 s, or 0.4 s under the race detector.
+	if p99 > took.Seconds()/3 {
+		t.Fatalf("p99 %v s after slow readers (each %v), want the proxy's own time", p99, took)
 	}
 }
 
@@ -89,15 +108,11 @@ func TestAttack10ExpectContinueSlowBody(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 5 {
 		wg.Go(func() {
-			c, err := net.Dial("tcp", strings.TrimPrefix(httpBase, "http://"))
-			if err != nil {
-				t.Error(err)
+			c, br := rawRequest(t, "POST /p0 HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+			if c == nil {
 				return
 			}
 			defer c.Close()
-			fmt.Fprintf(c, "POST /p0 HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
-			br := bufio.NewReader(c)
-			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 			cont, err := http.ReadResponse(br, nil)
 			if err != nil || cont.StatusCode != http.StatusContinue {
 				t.Errorf("want a 100 Continue first, got %v %v", cont, err)
@@ -197,15 +212,11 @@ func TestAttack10UpgradeLeavesP99(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 5 {
 		wg.Go(func() {
-			c, err := net.Dial("tcp", strings.TrimPrefix(httpBase, "http://"))
-			if err != nil {
-				t.Error(err)
+			c, br := rawRequest(t, "GET /p0 HTTP/1.1\r\nHost: localhost\r\nUpgrade: attack10\r\nConnection: Upgrade\r\n\r\n")
+			if c == nil {
 				return
 			}
 			defer c.Close()
-			fmt.Fprintf(c, "GET /p0 HTTP/1.1\r\nHost: localhost\r\nUpgrade: attack10\r\nConnection: Upgrade\r\n\r\n")
-			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			br := bufio.NewReader(c)
 			resp, err := http.ReadResponse(br, nil)
 			if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
 				t.Errorf("upgrade: %v %v", resp, err)

@@ -15,7 +15,15 @@ import (
 
 // attack10Site is a group itest_attack10 with a latency target of 500ms
 // and routes /p0 … /p4 of priorities 0 … 4 to upstream.
-func attack10Site(upstream string) string {
+// Each test has a group of its own: another's slow requests would stay in
+// its window.
+func attack10Site(group, upstream string) string {
+	return strings.ReplaceAll(attack10SiteProxy(upstream, ""), "itest_attack10", group)
+}
+
+// attack10SiteProxy is attack10Site with proxy, a block of reverse_proxy
+// options.
+func attack10SiteProxy(upstream, proxy string) string {
 	site := ""
 	for p := range 5 {
 		site += fmt.Sprintf(`
@@ -25,8 +33,8 @@ func attack10Site(upstream string) string {
 				priority %d
 			}
 		}
-		reverse_proxy %s
-	}`, p, p, upstream)
+		reverse_proxy %s %s
+	}`, p, p, upstream, proxy)
 	}
 	return caddyfileServerWith(`
 	rate_limit {
@@ -54,10 +62,10 @@ func rawRequest(t *testing.T, head string) (net.Conn, *bufio.Reader) {
 	return c, bufio.NewReader(c)
 }
 
-func attack10P99(t *testing.T) float64 {
+func attack10P99(t *testing.T, group string) float64 {
 	t.Helper()
 	time.Sleep(150 * time.Millisecond) // one refresh of the p99
-	return metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="itest_attack10"}`)
+	return metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="`+group+`"}`)
 }
 
 // A client that reads a large answer slowly must not raise the group's
@@ -68,7 +76,7 @@ func TestAttack10SlowReaderLeavesP99(t *testing.T) {
 		_, _ = io.WriteString(w, body)
 	}))
 	t.Cleanup(u.Close)
-	newTester(t, attack10Site(strings.TrimPrefix(u.URL, "http://")), "caddyfile")
+	newTester(t, attack10Site("itest_attack10_reader", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
 	var wg sync.WaitGroup
 	start := time.Now()
 	for range 5 {
@@ -91,7 +99,7 @@ func TestAttack10SlowReaderLeavesP99(t *testing.T) {
 	}
 	wg.Wait()
 	took := time.Since(start)
-	p99 := attack10P99(t)
+	p99 := attack10P99(t, "itest_attack10_reader")
 	t.Logf("5 slow readers of 16 MB over %v: p99 %v s", took, p99)
 	// Counted, the slow reading would be the p99 (about took); the copy
 	// itself takes 0.05 s, or 0.4 s under the race detector.
@@ -104,7 +112,7 @@ func TestAttack10SlowReaderLeavesP99(t *testing.T) {
 // must not raise the group's p99: that wait is the client's.
 func TestAttack10ExpectContinueSlowBody(t *testing.T) {
 	u := newCountingUpstream(t, func(r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) })
-	newTester(t, attack10Site(strings.TrimPrefix(u.URL, "http://")), "caddyfile")
+	newTester(t, attack10Site("itest_attack10_expect", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
 	var wg sync.WaitGroup
 	for range 5 {
 		wg.Go(func() {
@@ -132,7 +140,7 @@ func TestAttack10ExpectContinueSlowBody(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	p99 := attack10P99(t)
+	p99 := attack10P99(t, "itest_attack10_expect")
 	t.Logf("5 Expect: 100-continue bodies 1 s late: p99 %v s", p99)
 	if p99 > 0.25 {
 		t.Fatalf("p99 %v s, want the upstream's time", p99)
@@ -151,7 +159,7 @@ func TestAttack10SlowRouteShedsOthers(t *testing.T) {
 			time.Sleep(time.Second)
 		}
 	})
-	tester := newTester(t, attack10Site(strings.TrimPrefix(u.URL, "http://")), "caddyfile")
+	tester := newTester(t, attack10Site("itest_attack10_slowroute", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var fast, slow int
@@ -180,7 +188,7 @@ func TestAttack10SlowRouteShedsOthers(t *testing.T) {
 		}
 	})
 	time.Sleep(6 * time.Second)
-	p99 := attack10P99(t)
+	p99 := attack10P99(t, "itest_attack10_slowroute")
 	codes, _ := shedCodes(t, tester)
 	close(stop)
 	wg.Wait()
@@ -208,7 +216,7 @@ func TestAttack10UpgradeLeavesP99(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond)
 	}))
 	t.Cleanup(u.Close)
-	tester := newTester(t, attack10Site(strings.TrimPrefix(u.URL, "http://")), "caddyfile")
+	tester := newTester(t, attack10Site("itest_attack10_upgrade", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
 	var wg sync.WaitGroup
 	for range 5 {
 		wg.Go(func() {
@@ -229,7 +237,7 @@ func TestAttack10UpgradeLeavesP99(t *testing.T) {
 	if code, _, _ := do(t, tester, "GET", "/p0"); code != 200 { // at least one ordinary request in the window
 		t.Fatalf("plain request: %d", code)
 	}
-	p99 := attack10P99(t)
+	p99 := attack10P99(t, "itest_attack10_upgrade")
 	t.Logf("5 upgraded connections of 1.5 s: p99 %v s", p99)
 	if p99 > 0.25 {
 		t.Fatalf("p99 %v s, want the plain request's time", p99)
@@ -298,5 +306,35 @@ func TestAttack10AdaptiveOscillation(t *testing.T) {
 				t.Fatalf("the upstream got %d, more than the %.0f the limits in force allowed and a burst", served, allowed)
 			}
 		})
+	}
+}
+
+// The same attack against a proxy whose timeout is under the target: a
+// request to the slow route ends (502) at the timeout, so it adds at most
+// the timeout to the p99, and nothing is shed.
+func TestAttack10ProxyTimeoutCapsSlowRoute(t *testing.T) {
+	u := newCountingUpstream(t, func(r *http.Request) {
+		if r.URL.Query().Get("slow") != "" {
+			time.Sleep(2 * time.Second)
+		}
+	})
+	// A group of its own: the other tests' slow requests stay in a window.
+	site := strings.ReplaceAll(attack10SiteProxy(strings.TrimPrefix(u.URL, "http://"), `{
+			transport http {
+				response_header_timeout 300ms
+			}
+		}`), "itest_attack10", "itest_attack10_timeout")
+	tester := newTester(t, site, "caddyfile")
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() { do(t, tester, "GET", "/p0?slow=1") })
+	}
+	wg.Wait()
+	time.Sleep(150 * time.Millisecond) // one refresh of the p99
+	p99 := metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="itest_attack10_timeout"}`)
+	codes, _ := shedCodes(t, tester)
+	t.Logf("10 requests to a route of 2 s behind a timeout of 300 ms: p99 %v s, priorities 0…4 get %v", p99, codes)
+	if codes != [5]int{200, 200, 200, 200, 200} {
+		t.Fatalf("shed with the proxy timeout at 300 ms under a target of 500 ms: %v (p99 %v s)", codes, p99)
 	}
 }

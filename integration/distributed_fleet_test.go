@@ -49,6 +49,27 @@ func fleetMember(t *testing.T, httpPort, adminPort int, dir, distributed string)
 	return base
 }
 
+// storageDir is a directory for a Caddy storage that a distributed sync
+// writes to: the Caddy of a test keeps writing until the next test loads
+// its config, so t.TempDir's removal can meet a file written meanwhile
+// ("directory not empty", seen once in CI). This removal tries again.
+func storageDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sluice-storage-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for range 50 {
+			if os.RemoveAll(dir) == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	return dir
+}
+
 func fleetStatus(t *testing.T, url string) int {
 	t.Helper()
 	resp, err := http.Get(url)
@@ -82,7 +103,7 @@ func waitFiles(t *testing.T, dir string, n int) {
 // other admitted since its last sync: at most 1 here, 2 allowed for a
 // slow machine.
 func TestDistributedFleetSharesLimit(t *testing.T) {
-	dir := t.TempDir()
+	dir := storageDir(t)
 	conf := "\t\t\tread_interval 100ms\n\t\t\twrite_interval 100ms"
 	a := fleetMember(t, freePort(t), freePort(t), dir, conf)
 	b := fleetMember(t, freePort(t), freePort(t), dir, conf)
@@ -162,7 +183,7 @@ func plantState(t *testing.T, dir, id string, zones map[string]map[string]mholtV
 // A file left by an instance that stopped counts until purge_age deletes
 // it; it is read in mholt/caddy-ratelimit's format.
 func TestDistributedPurgeAgeDropsDeadInstance(t *testing.T) {
-	dir := t.TempDir()
+	dir := storageDir(t)
 	dead := plantState(t, dir, "dead-instance", map[string]map[string]mholtValue{
 		"dist_fleet": {"dead": {Count: 10, OldestEvent: time.Now()}},
 	})
@@ -189,7 +210,7 @@ func TestDistributedPurgeAgeDropsDeadInstance(t *testing.T) {
 // In one Caddy: the other instances' counts apply from the first request,
 // and a reload keeps the sync running under the new config.
 func TestDistributedReloadKeepsSync(t *testing.T) {
-	dir := t.TempDir()
+	dir := storageDir(t)
 	peer := plantState(t, dir, "peer", map[string]map[string]mholtValue{
 		"dist_reload": {"static": {Count: 8}},
 	})

@@ -247,7 +247,7 @@ func TestOutsideMholtOrderAndRoute(t *testing.T) {
 // they load, and the limit is the zone's, with Retry-After stretched by at
 // most the jitter.
 func TestOutsideMholtEveryOption(t *testing.T) {
-	storage := t.TempDir()
+	storage := storageDir(t)
 	tester := newTester(t, caddyfileServer(`	rate_limit {
 		zone mholt_every {
 			match {

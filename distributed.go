@@ -344,7 +344,6 @@ func (f *fleet) newest() *fleetMember { return f.members[len(f.members)-1] }
 func (m *fleetMember) leave() {
 	f := m.f
 	fleets.Lock()
-	defer fleets.Unlock()
 	f.mu.Lock()
 	for name, t := range f.limits {
 		t.regs = slices.DeleteFunc(t.regs, func(r trackedReg) bool { return r.member == m })
@@ -360,15 +359,45 @@ func (m *fleetMember) leave() {
 	f.mu.Unlock()
 	if last {
 		delete(fleets.m, f.key)
-		f.cancel()
-		return
+	} else {
+		// A failed reload leaves: the running config's intervals apply
+		// again.
+		f.reconfigure()
 	}
-	// A failed reload leaves: the running config's intervals apply again.
-	f.reconfigure()
+	fleets.Unlock()
+	if last {
+		f.stop(m.logger, stopWait)
+	}
+}
+
+// stopWait bounds how long the last handler's Cleanup waits for the sync
+// to stop. A read or write under way is let finish, so that nothing
+// touches the storage once the config is gone (the storage may be removed
+// or handed to another config right after); but storages ignore the
+// context, and one that hangs must not hold up the reload that unloads
+// the config.
+const stopWait = 5 * time.Second
+
+// stop ends the sync and waits, within wait, for its last storage call.
+func (f *fleet) stop(logger *zap.Logger, wait time.Duration) {
+	f.cancel()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-f.done:
+	case <-t.C:
+		logger.Warn("distributed: the storage did not finish a read or write of the counts in time; the config is unloaded without waiting for it",
+			zap.Duration("waited", wait))
+	}
 }
 
 func (f *fleet) run(ctx context.Context, first <-chan struct{}) {
-	defer close(f.done)
+	defer func() {
+		// Stopped only once the first read is done too: it may still
+		// be reading when the config unloads.
+		<-first
+		close(f.done)
+	}()
 	select {
 	case <-ctx.Done():
 		return
@@ -539,6 +568,11 @@ func (f *fleet) read(ctx context.Context) error {
 	stale := now.Add(-2*longest - time.Hour)
 	others := make([]fleetFile, 0, len(names))
 	for _, name := range names {
+		if err := ctx.Err(); err != nil {
+			// Stopping: storages ignore the context, and the files
+			// left could take long to load and decode.
+			return err
+		}
 		if !strings.HasSuffix(name, fleetSuffix) {
 			continue
 		}

@@ -11,7 +11,9 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -563,5 +565,112 @@ func TestDistributedStaleReportsLeftOut(t *testing.T) {
 	}
 	if logs.Len() != 0 {
 		t.Errorf("a file not modified for 2 hours was loaded: %v", logs.All())
+	}
+}
+
+// stallStorage is a memStorage whose Store (or List) waits, once entered,
+// until the test lets it go, and which counts the calls that happened.
+type stallStorage struct {
+	*memStorage
+	stall   string // "Store" or "List"
+	entered chan struct{}
+	release chan struct{}
+	calls   atomic.Int64
+	mu      sync.Mutex
+	once    bool
+}
+
+func (s *stallStorage) wait(op string) {
+	s.calls.Add(1)
+	s.mu.Lock()
+	first := op == s.stall && !s.once
+	s.once = s.once || first
+	s.mu.Unlock()
+	if first {
+		close(s.entered)
+		<-s.release
+	}
+}
+
+func (s *stallStorage) Store(ctx context.Context, key string, v []byte) error {
+	s.wait("Store")
+	return s.memStorage.Store(ctx, key, v)
+}
+
+func (s *stallStorage) List(ctx context.Context, prefix string, rec bool) ([]string, error) {
+	s.wait("List")
+	return s.memStorage.List(ctx, prefix, rec)
+}
+
+// The last handler's Cleanup returns once the sync stopped: a write, or
+// the first read, under way when the config unloads is waited for, so
+// that nothing touches the storage after (a test's directory was removed
+// while a sync still wrote into it). A storage that hangs holds the
+// unload up for stopWait at most, and that is logged.
+func TestDistributedCleanupWaitsForTheSync(t *testing.T) {
+	for _, tt := range []struct {
+		stall string
+		hang  bool
+	}{{"Store", false}, {"List", false}, {"Store", true}} {
+		name := tt.stall
+		if tt.hang {
+			name += "_hangs"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := &stallStorage{memStorage: newMemStorage(), stall: tt.stall, entered: make(chan struct{}), release: make(chan struct{})}
+				core, logs := observer.New(zap.WarnLevel)
+				m := &fleetMember{conf: Distributed{ReadInterval: caddy.Duration(time.Hour), WriteInterval: caddy.Duration(time.Second)},
+					limits: map[*Limit]*tracked{}, logger: zap.New(core)}
+				f, fresh := joinFleet("stall "+t.Name(), s, "self", func() int64 { return time.Now().UnixNano() }, m)
+				if !fresh {
+					t.Fatal("joined a running fleet")
+				}
+				f.start(m.logger)
+				<-s.entered
+				returned := make(chan struct{})
+				var took time.Duration
+				go func() {
+					start := time.Now()
+					m.leave()
+					took = time.Since(start)
+					close(returned)
+				}()
+				synctest.Wait()
+				if tt.hang {
+					time.Sleep(stopWait) // the fake clock of the bubble
+					synctest.Wait()
+					select {
+					case <-returned:
+					default:
+						close(s.release)
+						t.Fatalf("Cleanup still waits after %s for a storage that hangs", stopWait)
+					}
+					if took != stopWait {
+						t.Errorf("Cleanup waited %s, want %s", took, stopWait)
+					}
+					if logs.FilterMessageSnippet("did not finish").Len() != 1 {
+						t.Errorf("logged %v, want the storage that did not finish", logs.All())
+					}
+					close(s.release)
+					return
+				}
+				select {
+				case <-returned:
+					t.Errorf("Cleanup returned while a %s of the storage was under way", tt.stall)
+				default:
+				}
+				close(s.release)
+				<-returned
+				calls := s.calls.Load()
+				time.Sleep(time.Hour) // many intervals of the fake clock
+				if got := s.calls.Load(); got != calls {
+					t.Errorf("the storage was called %d times after Cleanup returned", got-calls)
+				}
+				if logs.FilterMessageSnippet("did not finish").Len() != 0 {
+					t.Errorf("logged %v, want no storage that did not finish", logs.All())
+				}
+			})
+		})
 	}
 }

@@ -49,22 +49,16 @@ func fleetMember(t *testing.T, httpPort, adminPort int, dir, distributed string)
 	return base
 }
 
-// storageDir is a directory for a Caddy storage that a distributed sync
-// writes to: the Caddy of a test keeps writing until the next test loads
-// its config, so t.TempDir's removal can meet a file written meanwhile
-// ("directory not empty", seen once in CI). This removal tries again.
+// storageDir is a directory for the Caddy storage a distributed sync
+// writes to. The in-process Caddy keeps a test's config until the next
+// test loads its own: it is unloaded when the test ends, before the
+// directory is removed, and the unload returns once the sync stopped.
 func storageDir(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "sluice-storage-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := t.TempDir()
 	t.Cleanup(func() {
-		for range 50 {
-			if os.RemoveAll(dir) == nil {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
+		if caddyStarted {
+			unloadZones(t)
 		}
 	})
 	return dir

@@ -17,9 +17,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// foRedis is a redis-server this test started on a fixed port, so it can
+// foRedis is a server this test started on a fixed port, so it can
 // be killed and started again where Caddy expects it.
 type foRedis struct {
 	t    *testing.T
@@ -29,12 +31,7 @@ type foRedis struct {
 
 func foStartRedis(t *testing.T, port int) *foRedis {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("redis-server is not installed")
-		}
-		t.Skip("SKIPPING: redis-server is not installed")
-	}
+	redistest.Need(t)
 	r := &foRedis{t: t, port: port}
 	r.start()
 	t.Cleanup(r.kill)
@@ -43,7 +40,7 @@ func foStartRedis(t *testing.T, port int) *foRedis {
 
 func (r *foRedis) start() {
 	r.t.Helper()
-	r.cmd = exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
+	r.cmd = redistest.Command("--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", r.t.TempDir())
 	if err := r.cmd.Start(); err != nil {
 		r.t.Fatal(err)
@@ -55,7 +52,7 @@ func (r *foRedis) start() {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	r.t.Fatalf("redis-server on port %d did not answer", r.port)
+	r.t.Fatalf("%s on port %d did not answer", r.cmd.Path, r.port)
 }
 
 func (r *foRedis) kill() {
@@ -68,11 +65,11 @@ func (r *foRedis) kill() {
 }
 
 func (r *foRedis) cli(args ...string) (string, error) {
-	out, err := exec.Command("redis-cli", append([]string{"-p", strconv.Itoa(r.port)}, args...)...).CombinedOutput()
+	out, err := redistest.CLI(append([]string{"-p", strconv.Itoa(r.port)}, args...)...).CombinedOutput()
 	return string(out), err
 }
 
-// clients is INFO clients' connected_clients, less redis-cli's own.
+// clients is INFO clients' connected_clients, less the CLI's own.
 func (r *foRedis) clients() int {
 	r.t.Helper()
 	out, err := r.cli("INFO", "clients")

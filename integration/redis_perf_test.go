@@ -3,42 +3,22 @@ package integration
 import (
 	"context"
 	"fmt"
-	"net"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"testing"
-	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// perfRedis starts a redis-server of the test's own on a free loopback
-// port and returns a client to it.
+// perfRedis starts a server of the test's own and returns its address
+// and a client to it.
 func perfRedis(t *testing.T) (string, *goredis.Client) {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("needs redis-server")
-	}
-	port := strconv.Itoa(freePort(t))
-	addr := net.JoinHostPort("127.0.0.1", port)
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	addr := redistest.Standalone(t, "").Addr
 	c := goredis.NewClient(&goredis.Options{Addr: addr})
 	t.Cleanup(func() { c.Close() })
-	for i := 0; ; i++ {
-		if c.Ping(context.Background()).Err() == nil {
-			break
-		}
-		if i == 100 {
-			t.Fatal("redis-server did not start")
-		}
-		time.Sleep(50 * time.Millisecond) // polling a process's start
-	}
 	return addr, c
 }
 

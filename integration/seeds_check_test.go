@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -544,7 +543,7 @@ func TestDocsRecipeCostTable(t *testing.T) {
 // would keep a hammering client out for ever).
 func TestSeedsHammeringNeverExtendsTheBlock(t *testing.T) {
 	backends := map[string]string{"memory": ""}
-	if redistestAvailable() {
+	if redistest.Available(t) {
 		backends["redis"] = "backend redis {\n\t\t\taddress " + redistest.Standalone(t, "").Addr + "\n\t\t}"
 	}
 	for name, backend := range backends {
@@ -582,13 +581,6 @@ func TestSeedsHammeringNeverExtendsTheBlock(t *testing.T) {
 			})
 		}
 	}
-}
-
-// redistestAvailable reports whether redis-server is installed, without
-// skipping the test that asks.
-func redistestAvailable() bool {
-	_, err := exec.LookPath("redis-server")
-	return err == nil
 }
 
 // Requests refused as invalid (no usable key, an unreadable cost) charge
@@ -793,7 +785,7 @@ func TestDocsCloudflareClientIP(t *testing.T) {
 // released ones are not; a budget per client makes no series.
 func TestSeedsBudgetRemainingGauge(t *testing.T) {
 	backends := map[string]string{"mem": ""}
-	if redistestAvailable() {
+	if redistest.Available(t) {
 		backends["redis"] = "backend redis {\n\t\t\taddress " + redistest.Standalone(t, "").Addr + "\n\t\t}"
 	}
 	for name, backend := range backends {

@@ -85,9 +85,10 @@ type leasedLimit struct {
 
 // leaser spends leased units; nil when no limit of the store leases.
 type leaser struct {
-	now  func() int64 // monotonic ns
-	mu   sync.Mutex
-	held []heldLease
+	now   func() int64 // monotonic ns
+	mu    sync.Mutex
+	held  []heldLease
+	drops *giveBacks // reports the unused units Redis did not take back
 }
 
 type heldLease struct {
@@ -480,7 +481,9 @@ func (l *leaser) close(ctx context.Context, next decider) {
 		h.pool.mu.Unlock()
 		for len(reqs) > 0 {
 			n := min(len(reqs), 256)
-			_ = next.Refund(ctx, reqs[:n], granted[:n])
+			if err := next.Refund(ctx, reqs[:n], granted[:n]); err != nil && l.drops != nil {
+				l.drops.failed("lease", err)
+			}
 			reqs, granted = reqs[n:], granted[n:]
 		}
 	}
@@ -502,7 +505,7 @@ func (m *Module) Register(cfg backend.LimitConfig) (backend.Limit, error) {
 		return h, err
 	}
 	if m.leases == nil {
-		m.leases = &leaser{now: monotonic}
+		m.leases = &leaser{now: monotonic, drops: &m.Store.drops}
 	}
 	return m.leases.register(cfg, h, m.redisID())
 }

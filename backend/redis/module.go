@@ -155,6 +155,7 @@ func (m *Module) Provision(ctx caddy.Context) error {
 		return err
 	}
 	m.Store.slots.logger = ctx.Logger()
+	m.Store.drops.provision(ctx)
 	return nil
 }
 

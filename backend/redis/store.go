@@ -88,6 +88,7 @@ type Store struct {
 	held []held
 
 	slots slotHolder // concurrency slots held, renewed until released (slots.go)
+	drops giveBacks  // give-backs Redis did not take (giveback.go)
 }
 
 type held struct {
@@ -582,7 +583,9 @@ func (s *Store) giveBack(ctx context.Context, items []item, results []algorithms
 	for _, i := range taken {
 		granted[i].At = items[i].logged
 	}
-	_ = s.refund(ctx, "x", items, taken, granted)
+	if err := s.refund(ctx, "x", items, taken, granted); err != nil {
+		s.drops.failed("undo", err)
+	}
 }
 
 // Refund gives back what an allowed Decide of the same requests took

@@ -1,10 +1,15 @@
-// Package redistest starts real redis-server processes on free loopback
-// ports for tests: a standalone server (with a password or not), a Redis
-// Cluster of masters made by `redis-cli --cluster create`, and a Sentinel
-// watching a master. Only tests import it.
+// Package redistest starts real Redis servers on free loopback ports for
+// tests: a standalone server (with a password or not), a Redis Cluster of
+// masters made by `redis-cli --cluster create`, and a Sentinel watching a
+// master. Only tests import it.
 //
-// Without redis-server installed, Need skips the test, loudly; with
-// CI=true it fails the test instead, since CI installs Redis.
+// The servers are Redis's (redis-server, redis-cli) unless
+// SLUICE_REDIS_SERVER=valkey picks Valkey's (valkey-server, valkey-cli),
+// which take the same flags: every test that starts a server goes through
+// this package, so the same tests run on either.
+//
+// Without the server installed, Need skips the test, loudly; with CI=true
+// it fails the test instead, since CI installs both.
 package redistest
 
 import (
@@ -23,22 +28,68 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// Need skips the test when redis-server or redis-cli is missing (fails it
-// when CI=true).
+// FlavourEnv names the environment variable that picks the server.
+const FlavourEnv = "SLUICE_REDIS_SERVER"
+
+// Flavour is the server the tests start: "redis" (the default) or
+// "valkey", from SLUICE_REDIS_SERVER; anything else is returned as given,
+// and Need fails on it.
+func Flavour() string {
+	if f := os.Getenv(FlavourEnv); f != "" {
+		return f
+	}
+	return "redis"
+}
+
+// Command is the server of the flavour run with args, not started, for a
+// test that manages its process itself (on a port of its choosing, killed
+// and started again).
+func Command(args ...string) *exec.Cmd { return exec.Command(Flavour()+"-server", args...) }
+
+// CLI is the command-line client of the flavour run with args.
+func CLI(args ...string) *exec.Cmd { return exec.Command(Flavour()+"-cli", args...) }
+
+// missing says why servers cannot be started, or "".
+func missing() string {
+	f := Flavour()
+	if f != "redis" && f != "valkey" {
+		return fmt.Sprintf("%s=%q: want redis or valkey", FlavourEnv, f)
+	}
+	for _, bin := range []string{f + "-server", f + "-cli"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return bin + " is not installed (CI=true: .ci/run installs it)"
+		}
+	}
+	return ""
+}
+
+// Need skips the test when the server or its CLI is missing (fails it
+// when CI=true, or when SLUICE_REDIS_SERVER names no known server).
 func Need(t testing.TB) {
 	t.Helper()
-	for _, bin := range []string{"redis-server", "redis-cli"} {
-		if _, err := exec.LookPath(bin); err == nil {
-			continue
-		}
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not installed (CI=true: .ci/run installs it)", bin)
-		}
-		t.Skipf("SKIPPING: %s is not installed; install Debian's redis-server and redis-tools to run the Redis tests", bin)
+	if !Available(t) {
+		t.SkipNow()
 	}
 }
 
-// Server is one redis-server process.
+// Available reports whether servers can be started, for a test whose
+// Redis leg is one of several: it goes on without it, after logging why,
+// except when CI=true (or SLUICE_REDIS_SERVER is wrong), where the test
+// fails.
+func Available(t testing.TB) bool {
+	t.Helper()
+	why := missing()
+	if why == "" {
+		return true
+	}
+	if f := Flavour(); (f != "redis" && f != "valkey") || os.Getenv("CI") == "true" {
+		t.Fatal(why)
+	}
+	t.Logf("SKIPPING Redis: %s; install Debian's redis-server and redis-tools (or valkey-server and valkey-tools) to run them", why)
+	return false
+}
+
+// Server is one server process.
 type Server struct {
 	Addr     string // 127.0.0.1:port
 	Password string // the --requirepass it was started with, if any
@@ -63,7 +114,7 @@ func (s *Server) Log() string {
 	return string(b)
 }
 
-// StartServer runs redis-server on a free port with args added, without
+// StartServer runs the server on a free port with args added, without
 // persistence. conf, when not nil, makes a configuration file from the
 // port (a Sentinel needs one it can rewrite) that the server reads first,
 // and persistence is left to it. The caller stops the server; it also
@@ -95,7 +146,7 @@ func StartServer(conf func(port int) string, args ...string) (*Server, error) {
 		} else {
 			a = append(a, "--save", "", "--appendonly", "no")
 		}
-		s.cmd = exec.Command("redis-server", a...)
+		s.cmd = Command(a...)
 		log, err := os.Create(filepath.Join(dir, "log"))
 		if err != nil {
 			return nil, err
@@ -111,7 +162,7 @@ func StartServer(conf func(port int) string, args ...string) (*Server, error) {
 		if last = waitPing(s.Addr, s.Password, 5*time.Second); last == nil {
 			return s, nil
 		}
-		last = fmt.Errorf("redis-server on %s: %v: %s", s.Addr, last, s.Log())
+		last = fmt.Errorf("%s on %s: %v: %s", s.cmd.Path, s.Addr, last, s.Log())
 		s.Stop()
 	}
 	return nil, last
@@ -200,8 +251,8 @@ func StartCluster(n int) ([]*Server, error) {
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		return fail(fmt.Errorf("redis-cli --cluster create: %v: %s", err, out))
+	if out, err := CLI(args...).CombinedOutput(); err != nil {
+		return fail(fmt.Errorf("%s --cluster create: %v: %s", Flavour()+"-cli", err, out))
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for _, a := range addrs {
@@ -265,7 +316,7 @@ func Standalone(t testing.TB, password string) *Server {
 	}
 	s, err := StartServer(nil, args...)
 	if err != nil {
-		t.Fatalf("starting redis-server: %v", err)
+		t.Fatalf("starting %s-server: %v", Flavour(), err)
 	}
 	t.Cleanup(s.Stop)
 	return s

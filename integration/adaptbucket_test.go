@@ -231,6 +231,7 @@ func TestAdaptiveBucketRates(t *testing.T) {
 				// rate (2 of 40 at 20 of 400), it is full again.
 				time.Sleep(200 * time.Millisecond)
 				passed := 0
+				start := time.Now()
 				for range 10 {
 					// The upstream still answers 502: what counts is that
 					// the limit let the request through.
@@ -238,8 +239,11 @@ func TestAdaptiveBucketRates(t *testing.T) {
 						passed++
 					}
 				}
-				if passed != 2 {
-					t.Fatalf("a full bucket at 20/s passed %d requests at once, want its burst of 2", passed)
+				// The burst of 2, and what 20/s refills while the ten
+				// requests are sent (a busy machine sends them slowly).
+				refilled := int(time.Since(start) * 20 / time.Second)
+				if passed < 2 || passed > 2+refilled {
+					t.Fatalf("a full bucket at 20/s passed %d of 10 requests sent in %v, want its burst of 2 and at most the %d refilled meanwhile", passed, time.Since(start), refilled)
 				}
 			}
 			u.fail.Store(false)

@@ -826,11 +826,15 @@ func ParseRate(s string) (int64, time.Duration, error) {
 	if err != nil || events < 1 {
 		return 0, 0, fmt.Errorf("invalid rate %q: events must be a whole number ≥ 1", s)
 	}
+	written := per
 	if per != "" && (per[0] < '0' || per[0] > '9') && per[0] != '.' {
 		per = "1" + per
 	}
 	window, err := caddy.ParseDuration(per)
-	if err != nil || window <= 0 {
+	switch {
+	case err != nil:
+		return 0, 0, fmt.Errorf("invalid rate %q: %q is not a duration: write a number and a unit, ns, us, ms, s, m, h or d (100/1m, 10/30s, 1000/1d; the number may be left out: 100/m)", s, written)
+	case window <= 0:
 		return 0, 0, fmt.Errorf("invalid rate %q: the duration after / must be positive, such as 1m", s)
 	}
 	return events, window, nil

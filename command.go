@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 )
@@ -114,9 +116,60 @@ func pathSegment(s string) string {
 	return url.PathEscape(s)
 }
 
+// adminAddress is the admin endpoint to talk to: --address, else the admin
+// option of --config, else Caddy's default. The config is adapted here
+// rather than by caddycmd.LoadConfig, which logs its progress at info level
+// on stderr ("using config from file", "adapted config to JSON"): a
+// command whose output is read by people and scripts keeps to its answer.
+func adminAddress(f caddycmd.Flags) (string, error) {
+	file := f.String("config")
+	if f.String("address") != "" || file == "" {
+		return caddycmd.DetermineAdminAPIAddress(f.String("address"), nil, "", "")
+	}
+	cfg, err := adaptQuietly(file, f.String("adapter"))
+	if err != nil {
+		return "", err
+	}
+	return caddycmd.DetermineAdminAPIAddress("", cfg, file, f.String("adapter"))
+}
+
+// adaptQuietly reads file as Caddy JSON, or through adapter (named, or
+// chosen from the file's name as caddy's commands choose it: a name
+// starting with "Caddyfile" or ending in ".caddyfile", or an extension
+// that names an adapter), and returns the JSON. Its warnings are dropped:
+// the command only wants the admin address.
+func adaptQuietly(file, adapter string) ([]byte, error) {
+	body, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("reading the config: %v", err)
+	}
+	if adapter == "" {
+		base := strings.ToLower(filepath.Base(file))
+		ext := strings.TrimPrefix(filepath.Ext(base), ".")
+		switch {
+		case strings.HasPrefix(base, "caddyfile") || ext == "caddyfile":
+			adapter = "caddyfile"
+		case ext != "" && ext != "json" && caddyconfig.GetAdapter(ext) != nil:
+			adapter = ext
+		}
+	}
+	if adapter == "" {
+		return body, nil
+	}
+	a := caddyconfig.GetAdapter(adapter)
+	if a == nil {
+		return nil, fmt.Errorf("unrecognized config adapter %q", adapter)
+	}
+	cfg, _, err := a.Adapt(body, map[string]any{"filename": file})
+	if err != nil {
+		return nil, fmt.Errorf("adapting the config with %s: %v", adapter, err)
+	}
+	return cfg, nil
+}
+
 // rateLimitCall sends one admin API request and prints the answer.
 func rateLimitCall(w io.Writer, f caddycmd.Flags, method, path string, q url.Values) error {
-	addr, err := caddycmd.DetermineAdminAPIAddress(f.String("address"), nil, f.String("config"), f.String("adapter"))
+	addr, err := adminAddress(f)
 	if err != nil {
 		return fmt.Errorf("finding the admin address: %v", err)
 	}
@@ -246,7 +299,7 @@ func runReport(w io.Writer, f caddycmd.Flags) error {
 	}
 	addr := f.String("address")
 	if addr == "" && f.String("config") != "" {
-		if addr, err = caddycmd.DetermineAdminAPIAddress("", nil, f.String("config"), f.String("adapter")); err != nil {
+		if addr, err = adminAddress(f); err != nil {
 			return fmt.Errorf("finding the admin address: %v", err)
 		}
 	}

@@ -49,6 +49,9 @@ func ParseCost(s string) (*Cost, error) {
 	if len(names) == 0 || slices.ContainsFunc(names, func(n string) bool { return strings.ContainsAny(n, "{}") }) {
 		return nil, fmt.Errorf("cost must be a whole number or a placeholder such as {http.request.header.X-Cost}, got %q", s)
 	}
+	if err := keys.CheckTemplate(t); err != nil {
+		return nil, fmt.Errorf("cost: %v", err)
+	}
 	return &Cost{expr: s, tmpl: t}, nil
 }
 

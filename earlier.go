@@ -7,6 +7,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+
+	"github.com/sluicehq/sluice/keys"
 )
 
 // Placeholders that only another handler fills in: authentication sets
@@ -29,14 +31,16 @@ type earlierWatch struct {
 }
 
 // setEarlier reports whether placeholder name is set only by a handler
-// that must run before rate_limit. Caddy's server sets client_ip and
-// trusted_proxy itself, before any handler.
+// that must run before rate_limit: one of {http.auth.*} or {http.vars.*},
+// or a name outside the namespaces Caddy and Sluice define (a map's
+// destination, another module's placeholder). Caddy's server sets
+// client_ip and trusted_proxy itself, before any handler.
 func setEarlier(name string) bool {
 	switch name {
 	case varsPrefix + caddyhttp.ClientIPVarKey, varsPrefix + caddyhttp.TrustedProxyVarKey:
 		return false
 	}
-	return strings.HasPrefix(name, authPrefix) || strings.HasPrefix(name, varsPrefix)
+	return strings.HasPrefix(name, authPrefix) || strings.HasPrefix(name, varsPrefix) || !keys.Owned(name)
 }
 
 // watchEarlier finds the placeholders of l's key and cost that another

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/bits"
 	"net/http"
-	"net/textproto"
 	"strconv"
 	"strings"
 	"time"
@@ -55,14 +54,19 @@ func parseHeaders(mode string) (headerSet, error) {
 // malformed field, which the draft tells clients to ignore.)
 const sfMaxInteger = 999_999_999_999_999
 
-// The fields' names in canonical form, so that setting them does not
-// canonicalize (and allocate) on every request.
-var (
-	hdrPolicy          = textproto.CanonicalMIMEHeaderKey("RateLimit-Policy")
-	hdrRateLimit       = textproto.CanonicalMIMEHeaderKey("RateLimit")
-	hdrLegacyLimit     = textproto.CanonicalMIMEHeaderKey("X-RateLimit-Limit")
-	hdrLegacyRemaining = textproto.CanonicalMIMEHeaderKey("X-RateLimit-Remaining")
-	hdrLegacyReset     = textproto.CanonicalMIMEHeaderKey("X-RateLimit-Reset")
+// The fields' names as the draft and the older convention spell them.
+// They are set as map keys directly: http.Header.Set would write Go's
+// canonical "Ratelimit-Policy", and while field names are case-insensitive,
+// the spelling is what operators and some clients look for. HTTP/2 and 3
+// send every name in lower case whatever the key. A Go lookup by the
+// canonical name (Header.Get, Caddy's `header -Name`) does not find these
+// keys; Caddy's wildcard deletes (`header -RateLimit*`) ignore case and do.
+const (
+	hdrPolicy          = "RateLimit-Policy"
+	hdrRateLimit       = "RateLimit"
+	hdrLegacyLimit     = "X-RateLimit-Limit"
+	hdrLegacyRemaining = "X-RateLimit-Remaining"
+	hdrLegacyReset     = "X-RateLimit-Reset"
 )
 
 // limitHeaders is what a limit writes into the rate limit fields, prepared
@@ -130,19 +134,25 @@ func secondsUp(ns int64) int64 { return (ns + int64(time.Second) - 1) / int64(ti
 // none is left out of every field, even when others send them.
 func writeHeaders(w http.ResponseWriter, limits []*Limit, reqs []backend.Request, out []algorithms.Result) {
 	var sent headerSet
-	denied := false
+	denied, shownDenied := false, false
 	for i, l := range limits {
 		if !l.zone.Shadow {
 			sent |= l.hdr.send
 			denied = denied || !out[i].Allowed
+			shownDenied = shownDenied || !out[i].Allowed && l.hdr.send != 0
 		}
 	}
+	// Refused by a zone that shows no numbers (a login zone, whose counts
+	// would guide an attacker), the request would carry only the numbers
+	// of zones that allowed it: a remaining quota that a client reading
+	// the fields would retry on at once. Only the policies are sent.
+	numbers := !denied || shownDenied
 	// One backing array for every value slice the fields need.
 	n := 0
 	if sent&sendDraft != 0 {
 		n += 2
 	}
-	if sent&sendLegacy != 0 {
+	if sent&sendLegacy != 0 && numbers {
 		n += 3
 	}
 	if n == 0 {
@@ -156,7 +166,7 @@ func writeHeaders(w http.ResponseWriter, limits []*Limit, reqs []backend.Request
 	}
 	if sent&sendDraft != 0 {
 		set(hdrPolicy, policyField(limits, reqs))
-		if i := reported(limits, out, sendDraft); i >= 0 {
+		if i := reported(limits, out, sendDraft); i >= 0 && numbers {
 			l := limits[i]
 			// Room for any item without growing: the value is the one
 			// allocation.
@@ -172,7 +182,7 @@ func writeHeaders(w http.ResponseWriter, limits []*Limit, reqs []backend.Request
 			set(hdrRateLimit, string(b))
 		}
 	}
-	if sent&sendLegacy != 0 {
+	if sent&sendLegacy != 0 && numbers {
 		if i := reported(limits, out, sendLegacy); i >= 0 {
 			t, _ := resetSeconds(out[i])
 			set(hdrLegacyLimit, intText(limits[i].hdr.q))

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -212,7 +213,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 	// One array holds every header value: the slices must be this
 	// response's own, since Caddy's header replacements edit values in
 	// place.
-	vals := make([]string, 3)
+	vals := make([]string, 4)
 	hdr := w.Header() // once: each call goes through Caddy's writer wrappers
 	set := func(name, v string) {
 		vals[0] = v
@@ -222,6 +223,9 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 	set(hdrCacheControl, "no-store")
 	if f.retryAfter >= 0 {
 		set(hdrRetryAfter, intText(f.retryAfter))
+	}
+	if waitsForContinue(r) {
+		set(hdrConnection, "close")
 	}
 	if repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); repl != nil {
 		refusalValues{
@@ -252,6 +256,27 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f refusal) erro
 	return err
 }
 
+// waitsForContinue reports whether r's client holds its body back until
+// the server asks for it (Expect: 100-continue) over HTTP/1.x, and nothing
+// has asked yet. A refusal must then close the connection: otherwise Go's
+// server, finding the body wrapped (Caddy counts the bytes read), reads
+// up to 256 KiB of it before it sends the answer, without asking for it,
+// and the client's answer waits until it gives up waiting and sends the
+// body anyway (curl: 1 s by default; many clients longer). HTTP/2 sends
+// the answer at once, and a Connection field there would end every stream
+// of the connection.
+func waitsForContinue(r *http.Request) bool {
+	if r.ProtoMajor != 1 || r.ContentLength == 0 || r.Body == nil || r.Body == http.NoBody {
+		return false
+	}
+	for _, v := range r.Header["Expect"] {
+		if strings.EqualFold(strings.TrimSpace(v), "100-continue") {
+			return true
+		}
+	}
+	return false
+}
+
 // bodyPool holds the buffers built-in bodies are written from. Bodies are
 // a few hundred bytes at most (a zone name is as long as the operator
 // makes it), so a buffer never holds much.
@@ -262,6 +287,7 @@ const (
 	hdrCacheControl = "Cache-Control"
 	hdrRetryAfter   = "Retry-After"
 	hdrContentType  = "Content-Type"
+	hdrConnection   = "Connection"
 )
 
 var contentTypes = map[string]string{

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/keys"
 )
 
 // settler reads a limit's real cost from the response: a response header
@@ -68,6 +69,9 @@ func parseSettle(expr string) (*settler, error) {
 	}
 	if strings.HasPrefix(name, "http.request.") {
 		return nil, fmt.Errorf("settle: %q reads the request, which the cost already does: settle reads the response", expr)
+	}
+	if err := keys.CheckPlaceholder(name); err != nil {
+		return nil, fmt.Errorf("settle: %v", err)
 	}
 	return s, nil
 }

@@ -127,6 +127,9 @@ func (l *Limit) checkTiers() error {
 		return fmt.Errorf("tiers: at most %d tiers, got %d", MaxTiers, len(l.Tiers))
 	}
 	tmpl, err := keys.ParseTemplate(l.Tier)
+	if err == nil {
+		err = keys.CheckTemplate(tmpl)
+	}
 	if err != nil {
 		return fmt.Errorf("tier: %v", err)
 	}

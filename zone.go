@@ -724,6 +724,9 @@ func (l *Limit) check() (string, error) {
 		return "", fmt.Errorf("hash: the secret must be at least %d bytes, got %d", minSecret, len(l.Hash))
 	}
 	tmpl, err := keys.ParseTemplate(l.Key)
+	if err == nil {
+		err = keys.CheckTemplate(tmpl)
+	}
 	if err != nil {
 		return "", fmt.Errorf("key: %v", err)
 	}

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -219,6 +222,34 @@ func TestRateLimitCommand(t *testing.T) {
 		t.Fatalf("unknown zone: %v\n%s", err, out)
 	}
 	run("admin_cli", "report", "--metrics", "http://"+adminAddr+"/metrics")
+
+	// With --config, the admin address comes from the file's admin
+	// option; only the answer is printed, on stdout, and nothing on
+	// stderr (loading the config the way caddy's own commands do logs
+	// it at info level there).
+	dir := t.TempDir()
+	files := map[string]string{
+		"Caddyfile":   "{\n\tadmin " + adminAddr + "\n}\n:0 {\n\trespond ok\n}\n",
+		"caddy.json":  `{"admin": {"listen": "` + adminAddr + `"}}`,
+		"x.caddyfile": "{\n\tadmin " + adminAddr + "\n}\n",
+	}
+	for name, body := range files {
+		file := filepath.Join(dir, name)
+		if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{{"zones"}, {"inspect", "admin_cli", "cli"}, {"report", "--metrics", "http://" + adminAddr + "/metrics"}} {
+			cmd := exec.Command(binary(t), append(append([]string{"rate-limit"}, args...), "--config", file)...)
+			var stdout, stderr strings.Builder
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Run(); err != nil || !strings.Contains(stdout.String(), "admin_cli") && !strings.Contains(stdout.String(), "of 3") {
+				t.Fatalf("caddy rate-limit %v --config %s: %v\nstdout: %s\nstderr: %s", args, name, err, stdout.String(), stderr.String())
+			}
+			if stderr.Len() > 0 {
+				t.Errorf("caddy rate-limit %v --config %s wrote on stderr:\n%s", args, name, stderr.String())
+			}
+		}
+	}
 }
 
 // TestAdminOddNames: a zone name and a key holding "/", spaces and

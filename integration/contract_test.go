@@ -2,11 +2,14 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/dunglas/httpsfv"
@@ -162,7 +165,8 @@ func TestRateLimitHeadersEveryAlgorithm(t *testing.T) {
 
 // Several zones and scopes: every enforcing limit is in RateLimit-Policy,
 // RateLimit reports the closest to denying, and a zone with headers none
-// (a login) is in no field, even when it is the one that denies.
+// (a login) is in no field; when it is the one that denies, no RateLimit
+// is sent at all.
 func TestRateLimitHeadersSeveralZonesHideOne(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
 	rate_limit {
@@ -221,13 +225,14 @@ func TestRateLimitHeadersSeveralZonesHideOne(t *testing.T) {
 	check(fetch(t, tester, "GET", "/x"), 200, `"hdr_multi_api.per_ip";r=5;t=60`)
 	check(fetch(t, tester, "GET", "/login"), 200, `"hdr_multi_api.per_ip";r=4;t=60`)
 	check(fetch(t, tester, "GET", "/login"), 200, `"hdr_multi_api.per_ip";r=3;t=60`)
-	// The login zone denies: Retry-After is its wait, and the fields show
-	// only the other limits, as they were (nothing was charged).
+	// The login zone denies: Retry-After is its wait; the policies are
+	// sent, but no RateLimit: the other limits' numbers would tell a
+	// client reading them that it has quota left.
 	r := fetch(t, tester, "GET", "/login")
 	if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); ra < 59 || ra > 60 {
 		t.Fatalf("login denial: Retry-After %q", r.header.Get("Retry-After"))
 	}
-	check(r, 429, `"hdr_multi_api.per_ip";r=3;t=60`)
+	check(r, 429, "")
 	check(fetch(t, tester, "GET", "/x"), 200, `"hdr_multi_api.per_ip";r=2;t=60`)
 	check(fetch(t, tester, "GET", "/x"), 200, `"hdr_multi_api.per_ip";r=1;t=60`)
 	// The token bucket of the zone is now the closer: 4 of 10 left after
@@ -642,5 +647,45 @@ func TestRefusalHeadersSurviveAnotherRoutesEdits(t *testing.T) {
 		if r.code != 429 || r.header.Get("Cache-Control") != want {
 			t.Fatalf("%s: %d, Cache-Control %q, want %q", path, r.code, r.header.Get("Cache-Control"), want)
 		}
+	}
+}
+
+// The fields go out spelled as the draft and the older convention spell
+// them (RateLimit-Policy, not Go's canonical Ratelimit-Policy).
+func TestRateLimitHeaderNamesAsSpelled(t *testing.T) {
+	newTester(t, caddyfileServer(`
+	rate_limit {
+		headers both
+		zone hdr_spelling {
+			key static
+			rate 10/1m
+		}
+	}
+	@hidden path /hidden
+	header @hidden -RateLimit*
+	header @hidden -X-RateLimit-*
+	respond "ok"`), "caddyfile")
+	head := func(path string) string {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(httpBase, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", path)
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		raw, _ := io.ReadAll(conn)
+		h, _, _ := strings.Cut(string(raw), "\r\n\r\n")
+		return h
+	}
+	names := []string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}
+	h := head("/")
+	for _, name := range names {
+		if !strings.Contains(h, "\r\n"+name+": ") {
+			t.Errorf("no field spelled %q in\n%s", name, h)
+		}
+	}
+	// Caddy's wildcard deletes, which ignore case, still remove them.
+	if h := head("/hidden"); strings.Contains(strings.ToLower(h), "ratelimit") {
+		t.Errorf("header -RateLimit* left a field:\n%s", h)
 	}
 }

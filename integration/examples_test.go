@@ -189,6 +189,19 @@ func docSite(t *testing.T, file, marker string) string {
 	return ""
 }
 
+// docText is the text of the caddyfile block of file that contains
+// marker, as written.
+func docText(t *testing.T, file, marker string) string {
+	t.Helper()
+	for _, b := range docBlocks(t) {
+		if strings.HasPrefix(b.where, file+":") && b.lang == "caddyfile" && strings.Contains(b.text, marker) {
+			return b.text
+		}
+	}
+	t.Fatalf("no caddyfile block in %s contains %q", file, marker)
+	return ""
+}
+
 // The login example of docs/keys.md, as written: one username in every
 // spelling of the route, posted as a form or as JSON, shares its 5
 // attempts.

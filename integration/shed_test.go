@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -463,5 +464,63 @@ func TestShedAnswerBodies(t *testing.T) {
 	code, _, body = do(t, tester, "GET", "/page")
 	if want := "load_shed itest_shed_body 503 server overloaded: request shed"; code != 503 || body != want {
 		t.Fatalf("error page: %d %q, want 503 %q", code, body, want)
+	}
+}
+
+// The concurrency example of docs/protection.md, as written: 30 reports at
+// once run 20 at a time, the rest in line, all served; one API key gets 4
+// requests in flight and the others refused at once.
+func TestDocsProtectionConcurrency(t *testing.T) {
+	var inFlight, peak atomic.Int64
+	release := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		select {
+		case <-release:
+		case <-time.After(time.Second):
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer upstream.Close()
+	block := docText(t, "../docs/protection.md", "match path /reports/*")
+	site := "{\n\tskip_install_trust\n\tadmin localhost:2999\n\thttp_port 9080\n}\n:9080 {\n" + block + "\n\treverse_proxy " + strings.TrimPrefix(upstream.URL, "http://") + "\n}\n"
+	newTester(t, site, "caddyfile")
+
+	codes := func(n int, path string, header ...string) map[int]int {
+		var mu sync.Mutex
+		got := map[int]int{}
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				req, _ := http.NewRequest("GET", httpBase+path, nil)
+				for i := 0; i+1 < len(header); i += 2 {
+					req.Header.Set(header[i], header[i+1])
+				}
+				code := 0
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					code = resp.StatusCode
+				}
+				mu.Lock()
+				got[code]++
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		return got
+	}
+	if got := codes(30, "/reports/q3"); got[200] != 30 {
+		t.Fatalf("30 reports at once: %v, want all 30 served", got)
+	}
+	if p := peak.Load(); p != 20 {
+		t.Fatalf("30 reports at once: %d at the upstream at most, want 20", p)
+	}
+	peak.Store(0)
+	if got := codes(6, "/api/items", "X-API-Key", "k1"); got[200] != 4 || got[503] != 2 {
+		t.Fatalf("6 API requests at once of one key: %v, want 4 served and 2 refused", got)
 	}
 }

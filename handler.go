@@ -220,9 +220,10 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *scratch) (allowed bool, store backend.Store, err error) {
 	s.out = slices.Grow(s.out[:0], len(s.reqs))[:len(s.reqs)]
 	var start int64
-	if !h.DisableMetrics {
+	if !h.DisableMetrics || h.budgets {
 		start = h.now()
 	}
+	s.at = start
 	store = h.store
 	allowed, err = store.Decide(r.Context(), s.reqs, s.out)
 	if err == nil && allowed && h.fleet != nil {

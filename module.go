@@ -125,6 +125,7 @@ type Handler struct {
 
 	headers  bool // some zone sends rate limit fields
 	outcomes bool // some limit counts or resets by the response
+	budgets  bool // some limit is a spend budget (charge_when)
 	zones    []*Zone
 	store    backend.Store
 	local    backend.Store // decides "local" limits while store is unavailable

@@ -208,6 +208,8 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 		}
 		return true, h.refuse(w, r, refusal{reason: reasonBadCost, zone: z, limit: l, retryAfter: -1, detail: err})
 	}
+	// An estimate below the floor takes the floor (cost_min).
+	cost = max(cost, l.CostMin)
 	s.reqs = append(s.reqs, l.request(key, cost))
 	s.limits = append(s.limits, l)
 	return false, nil

@@ -2,13 +2,16 @@ package sluice
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/algorithms"
@@ -123,20 +126,111 @@ func appendBudgetMessage(b []byte, f refusal) []byte {
 	return append(appendSeconds(b, f.retryAfter), '.')
 }
 
+// budgetHold keeps the call of a request holding spend budget
+// reservations going once its client has left. A client that hangs up
+// while the upstream works must not have its reservation released: the
+// upstream may complete the work (send the message) all the same, and
+// hanging up would be a free send. So the request is handed on with a
+// context that the client's departure does not cancel, and its status
+// settles the reservation whether anyone reads it or not. Once the client
+// is gone, the call lasts until its status is written, or until the first
+// of its reservations expires (until): then it is given up, and its
+// reservations are left to expire rather than released, so their units
+// come back no earlier than reservation_ttl.
+type budgetHold struct {
+	h        *Handler
+	ctx      context.Context // handed on
+	cancel   context.CancelFunc
+	until    int64       // on h's clock
+	answered atomic.Bool // the status was written
+	expired  atomic.Bool // given up at until: nothing settles
+}
+
+// serveHeld hands r on with a context that outlives its client (see
+// budgetHold). Only a request with a reservation pays for it (the context,
+// the request copy and the watch on the client's context).
+func (h *Handler) serveHeld(o *outcomeWriter, r *http.Request, next caddyhttp.Handler) error {
+	ctx, cancel := context.WithCancel(&o.detached) // its parent is never done: no goroutine watches it
+	hold := &budgetHold{h: h, ctx: ctx, cancel: cancel, until: o.holdUntil}
+	o.hold = hold
+	stop := context.AfterFunc(r.Context(), hold.clientLeft)
+	defer cancel()
+	defer stop()
+	return next.ServeHTTP(o, r.WithContext(ctx))
+}
+
+// clientLeft runs once the client has gone: the call goes on until its
+// status, or is given up when the first reservation expires.
+func (b *budgetHold) clientLeft() {
+	if !b.answered.Load() {
+		if wait := b.until - b.h.now(); wait > 0 {
+			newTimer := b.h.newTimer
+			if newTimer == nil {
+				newTimer = systemTimer
+			}
+			fired, stop := newTimer(time.Duration(wait))
+			select {
+			case <-fired:
+			case <-b.ctx.Done(): // answered, or the request is over
+				stop()
+				return
+			}
+		}
+		b.expired.Store(true)
+	}
+	// Answered to nobody: there is no one to stream the rest to.
+	b.cancel()
+}
+
 // settleChargesEarly settles the spend budgets once the status is written:
 // the outcome is known then, and a body streamed for longer than
 // reservation_ttl (a long answer, a client that reads slowly) must not
 // see its reservation expire, and its unit come back, before the commit.
 // What fails to settle here is settled, and logged, when the request ends.
 func (o *outcomeWriter) settleChargesEarly() {
-	_ = o.settleCharges(!o.left, int(o.status))
+	b := o.hold
+	if b != nil {
+		b.answered.Store(true)
+		// Read after answered is set: either this sees the client gone,
+		// or clientLeft sees the answer, and one of them ends the call.
+		if o.detached.parent.Err() != nil {
+			defer b.cancel()
+		}
+	}
+	if o.keepCharges() {
+		return
+	}
+	_ = o.settleCharges(int(o.status))
+}
+
+// keepCharges reports whether the spend budgets' reservations are to be
+// left to expire rather than settled: the call was given up when they
+// expired, or the status is the proxy's 499 for a client that left (no
+// answer of the upstream's), or no status was written at all.
+func (o *outcomeWriter) keepCharges() bool {
+	if o.hold != nil && o.hold.expired.Load() {
+		return true
+	}
+	return o.status == 0 || o.left && o.status == statusClientClosed
 }
 
 // settleCharges commits or releases the reservations of o's spend budgets
-// (outcomeWriter.settleCharges), logging what fails.
-func (h *Handler) settleCharges(o *outcomeWriter, answered bool, status int) {
-	for _, e := range o.settleCharges(answered, status) {
+// by status (outcomeWriter.settleCharges), logging what fails.
+func (h *Handler) settleCharges(o *outcomeWriter, status int) {
+	for _, e := range o.settleCharges(status) {
 		h.logger.Error("settling a spend budget's reservation (it expires by itself after reservation_ttl)", zap.Bool("commit", e.commit), zap.Error(e.err))
+	}
+}
+
+// settleLeftCharges settles the spend budgets of a request whose client
+// left before its status was written: by the status the call got without
+// the client, when it got one; otherwise they are kept until they expire.
+// A handler's error without a status (the proxy could not finish sending
+// a body the client stopped sending) is no answer of the upstream's: it
+// may have the request, and do the work, all the same.
+func (h *Handler) settleLeftCharges(o *outcomeWriter) {
+	if !o.keepCharges() {
+		h.settleCharges(o, int(o.status))
 	}
 }
 
@@ -146,11 +240,10 @@ type settleError struct {
 }
 
 // settleCharges commits the reservations of the spend budgets among o's
-// limits whose charge_when the response matches, and releases the others
-// (all of them when the request has no outcome: answered false). A
-// reservation settled is marked so (its Reserve zeroed), so that the
-// request's end does not settle it again.
-func (o *outcomeWriter) settleCharges(answered bool, status int) []settleError {
+// limits whose charge_when the response (of status) matches, and releases
+// the others. A reservation settled is marked so (its Reserve zeroed), so
+// that the request's end does not settle it again.
+func (o *outcomeWriter) settleCharges(status int) []settleError {
 	res, ok := o.store.(backend.Reserver)
 	if !ok {
 		return nil
@@ -163,7 +256,7 @@ func (o *outcomeWriter) settleCharges(answered bool, status int) []settleError {
 			all = false
 			continue
 		}
-		if answered && o.matches(l.ChargeWhen, o.charged, i, status) {
+		if o.matches(l.ChargeWhen, o.charged, i, status) {
 			commit = append(commit, i)
 		} else {
 			release = append(release, i)

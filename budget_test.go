@@ -1,6 +1,8 @@
 package sluice
 
 import (
+	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -77,6 +79,117 @@ func TestBudgetUnsettledRequestExpires(t *testing.T) {
 	<-done
 	if code := send(); code != http.StatusServiceUnavailable {
 		t.Fatalf("after the late release: %d, want 503 (it gave back a unit it no longer held)", code)
+	}
+}
+
+// A client that hangs up while a budget's call is under way settles
+// nothing by leaving: the call goes on with a context the client's
+// departure does not cancel, and the status it gets settles the
+// reservation (a 2xx commits, a 502 releases). Without a status (the
+// proxy's 499 once the call is given up, or an error) the reservation is
+// kept until it expires, never released early. The call is given up when
+// the reservation expires (the timer the test fires).
+func TestBudgetClientLeftSettledByAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// answer is what the call does once its client left: write a
+		// status, or wait for the call to be given up and then write
+		// one (0: none) and return err.
+		status  int
+		givenUp bool
+		err     error
+		want    int // the next send, before the reservation expires
+	}{
+		{"2xx commits", http.StatusOK, false, nil, http.StatusServiceUnavailable},
+		{"502 releases", http.StatusBadGateway, false, nil, http.StatusOK},
+		{"given up, the proxy's 499", statusClientClosed, true, nil, http.StatusServiceUnavailable},
+		{"given up, no status", 0, true, caddyhttp.Error(http.StatusBadGateway, context.Canceled), http.StatusServiceUnavailable},
+		{"error without a status", 0, false, caddyhttp.Error(http.StatusBadGateway, io.ErrUnexpectedEOF), http.StatusServiceUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var clock atomic.Int64
+			clock.Store(fuzzStart)
+			h := budgetHandler(t, "budget_left_"+strings.ReplaceAll(tc.name, " ", "_"), `"max_events": 1, "window": "24h", "charge_when": {"status_code": [2]}, "reservation_ttl": "30s"`, &clock)
+			timers := make(chan *fakeTimer, 1)
+			h.newTimer = func(d time.Duration) (<-chan time.Time, func() bool) {
+				ft := &fakeTimer{d: d, fire: make(chan time.Time, 1)}
+				timers <- ft
+				return ft.fire, func() bool { return !ft.stopped.Swap(true) }
+			}
+			_, r := benchRequest(t, "http://example.com/sms", "192.0.2.7:4242")
+			ctx, leave := context.WithCancel(r.Context())
+			defer leave()
+			r = r.WithContext(ctx)
+			err := h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, call *http.Request) error {
+				leave() // the client hangs up while the upstream works
+				if call.Context().Err() != nil {
+					t.Error("the call's context was cancelled when its client left")
+					return nil
+				}
+				ft := <-timers
+				if ft.d != 30*time.Second {
+					t.Errorf("the call of a client that left is given up after %v, want the reservation_ttl of 30s", ft.d)
+				}
+				if tc.givenUp {
+					ft.fire <- time.Time{} // the clock stays: the reservation is still open in the store
+					<-call.Context().Done()
+				}
+				if tc.status != 0 {
+					w.WriteHeader(tc.status)
+				}
+				return tc.err
+			}))
+			if err != tc.err && !t.Failed() {
+				t.Fatalf("ServeHTTP: %v, want %v", err, tc.err)
+			}
+			send := budgetSend(t, h, http.StatusOK)
+			if code := send(); code != tc.want {
+				t.Fatalf("the next send: %d, want %d", code, tc.want)
+			}
+			if tc.want == http.StatusOK {
+				return
+			}
+			clock.Add(int64(30*time.Second) - 1)
+			if code := send(); code != tc.want {
+				t.Fatalf("just before the reservation expires: %d, want %d", code, tc.want)
+			}
+			clock.Add(1)
+			want := http.StatusOK
+			if tc.status == http.StatusOK {
+				want = http.StatusServiceUnavailable // committed: it never comes back
+			}
+			if code := send(); code != want {
+				t.Fatalf("once the reservation expired: %d, want %d", code, want)
+			}
+		})
+	}
+}
+
+// A call answered before its client left goes on streaming while the
+// client stays; once the client leaves, nobody reads the rest, and the
+// call is ended at once.
+func TestBudgetAnsweredCallEndsWhenClientLeaves(t *testing.T) {
+	var clock atomic.Int64
+	clock.Store(fuzzStart)
+	h := budgetHandler(t, "budget_answered_left", `"max_events": 1, "window": "24h", "charge_when": {"status_code": [2]}`, &clock)
+	_, r := benchRequest(t, "http://example.com/sms", "192.0.2.7:4242")
+	ctx, leave := context.WithCancel(r.Context())
+	defer leave()
+	r = r.WithContext(ctx)
+	err := h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, call *http.Request) error {
+		w.WriteHeader(http.StatusOK)
+		if call.Context().Err() != nil {
+			t.Error("the call's context was cancelled with its client still there")
+		}
+		leave()
+		<-call.Context().Done() // the test would time out if it never ended
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := budgetSend(t, h, http.StatusOK)(); code != http.StatusServiceUnavailable {
+		t.Fatalf("after the committed call: %d, want 503", code)
 	}
 }
 

@@ -138,7 +138,7 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        burst      <n>
 //	        algorithm  sliding_window|sliding_window_counter|fixed_window|token_bucket|gcra|leaky_bucket
 //	        max_delay  <duration>
-//	        cost       <n>|<placeholder>
+//	        cost       <n>|<placeholder> [min <n>]
 //	        ipv4_prefix <bits>
 //	        ipv6_prefix <bits>
 //	        max_keys   <n>
@@ -513,12 +513,7 @@ func (p *limitParser) option(opt string) error {
 		dur, err = durationArg(d, p.where, opt)
 		l.MaxDelay = caddy.Duration(dur)
 	case "cost":
-		var v string
-		if v, err = oneArg(d); err == nil {
-			if l.Cost, err = ParseCost(v); err != nil {
-				return d.Errf("%s: %v", p.where, err)
-			}
-		}
+		err = p.costOption()
 	case "ipv4_prefix":
 		l.IPv4Prefix, err = intArg(d, p.where, opt, 0, 32)
 	case "ipv6_prefix":

@@ -161,6 +161,14 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"zone status word", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tstatus slow\n\t}\n}", `zone "a": status must be from 400 to 599, got "slow"`, 5},
 		{"zone status twice", "rate_limit {\n\tzone a {\n\t\trate 1/s\n\t\tstatus 429\n\t\tstatus 503\n\t}\n}", "status already specified", 6},
 		{"status in a scope", "rate_limit {\n\tzone a {\n\t\tscope s {\n\t\t\trate 1/s\n\t\t\tstatus 700\n\t\t}\n\t}\n}", `zone "a" scope "s": status must be from 400 to 599, got "700"`, 6},
+		{"cost min on a constant", "rate_limit {\n\tzone a {\n\t\trate 10/1m\n\t\tcost 5 min 8\n\t}\n}", `zone "a": cost_min applies to a cost read from the request`, 5},
+		{"cost min 0", "rate_limit {\n\tzone a {\n\t\trate 10/1m\n\t\tcost {http.request.body.size} min 0\n\t}\n}", `cost: min must be a whole number ≥ 1, got "0"`, 5},
+		{"cost min above the limit", "rate_limit {\n\tzone a {\n\t\trate 10/1m\n\t\tcost {http.request.body.size} min 11\n\t}\n}", `zone "a": cost_min 11 can never pass: the limit holds at most 10 units`, 5},
+		{"cost min above a scope's burst", "rate_limit {\n\tzone a {\n\t\tscope s {\n\t\t\trate 100/1m\n\t\t\talgorithm token_bucket\n\t\t\tburst 20\n\t\t\tcost {http.request.body.size} min 21\n\t\t}\n\t}\n}", `zone "a" scope "s": cost_min 21 can never pass: the limit holds at most 20 units (raise burst)`, 8},
+		{"cost min without a number", "rate_limit {\n\tzone a {\n\t\trate 10/1m\n\t\tcost {http.request.body.size} min\n\t}\n}", "cost: min needs a whole number", 5},
+		{"cost with another word", "rate_limit {\n\tzone a {\n\t\trate 10/1m\n\t\tcost {http.request.body.size} max 5\n\t}\n}", `cost: after the cost only min <n> may follow, got "max"`, 5},
+		{"cost min with more", "rate_limit {\n\tzone a {\n\t\trate 10/1m\n\t\tcost {http.request.body.size} min 5 6\n\t}\n}", `cost: nothing may follow min 5, got "6"`, 5},
+		{"cost min above a lease", "rate_limit {\n\tzone a {\n\t\tkey {http.request.header.X-Tenant}\n\t\trate 100000/1m\n\t\talgorithm token_bucket\n\t\tlease 100\n\t\tcost {http.request.header.X-Cost} min 200\n\t}\n}", `zone "a": lease 100 is less than cost_min 200`, 7},
 		{"algorithm on its own line", "rate_limit {\n\tzone a {\n\t\tkey static\n\t\trate 10/1m\n\t\talgorithm tokenbucket\n\t}\n}", `unknown algorithm "tokenbucket"`, 6},
 	}
 	// The line is the offending option's, not the zone's.

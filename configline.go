@@ -14,6 +14,7 @@ var optionLines = map[string][]string{
 	"max_events": {"events", "rate"},
 	"window":     {"window", "rate"},
 	"key":        {"key", "by"},
+	"cost_min":   {"cost"}, // cost <expr> min <n>
 }
 
 // optionLine is the line of the option that err (from Limit.check) is

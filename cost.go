@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/keys"
 )
 
@@ -48,6 +49,12 @@ func ParseCost(s string) (*Cost, error) {
 	names := t.Placeholders()
 	if len(names) == 0 || slices.ContainsFunc(names, func(n string) bool { return strings.ContainsAny(n, "{}") }) {
 		return nil, fmt.Errorf("cost must be a whole number or a placeholder such as {http.request.header.X-Cost}, got %q", s)
+	}
+	// {name:default} reads as Caddy's default syntax, which its replacer
+	// does not have at run time: it would be the placeholder (or JSON key)
+	// "name:default", absent from every request, and silently cost 0.
+	if i := slices.IndexFunc(names, func(n string) bool { return strings.Contains(n, ":") }); i >= 0 {
+		return nil, fmt.Errorf("cost: placeholder {%s} has no default syntax (Caddy's replacer has none at run time; a field absent from the request adds 0 to a sum): for a least cost, write cost <expr> min <n>", names[i])
 	}
 	if err := keys.CheckTemplate(t); err != nil {
 		return nil, fmt.Errorf("cost: %v", err)
@@ -130,6 +137,56 @@ func parseCostValue(s string) (int64, error) {
 		return 0, fmt.Errorf("cost %q is not a whole number ≥ 0", s)
 	}
 	return n, nil
+}
+
+// costOption reads `cost <n>|<placeholder> [min <n>]`.
+func (p *limitParser) costOption() error {
+	d, l := p.d, p.l
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	c, err := ParseCost(d.Val())
+	if err != nil {
+		return d.Errf("%s: %v", p.where, err)
+	}
+	l.Cost = c
+	if !d.NextArg() {
+		return nil
+	}
+	if d.Val() != "min" {
+		return d.Errf("%scost: after the cost only min <n> may follow, got %q", where(p.where), d.Val())
+	}
+	if !d.NextArg() {
+		return d.Errf("%scost: min needs a whole number", where(p.where))
+	}
+	n, err := strconv.ParseInt(d.Val(), 10, 64)
+	if err != nil || n < 1 {
+		return d.Errf("%scost: min must be a whole number ≥ 1, got %q", where(p.where), d.Val())
+	}
+	if d.NextArg() {
+		return d.Errf("%scost: nothing may follow min %d, got %q", where(p.where), n, d.Val())
+	}
+	l.CostMin = n
+	return nil
+}
+
+// checkCostMin validates cost_min against the cost and what the limit of
+// algorithm alg holds.
+func (l *Limit) checkCostMin(alg string) error {
+	switch n := l.CostMin; {
+	case n == 0:
+		return nil
+	case n < 0:
+		return fmt.Errorf("cost_min must be at least 1, got %d", n)
+	case l.Cost == nil || l.Cost.expr == "":
+		return fmt.Errorf("cost_min applies to a cost read from the request (a placeholder, or a sum with one): a constant cost is what every request takes")
+	case alg == "":
+		return fmt.Errorf("cost_min needs a rate (rate <n>/<window>)")
+	}
+	if most := algorithms.MaxCost(alg, l.policy()); l.CostMin > most {
+		return fmt.Errorf("cost_min %d can never pass: the limit holds at most %d units (raise %s)", l.CostMin, most, burstOrMax(alg, l.MaxDelay))
+	}
+	return nil
 }
 
 var (

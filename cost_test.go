@@ -2,12 +2,16 @@ package sluice
 
 import (
 	"errors"
+	"io"
 	"math"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sluicehq/sluice/keys"
 )
@@ -116,6 +120,88 @@ func TestCostLeast(t *testing.T) {
 		}
 		if got := c.least(); got != want {
 			t.Errorf("%s: least %d, want %d", expr, got, want)
+		}
+	}
+}
+
+// cost_min raises an estimate below it to it, and leaves one above it as
+// it is: a chunked prompt without max_tokens reserves the floor, one with
+// max_tokens its bytes plus max_tokens.
+func TestCostMinFloor(t *testing.T) {
+	h, cleanup, err := provisionJSON([]byte(`{"body_limit": 65536, "rate_limits": {"cost_min_floor": {"key": "k", "max_events": 100000, "window": "1h", "algorithm": "fixed_window",
+		"cost": "{http.request.body.size}+{http.request.body.json.max_tokens}", "cost_min": 4096}}}`), func() int64 { return fuzzStart })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	left := int64(100000)
+	for _, tc := range []struct {
+		name, body string
+		chunked    bool
+		want       int64
+	}{
+		{"chunked, no max_tokens", `{"messages": "hi"}`, true, 4096},
+		{"no body", "", false, 4096},
+		{"max_tokens 0", `{"max_tokens": 0}`, false, 4096},
+		{"chunked, max_tokens", `{"max_tokens": 5000, "m": "` + strings.Repeat("x", 971) + `"}`, true, 6000},
+		{"declared, max_tokens", `{"max_tokens": 5000, "m": "` + strings.Repeat("x", 971) + `"}`, false, 6000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, r := benchRequest(t, "http://example.com/v1/chat", "192.0.2.7:4242")
+			r.Method = http.MethodPost
+			r.Header.Set("Content-Type", "application/json")
+			r.Body, r.ContentLength = io.NopCloser(strings.NewReader(tc.body)), int64(len(tc.body))
+			if tc.chunked {
+				r.ContentLength = -1
+			}
+			var got []byte
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				got, _ = io.ReadAll(r.Body)
+				return nil
+			})
+			if err := h.ServeHTTP(httptest.NewRecorder(), r, next); err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tc.body {
+				t.Fatalf("the next handler got %d bytes of the %d-byte body", len(got), len(tc.body))
+			}
+			repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+			left -= tc.want
+			if remaining, _ := repl.GetString(phRemaining); remaining != strconv.FormatInt(left, 10) {
+				t.Fatalf("%s left, want %d (%d taken)", remaining, left, tc.want)
+			}
+		})
+	}
+}
+
+// cost_min is refused where it cannot work, naming the option.
+func TestCostMinConfigErrors(t *testing.T) {
+	for _, tc := range []struct{ name, fields, want string }{
+		{"no cost", `"cost_min": 5`, "cost_min applies to a cost read from the request"},
+		{"constant cost", `"cost": 3, "cost_min": 5`, "cost_min applies to a cost read from the request"},
+		{"negative", `"cost": "{http.request.body.size}", "cost_min": -1`, "cost_min must be at least 1, got -1"},
+		{"above the limit", `"cost": "{http.request.body.size}", "cost_min": 1001`, "cost_min 1001 can never pass: the limit holds at most 1000 units (raise max_events)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, cleanup, err := provisionJSON([]byte(`{"rate_limits": {"cost_min_bad": {"key": "k", "max_events": 1000, "window": "1h", `+tc.fields+`}}}`), nil)
+			if err == nil {
+				cleanup()
+				t.Fatal("provisioned")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// A placeholder written with a default, as in {name:default}, is refused:
+// Caddy's replacer has no such syntax at run time, and it would read as a
+// field no request has, costing 0.
+func TestCostPlaceholderDefaultRefused(t *testing.T) {
+	for _, s := range []string{"{http.request.body.json.max_tokens:4096}", "{http.request.body.size}+{http.request.body.json.max_tokens:4096}"} {
+		if _, err := ParseCost(s); err == nil || !strings.Contains(err.Error(), "has no default syntax") {
+			t.Errorf("cost %q: %v, want it refused for its default", s, err)
 		}
 	}
 }

@@ -208,6 +208,8 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 		}
 		return true, h.refuse(w, r, refusal{reason: reasonBadCost, zone: z, limit: l, retryAfter: -1, detail: err})
 	}
+	// An estimate below the floor takes the floor (cost_min).
+	cost = max(cost, l.CostMin)
 	s.reqs = append(s.reqs, l.request(key, cost))
 	s.limits = append(s.limits, l)
 	return false, nil
@@ -220,9 +222,10 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *scratch) (allowed bool, store backend.Store, err error) {
 	s.out = slices.Grow(s.out[:0], len(s.reqs))[:len(s.reqs)]
 	var start int64
-	if !h.DisableMetrics {
+	if !h.DisableMetrics || h.budgets {
 		start = h.now()
 	}
+	s.at = start
 	store = h.store
 	allowed, err = store.Decide(r.Context(), s.reqs, s.out)
 	if err == nil && allowed && h.fleet != nil {

@@ -33,6 +33,8 @@ func (l *Limit) checkLease(alg string) error {
 		return fmt.Errorf("lease %d is more than burst %d: the bucket never holds that many units at once", n, l.Burst)
 	case l.Cost != nil && l.Cost.expr == "" && l.Cost.n > n:
 		return fmt.Errorf("lease %d is less than cost %d: every request would go to the backend; raise lease or remove it", n, l.Cost.n)
+	case l.CostMin > n:
+		return fmt.Errorf("lease %d is less than cost_min %d: every request would go to the backend; raise lease or remove it", n, l.CostMin)
 	case alg == algorithms.NameLeakyBucket:
 		return fmt.Errorf("lease: a leaky_bucket lets requests out one interval apart, which units spent locally from a lease would not: use token_bucket or gcra")
 	case l.Fail == FailClosed:

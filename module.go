@@ -84,7 +84,9 @@ type Handler struct {
 
 	// BodyLimit is how many bytes of a request body are read to find a key
 	// or cost field ({http.request.body.json.*}, {http.request.body.form.*},
-	// {http.request.body.field.*}). A larger body is unreadable: it is never
+	// {http.request.body.field.*}), or the size of a body sent without
+	// Content-Length ({http.request.body.size}). A larger body is
+	// unreadable (its size too, when it declares none): it is never
 	// skipped by missing "skip", and a cost read from it is answered with
 	// 400. The body is always handed on unchanged. Default: 65536 (64 KiB);
 	// at most 16777216 (16 MiB), since each request being read holds this
@@ -125,6 +127,7 @@ type Handler struct {
 
 	headers  bool // some zone sends rate limit fields
 	outcomes bool // some limit counts or resets by the response
+	budgets  bool // some limit is a spend budget (charge_when)
 	zones    []*Zone
 	store    backend.Store
 	local    backend.Store // decides "local" limits while store is unavailable

@@ -37,9 +37,14 @@ type outcomeWriter struct {
 	charged        uint8         // the same for charge_when (budget.go)
 	store          backend.Store // the store that decided
 	settle         *settleNotes  // nil unless a limit settles its cost
-	limits         []*Limit
-	reqs           []backend.Request
-	out            []algorithms.Result
+	// holdUntil, on the handler's clock, is when the first of the
+	// request's spend budget reservations expires; 0 without one. hold
+	// keeps such a request's call going once its client left (budget.go).
+	holdUntil int64
+	hold      *budgetHold
+	limits    []*Limit
+	reqs      []backend.Request
+	out       []algorithms.Result
 	// Room for the usual one or two such limits, in the same allocation
 	// as the writer.
 	limitBuf [2]*Limit
@@ -74,6 +79,13 @@ func watchOutcome(w http.ResponseWriter, s *scratch) *outcomeWriter {
 		o.limits = append(o.limits, l)
 		o.reqs = append(o.reqs, s.reqs[i])
 		o.out = append(o.out, s.out[i])
+		// A shadow zone's budget observes: it does not change how the
+		// request is handed on.
+		if l.ChargeWhen != nil && s.reqs[i].Reserve > 0 && !l.zone.Shadow {
+			if until := s.at + s.reqs[i].Reserve; o.holdUntil == 0 || until < o.holdUntil {
+				o.holdUntil = until
+			}
+		}
 	}
 	return o
 }
@@ -177,15 +189,22 @@ func (o *outcomeWriter) finalStatus(err error) int {
 // serveOutcome hands the request on through o, then settles its limits.
 func (h *Handler) serveOutcome(o *outcomeWriter, r *http.Request, next caddyhttp.Handler) error {
 	o.detached.parent = r.Context()
-	err := next.ServeHTTP(o, r)
+	var err error
+	if o.holdUntil != 0 {
+		err = h.serveHeld(o, r, next)
+	} else {
+		err = next.ServeHTTP(o, r)
+	}
 	if o.left || (o.status == 0 && r.Context().Err() != nil) {
 		// The client left before the status was written: the
 		// application may have done the work all the same (sent the
 		// message, checked the password), so the unit stays taken and
 		// nothing is cleared. The 499 the proxy writes for the cancelled
-		// request is not an outcome. A spend budget's reservation is
-		// released, though (budget.go).
-		h.settleCharges(o, false, 0)
+		// request is not an outcome. A spend budget's call went on
+		// without the client: its status settles the reservation, and
+		// without one the reservation is kept until it expires
+		// (budget.go).
+		h.settleLeftCharges(o)
 		return err
 	}
 	h.settle(o, r, o.finalStatus(err))
@@ -196,7 +215,7 @@ func (h *Handler) serveOutcome(o *outcomeWriter, r *http.Request, next caddyhttp
 // does not match, and clears the keys of those whose reset_when it does.
 // It runs after the response, so a client that left does not stop it.
 func (h *Handler) settle(o *outcomeWriter, r *http.Request, status int) {
-	h.settleCharges(o, true, status)
+	h.settleCharges(o, status)
 	ctx := &o.detached
 	n := 0
 	for i, l := range o.limits {
@@ -241,6 +260,7 @@ func (h *Handler) provisionOutcome(l *Limit) error {
 		return nil
 	}
 	h.outcomes = true
+	h.budgets = h.budgets || l.ChargeWhen != nil
 	if _, ok := h.store.(backend.Reserver); l.ChargeWhen != nil && !ok {
 		return fmt.Errorf("zone %q: charge_when: the %T backend cannot hold reservations", l.zone.name, h.store)
 	}

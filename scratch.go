@@ -29,6 +29,10 @@ type scratch struct {
 	store  backend.Store // the store that decided
 	conc   []concReq     // the concurrency limits matched, with their keys
 	adapt  []*adaptiveLimit
+	// at is the handler's clock just before the decision, read when a
+	// spend budget may reserve: no reservation it made expires before
+	// at plus its reservation_ttl.
+	at int64
 }
 
 // scratchLimits is how many limits a pooled scratch has room for at first;
@@ -62,7 +66,7 @@ func (s *scratch) release() {
 	clear(s.conc[:cap(s.conc)])
 	clear(s.adapt[:cap(s.adapt)])
 	s.reqs, s.limits, s.out, s.shadow, s.conc, s.adapt = s.reqs[:0], s.limits[:0], s.out[:0], s.shadow[:0], s.conc[:0], s.adapt[:0]
-	s.body, s.store = nil, nil
+	s.body, s.store, s.at = nil, nil, 0
 	scratchPool.Put(s)
 }
 

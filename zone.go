@@ -170,7 +170,10 @@ type Limit struct {
 
 	// Cost is how many units one request consumes: a whole number (0 makes
 	// requests free), or a placeholder that expands to one, such as
-	// "{http.request.header.X-Cost}" or "{http.request.body.json.tokens}".
+	// "{http.request.header.X-Cost}", "{http.request.body.json.tokens}" or
+	// "{http.request.body.size}" (the body's bytes: its Content-Length, else
+	// the bytes of a chunked or HTTP/2 body read within body_limit; larger,
+	// it is unreadable), or a sum of numbers and placeholders with "+".
 	// Default: 1. A constant cost may be at most what the limit holds
 	// (max_events, burst, or the queue's size). A placeholder that is absent
 	// (a header not sent, a field absent from a readable body) costs 1. One
@@ -178,6 +181,13 @@ type Limit struct {
 	// number ≥ 0, is answered with 400; a shadow zone logs it instead. One
 	// above what the limit holds (up to any size) is denied with 429.
 	Cost *Cost `json:"cost,omitempty"`
+
+	// CostMin is the least a cost read from the request (a placeholder or
+	// a sum) takes: an estimate that comes out lower (a field the request
+	// leaves out, an absent placeholder's 1) is raised to it. Only with
+	// such a cost, not a constant one; from 1 to what the limit holds.
+	// Default: 0, no floor.
+	CostMin int64 `json:"cost_min,omitempty"`
 
 	// IPv4Prefix masks key values that are IPv4 addresses (IPv4-mapped
 	// IPv6 included) to their network of this many bits: 24 puts
@@ -714,6 +724,9 @@ func (l *Limit) check() (string, error) {
 		if least := l.Cost.least(); least > most {
 			return "", fmt.Errorf("cost %q can never pass: its numbers alone add up to %d, and the limit holds at most %d units (raise %s)", l.Cost.expr, least, most, burstOrMax(alg, l.MaxDelay))
 		}
+	}
+	if err := l.checkCostMin(alg); err != nil {
+		return "", err
 	}
 	for i, n := range l.Normalize {
 		if _, err := keys.NewNormalizer(n.Name, n.Region, n.Aliases); err != nil {

@@ -1,8 +1,10 @@
 package integration
 
 import (
-	"context"
+	"bufio"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -21,26 +23,42 @@ import (
 
 // paidUpstream is a paid provider behind the proxy that answers what each
 // request's X-Answer says: a status ("200", "502"), or "hang" to answer
-// nothing until the proxy gives up on it. It counts the requests that
-// reach it, and signals each one that hangs.
+// nothing until the proxy gives up on it. With X-Work (a duration), it
+// works that long before it answers, whether the proxy is still waiting
+// or not: the provider has the message once the request reached it, as a
+// real one does. It counts the requests that reach it and the answers it
+// finished, and signals each request that hangs.
 type paidUpstream struct {
-	srv     *httptest.Server
-	hits    atomic.Int64
-	hanging chan struct{}
+	srv      *httptest.Server
+	hits     atomic.Int64
+	answered atomic.Int64
+	hanging  chan struct{}
+	// hangEnded receives how long each hanging request was held before
+	// the proxy gave up on it.
+	hangEnded chan time.Duration
 }
 
 func newPaidUpstream(t *testing.T) *paidUpstream {
-	u := &paidUpstream{hanging: make(chan struct{}, 16)}
+	u := &paidUpstream{hanging: make(chan struct{}, 16), hangEnded: make(chan time.Duration, 16)}
 	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.hits.Add(1)
+		defer u.answered.Add(1)
 		answer := r.Header.Get("X-Answer")
 		if answer == "hang" {
+			start := time.Now()
 			u.hanging <- struct{}{}
 			select {
 			case <-r.Context().Done():
 			case <-time.After(20 * time.Second):
 			}
+			select {
+			case u.hangEnded <- time.Since(start):
+			default:
+			}
 			return
+		}
+		if d, err := time.ParseDuration(r.Header.Get("X-Work")); err == nil {
+			time.Sleep(d)
 		}
 		code, _ := strconv.Atoi(answer)
 		w.WriteHeader(code)
@@ -127,58 +145,176 @@ func TestBudgetRefundedOnUpstreamFailure(t *testing.T) {
 	}
 }
 
-// A client that goes away while the upstream works gives the unit back.
-func TestBudgetRefundedOnClientAbort(t *testing.T) {
+// leaveAfter sends a paid request on a raw connection and closes it
+// after wait, as a client that hangs up does; it returns the status that
+// came back before (0 when none did).
+func leaveAfter(t *testing.T, answer, work string, wait time.Duration) int {
+	t.Helper()
+	return leaveRaw(t, fmt.Sprintf("POST /sms HTTP/1.1\r\nHost: localhost\r\nX-Answer: %s\r\nX-Work: %s\r\nContent-Length: 0\r\n\r\n", answer, work), wait)
+}
+
+// leaveRaw writes req on a raw connection and closes it after wait.
+func leaveRaw(t *testing.T, req string, wait time.Duration) int {
+	t.Helper()
+	c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(httpPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// waitAnswered waits until the upstream finished every request it got.
+func waitAnswered(t *testing.T, u *paidUpstream) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); u.answered.Load() < u.hits.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the upstream finished %d of %d requests in 10s", u.answered.Load(), u.hits.Load())
+		}
+	}
+}
+
+// A client that hangs up while the provider works does not get its send
+// for free: the upstream call goes on, and its 2xx commits the unit. Six
+// clients in a row, each leaving after 0.6 s of a send that takes 1 s,
+// against a budget of 3, get exactly 3 messages sent; the rest are
+// refused before reaching the provider, and the budget stays spent.
+func TestBudgetKeptWhenClientLeaves(t *testing.T) {
 	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
 		u := newPaidUpstream(t)
-		tester := budgetSite(t, backend, prefix+"budget_abort", "2/1d", "10s", u)
-		// The release runs once Caddy sees the client gone, which may come
-		// after the client saw its own abort: a send that needs a released
-		// unit waits for it (up to 10 s), and the third paid send proves
-		// that no more came back than was reserved.
-		deadline := time.Now().Add(10 * time.Second)
-		for i := 0; i < 3; {
-			ctx, cancel := context.WithCancel(context.Background())
-			req, _ := http.NewRequestWithContext(ctx, "POST", httpBase+"/sms", nil)
-			req.Header.Set("X-Answer", "hang")
-			errc := make(chan error, 1)
-			go func() {
-				resp, err := tester.Client.Do(req)
-				if err == nil {
-					resp.Body.Close()
-					err = fmt.Errorf("answered %d", resp.StatusCode)
-				}
-				errc <- err
-			}()
-			select {
-			case <-u.hanging:
-				cancel()
-				<-errc
-				i++
-			case err := <-errc:
-				cancel()
-				if err.Error() != "answered 503" || time.Now().After(deadline) {
-					t.Fatalf("abandoned send #%d: %v before reaching the upstream", i+1, err)
-				}
-				time.Sleep(20 * time.Millisecond)
+		tester := budgetSite(t, backend, prefix+"budget_left", "3/1h", "10s", u)
+		var codes []int
+		for range 6 {
+			codes = append(codes, leaveAfter(t, "200", "1s", 600*time.Millisecond))
+		}
+		waitAnswered(t, u)
+		if got := u.hits.Load(); got != 3 {
+			t.Fatalf("%d messages sent to clients that hung up at 0.6 s (answers %v), want the budget of 3", got, codes)
+		}
+		// Committed, not released: nothing comes back.
+		for deadline := time.Now().Add(500 * time.Millisecond); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if code, _, body := paidSend(t, tester, "200"); code != http.StatusServiceUnavailable {
+				t.Fatalf("a send once the clients that left were answered: %d %q, want 503", code, body)
 			}
 		}
-		for n := range 2 {
-			for {
-				code, _, body := paidSend(t, tester, "200")
-				if code == http.StatusOK {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("paid send #%d: the budget did not come back after the clients left: %d %q", n+1, code, body)
-				}
-				time.Sleep(20 * time.Millisecond)
+	})
+}
+
+// A client that left is settled by what the upstream answers, once it
+// answers: a 502 gives the unit back then, and not before.
+func TestBudgetClientLeftReleasedByFailure(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newPaidUpstream(t)
+		tester := budgetSite(t, backend, prefix+"budget_left_502", "1/1h", "10s", u)
+		if code := leaveAfter(t, "502", "1s", 300*time.Millisecond); code != 0 {
+			t.Fatalf("the client that left got %d", code)
+		}
+		if u.answered.Load() == 0 {
+			if code, _, body := paidSend(t, tester, "200"); code != http.StatusServiceUnavailable {
+				t.Fatalf("while the upstream still works for a client that left: %d %q, want 503", code, body)
+			}
+		}
+		waitAnswered(t, u)
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			code, _, body := paidSend(t, tester, "200")
+			if code == http.StatusOK {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the unit of a send that failed after its client left never came back: %d %q", code, body)
 			}
 		}
 		if code, _, _ := paidSend(t, tester, "200"); code != http.StatusServiceUnavailable {
-			t.Fatalf("third paid send: %d, want 503", code)
+			t.Fatalf("after the paid send: %d, want 503", code)
 		}
 	})
+}
+
+// A client that left and no status from the upstream: the reservation
+// is kept until reservation_ttl, never released early, and then comes
+// back by expiry. An upstream that never answers has its call given up
+// then, not when the proxy's own timeout (10 s) would end it. The
+// proxy's 504 (its response_header_timeout, shorter than the
+// reservation) and its 502 for a body the client stopped sending
+// half-way (the provider got the request and works on it) are not
+// answers of the upstream's either.
+func TestBudgetClientLeftUnansweredExpires(t *testing.T) {
+	const ttl = 2 * time.Second
+	for _, tc := range []struct {
+		name, timeout, req string
+		givenUp            time.Duration // when the upstream's hanging call must end (0: not checked)
+	}{
+		{"never answered", "10s", "POST /sms HTTP/1.1\r\nHost: localhost\r\nX-Answer: hang\r\nContent-Length: 0\r\n\r\n", ttl},
+		{"proxy timeout", "500ms", "POST /sms HTTP/1.1\r\nHost: localhost\r\nX-Answer: hang\r\nContent-Length: 0\r\n\r\n", 500 * time.Millisecond},
+		{"body cut short", "10s", "POST /sms HTTP/1.1\r\nHost: localhost\r\nX-Answer: 200\r\nX-Work: 1s\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n10\r\n{\"phone\":\"0171\"}\r\n", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+				u := newPaidUpstream(t)
+				tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		respond json
+		zone %sbudget_left_%s {
+			key sms
+			rate 1/1h
+			charge_when status 2xx
+			reservation_ttl %s
+		}
+	}
+	reverse_proxy %s {
+		transport http {
+			response_header_timeout %s
+		}
+	}`, backend, prefix, strings.ReplaceAll(tc.name, " ", "_"), ttl, u.addr(), tc.timeout)), "caddyfile")
+				reserved := time.Now()
+				leaveRaw(t, tc.req, 300*time.Millisecond)
+				for deadline := time.Now().Add(5 * time.Second); u.hits.Load() != 1; time.Sleep(10 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("the upstream got %d requests, want 1", u.hits.Load())
+					}
+				}
+				for {
+					code, _, body := paidSend(t, tester, "200")
+					elapsed := time.Since(reserved)
+					if code == http.StatusOK {
+						if elapsed < ttl-250*time.Millisecond {
+							t.Fatalf("the unit of a client that left came back after %v, before its reservation_ttl %v", elapsed, ttl)
+						}
+						t.Logf("the unit came back %v after it was reserved (reservation_ttl %v)", elapsed.Round(time.Millisecond), ttl)
+						break
+					}
+					if code != http.StatusServiceUnavailable {
+						t.Fatalf("while the reservation of a client that left is kept: %d %q, want 503", code, body)
+					}
+					if elapsed > ttl+5*time.Second {
+						t.Fatalf("the unit did not come back %v after it was reserved", elapsed)
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				if tc.givenUp == 0 {
+					return
+				}
+				select {
+				case held := <-u.hangEnded:
+					if held < tc.givenUp-250*time.Millisecond || held > tc.givenUp+3*time.Second {
+						t.Fatalf("the upstream call of a client that left was given up after %v, want about %v", held, tc.givenUp)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("the upstream call of a client that left was never given up")
+				}
+			})
+		})
+	}
 }
 
 // Releases never give back more than was reserved: 60 concurrent sends,

@@ -1,13 +1,17 @@
 package integration
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -271,4 +275,213 @@ func TestSettleWithLease(t *testing.T) {
 	if got := ls[0].Remaining; got < 99300 || got > 99300+refill {
 		t.Fatalf("Redis has %d left, want 99300 (1000 leased, 300 given back; + up to %d refilled)", got, refill)
 	}
+}
+
+// heldTokenUpstream is an LLM application that holds every call it gets
+// until release is closed, then answers it with X-Tokens-Used used: the
+// calls let through are all in flight at once.
+type heldTokenUpstream struct {
+	addr    string
+	used    string
+	arrived atomic.Int64
+	release chan struct{}
+	// bodies are the sizes of the bodies the upstream got.
+	mu     sync.Mutex
+	bodies []int
+}
+
+func newHeldTokenUpstream(t *testing.T, used string) *heldTokenUpstream {
+	u := &heldTokenUpstream{used: used, release: make(chan struct{})}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		u.mu.Lock()
+		u.bodies = append(u.bodies, int(n))
+		u.mu.Unlock()
+		u.arrived.Add(1)
+		select {
+		case <-u.release:
+		case <-time.After(20 * time.Second):
+		}
+		w.Header().Set("X-Tokens-Used", u.used)
+		fmt.Fprint(w, `{"choices": []}`)
+	}))
+	t.Cleanup(srv.Close)
+	u.addr = strings.TrimPrefix(srv.URL, "http://")
+	return u
+}
+
+// llmPrompt is a chat completion's JSON body with a prompt of n bytes and,
+// when maxTokens is not 0, max_tokens.
+func llmPrompt(n, maxTokens int) string {
+	body := `{"messages": [{"role": "user", "content": "` + strings.Repeat("x", n) + `"}]`
+	if maxTokens != 0 {
+		body += fmt.Sprintf(`, "max_tokens": %d`, maxTokens)
+	}
+	return body + "}"
+}
+
+// A way to send a call of the LLM proxy: its status, or 0 when it failed.
+type llmSender struct {
+	name string
+	send func(t *testing.T, tester *caddytest.Tester, key, body string) int
+}
+
+// llmShapes are the ways a call can carry its body: with Content-Length,
+// chunked (HTTP/1.1 Transfer-Encoding: chunked) and on HTTP/2 (h2c)
+// without content-length.
+var llmShapes = []llmSender{
+	{"content_length", func(t *testing.T, tester *caddytest.Tester, key, body string) int {
+		req, _ := http.NewRequest("POST", httpBase+"/v1/chat/completions", strings.NewReader(body))
+		return llmDo(t, tester.Client, req, key, 1)
+	}},
+	{"chunked", func(t *testing.T, _ *caddytest.Tester, key, body string) int {
+		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(httpPort))
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", key, len(body), body)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}},
+	{"h2c", func(t *testing.T, _ *caddytest.Tester, key, body string) int {
+		// A reader of unknown length: the body goes as DATA frames
+		// without content-length.
+		req, _ := http.NewRequest("POST", "http://127.0.0.1:"+strconv.Itoa(httpPort)+"/v1/chat/completions", struct{ io.Reader }{strings.NewReader(body)})
+		return llmDo(t, h2cClient, req, key, 2)
+	}},
+}
+
+var h2cClient = func() *http.Client {
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}()
+
+func llmDo(t *testing.T, client *http.Client, req *http.Request, key string, proto int) int {
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Error(err)
+		return 0
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.ProtoMajor != proto {
+		t.Errorf("answered over HTTP/%d, want HTTP/%d", resp.ProtoMajor, proto)
+	}
+	return resp.StatusCode
+}
+
+// llmSiteSmall is the LLM proxy of docs/outcomes.md, proxying to addr, its
+// tokens scope set to 20,000 (an hour's: what refills while a test runs
+// is far below any call's estimate), with HTTP/2 over cleartext.
+func llmSiteSmall(t *testing.T, backend, zone, addr string) *caddytest.Tester {
+	site := docOutcomeSite(t, "settle {http.response.header.X-Tokens-Used}", addr)
+	if !strings.Contains(site, "rate 200000/1m") || !strings.Contains(site, "http_port 9080\n}") {
+		t.Fatal("the docs' LLM proxy no longer has a tokens scope of rate 200000/1m")
+	}
+	site = strings.Replace(site, "rate 200000/1m", "rate 20000/1h", 1)
+	site = strings.Replace(site, "http_port 9080\n}", "http_port 9080\n\tservers {\n\t\tprotocols h1 h2c\n\t}\n}", 1)
+	site = strings.Replace(site, "zone llm {", "zone "+zone+" {", 1)
+	site = strings.Replace(site, "rate_limit {", "rate_limit {\n\t\t"+backend, 1)
+	return newTester(t, site, "caddyfile")
+}
+
+// concurrentCalls sends n calls at once through shape and returns how many
+// reached the upstream and how many were refused with 429: the upstream
+// holds the calls it gets until every call is either in it or refused.
+func concurrentCalls(t *testing.T, tester *caddytest.Tester, u *heldTokenUpstream, shape llmSender, n int, key, body string) (admitted, refused int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var ok, denied atomic.Int64
+	for range n {
+		wg.Go(func() {
+			switch code := shape.send(t, tester, key, body); code {
+			case http.StatusOK:
+				ok.Add(1)
+			case http.StatusTooManyRequests:
+				denied.Add(1)
+			default:
+				t.Errorf("%s call: %d", shape.name, code)
+			}
+		})
+	}
+	start := u.arrived.Load()
+	for deadline := time.Now().Add(10 * time.Second); u.arrived.Load()-start+denied.Load() < int64(n) && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(u.release)
+	wg.Wait()
+	return int(ok.Load()), int(denied.Load())
+}
+
+// Concurrent calls can never spend more than the limit between them when
+// their estimates hold what they use, whatever the body's shape: 20 calls
+// at once, without max_tokens, of a short prompt that uses 4000 tokens
+// each, against 20,000 tokens, chunked and on HTTP/2 without
+// content-length. Each reserves the docs' floor of 4096: 4 are let
+// through, 16,000 tokens used, and the key is not in debt.
+func TestDocsOutcomeLLMChunkedCallsWithinLimit(t *testing.T) {
+	settleBackends(t, func(t *testing.T, backend, zone string) {
+		for _, shape := range llmShapes[1:] {
+			t.Run(shape.name, func(t *testing.T) {
+				u := newHeldTokenUpstream(t, "4000")
+				tester := llmSiteSmall(t, backend, zone+"_"+shape.name, u.addr)
+				admitted, refused := concurrentCalls(t, tester, u, shape, 20, "k1", llmPrompt(100, 0))
+				used := admitted * 4000
+				left := tokensLeft(zone+"_"+shape.name, "k1")
+				t.Logf("%d of 20 calls let through (%d refused), %d tokens used of 20,000, %d left", admitted, refused, used, left)
+				if used > 20000 || left <= 0 {
+					t.Fatalf("%d calls at once used %d tokens of a limit of 20,000 (%d left): the estimates held less than they used", admitted, used, left)
+				}
+				if admitted != 4 {
+					t.Fatalf("%d calls let through, want 4 (4096 each, the floor, of 20,000)", admitted)
+				}
+			})
+		}
+	})
+}
+
+// A chunked prompt, or one on HTTP/2 without content-length, is counted by
+// its bytes as one with Content-Length is: 10 calls at once of a
+// 9,000-byte prompt with max_tokens 1000 (about 10,060 tokens reserved
+// each) against 20,000 tokens let 1 through in every shape.
+func TestDocsOutcomeLLMChunkedPromptCounted(t *testing.T) {
+	settleBackends(t, func(t *testing.T, backend, zone string) {
+		for _, shape := range llmShapes {
+			t.Run(shape.name, func(t *testing.T) {
+				u := newHeldTokenUpstream(t, "3000")
+				tester := llmSiteSmall(t, backend, zone+"_"+shape.name, u.addr)
+				body := llmPrompt(9000, 1000)
+				admitted, refused := concurrentCalls(t, tester, u, shape, 10, "k1", body)
+				t.Logf("%s: %d of 10 calls let through, %d refused", shape.name, admitted, refused)
+				if admitted != 1 || refused != 9 {
+					t.Fatalf("%s: %d of 10 calls of a 9,000-byte prompt let through (%d refused) on 20,000 tokens, want 1", shape.name, admitted, refused)
+				}
+				if fmt.Sprint(u.bodies) != fmt.Sprint([]int{len(body)}) {
+					t.Fatalf("%s: the upstream got bodies of %v bytes, want one of %d", shape.name, u.bodies, len(body))
+				}
+				if shape.name == "content_length" {
+					return
+				}
+				// Over body_limit (1 MiB) without Content-Length: no size.
+				if code := shape.send(t, tester, "k2", llmPrompt(1<<20, 1000)); code != http.StatusBadRequest {
+					t.Fatalf("%s: a body over body_limit: %d, want 400", shape.name, code)
+				}
+				if len(u.bodies) != 1 {
+					t.Fatalf("%s: a body over body_limit reached the upstream", shape.name)
+				}
+			})
+		}
+	})
 }

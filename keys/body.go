@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -23,6 +24,15 @@ const (
 	BodyFormPrefix  = "http.request.body.form."
 	BodyFieldPrefix = "http.request.body.field."
 )
+
+// BodySize is the placeholder of the request body's size in bytes: the
+// Content-Length the request declares, else what was read of the body (a
+// chunked HTTP/1.1 body, an HTTP/2 body sent without content-length),
+// which must then be all of it within the limit. A body larger than the
+// limit, one whose reading failed, or one with a Content-Encoding (its
+// size decoded is not known) is unreadable: its size is never taken to be
+// the limit's, nor what happened to be read.
+const BodySize = "http.request.body.size"
 
 // ErrAmbiguous is the error of a value the request gives more than once
 // (a repeated header, query parameter, cookie, form field, or JSON key):
@@ -104,6 +114,8 @@ const (
 // says it is.
 type Body struct {
 	data     []byte
+	declared int64 // the declared Content-Length, -1 when none
+	sizeErr  error // why the body's size is not known
 	kind     bodyKind
 	media    string // the media type, for messages
 	boundary string
@@ -123,15 +135,23 @@ type Body struct {
 func ReadBody(r *http.Request, limit int64, fields *BodyFields) *Body {
 	b := &Body{fields: fields}
 	if r.Body != nil && r.Body != http.NoBody {
+		b.declared = r.ContentLength
 		buf, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 		b.data = buf
 		r.Body = &replayBody{Reader: io.MultiReader(bytes.NewReader(buf), r.Body), orig: r.Body}
+		if enc, ok := contentEncoding(r.Header); ok && (len(buf) > 0 || b.declared > 0) {
+			b.sizeErr = fmt.Errorf("body has Content-Encoding %q: its size decoded is not known", enc)
+		}
 		switch {
 		case err != nil:
 			b.bad = fmt.Errorf("reading the body: %v", err)
-			return b
 		case int64(len(buf)) > limit:
 			b.bad = fmt.Errorf("body larger than the limit of %d bytes", limit)
+		}
+		if b.bad != nil {
+			if b.declared < 0 && b.sizeErr == nil {
+				b.sizeErr = b.bad
+			}
 			return b
 		}
 	}
@@ -142,15 +162,35 @@ func ReadBody(r *http.Request, limit int64, fields *BodyFields) *Body {
 	return b
 }
 
-// classify sets the kind of body from its headers, or says why it cannot be
-// read.
-func (b *Body) classify(h http.Header) error {
+// Size returns the body's size in bytes (see BodySize); its error wraps
+// ErrUnreadable when the size is not known.
+func (b *Body) Size() (string, error) {
+	switch {
+	case b.sizeErr != nil:
+		return "", fmt.Errorf("%w: %v", ErrUnreadable, b.sizeErr)
+	case b.declared > 0:
+		return strconv.FormatInt(b.declared, 10), nil
+	}
+	return strconv.Itoa(len(b.data)), nil
+}
+
+// contentEncoding is the first Content-Encoding of h other than identity.
+func contentEncoding(h http.Header) (string, bool) {
 	for _, enc := range h.Values("Content-Encoding") {
 		for e := range strings.SplitSeq(enc, ",") {
 			if e = strings.TrimSpace(e); e != "" && !strings.EqualFold(e, "identity") {
-				return fmt.Errorf("body has Content-Encoding %q", e)
+				return e, true
 			}
 		}
+	}
+	return "", false
+}
+
+// classify sets the kind of body from its headers, or says why it cannot be
+// read.
+func (b *Body) classify(h http.Header) error {
+	if e, ok := contentEncoding(h); ok {
+		return fmt.Errorf("body has Content-Encoding %q", e)
 	}
 	ctypes := h.Values("Content-Type")
 	switch len(ctypes) {

@@ -265,3 +265,75 @@ func BenchmarkBodyFields(b *testing.B) {
 		}
 	}
 }
+
+// opaqueReader hides a reader's length, so that a request made with it has
+// no Content-Length: as a chunked or HTTP/2 body arrives at a server.
+type opaqueReader struct{ io.Reader }
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
+
+// The body's size is its declared Content-Length, else the bytes read of
+// it, which must be all of it: a body larger than the limit, one whose
+// reading failed or one with a Content-Encoding has no size, never the
+// limit's or what happened to be read.
+func TestBodySize(t *testing.T) {
+	tests := []struct {
+		name     string
+		body     io.Reader
+		declared int64 // -1: none (chunked, HTTP/2 without content-length)
+		header   []string
+		want     string
+		err      error
+	}{
+		{"declared", strings.NewReader(`{"max_tokens": 10}`), 18, nil, "18", nil},
+		{"declared, over the limit", strings.NewReader(strings.Repeat("x", 5000)), 5000, nil, "5000", nil},
+		{"chunked", opaqueReader{strings.NewReader(strings.Repeat("x", 1000))}, -1, nil, "1000", nil},
+		{"chunked, at the limit", opaqueReader{strings.NewReader(strings.Repeat("x", 1024))}, -1, nil, "1024", nil},
+		{"chunked, over the limit", opaqueReader{strings.NewReader(strings.Repeat("x", 1025))}, -1, nil, "", ErrUnreadable},
+		{"chunked, empty", opaqueReader{strings.NewReader("")}, -1, nil, "0", nil},
+		{"chunked, cut short", io.MultiReader(strings.NewReader("abc"), failingReader{}), -1, nil, "", ErrUnreadable},
+		{"no body", nil, 0, nil, "0", nil},
+		{"gzip", strings.NewReader("\x1f\x8b\x08"), 3, []string{"Content-Encoding", "gzip"}, "", ErrUnreadable},
+		{"chunked gzip", opaqueReader{strings.NewReader("\x1f\x8b\x08")}, -1, []string{"Content-Encoding", "gzip"}, "", ErrUnreadable},
+		{"identity", strings.NewReader("abc"), 3, []string{"Content-Encoding", "identity"}, "3", nil},
+		{"not JSON", strings.NewReader("abc"), 3, []string{"Content-Type", "text/plain"}, "3", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, _ := http.NewRequest("POST", "/", tt.body)
+			r.ContentLength = tt.declared
+			for i := 0; i+1 < len(tt.header); i += 2 {
+				r.Header.Add(tt.header[i], tt.header[i+1])
+			}
+			b := ReadBody(r, 1024, nil)
+			got, err := b.Size()
+			if got != tt.want || (tt.err == nil) != (err == nil) || tt.err != nil && !errors.Is(err, tt.err) {
+				t.Fatalf("size %q, %v; want %q, %v", got, err, tt.want, tt.err)
+			}
+			if v, err2 := lookup(r, nil, b, BodySize); v != got || (err2 == nil) != (err == nil) {
+				t.Fatalf("the placeholder: %q, %v; Size: %q, %v", v, err2, got, err)
+			}
+		})
+	}
+}
+
+// A body read for its size reaches the next handler whole, also when it
+// is larger than the limit.
+func TestBodySizePassesThrough(t *testing.T) {
+	for _, n := range []int{0, 10, 1024, 1025, 3 * DefaultBodyLimit} {
+		want := strings.Repeat("y", n)
+		r, _ := http.NewRequest("POST", "/", opaqueReader{strings.NewReader(want)})
+		r.ContentLength = -1
+		tmpl, err := ParseTemplate("{" + BodySize + "}")
+		if err != nil || !tmpl.NeedsBody() {
+			t.Fatalf("template: %v, needs the body %v", err, tmpl.NeedsBody())
+		}
+		_, _ = tmpl.Expand(r, nil, ReadBody(r, 1024, nil))
+		got, err := io.ReadAll(r.Body)
+		if err != nil || string(got) != want {
+			t.Fatalf("a body of %d bytes came out as %d bytes (%v)", n, len(got), err)
+		}
+	}
+}

@@ -184,6 +184,12 @@ func (k *Keyer) transform(v string) (string, error) {
 // body field is an error wrapping ErrAbsent; any other placeholder is
 // empty when absent.
 func lookup(r *http.Request, repl *caddy.Replacer, body *Body, name string) (string, error) {
+	if name == BodySize {
+		if body == nil {
+			return "", fmt.Errorf("%w: body not read", ErrUnreadable)
+		}
+		return body.Size()
+	}
 	if _, _, ok := bodyPlaceholder(name); ok {
 		if body == nil {
 			return "", fmt.Errorf("%w: body not read", ErrUnreadable)

@@ -45,6 +45,7 @@ var exactNames = []string{
 	"system.hostname", "system.slash", "system.os", "system.arch", "system.wd",
 	"time.now", "time.now.http", "time.now.rfc3339", "time.now.common_log", "time.now.year",
 	"time.now.unix", "time.now.unix_ms",
+	BodySize,
 }
 
 // prefixNames are the placeholders that take a suffix of the user's choice

@@ -12,7 +12,7 @@ func TestCheckPlaceholder(t *testing.T) {
 		"http.request.remote.host", "http.request.remote.host/24", "http.vars.client_ip", "http.vars.anything",
 		"http.auth.user.id", "http.reverse_proxy.upstream.address", "http.response.header.X-Tokens-Used",
 		"http.response.trailer.X-Tokens-Used", "http.request.body.json.user.id", "http.request.body.form.email",
-		"http.request.body.field.user", "http.request.method", "http.request.tls.client.fingerprint",
+		"http.request.body.field.user", "http.request.body.size", "http.request.method", "http.request.tls.client.fingerprint",
 		"env.PLAN", "http.regexp.name.1", "http.matchers.file.relative", "time.now.year", "system.hostname",
 		// Another module's, or a map's destination.
 		"geoip2.country_code", "rl_cost", "completely.unrelated.name",

@@ -80,10 +80,11 @@ func (t Template) Placeholders() []string {
 	return names
 }
 
-// NeedsBody reports whether the template reads fields of the request body.
+// NeedsBody reports whether the template reads fields of the request body,
+// or its size.
 func (t Template) NeedsBody() bool {
 	for _, p := range t.parts {
-		if _, _, ok := bodyPlaceholder(p.text); p.placeholder && ok {
+		if _, _, ok := bodyPlaceholder(p.text); p.placeholder && (ok || p.text == BodySize) {
 			return true
 		}
 	}

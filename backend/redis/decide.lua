@@ -1227,11 +1227,7 @@ local function loadItem(a)
 			return (load(a.kind, a.key, a.p1, a.p2, '', 0, ''))
 		end
 	end
-	-- A key starting with } has an empty hash tag: each kind's key is hashed
-	-- whole, into its own slot, where a cluster node may not reach it.
-	if a.from ~= '' and sub(a.key, fromList(a.from).pos + 2, fromList(a.from).pos + 2) ~= '}' then
-		return carry(a) or s
-	end
+	if a.from ~= '' then return carry(a) or s end
 	return s
 end
 

@@ -62,7 +62,9 @@ type Module struct {
 	// TLS connects with TLS (a rediss:// URL does too).
 	TLS *TLS `json:"tls,omitempty"`
 
-	// KeyPrefix starts every key Sluice writes. Default: "sluice:".
+	// KeyPrefix starts every key Sluice writes. Default: "sluice:". A {
+	// in it must be closed within it around at least one character
+	// ("sluice{1}:" puts every key in one Redis Cluster slot).
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// Timeout bounds each decision's calls to Redis. Default: 100ms.
@@ -197,6 +199,9 @@ func (m *Module) clientOptions(repl *caddy.Replacer) (*goredis.UniversalOptions,
 		return nil, errors.New("redis: with sentinel, give the Sentinels' addresses, not a url")
 	case len(m.Addresses) > 1 && !m.Cluster:
 		return nil, errors.New("redis: several addresses are the seeds of a Redis Cluster: add cluster (or use sentinel for a master and its replicas)")
+	}
+	if err := checkKeyPrefix(m.KeyPrefix); err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
 	}
 	opts := &goredis.UniversalOptions{
 		Addrs:                 make([]string, 0, len(m.Addresses)),

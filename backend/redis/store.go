@@ -466,7 +466,7 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 			s.giveBack(ctx, items, results, gs)
 		}
 		if failed != nil {
-			if s.cache != nil && !errors.As(failed, new(keyFailed)) {
+			if s.cache != nil && !failedAlone(failed) {
 				// Redis may have restarted empty, or failed over to a
 				// replica that missed writes: what it denied may be gone.
 				s.cache.clear()
@@ -503,7 +503,7 @@ func (s *Store) decideGroups(ctx context.Context, gs []group, items []item, resu
 	for g := range gs {
 		ok, err := parseDecision(gs[g].cmd, mode == "u", gs[g].items, items, results)
 		if err != nil {
-			failed = asKeyFailed(err)
+			failed = err
 			continue
 		}
 		gs[g].took = ok

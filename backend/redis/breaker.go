@@ -33,6 +33,9 @@ type breaker struct {
 	cb       *gobreaker.CircuitBreaker[bool]
 	openFor  time.Duration
 	openedAt atomic.Int64 // Unix ns of the last opening
+	// recovered, when set (before the first call), is called when Redis
+	// answers again after an outage; it must not block.
+	recovered func()
 }
 
 func newBreaker(logger *zap.Logger, openFor time.Duration) *breaker {
@@ -58,6 +61,9 @@ func newBreaker(logger *zap.Logger, openFor time.Duration) *breaker {
 					zap.Duration("probe_interval", openFor))
 			case to == gobreaker.StateClosed:
 				logger.Info("redis answers again: rate limits are shared again")
+				if b.recovered != nil {
+					b.recovered()
+				}
 			}
 		},
 	})

@@ -125,9 +125,13 @@ var clients = caddy.NewUsagePool()
 type sharedClient struct {
 	goredis.UniversalClient
 	breaker *breaker
+	evict   *evictionCheck
 }
 
-func (c sharedClient) Destruct() error { return c.Close() }
+func (c sharedClient) Destruct() error {
+	c.evict.close()
+	return c.Close()
+}
 
 // Provision connects (lazily: nothing is dialled until the first request,
 // so `caddy validate` needs no Redis) and makes the store.
@@ -141,13 +145,21 @@ func (m *Module) Provision(ctx caddy.Context) error {
 		return err
 	}
 	v, _, err := clients.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return sharedClient{goredis.NewUniversalClient(opts), newBreaker(ctx.Logger(), breakerOpenFor)}, nil
+		c := sharedClient{UniversalClient: goredis.NewUniversalClient(opts), breaker: newBreaker(ctx.Logger(), breakerOpenFor)}
+		// A Redis that comes back after an outage may be another one (a
+		// restart with another config, a failover): its policy is read
+		// again.
+		c.evict = newEvictionCheck(c.UniversalClient, ctx.Logger())
+		c.breaker.recovered = func() { c.evict.start(nil) }
+		return c, nil
 	})
 	if err != nil {
 		return err
 	}
 	m.poolKey = key
 	m.breaker = v.(sharedClient).breaker
+	// In the background: a config load never waits for Redis.
+	v.(sharedClient).evict.start(ctx.Logger())
 	m.Store, err = New(v.(sharedClient).UniversalClient, Options{
 		KeyPrefix: m.KeyPrefix, Timeout: time.Duration(m.Timeout),
 		NoCache: m.LocalCache != nil && !*m.LocalCache,

@@ -133,8 +133,9 @@ func (c sharedClient) Destruct() error {
 	return c.Close()
 }
 
-// Provision connects (lazily: nothing is dialled until the first request,
-// so `caddy validate` needs no Redis) and makes the store.
+// Provision makes the store over the shared connection pool. It never
+// waits for Redis (`caddy validate` needs none): the pool dials for the
+// first request, and the memory policy is read in the background.
 func (m *Module) Provision(ctx caddy.Context) error {
 	opts, err := m.clientOptions(caddy.NewReplacer())
 	if err != nil {

@@ -38,13 +38,14 @@ type evictionCheck struct {
 	client  goredis.UniversalClient
 	logger  *zap.Logger
 	running atomic.Bool
-	refused sync.Once // CONFIG GET refused (an ACL, a managed Redis): said once
+	refused sync.Once     // CONFIG GET refused (an ACL, a managed Redis): said once
+	again   chan struct{} // a reading waiting to ask again asks now
 	done    chan struct{}
 	stop    sync.Once
 }
 
 func newEvictionCheck(client goredis.UniversalClient, logger *zap.Logger) *evictionCheck {
-	return &evictionCheck{client: client, logger: logger, done: make(chan struct{})}
+	return &evictionCheck{client: client, logger: logger, again: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 // close ends a check that waits to ask again; it is called when the pool
@@ -52,11 +53,18 @@ func newEvictionCheck(client goredis.UniversalClient, logger *zap.Logger) *evict
 func (e *evictionCheck) close() { e.stop.Do(func() { close(e.done) }) }
 
 // start reads the policy in the background, with logger (a config's own,
-// or nil for the pool's), unless a reading is under way. A Redis that does
-// not answer is asked again, less and less often, until it does or the
-// pool is closed.
+// or nil for the pool's); a reading under way that waits to ask again asks
+// now instead. A Redis that does not answer is asked again, less and less
+// often, until it does or the pool is closed.
 func (e *evictionCheck) start(logger *zap.Logger) {
-	if e == nil || !e.running.CompareAndSwap(false, true) {
+	if e == nil {
+		return
+	}
+	if !e.running.CompareAndSwap(false, true) {
+		select {
+		case e.again <- struct{}{}:
+		default:
+		}
 		return
 	}
 	if logger == nil {
@@ -71,6 +79,8 @@ func (e *evictionCheck) start(logger *zap.Logger) {
 			case <-e.done:
 				t.Stop()
 				return
+			case <-e.again:
+				t.Stop()
 			case <-t.C:
 			}
 			wait = min(2*wait, evictionRetryMax)

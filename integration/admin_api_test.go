@@ -319,3 +319,141 @@ func TestAdminResetReachesEverySite(t *testing.T) {
 		t.Fatalf("after a reset: site a %d, site b %d; want 200 from both", a, b)
 	}
 }
+
+// On a Redis Cluster, every admin operation (inspect, lock-out inspect,
+// grant, reset) and reset_when work for every key, whatever its hash tag:
+// the bucket of requests without a key, keys starting with } or NUL, keys
+// holding braces, a plain key. A key's state, its lock-out record and a
+// budget's reservations are one slot's keys, reset by one command.
+func TestAdminClusterEveryKey(t *testing.T) {
+	nodes := redistest.Cluster(t)
+	// What makes the test: hashed whole, as an empty hash tag makes them,
+	// a budget's state and reservations are on different masters.
+	for _, key := range []string{"", "}x"} {
+		if state := "a1:adm_budget//l{" + key + "}"; sameMaster(t, nodes, state, state+":R") {
+			t.Fatalf("%q and its reservations are on one master: choose another key_prefix", state)
+		}
+	}
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		backend redis {
+			address `+strings.Join(nodes, " ")+`
+			cluster
+			key_prefix a1:
+			timeout 5s
+		}
+		zone adm_lock {
+			match {
+				path /lock
+			}
+			key {query.k}
+			rate 2/1h
+			lockout 1m 5m
+		}
+		zone adm_budget {
+			match {
+				path /budget
+			}
+			key {query.k}
+			rate 2/1h
+			charge_when status 2xx
+		}
+		zone adm_login {
+			match {
+				path /login
+			}
+			key {query.k}
+			rate 3/1h
+			count_when status 4xx
+			reset_when status 2xx
+		}
+	}
+	@wrong query pw=wrong
+	respond @wrong "wrong" 401
+	respond "ok" 200`), "caddyfile")
+	type adminKey struct {
+		name, key string
+		missing   bool
+	}
+	for _, k := range []adminKey{
+		{name: "missing", missing: true},
+		{name: "}x", key: "}x"},
+		{name: "{x}", key: "{x}"},
+		{name: "NUL x", key: "\x00x"},
+		{name: "alice", key: "alice"},
+	} {
+		t.Run(k.name, func(t *testing.T) {
+			send := func(path, pw string) int {
+				q := url.Values{}
+				if !k.missing {
+					q.Set("k", k.key)
+				}
+				if pw != "" {
+					q.Set("pw", pw)
+				}
+				code, _, _ := do(t, tester, "GET", path+"?"+q.Encode())
+				return code
+			}
+			expect := func(what string, want []int, path, pw string) {
+				t.Helper()
+				var got []int
+				for range want {
+					got = append(got, send(path, pw))
+				}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Errorf("%s: %v, want %v", what, got, want)
+				}
+			}
+			op := func(method, zone, tail string) (lockoutState, bool) {
+				t.Helper()
+				path := "/rate_limit/zones/" + zone + "/keys/" + url.PathEscape(k.key) + tail
+				if k.missing {
+					path = "/rate_limit/zones/" + zone + "/missing" + tail
+				}
+				code, body := adminCall(t, method, path)
+				var v struct {
+					Limits []struct {
+						lockoutState
+						Key string
+					}
+				}
+				if code != http.StatusOK || json.Unmarshal([]byte(body), &v) != nil || len(v.Limits) != 1 || v.Limits[0].Key != k.key {
+					t.Errorf("%s %s: %d %s, want the state of key %q", method, path, code, body, k.key)
+					return lockoutState{}, false
+				}
+				return v.Limits[0].lockoutState, true
+			}
+			const ok, denied, spent, wrong = http.StatusOK, http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusUnauthorized
+
+			// 2 failures, then a success forgives them (reset_when): 3
+			// more failures pass before the fourth is refused; an
+			// operator's reset forgives them too.
+			expect("login: 2 wrong passwords", []int{wrong, wrong}, "/login", "wrong")
+			expect("login: the right password", []int{ok}, "/login", "right")
+			expect("login: failures after the success", []int{wrong, wrong, wrong, denied}, "/login", "wrong")
+			if st, done := op("DELETE", "adm_login", ""); done && st.Remaining != 3 {
+				t.Errorf("reset the login key: %+v, want 3 remaining", st)
+			}
+			expect("login: failures after the reset", []int{wrong, wrong, wrong, denied}, "/login", "wrong")
+
+			expect("lockout: 2 of 2, then denied and locked out", []int{ok, ok, denied}, "/lock", "")
+			if st, done := op("GET", "adm_lock", ""); done && (st.LockoutLevel != 1 || st.LockedOut <= 0 || st.Remaining != 0) {
+				t.Errorf("inspect the locked-out key: %+v, want level 1, locked out, 0 remaining", st)
+			}
+			if st, done := op("DELETE", "adm_lock", ""); done && (st.LockoutLevel != 0 || st.LockedOut != 0 || st.Remaining != 2) {
+				t.Errorf("reset the locked-out key: %+v, want no lock-out and 2 remaining", st)
+			}
+			expect("lockout after the reset", []int{ok, ok, denied}, "/lock", "")
+
+			expect("budget: 2 of 2, then spent", []int{ok, ok, spent}, "/budget", "")
+			if st, done := op("POST", "adm_budget", "/grant?units=1"); done && st.Remaining != 1 {
+				t.Errorf("grant 1: %+v, want 1 remaining", st)
+			}
+			expect("budget after a grant of 1", []int{ok, spent}, "/budget", "")
+			if st, done := op("DELETE", "adm_budget", ""); done && st.Remaining != 2 {
+				t.Errorf("reset the budget: %+v, want 2 remaining", st)
+			}
+			expect("budget after the reset", []int{ok, ok, spent}, "/budget", "")
+		})
+	}
+}

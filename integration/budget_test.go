@@ -571,3 +571,84 @@ func TestDocsOutcomeSMSBudget(t *testing.T) {
 		t.Fatalf("another route: %d", code)
 	}
 }
+
+// On a Redis Cluster, a budget keyed by a header counts the requests that
+// lack it (missing shared: the empty key) and keys starting with } as one
+// budget each, like any key, and they break nothing for other zones: a
+// budget's reservations are a key of their own beside its state, and both
+// must share a slot, or every such request fails in Redis and, counted as
+// an outage, opens the circuit breaker for every zone of that Redis.
+func TestBudgetClusterKeylessRequestsAreOneBudget(t *testing.T) {
+	nodes := redistest.Cluster(t)
+	// What makes the test: hashed whole, as an empty hash tag makes them,
+	// these keys' states and reservations are on different masters.
+	for _, key := range []string{"", "}x"} {
+		if state := "b2:bkc_sms//l{" + key + "}"; sameMaster(t, nodes, state, state+":R") {
+			t.Fatalf("%q and its reservations are on one master: choose another key_prefix", state)
+		}
+	}
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		backend redis {
+			address `+strings.Join(nodes, " ")+`
+			cluster
+			key_prefix b2:
+			timeout 2s
+		}
+		respond json
+		zone bkc_sms {
+			match {
+				path /sms
+			}
+			key {http.request.header.X-User}
+			rate 3/10m
+			charge_when status 2xx
+			fail open
+		}
+		zone bkc_login {
+			match {
+				path /login
+			}
+			key {http.request.header.X-User}
+			rate 5/10m
+			fail closed
+		}
+	}
+	respond "ok"`), "caddyfile")
+	// tally sends n requests and counts the answers: sent, refused by the
+	// spent budget, refused for a backend that failed, other.
+	type tally struct{ ok, spent, down, other int }
+	send := func(n int, path string, header ...string) tally {
+		var c tally
+		for range n {
+			code, _, body := do(t, tester, "POST", path, header...)
+			switch {
+			case code == http.StatusOK:
+				c.ok++
+			case code == http.StatusServiceUnavailable && strings.Contains(body, `"code":"budget_exhausted"`):
+				c.spent++
+			case code == http.StatusServiceUnavailable:
+				c.down++
+			default:
+				c.other++
+			}
+		}
+		return c
+	}
+	keyless := send(3, "/sms")
+	var logins tally
+	for i := range 12 { // fresh users' first logins, right after
+		c := send(1, "/login", "X-User", fmt.Sprintf("user%d", i))
+		logins.ok, logins.down, logins.other = logins.ok+c.ok, logins.down+c.down, logins.other+c.other
+	}
+	more := send(3, "/sms")
+	brace := send(6, "/sms", "X-User", "}x")
+	named := send(6, "/sms", "X-User", "alice")
+	t.Logf("keyless: %+v then %+v; logins: %+v; }x: %+v; alice: %+v", keyless, more, logins, brace, named)
+	want := tally{ok: 3}
+	if keyless != want || more != (tally{spent: 3}) || logins != (tally{ok: 12}) ||
+		brace != (tally{ok: 3, spent: 3}) || named != (tally{ok: 3, spent: 3}) {
+		t.Fatalf("keyless requests %+v then %+v (want 3 sent, then 3 refused as spent); fresh logins %+v (want 12 sent); "+
+			"key }x %+v, alice %+v (want 3 sent and 3 spent each)", keyless, more, logins, brace, named)
+	}
+}

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -383,5 +385,96 @@ func TestBinaryRedisNoLeaks(t *testing.T) {
 	}
 	if g2 > g1+5 || c2 > c1+3 {
 		t.Errorf("after 3 Redis restarts: goroutines %d → %d, Redis connections %d → %d", g1, g2, c1, c2)
+	}
+}
+
+// On a Redis Cluster, a key whose state the script fails on (a corrupt
+// one here; a key of another type is the same) fails its own requests by
+// its zone's fail policy, alone, whether it is decided in a batch with
+// other keys of its slot or by a call of its own: Redis answered, so the
+// circuit breaker stays closed and every other key and zone of that Redis
+// is decided exactly.
+func TestRedisClusterKeyFailureFailsAlone(t *testing.T) {
+	nodes := redistest.Cluster(t)
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		backend redis {
+			address `+strings.Join(nodes, " ")+`
+			cluster
+			key_prefix kf:
+			timeout 2s
+		}
+		zone kf_api {
+			match {
+				path /api
+			}
+			key {http.request.header.X-Key}
+			rate 3/10m
+			algorithm token_bucket
+			fail closed
+		}
+		zone kf_login {
+			match {
+				path /login
+			}
+			key {http.request.header.X-Key}
+			rate 3/10m
+			fail closed
+		}
+	}
+	respond "ok"`), "caddyfile")
+	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: nodes})
+	defer c.Close()
+	// A bucket whose rate is not a number: the script fails rebasing it.
+	// The keys "p}…" all have the hash tag "p": one slot, one batch queue.
+	corrupt := strconv.FormatInt(time.Now().Add(time.Hour).UnixNano(), 10) + ":x"
+	if err := c.Set(t.Context(), "kf:kf_api//b{p}bad}", corrupt, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	count := func(counts map[int]int, path, key string) {
+		code, _, _ := do(t, tester, "GET", path, "X-Key", key)
+		counts[code]++
+	}
+	bad := map[int]int{}
+	for range 5 {
+		count(bad, "/api", "p}bad")
+	}
+	logins := map[int]int{}
+	for i := range 6 {
+		count(logins, "/login", fmt.Sprintf("user%d", i))
+	}
+	// Concurrently: the corrupt key among keys of its own slot.
+	const clients = 16
+	var mu sync.Mutex
+	badAfter, healthy := map[int]int{}, map[int]int{}
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			b, h := map[int]int{}, map[int]int{}
+			count(b, "/api", "p}bad")
+			for range 4 {
+				count(h, "/api", fmt.Sprintf("p}%d", i))
+			}
+			count(b, "/api", "p}bad")
+			mu.Lock()
+			defer mu.Unlock()
+			for code, n := range b {
+				badAfter[code] += n
+			}
+			for code, n := range h {
+				healthy[code] += n
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("corrupt key: %v then %v; fresh logins: %v; healthy keys of its slot: %v", bad, badAfter, logins, healthy)
+	if bad[http.StatusServiceUnavailable] != 5 || badAfter[http.StatusServiceUnavailable] != 2*clients {
+		t.Fatalf("the corrupt key: %v then %v, want every request 503 (fail closed)", bad, badAfter)
+	}
+	if logins[http.StatusOK] != 6 {
+		t.Fatalf("fresh logins after the corrupt key's failures: %v, want 6 × 200", logins)
+	}
+	if healthy[http.StatusOK] != 3*clients || healthy[http.StatusTooManyRequests] != clients {
+		t.Fatalf("%d keys of 3/10m, 4 requests each, beside the corrupt key: %v, want %d × 200 and %d × 429", clients, healthy, 3*clients, clients)
 	}
 }

@@ -562,3 +562,33 @@ func TestRedisFleetSentinel(t *testing.T) {
 		})
 	}
 }
+
+// sameMaster reports whether the Redis Cluster of nodes serves keys a and
+// b from one master, as Redis hashes them. A script may read a key of
+// another slot of its own master, but not one of another master: a test
+// of keys that must share a slot checks that they would not share even
+// the master otherwise.
+func sameMaster(t *testing.T, nodes []string, a, b string) bool {
+	t.Helper()
+	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: nodes})
+	defer c.Close()
+	ctx := context.Background()
+	slots, err := c.ClusterSlots(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	master := func(key string) string {
+		slot, err := c.ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range slots {
+			if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 {
+				return r.Nodes[0].Addr
+			}
+		}
+		t.Fatalf("no master serves slot %d of %q", slot, key)
+		return ""
+	}
+	return master(a) == master(b)
+}

@@ -78,7 +78,7 @@ func TestSetMaxEventsBuckets(t *testing.T) {
 		if got := admitted(t, s, l, "k", 10); got != 5 {
 			t.Fatalf("%s at 5: %d admitted", alg, got)
 		}
-		raw, err := client.Get(context.Background(), l.(*zone).stateKey(l.(*zone).conf(), "k")).Result()
+		raw, err := client.Get(context.Background(), l.(*zone).stateKey("k")).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +96,7 @@ func TestSetMaxEventsBuckets(t *testing.T) {
 		}
 		// Denied requests wrote nothing: the state is the one written at
 		// the registered rate, untouched by the changes.
-		if after, _ := client.Get(context.Background(), l.(*zone).stateKey(l.(*zone).conf(), "k")).Result(); after != raw {
+		if after, _ := client.Get(context.Background(), l.(*zone).stateKey("k")).Result(); after != raw {
 			t.Fatalf("%s: the state went from %q to %q", alg, raw, after)
 		}
 		if err := adj.SetMaxEvents(0); err == nil {

@@ -37,7 +37,7 @@ func adminItem(l backend.Limit, key string, cost int64) (item, error) {
 	}
 	conf := z.conf()
 	z.st.use(conf)
-	return item{key: z.stateKey(conf, key), conf: conf, cost: min(cost, maxCost)}, nil
+	return item{key: z.stateKey(key), conf: conf, cost: min(cost, maxCost)}, nil
 }
 
 // runAdmin runs the admin script once: a grant must not be sent again
@@ -113,8 +113,8 @@ func (s *Store) Reset(ctx context.Context, l backend.Limit, key string) error {
 	defer cancel()
 	// One command: the record and the open reservations (released
 	// later, they would give back units of the fresh state) have the
-	// state's hash tag (one cluster slot).
-	err = s.client.Del(ctx, it.key, lk, it.key+":R").Err()
+	// state's hash tag, whatever the key (clientKey): one cluster slot.
+	err = s.client.Del(ctx, it.key, lk, reservationsKey(it.key)).Err()
 	s.forget(it)
 	if err != nil {
 		return fmt.Errorf("redis backend: reset: %w", err)

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -291,7 +290,7 @@ func parseBatch(cmd *goredis.Cmd, live []*pending) error {
 		if msg, ok := vals[o].(string); ok {
 			// This request failed in Redis (a key of another type, say);
 			// the others were decided.
-			p.err = asKeyFailed(errors.New(msg))
+			p.err = scriptError(msg)
 			o++
 			continue
 		}

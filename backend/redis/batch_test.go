@@ -150,32 +150,37 @@ func TestBatchDropsRequestPastItsDeadline(t *testing.T) {
 	}
 }
 
-// A request that fails in Redis (its key holds another type) fails alone:
-// the others of its batch are decided.
+// A request that fails in Redis (its key holds another type, or a state
+// the script fails on) fails alone: the others of its batch are decided,
+// and its error is Redis's answer about it, not an outage.
 func TestBatchFailingRequestFailsAlone(t *testing.T) {
-	c := standaloneClient(t)
-	s := newStore(t, c)
-	z := mustZone(t, s, "wrongtype", algorithms.NameTokenBucket, policy(5, time.Hour))
-	ctx := context.Background()
-	if err := c.LPush(ctx, z.(*zone).prefix+"bad}", "x").Err(); err != nil {
-		t.Fatal(err)
-	}
-	var ps []*pending
-	for _, key := range []string{"good1", "bad", "good2"} {
-		items, _, err := s.resolve([]backend.Request{{Limit: z, Key: key, Cost: 1}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ps = append(ps, &pending{ctx: ctx, deadline: time.Now().Add(time.Minute), items: items, results: make([]algorithms.Result, 1), done: make(chan struct{}, 1)})
-	}
-	s.batcherFor(ps[0].items).send(ps)
-	if ps[1].err == nil || !strings.Contains(ps[1].err.Error(), "WRONGTYPE") {
-		t.Fatalf("bad key: err %v, want WRONGTYPE", ps[1].err)
-	}
-	for _, i := range []int{0, 2} {
-		if ps[i].err != nil || !ps[i].allowed || ps[i].results[0].Remaining != 4 {
-			t.Fatalf("request %d: err %v allowed %v %+v", i, ps[i].err, ps[i].allowed, ps[i].results[0])
-		}
+	for _, p := range poisons {
+		t.Run(p.name, func(t *testing.T) {
+			c := standaloneClient(t)
+			s := newStore(t, c)
+			z := mustZone(t, s, "poisoned", algorithms.NameTokenBucket, policy(5, time.Hour))
+			ctx := context.Background()
+			if err := p.plant(c, z.(*zone).prefix+"bad}"); err != nil {
+				t.Fatal(err)
+			}
+			var ps []*pending
+			for _, key := range []string{"good1", "bad", "good2"} {
+				items, _, err := s.resolve([]backend.Request{{Limit: z, Key: key, Cost: 1}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ps = append(ps, &pending{ctx: ctx, deadline: time.Now().Add(time.Minute), items: items, results: make([]algorithms.Result, 1), done: make(chan struct{}, 1)})
+			}
+			s.batcherFor(ps[0].items).send(ps)
+			if ps[1].err == nil || !strings.Contains(ps[1].err.Error(), p.says) || !failedAlone(ps[1].err) {
+				t.Fatalf("bad key: err %v, want %s, failed alone", ps[1].err, p.says)
+			}
+			for _, i := range []int{0, 2} {
+				if ps[i].err != nil || !ps[i].allowed || ps[i].results[0].Remaining != 4 {
+					t.Fatalf("request %d: err %v allowed %v %+v", i, ps[i].err, ps[i].allowed, ps[i].results[0])
+				}
+			}
+		})
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // Benchmarks against the local redis-server the tests start (loopback).
@@ -157,12 +158,28 @@ func BenchmarkBatching(b *testing.B) {
 	}
 }
 
-// BenchmarkMemory reports Redis memory per tracked key (MEMORY USAGE, and
-// the growth of used_memory over 10,000 keys) and per sliding-log event.
+// BenchmarkMemory reports Redis memory per tracked key (MEMORY USAGE of
+// each key a client's first request writes, and the growth of used_memory
+// over 10,000 clients, which adds the expiry entries and the hash tables)
+// for every kind of state, and per sliding-log event.
+//
+//	CI=true go test -run '^$' -bench Memory -benchtime 1x ./backend/redis/
 func BenchmarkMemory(b *testing.B) {
 	ctx := context.Background()
 	c := standaloneClient(b)
-	usedMemory := func() float64 {
+	// Each count starts from an empty server of its own: the hash tables'
+	// growth depends on how many keys were there before.
+	fresh := func(b *testing.B) *goredis.Client {
+		srv, err := redistest.StartServer(nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(srv.Stop)
+		c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+		b.Cleanup(func() { c.Close() })
+		return c
+	}
+	usedMemory := func(c *goredis.Client) float64 {
 		info, err := c.Info(ctx, "memory").Result()
 		if err != nil {
 			b.Fatal(err)
@@ -172,29 +189,95 @@ func BenchmarkMemory(b *testing.B) {
 		return v
 	}
 	const keys = 10_000
-	for _, alg := range []string{algorithms.NameTokenBucket, algorithms.NameFixedWindow, algorithms.NameSlidingCounter} {
-		b.Run("per_key/"+alg, func(b *testing.B) {
+	p := policy(100, time.Hour)
+	q := p
+	q.MaxDelay = 10 * q.Interval()
+	for _, st := range []struct {
+		name, alg string
+		p         algorithms.Policy
+		cfg       func(*backend.LimitConfig)
+		req       func(*backend.Request)
+		requests  int // per key; 1 when 0
+	}{
+		{name: "token_bucket", alg: algorithms.NameTokenBucket, p: p},
+		{name: "gcra", alg: algorithms.NameGCRA, p: p},
+		{name: "leaky_bucket", alg: algorithms.NameLeakyBucket, p: p},
+		{name: "leaky_bucket_queue", alg: algorithms.NameLeakyBucket, p: q},
+		{name: "fixed_window", alg: algorithms.NameFixedWindow, p: p},
+		{name: "sliding_window_counter", alg: algorithms.NameSlidingCounter, p: p},
+		{name: "sliding_window", alg: algorithms.NameSlidingWindow, p: p},
+		// A spend budget's state and its one open reservation.
+		{name: "budget_reserved", alg: algorithms.NameSlidingWindow, p: p, req: func(r *backend.Request) {
+			r.Reserve, r.Token = int64(time.Minute), 1
+		}},
+		// A key of limit 1 denied once: its state and its lock-out record.
+		{name: "lockout_locked", alg: algorithms.NameTokenBucket, p: policy(1, time.Hour), requests: 2, cfg: func(c *backend.LimitConfig) {
+			c.Lockout = backend.Lockout{int64(time.Minute)}
+		}},
+	} {
+		b.Run("per_key/"+st.name, func(b *testing.B) {
 			for range b.N {
+				c := fresh(b)
 				s := newStore(b, c)
-				z := mustZone(b, s, "mem", alg, policy(100, time.Hour))
-				before := usedMemory()
-				for i := range keys {
-					k := fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255)
-					if _, err := s.Decide(ctx, []backend.Request{{Limit: z, Key: k, Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
-						b.Fatal(err)
-					}
+				cfg := backend.LimitConfig{Name: "mem", Algorithm: st.alg, Policy: st.p}
+				if st.cfg != nil {
+					st.cfg(&cfg)
 				}
-				grown := usedMemory() - before
-				usage, err := c.MemoryUsage(ctx, z.(*zone).prefix+"10.0.0.1}").Result()
+				z, err := s.Register(cfg)
 				if err != nil {
 					b.Fatal(err)
 				}
+				before := usedMemory(c)
+				for i := range keys {
+					r := backend.Request{Limit: z, Key: fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255), Cost: 1}
+					if st.req != nil {
+						st.req(&r)
+					}
+					for range max(st.requests, 1) {
+						if _, err := s.Decide(ctx, []backend.Request{r}, make([]algorithms.Result, 1)); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				grown := usedMemory(c) - before
+				state := z.(*zone).stateKey("10.0.0.1")
+				var usage int64
+				for _, k := range []string{state, reservationsKey(state), clientKey(z.(*zone).lockPrefix, "10.0.0.1")} {
+					n, err := c.MemoryUsage(ctx, k).Result()
+					if err != nil && err != goredis.Nil {
+						b.Fatal(err)
+					}
+					usage += n
+				}
 				b.ReportMetric(float64(usage), "MEMORY_USAGE_B/key")
 				b.ReportMetric(grown/keys, "used_memory_B/key")
-				b.ReportMetric(float64(len(z.(*zone).prefix+"10.0.0.1}")), "key_name_B")
+				b.ReportMetric(float64(len(state)), "key_name_B")
 			}
 		})
 	}
+	b.Run("per_key/concurrency_slot", func(b *testing.B) {
+		for range b.N {
+			c := fresh(b)
+			s := newStore(b, c)
+			z := mustSlots(b, s, "mem", 10, time.Minute)
+			before := usedMemory(c)
+			for i := range keys {
+				if _, err := z.Acquire(ctx, fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			grown := usedMemory(c) - before
+			set := clientKey(z.(*slotZone).prefix, "10.0.0.1")
+			usage, err := c.MemoryUsage(ctx, set).Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(usage), "MEMORY_USAGE_B/key")
+			b.ReportMetric(grown/keys, "used_memory_B/key")
+			b.ReportMetric(float64(len(set)), "key_name_B")
+			s.Close() // stops renewing; the sets expire with their slots
+		}
+	})
 	for _, events := range []int{100, 1000} {
 		for _, wide := range []bool{false, true} {
 			b.Run(fmt.Sprintf("per_event/sliding_window/events=%d/costs=%v", events, wide), func(b *testing.B) {

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 	"go.uber.org/zap"
 
@@ -32,6 +33,9 @@ type breaker struct {
 	cb       *gobreaker.CircuitBreaker[bool]
 	openFor  time.Duration
 	openedAt atomic.Int64 // Unix ns of the last opening
+	// recovered, when set (before the first call), is called when Redis
+	// answers again after an outage; it must not block.
+	recovered func()
 }
 
 func newBreaker(logger *zap.Logger, openFor time.Duration) *breaker {
@@ -44,7 +48,7 @@ func newBreaker(logger *zap.Logger, openFor time.Duration) *breaker {
 		IsExcluded:  func(err error) bool { return errors.As(err, new(callerGone)) },
 		// Redis answered: one request's keys it could not decide say
 		// nothing about the others, whose calls must not fail with it.
-		IsSuccessful: func(err error) bool { return err == nil || errors.As(err, new(keyFailed)) },
+		IsSuccessful: func(err error) bool { return err == nil || failedAlone(err) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
 				b.openedAt.Store(time.Now().UnixNano())
@@ -57,6 +61,9 @@ func newBreaker(logger *zap.Logger, openFor time.Duration) *breaker {
 					zap.Duration("probe_interval", openFor))
 			case to == gobreaker.StateClosed:
 				logger.Info("redis answers again: rate limits are shared again")
+				if b.recovered != nil {
+					b.recovered()
+				}
 			}
 		},
 	})
@@ -69,23 +76,97 @@ type callerGone struct{ error }
 
 func (c callerGone) Unwrap() error { return c.error }
 
-// keyFailed is Redis's refusal of one request's keys, one holding a value
-// of another type: Redis answered, and other keys can be decided. (Other
-// errors a script meets, such as READONLY after a failover or OOM, are
-// Redis's and count against it.)
-type keyFailed struct{ error }
-
-func (k keyFailed) Unwrap() error { return k.error }
-
-// asKeyFailed marks err as a failure of the request's keys when Redis
-// refused them for their type: a reply to the call, or the message the
-// batch script caught for the one request.
-func asKeyFailed(err error) error {
-	if err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE ") {
-		return keyFailed{err}
+// failedAlone reports whether err is Redis's answer about one request
+// alone: the script could not decide that request's keys (one holds a
+// value of another type, a key of another slot, a Lua error the request's
+// own state or arguments raised). Redis answered, and other requests can be
+// decided: that request follows its zone's fail policy, the circuit
+// breaker counts Redis as up, and the over-limit cache is kept. Anything
+// else is Redis's own failure, and counts against it: no answer (a broken
+// connection, a timeout, a closed pool) or an answer that Redis cannot
+// serve now (LOADING, BUSY, MASTERDOWN, CLUSTERDOWN, READONLY, TRYAGAIN,
+// OOM, NOAUTH, WRONGPASS, NOPERM, MISCONF, a reply of no known kind).
+func failedAlone(err error) bool {
+	var reply goredis.Error
+	if err == nil || !errors.As(err, &reply) {
+		return false
 	}
-	return err
+	return repliedAlone(reply.Error())
 }
+
+// serverCodes are the error codes of a Redis that cannot serve now, whoever
+// asks: found inside a script's error, they are still Redis's failure.
+var serverCodes = map[string]bool{
+	"LOADING": true, "BUSY": true, "MASTERDOWN": true, "CLUSTERDOWN": true, "READONLY": true,
+	"TRYAGAIN": true, "OOM": true, "NOAUTH": true, "WRONGPASS": true, "NOPERM": true,
+	"MISCONF": true, "NOREPLICAS": true, "NOSCRIPT": true, "MOVED": true, "ASK": true,
+}
+
+// repliedAlone classifies an error reply (or the message the batch script
+// caught for one request) by its code. A script's error comes in three
+// forms: the code of the command that failed in it ("WRONGTYPE …"), a Lua
+// error of the script ("ERR user_script:12: attempt to …", without "ERR "
+// when caught), and, before Redis 7, either one inside "ERR Error running
+// script (call to f_…): @user_script:12: …".
+func repliedAlone(msg string) bool {
+	msg = strings.TrimPrefix(msg, "-")
+	code, rest, _ := strings.Cut(msg, " ")
+	switch {
+	case code == "WRONGTYPE" || code == "CROSSSLOT":
+		return true
+	case code == "ERR" && strings.HasPrefix(rest, "Script attempted to access a non local key"):
+		return true
+	case code == "ERR" && strings.HasPrefix(rest, "Error running script"):
+		if _, inner, ok := strings.Cut(rest, "): "); ok {
+			return scriptFailedAlone(inner)
+		}
+		return true
+	case code == "ERR" && isScriptPlace(rest):
+		return scriptFailedAlone(rest)
+	case isScriptPlace(msg):
+		return scriptFailedAlone(msg)
+	}
+	return false
+}
+
+// scriptFailedAlone reads the error a script raised, after the places in
+// the script Lua and Redis put before it: a command's error inside it
+// keeps its code, and one of a Redis that cannot serve is still Redis's.
+func scriptFailedAlone(msg string) bool {
+	for isScriptPlace(msg) {
+		_, msg, _ = strings.Cut(msg, ": ")
+		msg = strings.TrimPrefix(msg, "-")
+	}
+	code, _, _ := strings.Cut(msg, " ")
+	return !serverCodes[code]
+}
+
+// isScriptPlace reports whether msg starts with the place of a Lua error
+// in the script: "user_script:12:" or "@user_script:12:".
+func isScriptPlace(msg string) bool {
+	place, _, ok := strings.Cut(msg, ": ")
+	if !ok {
+		return false
+	}
+	place = strings.TrimPrefix(place, "@")
+	line, ok := strings.CutPrefix(place, "user_script:")
+	if !ok || line == "" {
+		return false
+	}
+	for i := 0; i < len(line); i++ {
+		if line[i] < '0' || line[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// scriptError is the message the batch script caught for one request: a
+// reply of Redis, as the same request's call of its own would have had.
+type scriptError string
+
+func (e scriptError) Error() string { return string(e) }
+func (scriptError) RedisError()     {}
 
 // do runs call through the breaker. Its errors become
 // backend.UnavailableError, except those of a caller that left.

@@ -3,6 +3,9 @@ package redis
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -135,36 +138,110 @@ func BenchmarkDecideBreakerOpen(b *testing.B) {
 	}
 }
 
-// A key Redis refuses (one of another type) fails the requests that name
-// it, batched or not: Redis answered, so the breaker stays closed and the
-// other keys are still decided.
-func TestKeyOfAnotherTypeFailsAlone(t *testing.T) {
-	for _, noBatch := range []bool{false, true} {
-		t.Run("nobatch="+strconv.FormatBool(noBatch), func(t *testing.T) {
-			c := standaloneClient(t)
-			prefix := uniquePrefix(t)
-			m := new(Module)
-			var err error
-			if m.Store, err = New(c, Options{KeyPrefix: prefix, NoBatch: noBatch}); err != nil {
-				t.Fatal(err)
-			}
-			m.breaker = newBreaker(zap.NewNop(), time.Hour)
-			z, err := m.Register(backend.LimitConfig{Name: "poisoned", Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: 2, Window: int64(time.Hour)}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := c.HSet(context.Background(), prefix+"poisoned//b{poison}", "f", "1").Err(); err != nil {
-				t.Fatal(err)
-			}
-			out := make([]algorithms.Result, 1)
-			for i := range breakerTrips + 2 {
-				_, err := m.Decide(context.Background(), []backend.Request{{Limit: z, Key: "poison", Cost: 1}}, out)
-				if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
-					t.Fatalf("poisoned key, decision %d: %v, want unavailable for WRONGTYPE", i, err)
+// poisons are states of one key that Redis cannot decide, each with what
+// its error says: a value of another type, which Redis refuses
+// (WRONGTYPE), and a corrupt state, on which the script itself fails (a
+// Lua error: a bucket's rate that is not a number, rebased from nil).
+var poisons = []struct {
+	name, says string
+	plant      func(c goredis.UniversalClient, key string) error
+}{
+	{"another type", "WRONGTYPE", func(c goredis.UniversalClient, key string) error {
+		return c.HSet(context.Background(), key, "f", "1").Err()
+	}},
+	{"corrupt state", "user_script:", func(c goredis.UniversalClient, key string) error {
+		return c.Set(context.Background(), key, strconv.FormatInt(time.Now().Add(time.Hour).UnixNano(), 10)+":x", time.Hour).Err()
+	}},
+}
+
+// A key Redis cannot decide fails the requests that name it, batched or
+// not: Redis answered, so the breaker stays closed and the other keys are
+// still decided.
+func TestKeyRedisCannotDecideFailsAlone(t *testing.T) {
+	for _, p := range poisons {
+		for _, noBatch := range []bool{false, true} {
+			t.Run(p.name+"/nobatch="+strconv.FormatBool(noBatch), func(t *testing.T) {
+				c := standaloneClient(t)
+				prefix := uniquePrefix(t)
+				m := new(Module)
+				var err error
+				if m.Store, err = New(c, Options{KeyPrefix: prefix, NoBatch: noBatch}); err != nil {
+					t.Fatal(err)
 				}
-			}
-			if ok, err := m.Decide(context.Background(), []backend.Request{{Limit: z, Key: "healthy", Cost: 1}}, out); !ok || err != nil {
-				t.Fatalf("another key after the poisoned one: %v %v, want decided and allowed", ok, err)
+				m.breaker = newBreaker(zap.NewNop(), time.Hour)
+				z, err := m.Register(backend.LimitConfig{Name: "poisoned", Algorithm: algorithms.NameTokenBucket, Policy: algorithms.Policy{Limit: 2, Window: int64(time.Hour)}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := p.plant(c, prefix+"poisoned//b{poison}"); err != nil {
+					t.Fatal(err)
+				}
+				out := make([]algorithms.Result, 1)
+				for i := range breakerTrips + 2 {
+					_, err := m.Decide(context.Background(), []backend.Request{{Limit: z, Key: "poison", Cost: 1}}, out)
+					if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), p.says) {
+						t.Fatalf("poisoned key, decision %d: %v, want unavailable for %s", i, err, p.says)
+					}
+				}
+				if ok, err := m.Decide(context.Background(), []backend.Request{{Limit: z, Key: "healthy", Cost: 1}}, out); !ok || err != nil {
+					t.Fatalf("another key after the poisoned one: %v %v, want decided and allowed", ok, err)
+				}
+			})
+		}
+	}
+}
+
+// The circuit breaker opens on Redis's own failures only: an error of one
+// request's keys or script is Redis's answer about that request. The
+// replies are Redis 7.0's (measured), Redis 6's forms of the same, and the
+// messages the batch script catches for one request.
+func TestFailedAlone(t *testing.T) {
+	reply := func(msg string) error { return scriptError(msg) }
+	for _, c := range []struct {
+		name  string
+		err   error
+		alone bool
+	}{
+		{"key of another type", reply("WRONGTYPE Operation against a key holding the wrong kind of value script: d3c2, on @user_script:1."), true},
+		{"key of another type, caught in a batch", reply("WRONGTYPE Operation against a key holding the wrong kind of value"), true},
+		{"key of another master", reply("ERR Script attempted to access a non local key in a cluster node"), true},
+		{"keys of two slots", reply("CROSSSLOT Keys in request don't hash to the same slot"), true},
+		{"go-redis's cross-slot error", goredis.ErrCrossSlot, true},
+		{"Lua error", reply("ERR user_script:1: attempt to perform arithmetic on local 'x' (a nil value) script: 104a, on @user_script:1."), true},
+		{"Lua error, caught in a batch", reply("user_script:1227: attempt to compare nil with number"), true},
+		{"error() of the script", reply("ERR user_script:333: calendar window: the clock of Redis and of the Caddy that called differ by more than a window script: 800a, on @user_script:333."), true},
+		{"Redis 6 key of another type", reply("ERR Error running script (call to f_d3c2): @user_script:1: WRONGTYPE Operation against a key holding the wrong kind of value"), true},
+		{"Redis 6 Lua error", reply("ERR Error running script (call to f_104a): @user_script:1: user_script:1: attempt to perform arithmetic on a nil value"), true},
+		{"wrapped", fmt.Errorf("redis backend: %w", reply("WRONGTYPE Operation against a key")), true},
+
+		{"out of memory", reply("OOM command not allowed when used memory > 'maxmemory'. script: aadf, on @user_script:1."), false},
+		{"out of memory, caught in a batch", reply("OOM command not allowed when used memory > 'maxmemory'."), false},
+		{"Redis 6 out of memory in a script", reply("ERR Error running script (call to f_aadf): @user_script:1: @user_script:1: -OOM command not allowed when used memory > 'maxmemory'."), false},
+		{"replica after a failover", reply("READONLY You can't write against a read only replica. script: aadf, on @user_script:1."), false},
+		{"Redis 6 replica in a script", reply("ERR Error running script (call to f_aadf): @user_script:9: -READONLY You can't write against a read only replica."), false},
+		{"loading", reply("LOADING Redis is loading the dataset in memory"), false},
+		{"busy", reply("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE."), false},
+		{"master down", reply("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), false},
+		{"cluster down", reply("CLUSTERDOWN The cluster is down"), false},
+		{"resharding", reply("TRYAGAIN Multiple keys request during rehashing of slot"), false},
+		{"no password", reply("NOAUTH Authentication required."), false},
+		{"wrong password", reply("WRONGPASS invalid username-password pair or user is disabled."), false},
+		{"no permission", reply("NOPERM this user has no permissions to run the 'evalsha' command"), false},
+		{"cannot persist", reply("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."), false},
+		{"too many clients", reply("ERR max number of clients reached"), false},
+		{"unknown command", reply("ERR unknown command 'evalsha', with args beginning with: "), false},
+		{"a reply of no known kind", reply("SOMETHING new"), false},
+		{"timeout", context.DeadlineExceeded, false},
+		{"connection refused", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, false},
+		{"closed pool", goredis.ErrClosed, false},
+		{"broken reply", io.ErrUnexpectedEOF, false},
+		{"a reply the store cannot read", errors.New("script answered 3 values for 2 keys"), false},
+		{"a message that merely looks like a reply", errors.New("WRONGTYPE"), false},
+		{"none", nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := failedAlone(c.err); got != c.alone {
+				t.Errorf("failedAlone(%v) = %v, want %v", c.err, got, c.alone)
 			}
 		})
 	}

@@ -1227,11 +1227,7 @@ local function loadItem(a)
 			return (load(a.kind, a.key, a.p1, a.p2, '', 0, ''))
 		end
 	end
-	-- A key starting with } has an empty hash tag: each kind's key is hashed
-	-- whole, into its own slot, where a cluster node may not reach it.
-	if a.from ~= '' and sub(a.key, fromList(a.from).pos + 2, fromList(a.from).pos + 2) ~= '}' then
-		return carry(a) or s
-	end
+	if a.from ~= '' then return carry(a) or s end
 	return s
 end
 
@@ -1567,16 +1563,18 @@ end
 -- then their arguments; KEYS holds the requests' keys in the same order.
 -- The reply is the clock, then per request its decision as in mode 'd'
 -- (without the clock), or an error message alone: a request that fails
--- does not fail the others.
+-- (its arguments or its keys, read or decided) does not fail the others.
+local function decideRequest(k0, o, n, out, at)
+	decideKeys(readArgs(k0, o, n), false, out, at)
+end
 if mode == 'm' then
 	local out = {NS, NN}
 	local k0, o = 0, 5
 	local last = #ARGV
 	while o <= last do
 		local n = tonumber(ARGV[o])
-		local args = readArgs(k0, o, n)
 		local at = #out
-		local ok, err = pcall(decideKeys, args, false, out, at)
+		local ok, err = pcall(decideRequest, k0, o, n, out, at)
 		if not ok then
 			for j = #out, at + 1, -1 do out[j] = nil end
 			if type(err) == 'table' then err = err.err end

@@ -98,7 +98,7 @@ func TestDifferentialLogRefundAfterWindow(t *testing.T) {
 func waitExpired(t *testing.T, tw *twin, z int, key string) {
 	t.Helper()
 	rz := tw.cur.redZ[z].(*zone)
-	k := rz.stateKey(rz.st.conf.Load(), key)
+	k := rz.stateKey(key)
 	for stop := time.Now().Add(time.Second); time.Now().Before(stop); time.Sleep(time.Millisecond) {
 		if n, err := tw.client.Exists(context.Background(), k).Result(); err != nil || n == 0 {
 			return

@@ -340,7 +340,7 @@ func (tw *twin) switchTo(next *config, specs []zoneSpec, failed bool) {
 	tw.granted = nil // their handles belong to the old config
 }
 
-var keyNames = []string{"a", "b", "10.0.0.1", "user{7}", "}x{"}
+var keyNames = []string{"a", "b", "10.0.0.1", "user{7}", "}x{", ""}
 
 func (tw *twin) costOf() int64 {
 	switch tw.c.intn(12) {
@@ -507,10 +507,19 @@ func (tw *twin) reload() {
 			}
 			specs[i].policy = tw.policy(specs[i].alg)
 		}
-		// Other steps; not lockout on or off, which in Redis moves the
-		// state of keys starting with } (zone.stateKey).
-		if specs[i].lockout != nil && tw.lc.intn(4) == 0 {
-			specs[i].lockout = tw.lockout(specs[i].policy)
+		// Other steps, or lockout on or off: a key's state is where it
+		// was, with or without (clientKey).
+		switch tw.lc.intn(8) {
+		case 0, 1:
+			if specs[i].lockout != nil {
+				specs[i].lockout = tw.lockout(specs[i].policy)
+			}
+		case 2:
+			if specs[i].lockout != nil {
+				specs[i].lockout = nil
+			} else {
+				specs[i].lockout = tw.lockout(specs[i].policy)
+			}
 		}
 	}
 	next := tw.load(specs)

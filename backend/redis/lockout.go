@@ -48,28 +48,13 @@ func lockoutArg(pos int, lo backend.Lockout) string {
 	return b.String()
 }
 
-// stateKey is the key of key's state in z under c. A key that is empty
-// (the quota of requests that lack theirs) or starts with } would make an
-// empty hash tag, and the state's key would be hashed whole, into another
-// cluster slot than its lock-out record: under a lockout, such a key (and
-// one starting with NUL, so that no two keys meet) is written after a NUL,
-// which makes the tag "\x00" and its record the same. A limit without
-// lockout keeps the layout it always had.
-func (z *zone) stateKey(c *zoneConf, key string) string {
-	if c.lk != "" && (key == "" || key[0] == '}' || key[0] == 0) {
-		return z.prefix + "\x00" + key + "}"
-	}
-	return z.prefix + key + "}"
-}
-
 // lockoutKey is the key of the lock-out record of key in l.
 func lockoutKey(l backend.Limit, key string) (string, *zone, error) {
 	z, ok := l.(*zone)
 	if !ok {
 		return "", nil, fmt.Errorf("zone %q was not registered with the redis backend", l.Name())
 	}
-	k := z.stateKey(z.st.conf.Load(), key)
-	return z.lockPrefix + k[len(z.prefix):], z, nil
+	return clientKey(z.lockPrefix, key), z, nil
 }
 
 // parseLockout reads a record; ok is false for a value that is not one.

@@ -62,7 +62,9 @@ type Module struct {
 	// TLS connects with TLS (a rediss:// URL does too).
 	TLS *TLS `json:"tls,omitempty"`
 
-	// KeyPrefix starts every key Sluice writes. Default: "sluice:".
+	// KeyPrefix starts every key Sluice writes. Default: "sluice:". A {
+	// in it must be closed within it around at least one character
+	// ("sluice{1}:" puts every key in one Redis Cluster slot).
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// Timeout bounds each decision's calls to Redis. Default: 100ms.
@@ -123,12 +125,17 @@ var clients = caddy.NewUsagePool()
 type sharedClient struct {
 	goredis.UniversalClient
 	breaker *breaker
+	evict   *evictionCheck
 }
 
-func (c sharedClient) Destruct() error { return c.Close() }
+func (c sharedClient) Destruct() error {
+	c.evict.close()
+	return c.Close()
+}
 
-// Provision connects (lazily: nothing is dialled until the first request,
-// so `caddy validate` needs no Redis) and makes the store.
+// Provision makes the store over the shared connection pool. It never
+// waits for Redis (`caddy validate` needs none): the pool dials for the
+// first request, and the memory policy is read in the background.
 func (m *Module) Provision(ctx caddy.Context) error {
 	opts, err := m.clientOptions(caddy.NewReplacer())
 	if err != nil {
@@ -139,13 +146,21 @@ func (m *Module) Provision(ctx caddy.Context) error {
 		return err
 	}
 	v, _, err := clients.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return sharedClient{goredis.NewUniversalClient(opts), newBreaker(ctx.Logger(), breakerOpenFor)}, nil
+		c := sharedClient{UniversalClient: goredis.NewUniversalClient(opts), breaker: newBreaker(ctx.Logger(), breakerOpenFor)}
+		// A Redis that comes back after an outage may be another one (a
+		// restart with another config, a failover): its policy is read
+		// again.
+		c.evict = newEvictionCheck(c.UniversalClient, ctx.Logger())
+		c.breaker.recovered = func() { c.evict.start(nil) }
+		return c, nil
 	})
 	if err != nil {
 		return err
 	}
 	m.poolKey = key
 	m.breaker = v.(sharedClient).breaker
+	// In the background: a config load never waits for Redis.
+	v.(sharedClient).evict.start(ctx.Logger())
 	m.Store, err = New(v.(sharedClient).UniversalClient, Options{
 		KeyPrefix: m.KeyPrefix, Timeout: time.Duration(m.Timeout),
 		NoCache: m.LocalCache != nil && !*m.LocalCache,
@@ -198,6 +213,9 @@ func (m *Module) clientOptions(repl *caddy.Replacer) (*goredis.UniversalOptions,
 		return nil, errors.New("redis: with sentinel, give the Sentinels' addresses, not a url")
 	case len(m.Addresses) > 1 && !m.Cluster:
 		return nil, errors.New("redis: several addresses are the seeds of a Redis Cluster: add cluster (or use sentinel for a master and its replicas)")
+	}
+	if err := checkKeyPrefix(m.KeyPrefix); err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
 	}
 	opts := &goredis.UniversalOptions{
 		Addrs:                 make([]string, 0, len(m.Addresses)),

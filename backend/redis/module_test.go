@@ -95,6 +95,7 @@ func TestModuleProvisionErrors(t *testing.T) {
 		{`{"timeout": -1}`, "timeout must be positive"},
 		{`{"pool_size": -1}`, "pool_size must be at least 1"},
 		{`{"tls": {"ca": "/nonexistent/ca.pem"}}`, "tls ca:"},
+		{`{"key_prefix": "sluice{"}`, `redis: key_prefix "sluice{": a { starts the hash tag`},
 	} {
 		if _, err := provisionModule(t, tt.raw); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: error %v, want one containing %q", tt.raw, err, tt.want)

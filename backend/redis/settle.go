@@ -28,7 +28,7 @@ func (s *Store) Settle(ctx context.Context, reqs []backend.Request, granted []al
 		}
 		conf := z.conf()
 		z.st.use(conf)
-		items = append(items, item{key: z.stateKey(conf, r.Key), conf: conf, cost: cost})
+		items = append(items, item{key: z.stateKey(r.Key), conf: conf, cost: cost})
 		s.budgetItem(&items[len(items)-1], backend.Request{})
 		xs = append(xs, [2]string{refundAt(items[len(items)-1], granted[i]), strconv.FormatInt(act, 10)})
 	}

@@ -3,9 +3,9 @@ package redis
 // Concurrency slots shared by a fleet (docs/protection.md, docs/redis.md).
 //
 // The slots of one key of a limit are a sorted set, <prefix><zone>/<scope>/s{<key>}
-// (the client's key as the hash tag, like the rate state), whose members
-// are slot ids scored by their expiry in milliseconds on the Redis server's
-// clock. Acquiring prunes the expired members and adds one when fewer than
+// (the client's key as the hash tag, made by clientKey like the rate
+// state's), whose members are slot ids scored by their expiry in
+// milliseconds on the Redis server's clock. Acquiring prunes the expired members and adds one when fewer than
 // the limit remain, atomically in one script call; releasing removes the
 // member. The instance holding a slot renews its expiry every third of the
 // slot's TTL, so a slot outlives a request that runs long but is alive, and
@@ -186,7 +186,7 @@ var _ backend.AdjustableSlots = (*slotZone)(nil)
 
 // Acquire takes a slot of key (backend.Slots).
 func (z *slotZone) Acquire(ctx context.Context, key string) (string, error) {
-	set := z.prefix + key + "}"
+	set := clientKey(z.prefix, key)
 	id := instanceID + strconv.FormatUint(slotSeq.Add(1), 36)
 	var sent bool
 	// The deadline is the call's own: the breaker tells a caller that left
@@ -217,7 +217,7 @@ func (z *slotZone) Acquire(ctx context.Context, key string) (string, error) {
 // renewed, whether or not Redis could be told: then it expires after its
 // TTL.
 func (z *slotZone) Release(ctx context.Context, key, id string) error {
-	set := z.prefix + key + "}"
+	set := clientKey(z.prefix, key)
 	z.s.slots.drop(set, id)
 	_, err := z.guard(ctx, func() (bool, error) {
 		tctx, cancel := context.WithTimeout(ctx, z.s.timeout)

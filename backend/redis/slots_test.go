@@ -101,13 +101,13 @@ func TestSlotsCapCluster(t *testing.T)    { testSlotsCap(t, clusterU) }
 func TestSlotsKeysCluster(t *testing.T) {
 	stores := slotStores(t, 1, clusterU)
 	z := mustSlots(t, stores[0], "keys", 1, 30*time.Second)
-	for _, k := range []string{"a", "b", "c", "d", "203.0.113.7"} {
+	for _, k := range []string{"a", "b", "c", "d", "203.0.113.7", "", "}x"} {
 		id, err := z.Acquire(context.Background(), k)
 		if err != nil || id == "" {
 			t.Fatalf("key %s: %q %v", k, id, err)
 		}
-		set := z.(*slotZone).prefix + k + "}"
-		if slotOf(set) != slotOf(zonePrefix(stores[0].prefix, "keys", "", kindBucket)+k+"}") {
+		set := clientKey(z.(*slotZone).prefix, k)
+		if slotOf(set) != slotOf(clientKey(zonePrefix(stores[0].prefix, "keys", "", kindBucket), k)) {
 			t.Fatalf("the slots of %s live in another cluster slot than its rate state", k)
 		}
 		if n, err := stores[0].client.ZCard(context.Background(), set).Result(); err != nil || n != 1 {

@@ -118,6 +118,9 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	if opts.Timeout < 0 {
 		return nil, fmt.Errorf("redis backend: timeout must be positive, got %v", opts.Timeout)
 	}
+	if err := checkKeyPrefix(opts.KeyPrefix); err != nil {
+		return nil, fmt.Errorf("redis backend: %w", err)
+	}
 	s := &Store{client: client, prefix: opts.KeyPrefix, timeout: opts.Timeout, opts: opts}
 	if s.prefix == "" {
 		s.prefix = DefaultKeyPrefix
@@ -290,7 +293,7 @@ func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 			return nil, nil, fmt.Errorf("zone %q was not registered with the redis backend", r.Limit.Name())
 		}
 		conf := z.conf()
-		key := z.stateKey(conf, r.Key)
+		key := z.stateKey(r.Key)
 		cost := min(max(r.Cost, 0), maxCost)
 		of[i] = -1
 		for j := range items {
@@ -464,7 +467,7 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 			s.giveBack(ctx, items, results, gs)
 		}
 		if failed != nil {
-			if s.cache != nil && !errors.As(failed, new(keyFailed)) {
+			if s.cache != nil && !failedAlone(failed) {
 				// Redis may have restarted empty, or failed over to a
 				// replica that missed writes: what it denied may be gone.
 				s.cache.clear()
@@ -501,7 +504,7 @@ func (s *Store) decideGroups(ctx context.Context, gs []group, items []item, resu
 	for g := range gs {
 		ok, err := parseDecision(gs[g].cmd, mode == "u", gs[g].items, items, results)
 		if err != nil {
-			failed = asKeyFailed(err)
+			failed = err
 			continue
 		}
 		gs[g].took = ok
@@ -611,7 +614,7 @@ func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []al
 		}
 		conf := z.conf()
 		z.st.use(conf)
-		items = append(items, item{key: z.stateKey(conf, r.Key), conf: conf, cost: min(r.Cost, maxCost)})
+		items = append(items, item{key: z.stateKey(r.Key), conf: conf, cost: min(r.Cost, maxCost)})
 		s.budgetItem(&items[len(items)-1], r)
 		results = append(results, granted[i])
 	}

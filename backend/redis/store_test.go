@@ -122,7 +122,7 @@ func TestClusterCrossSlotUndo(t *testing.T) {
 			loose := mustZone(t, s, "loose", alg, policy(200, 10*time.Minute))
 			tight := mustZone(t, s, "tight", alg, policy(50, 10*time.Minute))
 			a, b := "client-a", "client-b"
-			if slotOf(loose.(*zone).prefix+a+"}") == slotOf(tight.(*zone).prefix+b+"}") {
+			if slotOf(loose.(*zone).stateKey(a)) == slotOf(tight.(*zone).stateKey(b)) {
 				t.Fatal("the test needs keys in two slots")
 			}
 			got := hammer(t, s, 200, func() []backend.Request {

@@ -209,14 +209,14 @@ func TestWriteHeaders(t *testing.T) {
 			rec := httptest.NewRecorder()
 			writeHeaders(rec, limits, reqs, tt.out)
 			h := rec.Header()
-			policy, err := httpsfv.UnmarshalList(h["RateLimit-Policy"])
+			policy, err := httpsfv.UnmarshalList(values(h, "RateLimit-Policy"))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got, _ := httpsfv.Marshal(policy); got != `"api";q=10;w=60, "api.ip";q=6;w=60` {
 				t.Fatalf("RateLimit-Policy %q", got)
 			}
-			rl, err := httpsfv.UnmarshalList(h["RateLimit"])
+			rl, err := httpsfv.UnmarshalList(values(h, "RateLimit"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -365,8 +365,11 @@ func TestContractAllocations(t *testing.T) {
 // fields are set under the draft's spelling, which Header.Get (by the
 // canonical "Ratelimit") would not find.
 func exact(h http.Header, name string) string {
-	if v := h[name]; len(v) > 0 {
+	if v := values(h, name); len(v) > 0 {
 		return v[0]
 	}
 	return ""
 }
+
+// values are the values of the field spelled name, as written.
+func values(h http.Header, name string) []string { return h[name] }

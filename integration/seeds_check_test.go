@@ -251,20 +251,17 @@ func awaitContinue(t *testing.T, auth string, size int64, chunked bool) (r respo
 	// (curl: 1 s by default); this one waits longer than a busy machine
 	// needs to answer, and never sends it.
 	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	br := bufio.NewReader(conn)
-	for {
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("upload of %d bytes waiting for 100 Continue: no answer without the body after %v: %v", size, time.Since(start).Round(time.Millisecond), err)
-		}
-		if resp.StatusCode == http.StatusContinue {
-			t.Fatalf("upload of %d bytes: the server asked for the body (100 Continue)", size)
-		}
-		took := time.Since(start)
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return response{resp.StatusCode, resp.Header, string(body)}, resp.Close, took
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("upload of %d bytes waiting for 100 Continue: no answer without the body after %v: %v", size, time.Since(start).Round(time.Millisecond), err)
 	}
+	if resp.StatusCode == http.StatusContinue {
+		t.Fatalf("upload of %d bytes: the server asked for the body (100 Continue)", size)
+	}
+	took = time.Since(start)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return response{resp.StatusCode, resp.Header, string(body)}, resp.Close, took
 }
 
 // A client that waits for 100 Continue before it sends its file gets every

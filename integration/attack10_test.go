@@ -101,9 +101,13 @@ func TestAttack10SlowReaderLeavesP99(t *testing.T) {
 	took := time.Since(start)
 	p99 := attack10P99(t, "itest_attack10_reader")
 	t.Logf("5 slow readers of 16 MB over %v: p99 %v s", took, p99)
-	// Counted, the slow reading would be the p99 (about took); the copy
-	// itself takes 0.05 s, or 0.4 s under the race detector.
-	if p99 > took.Seconds()/3 {
+	// Counted, the slow reading would be the p99: about took, each
+	// request lasting as long as its client reads. Left out, what remains
+	// is the proxy's own copying of 16 MB: 0.05 s, 0.4 to 1.3 s under the
+	// race detector, and up to half of took on a machine loaded to 18
+	// runnable threads per core (its goroutine waits to run between
+	// writes).
+	if p99 > 0.7*took.Seconds() {
 		t.Fatalf("p99 %v s after slow readers (each %v), want the proxy's own time", p99, took)
 	}
 }

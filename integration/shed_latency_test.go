@@ -227,8 +227,11 @@ func TestShedLatencyLeavesOutSlowUploads(t *testing.T) {
 	}
 	time.Sleep(150 * time.Millisecond)
 	p99 := metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="itest_shedlat"}`)
-	if p99 <= 0 || p99 > 0.2 {
-		t.Fatalf("p99 %v s after 20 uploads of 1.5 s each, want the upstream's few ms", p99)
+	// Counted, the uploads would read 1.5 s; left out, what remains is the
+	// upstream's few milliseconds, and up to a third of a second on a
+	// loaded machine (0.33 s seen at 18 runnable threads per core).
+	if p99 <= 0 || p99 > 0.5 {
+		t.Fatalf("p99 %v s after 20 uploads of 1.5 s each, want the upstream's own time, far under 1.5 s", p99)
 	}
 	if codes, _ := shedCodes(t, tester); codes != [5]int{200, 200, 200, 200, 200} {
 		t.Fatalf("after slow uploads: %v, want nothing shed", codes)

@@ -1,0 +1,537 @@
+// Package replay decides the requests of Caddy's JSON access logs again
+// through a config's rate_limit handlers, on the memory store driven by the
+// log's own timestamps, and measures what it finds: what each zone would
+// have denied (simulate), the distribution of each key's rate and the
+// limit it suggests (recommend), as text, JSON or one HTML page.
+package replay
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"container/heap"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Entry is one request of an access log: what Caddy logged of it.
+type Entry struct {
+	File int   // index of the log file in the command's list
+	Line int64 // 1-based line number in that file
+	// End is when the request ended (the log's ts) and Arrival when it
+	// arrived (ts - duration), in Unix nanoseconds. At is when the replay
+	// decides it: Arrival, unless the line came too late for the reorder
+	// window (then the time of the request before it).
+	End, Arrival, At int64
+
+	Logger                       string
+	Method, Host, URI, Proto     string
+	RemoteIP, RemotePort, Client string
+	Header                       http.Header
+	TLS                          *TLSInfo
+	UserID                       string
+	Status                       int
+	RespHeader                   http.Header
+}
+
+// TLSInfo is what the access log says of a request's TLS connection.
+type TLSInfo struct {
+	Version     uint16 `json:"version"`
+	CipherSuite uint16 `json:"cipher_suite"`
+	Proto       string `json:"proto"`
+	ServerName  string `json:"server_name"`
+}
+
+// rawEntry is the JSON of one access log line. ts and duration are kept
+// as numbers in their decimal form, read exactly to the nanosecond.
+type rawEntry struct {
+	Logger   string          `json:"logger"`
+	TS       json.RawMessage `json:"ts"`
+	Duration json.RawMessage `json:"duration"`
+	Request  *struct {
+		RemoteIP   string      `json:"remote_ip"`
+		RemotePort string      `json:"remote_port"`
+		ClientIP   string      `json:"client_ip"`
+		Proto      string      `json:"proto"`
+		Method     string      `json:"method"`
+		Host       string      `json:"host"`
+		URI        string      `json:"uri"`
+		Headers    http.Header `json:"headers"`
+		TLS        *TLSInfo    `json:"tls"`
+	} `json:"request"`
+	UserID      string      `json:"user_id"`
+	Status      int         `json:"status"`
+	RespHeaders http.Header `json:"resp_headers"`
+}
+
+// accessLogger is the logger name prefix of Caddy's access logs.
+const accessLogger = "http.log.access"
+
+// errNotAccess marks a JSON line of another logger: skipped, not malformed.
+var errNotAccess = errors.New("not an access log entry")
+
+// parseEntry reads one line into e.
+func parseEntry(line []byte, e *Entry) error {
+	var raw rawEntry
+	if err := json.Unmarshal(line, &raw); err != nil {
+		return fmt.Errorf("not JSON: %v", err)
+	}
+	if raw.Logger != accessLogger && !strings.HasPrefix(raw.Logger, accessLogger+".") {
+		return errNotAccess
+	}
+	if raw.Request == nil {
+		return errors.New("no request object")
+	}
+	end, err := parseTS(raw.TS)
+	if err != nil {
+		return fmt.Errorf("ts: %v", err)
+	}
+	dur, err := parseDuration(raw.Duration)
+	if err != nil {
+		return fmt.Errorf("duration: %v", err)
+	}
+	q := raw.Request
+	if q.Method == "" || q.URI == "" {
+		return errors.New("request without method or uri")
+	}
+	*e = Entry{
+		File: e.File, Line: e.Line,
+		End: end, Arrival: end - dur,
+		Logger: raw.Logger, Method: q.Method, Host: q.Host, URI: q.URI, Proto: q.Proto,
+		RemoteIP: q.RemoteIP, RemotePort: q.RemotePort, Client: q.ClientIP,
+		Header: q.Headers, TLS: q.TLS, UserID: raw.UserID,
+		Status: raw.Status, RespHeader: raw.RespHeaders,
+	}
+	if e.Header == nil {
+		e.Header = http.Header{}
+	}
+	e.At = e.Arrival
+	return nil
+}
+
+// parseTS reads Caddy's ts: Unix seconds as a decimal number (the json
+// encoder's default), exactly; or an RFC 3339 / ISO 8601 string for a log
+// whose time_format was changed.
+func parseTS(b json.RawMessage) (int64, error) {
+	if len(b) == 0 {
+		return 0, errors.New("missing")
+	}
+	if b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return 0, err
+		}
+		for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05.000Z0700", "2006/01/02 15:04:05.000"} {
+			if t, err := time.Parse(layout, s); err == nil {
+				return t.UnixNano(), nil
+			}
+		}
+		return 0, fmt.Errorf("cannot read time %q", s)
+	}
+	return decimalNanos(string(b))
+}
+
+// parseDuration reads Caddy's duration: seconds as a decimal number (the
+// default duration_format), or a Go duration string ("1.5ms").
+func parseDuration(b json.RawMessage) (int64, error) {
+	if len(b) == 0 {
+		return 0, nil // no duration: the request took no time
+	}
+	if b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return 0, err
+		}
+		d, err := time.ParseDuration(s)
+		return int64(d), err
+	}
+	d, err := decimalNanos(string(b))
+	if err == nil && d < 0 {
+		err = errors.New("negative")
+	}
+	return d, err
+}
+
+// decimalNanos reads a decimal number of seconds as nanoseconds without
+// going through a float (whose 53 bits lose the microseconds of a Unix
+// time).
+func decimalNanos(s string) (int64, error) {
+	if strings.ContainsAny(s, "eE") {
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return 0, err
+		}
+		return int64(f * 1e9), nil
+	}
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	whole, frac, _ := strings.Cut(s, ".")
+	sec, err := strconv.ParseInt(whole, 10, 64)
+	if err != nil || sec > 1<<33 {
+		return 0, fmt.Errorf("cannot read %q as seconds", s)
+	}
+	if len(frac) > 9 {
+		frac = frac[:9]
+	}
+	var ns int64
+	if frac != "" {
+		n, err := strconv.ParseInt(frac, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("cannot read %q as seconds", s)
+		}
+		for i := len(frac); i < 9; i++ {
+			n *= 10
+		}
+		ns = n
+	}
+	v := sec*1e9 + ns
+	if neg {
+		v = -v
+	}
+	return v, nil
+}
+
+// Malformed is a line that could not be read, with where it is.
+type Malformed struct {
+	File  string `json:"file"`
+	Line  int64  `json:"line"`
+	Error string `json:"error"`
+}
+
+// FormatError refuses a file that is not a JSON access log at all.
+type FormatError struct {
+	File string
+	Line int64
+	Why  string
+}
+
+func (e *FormatError) Error() string {
+	return fmt.Sprintf("%s:%d: %s; expected Caddy's JSON access log: one JSON object a line with a \"request\", as Caddy writes with `log { output file …; format json }` (gzip-compressed files are read too)", e.File, e.Line, e.Why)
+}
+
+// maxLine is the longest line read; a longer one is malformed (an access
+// line with every header of a browser is a few KiB).
+const maxLine = 1 << 20
+
+// source reads one log file, parsing in its own goroutine, and hands its
+// entries over in batches.
+type source struct {
+	name  string
+	index int
+	out   chan batch
+	head  []*Entry // the batch being taken from
+	err   error    // a FormatError or a read error, once out is closed
+	stats sourceStats
+}
+
+type batch struct {
+	entries []*Entry
+	err     error
+}
+
+// sourceStats count a file's lines; read by the merger once the source
+// is done.
+type sourceStats struct {
+	lines, entries, other int64
+	malformed             []Malformed // the first few, in order
+	malformedN            int64
+}
+
+const keepMalformed = 20
+
+const batchSize = 256
+
+func openSource(name string, index int) (*source, error) {
+	var r io.ReadCloser
+	if name == "-" {
+		r = io.NopCloser(os.Stdin)
+	} else {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		r = f
+	}
+	s := &source{name: name, index: index, out: make(chan batch, 8)}
+	go s.run(r)
+	return s, nil
+}
+
+func (s *source) run(rc io.ReadCloser) {
+	defer close(s.out)
+	defer rc.Close()
+	br := bufio.NewReaderSize(rc, 256<<10)
+	var rd io.Reader = br
+	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			s.out <- batch{err: fmt.Errorf("%s: %v", s.name, err)}
+			return
+		}
+		defer zr.Close()
+		rd = zr
+	}
+	lr := bufio.NewReaderSize(rd, 256<<10)
+	var n int64
+	seenFirst := false
+	b := make([]*Entry, 0, batchSize)
+	var long []byte
+	for {
+		line, err := lr.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			long = append(long[:0], line...)
+			for err == bufio.ErrBufferFull {
+				line, err = lr.ReadSlice('\n')
+				if len(long) <= maxLine {
+					long = append(long, line...)
+				}
+			}
+			line = long
+		}
+		if len(line) > 0 {
+			n++
+			s.stats.lines++
+			trimmed := bytes.TrimSpace(line)
+			if len(trimmed) == 0 {
+				s.stats.lines--
+			} else if len(trimmed) > maxLine {
+				s.malformed(n, "line longer than 1 MiB")
+			} else {
+				if !seenFirst {
+					seenFirst = true
+					if why := notJSONLog(trimmed); why != "" {
+						s.out <- batch{err: &FormatError{File: s.name, Line: n, Why: why}}
+						return
+					}
+				}
+				e := &Entry{File: s.index, Line: n}
+				switch perr := parseEntry(trimmed, e); {
+				case perr == nil:
+					s.stats.entries++
+					b = append(b, e)
+					if len(b) == batchSize {
+						s.out <- batch{entries: b}
+						b = make([]*Entry, 0, batchSize)
+					}
+				case perr == errNotAccess:
+					s.stats.other++
+				default:
+					s.malformed(n, perr.Error())
+				}
+			}
+		}
+		if err != nil {
+			if len(b) > 0 {
+				s.out <- batch{entries: b}
+			}
+			if err != io.EOF {
+				s.out <- batch{err: fmt.Errorf("%s: line %d: %v", s.name, n+1, err)}
+			} else if s.stats.entries == 0 && s.stats.lines > 0 && s.stats.malformedN == 0 {
+				s.out <- batch{err: &FormatError{File: s.name, Line: 1, Why: fmt.Sprintf("no access log entry (logger %s…) in %d lines of other loggers", accessLogger, s.stats.other)}}
+			}
+			return
+		}
+	}
+}
+
+func (s *source) malformed(line int64, why string) {
+	s.stats.malformedN++
+	if len(s.stats.malformed) < keepMalformed {
+		s.stats.malformed = append(s.stats.malformed, Malformed{File: s.name, Line: line, Error: why})
+	}
+}
+
+// notJSONLog tells why the first line of a file shows it is no JSON log,
+// or "".
+func notJSONLog(line []byte) string {
+	if line[0] == '{' {
+		return ""
+	}
+	if bytes.Contains(line, []byte("\t"+accessLogger)) {
+		return "this is Caddy's console log format; set `format json` in the log block"
+	}
+	if len(line) > 60 {
+		line = line[:60]
+	}
+	return fmt.Sprintf("line 1 is not a JSON object (it starts %q)", line)
+}
+
+// next is the source's next entry, nil at its end.
+func (s *source) next() (*Entry, error) {
+	for len(s.head) == 0 {
+		b, ok := <-s.out
+		if !ok {
+			return nil, s.err
+		}
+		if b.err != nil {
+			s.err = b.err
+			// Drain, so the goroutine ends.
+			for range s.out {
+			}
+			return nil, b.err
+		}
+		s.head = b.entries
+	}
+	e := s.head[0]
+	s.head = s.head[1:]
+	return e, nil
+}
+
+// Merger hands out the entries of several logs in order of arrival. Each
+// file is in order of ts (when requests ended), give or take the requests
+// logged at the same moment; a request's arrival is ts - duration, so a
+// slow one is logged long after later arrivals. Entries wait in a heap
+// until no file can still hold an earlier arrival, assuming no request
+// took longer than the reorder window; one that did comes late and is
+// decided at the time of the request before it (counted in Late).
+type Merger struct {
+	sources []*source
+	heads   []*Entry
+	window  int64
+	maxHeld int
+	held    entryHeap
+	last    int64
+	started bool
+
+	// Late counts the entries decided after a later arrival.
+	Late    int64
+	Longest int64 // the longest duration of a late entry, ns
+}
+
+// DefaultReorder is how long a request may take and still be replayed
+// exactly in order of arrival.
+const DefaultReorder = 10 * time.Second
+
+// maxHeld caps the entries waiting in the heap: past it the earliest goes,
+// whatever the window, so that memory stays bounded on any log.
+const maxHeld = 1 << 20
+
+// NewMerger opens the files; "-" is standard input.
+func NewMerger(files []string, window time.Duration) (*Merger, error) {
+	if window <= 0 {
+		window = DefaultReorder
+	}
+	m := &Merger{window: int64(window), maxHeld: maxHeld}
+	for i, f := range files {
+		s, err := openSource(f, i)
+		if err != nil {
+			m.Close()
+			return nil, err
+		}
+		m.sources = append(m.sources, s)
+	}
+	m.heads = make([]*Entry, len(m.sources))
+	return m, nil
+}
+
+// Close stops reading every file.
+func (m *Merger) Close() {
+	for _, s := range m.sources {
+		go func() {
+			for range s.out {
+			}
+		}()
+	}
+}
+
+// Next returns the next entry in order of arrival, or nil at the end.
+func (m *Merger) Next() (*Entry, error) {
+	if !m.started {
+		m.started = true
+		for i, s := range m.sources {
+			e, err := s.next()
+			if err != nil {
+				return nil, err
+			}
+			m.heads[i] = e
+		}
+	}
+	for {
+		// Read from the file whose next line ended earliest, so that
+		// every file advances together.
+		lo := -1
+		for i, e := range m.heads {
+			if e != nil && (lo < 0 || e.End < m.heads[lo].End) {
+				lo = i
+			}
+		}
+		if len(m.held) > 0 && (lo < 0 || m.held[0].Arrival <= m.heads[lo].End-m.window || len(m.held) >= m.maxHeld) {
+			return m.emit(heap.Pop(&m.held).(*Entry)), nil
+		}
+		if lo < 0 {
+			return nil, nil
+		}
+		heap.Push(&m.held, m.heads[lo])
+		e, err := m.sources[lo].next()
+		if err != nil {
+			return nil, err
+		}
+		m.heads[lo] = e
+	}
+}
+
+func (m *Merger) emit(e *Entry) *Entry {
+	e.At = e.Arrival
+	if e.At < m.last {
+		m.Late++
+		m.Longest = max(m.Longest, e.End-e.Arrival)
+		e.At = m.last
+	}
+	m.last = e.At
+	return e
+}
+
+// Files are the names of the files read.
+func (m *Merger) Files() []string {
+	names := make([]string, len(m.sources))
+	for i, s := range m.sources {
+		names[i] = s.name
+	}
+	return names
+}
+
+// Counts are the merged files' line counts, once Next returned nil.
+func (m *Merger) Counts() (lines, entries, other, malformed int64, examples []Malformed) {
+	for _, s := range m.sources {
+		lines += s.stats.lines
+		entries += s.stats.entries
+		other += s.stats.other
+		malformed += s.stats.malformedN
+		examples = append(examples, s.stats.malformed...)
+	}
+	if len(examples) > keepMalformed {
+		examples = examples[:keepMalformed]
+	}
+	return
+}
+
+// entryHeap orders entries by arrival, then file and line.
+type entryHeap []*Entry
+
+func (h entryHeap) Len() int { return len(h) }
+func (h entryHeap) Less(i, j int) bool {
+	a, b := h[i], h[j]
+	if a.Arrival != b.Arrival {
+		return a.Arrival < b.Arrival
+	}
+	if a.File != b.File {
+		return a.File < b.File
+	}
+	return a.Line < b.Line
+}
+func (h entryHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *entryHeap) Push(x any)   { *h = append(*h, x.(*Entry)) }
+func (h *entryHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return e
+}

@@ -1,0 +1,175 @@
+package integration
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// replayZones are the zones of the live-versus-replay test: each
+// algorithm on 4 per second, keyed by user, and a zone whose user limit
+// has an IP and a global scope beside it.
+var replayZones = []struct{ path, body string }{
+	{"sw", "rate 4/1s\n\t\t\talgorithm sliding_window"},
+	{"swc", "rate 4/1s\n\t\t\talgorithm sliding_window_counter"},
+	{"fw", "rate 4/1s\n\t\t\talgorithm fixed_window"},
+	{"tb", "rate 4/1s\n\t\t\talgorithm token_bucket"},
+	{"gcra", "rate 4/1s\n\t\t\talgorithm gcra"},
+	{"lb", "rate 4/1s\n\t\t\talgorithm leaky_bucket"},
+	{"scoped", "rate 4/1s\n\t\t\tscope per_ip {\n\t\t\t\tkey {client_ip}\n\t\t\t\trate 6/1s\n\t\t\t}\n\t\t\tscope everyone {\n\t\t\t\tkey global\n\t\t\t\trate 9/1s\n\t\t\t}"},
+}
+
+// replaySite is a site whose rate_limit zones front a fake upstream, with
+// its JSON access log in logFile.
+func replaySite(upstream, logFile string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\tlog {\n\t\toutput file %s\n\t\tformat json\n\t}\n\trate_limit {\n", logFile)
+	for _, z := range replayZones {
+		fmt.Fprintf(&b, "\t\tzone %s {\n\t\t\tmatch {\n\t\t\t\tpath /%s\n\t\t\t}\n\t\t\tkey {header.X-User}\n\t\t\t%s\n\t\t}\n", z.path, z.path, z.body)
+	}
+	fmt.Fprintf(&b, "\t}\n\treverse_proxy %s\n", upstream)
+	return b.String()
+}
+
+// replayGaps are the pauses between a zone's bursts. Each partial pause
+// is an odd number of eighths of a second after a pause that refilled
+// every bucket: a bucket holds k+½ tokens when the next burst comes and a
+// sliding log's events are ⅜ s or more from leaving, so no decision rests
+// on when within a millisecond a request came.
+var replayGaps = []time.Duration{1300 * time.Millisecond, 625 * time.Millisecond, 1300 * time.Millisecond, 375 * time.Millisecond, 1300 * time.Millisecond, 875 * time.Millisecond}
+
+// replayBurst is who sends each request of a burst: u0 more than its
+// limit, u1 within it.
+var replayBurst = []string{"u0", "u0", "u1", "u0", "u0", "u1", "u0", "u0"}
+
+// A request sequence sent to a live Caddy on a real clock, and the access
+// log that Caddy wrote replayed by `caddy rate-limit simulate`, get the
+// same answer for every request: for each of the six algorithms and for a
+// zone whose limit has scopes.
+func TestSimulateMatchesLiveCaddy(t *testing.T) {
+	binary(t) // built before the clock starts
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}))
+	defer upstream.Close()
+	dir := t.TempDir()
+	logFile := filepath.Join(dir, "access.log")
+	cfg := caddyfileServer(replaySite(upstream.URL, logFile))
+	newTester(t, cfg, "caddyfile")
+	client := &http.Client{Timeout: 30 * time.Second}
+
+	var mu sync.Mutex
+	live := map[string]int{} // uri → status
+	var wg sync.WaitGroup
+	for _, z := range replayZones {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := 0
+			for round := 0; round <= len(replayGaps); round++ {
+				if round > 0 {
+					time.Sleep(replayGaps[round-1])
+				}
+				for _, user := range replayBurst {
+					n++
+					uri := fmt.Sprintf("/%s?n=%d", z.path, n)
+					req, _ := http.NewRequest("GET", httpBase+uri, nil)
+					req.Header.Set("X-User", user)
+					resp, err := client.Do(req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					mu.Lock()
+					live[uri] = resp.StatusCode
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	// Caddy writes a request's line once it has answered it.
+	deadline := time.Now().Add(30 * time.Second)
+	for countLines(t, logFile) < len(live) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	unloadZones(t)
+
+	cfgFile := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	decisions := filepath.Join(dir, "decisions.jsonl")
+	out, err := runCaddy(t, "rate-limit", "simulate", "--config", cfgFile, "--log", logFile, "--decisions", decisions)
+	if err != nil {
+		t.Fatalf("simulate: %v\n%s", err, out)
+	}
+	replayed := map[string]int{}
+	f, err := os.Open(decisions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var d struct {
+			URI    string
+			Logged int
+			Status int
+		}
+		if err := json.Unmarshal(sc.Bytes(), &d); err != nil {
+			t.Fatal(err)
+		}
+		replayed[d.URI] = d.Status
+	}
+	if len(replayed) != len(live) {
+		t.Fatalf("replayed %d requests, sent %d\n%s", len(replayed), len(live), out)
+	}
+	for _, z := range replayZones {
+		var allowed, denied, differ int
+		for uri, code := range live {
+			if !strings.HasPrefix(uri, "/"+z.path+"?") {
+				continue
+			}
+			if code == http.StatusOK {
+				allowed++
+			} else {
+				denied++
+			}
+			if replayed[uri] != code {
+				differ++
+				t.Errorf("%s: live %d, replayed %d", uri, code, replayed[uri])
+			}
+		}
+		t.Logf("zone %s: %d allowed, %d denied live; %d replayed differently", z.path, allowed, denied, differ)
+		if allowed == 0 || denied == 0 {
+			t.Errorf("zone %s: %d allowed and %d denied: the sequence tests nothing", z.path, allowed, denied)
+		}
+	}
+	if t.Failed() {
+		t.Logf("simulate:\n%s", out)
+	}
+}
+
+func countLines(t *testing.T, file string) int {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(b), "\n")
+}

@@ -223,7 +223,7 @@ func (*responder) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 // refusedLive tells whether the log's answer was a rate limiter's
 // refusal: an error status with Retry-After.
 func refusedLive(e *Entry) bool {
-	return e.Status >= 400 && len(e.RespHeader["Retry-After"]) > 0
+	return e.Status >= 400 && e.hasRespHeader("Retry-After")
 }
 
 func answer(w http.ResponseWriter, r *http.Request) error {
@@ -246,7 +246,7 @@ func answer(w http.ResponseWriter, r *http.Request) error {
 	}
 	if st.sess.response && !st.unknown {
 		h := w.Header()
-		for k, v := range e.RespHeader {
+		for k, v := range e.RespHeader() {
 			h[k] = v
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -38,7 +39,24 @@ type Entry struct {
 	TLS                          *TLSInfo
 	UserID                       string
 	Status                       int
-	RespHeader                   http.Header
+	// respRaw is the logged response header fields, decoded only for a
+	// limit that reads them (RespHeader).
+	respRaw json.RawMessage
+}
+
+// RespHeader is the response header fields the log has.
+func (e *Entry) RespHeader() http.Header {
+	var h http.Header
+	if len(e.respRaw) > 0 {
+		_ = json.Unmarshal(e.respRaw, &h)
+	}
+	return h
+}
+
+// hasRespHeader tells whether the logged response has the field name
+// (canonical, as the log writes it).
+func (e *Entry) hasRespHeader(name string) bool {
+	return bytes.Contains(e.respRaw, []byte(`"`+name+`"`))
 }
 
 // TLSInfo is what the access log says of a request's TLS connection.
@@ -52,23 +70,25 @@ type TLSInfo struct {
 // rawEntry is the JSON of one access log line. ts and duration are kept
 // as numbers in their decimal form, read exactly to the nanosecond.
 type rawEntry struct {
-	Logger   string          `json:"logger"`
-	TS       json.RawMessage `json:"ts"`
-	Duration json.RawMessage `json:"duration"`
-	Request  *struct {
-		RemoteIP   string      `json:"remote_ip"`
-		RemotePort string      `json:"remote_port"`
-		ClientIP   string      `json:"client_ip"`
-		Proto      string      `json:"proto"`
-		Method     string      `json:"method"`
-		Host       string      `json:"host"`
-		URI        string      `json:"uri"`
-		Headers    http.Header `json:"headers"`
-		TLS        *TLSInfo    `json:"tls"`
-	} `json:"request"`
-	UserID      string      `json:"user_id"`
-	Status      int         `json:"status"`
-	RespHeaders http.Header `json:"resp_headers"`
+	Logger      string          `json:"logger"`
+	TS          json.RawMessage `json:"ts"`
+	Duration    json.RawMessage `json:"duration"`
+	Request     *rawRequest     `json:"request"`
+	UserID      string          `json:"user_id"`
+	Status      int             `json:"status"`
+	RespHeaders json.RawMessage `json:"resp_headers"`
+}
+
+type rawRequest struct {
+	RemoteIP   string      `json:"remote_ip"`
+	RemotePort string      `json:"remote_port"`
+	ClientIP   string      `json:"client_ip"`
+	Proto      string      `json:"proto"`
+	Method     string      `json:"method"`
+	Host       string      `json:"host"`
+	URI        string      `json:"uri"`
+	Headers    http.Header `json:"headers"`
+	TLS        *TLSInfo    `json:"tls"`
 }
 
 // accessLogger is the logger name prefix of Caddy's access logs.
@@ -77,11 +97,14 @@ const accessLogger = "http.log.access"
 // errNotAccess marks a JSON line of another logger: skipped, not malformed.
 var errNotAccess = errors.New("not an access log entry")
 
-// parseEntry reads one line into e.
-func parseEntry(line []byte, e *Entry) error {
+// parseEntry reads one line into e, with sc (nil: encoding/json alone).
+func parseEntry(sc *scanner, line []byte, e *Entry) error {
 	var raw rawEntry
-	if err := json.Unmarshal(line, &raw); err != nil {
-		return fmt.Errorf("not JSON: %v", err)
+	if sc == nil || sc.scanEntry(line, &raw) != nil {
+		raw = rawEntry{}
+		if err := json.Unmarshal(line, &raw); err != nil {
+			return fmt.Errorf("not JSON: %v", err)
+		}
 	}
 	if raw.Logger != accessLogger && !strings.HasPrefix(raw.Logger, accessLogger+".") {
 		return errNotAccess
@@ -107,7 +130,7 @@ func parseEntry(line []byte, e *Entry) error {
 		Logger: raw.Logger, Method: q.Method, Host: q.Host, URI: q.URI, Proto: q.Proto,
 		RemoteIP: q.RemoteIP, RemotePort: q.RemotePort, Client: q.ClientIP,
 		Header: q.Headers, TLS: q.TLS, UserID: raw.UserID,
-		Status: raw.Status, RespHeader: raw.RespHeaders,
+		Status: raw.Status, respRaw: raw.RespHeaders,
 	}
 	if e.Header == nil {
 		e.Header = http.Header{}
@@ -220,24 +243,32 @@ func (e *FormatError) Error() string {
 // line with every header of a browser is a few KiB).
 const maxLine = 1 << 20
 
-// source reads one log file, parsing in its own goroutine, and hands its
-// entries over in batches.
+// source reads one log file. A goroutine reads its lines in batches,
+// parse workers decode the batches in parallel, and next hands out their
+// entries in the file's order.
 type source struct {
-	name  string
-	index int
-	out   chan batch
-	head  []*Entry // the batch being taken from
-	err   error    // a FormatError or a read error, once out is closed
-	stats sourceStats
+	name    string
+	index   int
+	ordered chan *job // batches in the file's order
+	head    []*Entry  // the batch being taken from
+	err     error     // a FormatError or a read error, once done
+	done    bool
+	stats   sourceStats
 }
 
-type batch struct {
-	entries []*Entry
-	err     error
+// job is one batch of lines, parsed by a worker.
+type job struct {
+	first  int64    // line number of lines[0]
+	lines  [][]byte // nil for blank lines
+	buf    []byte
+	err    error // of the reader, after the lines
+	parsed chan struct{}
+	out    []*Entry
+	other  int64
+	bad    []Malformed
 }
 
-// sourceStats count a file's lines; read by the merger once the source
-// is done.
+// sourceStats count a file's lines; kept by the goroutine calling next.
 type sourceStats struct {
 	lines, entries, other int64
 	malformed             []Malformed // the first few, in order
@@ -246,7 +277,11 @@ type sourceStats struct {
 
 const keepMalformed = 20
 
-const batchSize = 256
+const batchSize = 512
+
+// parseWorkers is how many goroutines decode a file's lines: decoding is
+// most of a replay's work, and the replay itself takes one core more.
+var parseWorkers = max(runtime.GOMAXPROCS(0), 2)
 
 func openSource(name string, index int) (*source, error) {
 	var r io.ReadCloser
@@ -259,20 +294,70 @@ func openSource(name string, index int) (*source, error) {
 		}
 		r = f
 	}
-	s := &source{name: name, index: index, out: make(chan batch, 8)}
-	go s.run(r)
+	s := &source{name: name, index: index, ordered: make(chan *job, 4*parseWorkers)}
+	jobs := make(chan *job, 4*parseWorkers)
+	for range parseWorkers {
+		go func() {
+			sc := &scanner{intern: map[string]string{}}
+			for j := range jobs {
+				j.parse(sc, s.name, s.index)
+				close(j.parsed)
+			}
+		}()
+	}
+	go s.read(r, jobs)
 	return s, nil
 }
 
-func (s *source) run(rc io.ReadCloser) {
-	defer close(s.out)
+func (j *job) parse(sc *scanner, name string, index int) {
+	for i, line := range j.lines {
+		if line == nil {
+			continue
+		}
+		n := j.first + int64(i)
+		if len(line) > maxLine {
+			j.bad = append(j.bad, Malformed{File: name, Line: n, Error: "line longer than 1 MiB"})
+			continue
+		}
+		e := &Entry{File: index, Line: n}
+		switch err := parseEntry(sc, line, e); {
+		case err == nil:
+			j.out = append(j.out, e)
+		case err == errNotAccess:
+			j.other++
+		default:
+			j.bad = append(j.bad, Malformed{File: name, Line: n, Error: err.Error()})
+		}
+	}
+	j.lines, j.buf = nil, nil
+}
+
+// read splits the file into batches of lines.
+func (s *source) read(rc io.ReadCloser, jobs chan<- *job) {
+	defer close(s.ordered)
+	defer close(jobs)
 	defer rc.Close()
+	send := func(j *job) {
+		j.parsed = make(chan struct{})
+		if len(j.lines) == 0 {
+			close(j.parsed)
+		} else {
+			jobs <- j
+		}
+		s.ordered <- j
+	}
+	fail := func(err error) {
+		j := &job{err: err}
+		j.parsed = make(chan struct{})
+		close(j.parsed)
+		s.ordered <- j
+	}
 	br := bufio.NewReaderSize(rc, 256<<10)
 	var rd io.Reader = br
 	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
 		zr, err := gzip.NewReader(br)
 		if err != nil {
-			s.out <- batch{err: fmt.Errorf("%s: %v", s.name, err)}
+			fail(fmt.Errorf("%s: %v", s.name, err))
 			return
 		}
 		defer zr.Close()
@@ -281,7 +366,7 @@ func (s *source) run(rc io.ReadCloser) {
 	lr := bufio.NewReaderSize(rd, 256<<10)
 	var n int64
 	seenFirst := false
-	b := make([]*Entry, 0, batchSize)
+	j := &job{first: 1}
 	var long []byte
 	for {
 		line, err := lr.ReadSlice('\n')
@@ -297,55 +382,81 @@ func (s *source) run(rc io.ReadCloser) {
 		}
 		if len(line) > 0 {
 			n++
-			s.stats.lines++
 			trimmed := bytes.TrimSpace(line)
+			if len(trimmed) > 0 && !seenFirst {
+				seenFirst = true
+				if why := notJSONLog(trimmed); why != "" {
+					fail(&FormatError{File: s.name, Line: n, Why: why})
+					return
+				}
+			}
 			if len(trimmed) == 0 {
-				s.stats.lines--
-			} else if len(trimmed) > maxLine {
-				s.malformed(n, "line longer than 1 MiB")
+				j.lines = append(j.lines, nil)
 			} else {
-				if !seenFirst {
-					seenFirst = true
-					if why := notJSONLog(trimmed); why != "" {
-						s.out <- batch{err: &FormatError{File: s.name, Line: n, Why: why}}
-						return
-					}
-				}
-				e := &Entry{File: s.index, Line: n}
-				switch perr := parseEntry(trimmed, e); {
-				case perr == nil:
-					s.stats.entries++
-					b = append(b, e)
-					if len(b) == batchSize {
-						s.out <- batch{entries: b}
-						b = make([]*Entry, 0, batchSize)
-					}
-				case perr == errNotAccess:
-					s.stats.other++
-				default:
-					s.malformed(n, perr.Error())
-				}
+				off := len(j.buf)
+				j.buf = append(j.buf, trimmed...)
+				j.lines = append(j.lines, j.buf[off:len(j.buf):len(j.buf)])
+			}
+			if len(j.lines) == batchSize {
+				// The lines point into j.buf: a new batch gets a new buffer.
+				send(j)
+				j = &job{first: n + 1}
 			}
 		}
 		if err != nil {
-			if len(b) > 0 {
-				s.out <- batch{entries: b}
-			}
 			if err != io.EOF {
-				s.out <- batch{err: fmt.Errorf("%s: line %d: %v", s.name, n+1, err)}
-			} else if s.stats.entries == 0 && s.stats.lines > 0 && s.stats.malformedN == 0 {
-				s.out <- batch{err: &FormatError{File: s.name, Line: 1, Why: fmt.Sprintf("no access log entry (logger %s…) in %d lines of other loggers", accessLogger, s.stats.other)}}
+				j.err = fmt.Errorf("%s: line %d: %v", s.name, n+1, err)
 			}
+			send(j)
 			return
 		}
 	}
 }
 
-func (s *source) malformed(line int64, why string) {
-	s.stats.malformedN++
-	if len(s.stats.malformed) < keepMalformed {
-		s.stats.malformed = append(s.stats.malformed, Malformed{File: s.name, Line: line, Error: why})
+// next is the source's next entry, nil at its end.
+func (s *source) next() (*Entry, error) {
+	for len(s.head) == 0 {
+		if s.done {
+			return nil, s.err
+		}
+		j, ok := <-s.ordered
+		if !ok {
+			s.done = true
+			if s.err == nil && s.stats.entries == 0 && s.stats.other > 0 && s.stats.malformedN == 0 {
+				s.err = &FormatError{File: s.name, Line: 1, Why: fmt.Sprintf("no access log entry (logger %s…) in %d lines of other loggers", accessLogger, s.stats.other)}
+			}
+			return nil, s.err
+		}
+		<-j.parsed
+		for _, l := range j.lines {
+			if l != nil {
+				s.stats.lines++
+			}
+		}
+		s.stats.entries += int64(len(j.out))
+		s.stats.other += j.other
+		for _, m := range j.bad {
+			s.stats.malformedN++
+			if len(s.stats.malformed) < keepMalformed {
+				s.stats.malformed = append(s.stats.malformed, m)
+			}
+		}
+		if j.err != nil {
+			s.err = j.err
+			s.done = true
+			go func() {
+				for range s.ordered {
+				}
+			}()
+			if _, ok := j.err.(*FormatError); ok {
+				return nil, j.err
+			}
+		}
+		s.head = j.out
 	}
+	e := s.head[0]
+	s.head = s.head[1:]
+	return e, nil
 }
 
 // notJSONLog tells why the first line of a file shows it is no JSON log,
@@ -361,27 +472,6 @@ func notJSONLog(line []byte) string {
 		line = line[:60]
 	}
 	return fmt.Sprintf("line 1 is not a JSON object (it starts %q)", line)
-}
-
-// next is the source's next entry, nil at its end.
-func (s *source) next() (*Entry, error) {
-	for len(s.head) == 0 {
-		b, ok := <-s.out
-		if !ok {
-			return nil, s.err
-		}
-		if b.err != nil {
-			s.err = b.err
-			// Drain, so the goroutine ends.
-			for range s.out {
-			}
-			return nil, b.err
-		}
-		s.head = b.entries
-	}
-	e := s.head[0]
-	s.head = s.head[1:]
-	return e, nil
 }
 
 // Merger hands out the entries of several logs in order of arrival. Each
@@ -434,10 +524,13 @@ func NewMerger(files []string, window time.Duration) (*Merger, error) {
 // Close stops reading every file.
 func (m *Merger) Close() {
 	for _, s := range m.sources {
-		go func() {
-			for range s.out {
-			}
-		}()
+		if !s.done {
+			s.done = true
+			go func() {
+				for range s.ordered {
+				}
+			}()
+		}
 	}
 }
 

@@ -264,6 +264,7 @@ type job struct {
 	err    error // of the reader, after the lines
 	parsed chan struct{}
 	out    []*Entry
+	lines1 int64 // lines that are not blank
 	other  int64
 	bad    []Malformed
 }
@@ -314,6 +315,7 @@ func (j *job) parse(sc *scanner, name string, index int) {
 		if line == nil {
 			continue
 		}
+		j.lines1++
 		n := j.first + int64(i)
 		if len(line) > maxLine {
 			j.bad = append(j.bad, Malformed{File: name, Line: n, Error: "line longer than 1 MiB"})
@@ -428,11 +430,7 @@ func (s *source) next() (*Entry, error) {
 			return nil, s.err
 		}
 		<-j.parsed
-		for _, l := range j.lines {
-			if l != nil {
-				s.stats.lines++
-			}
-		}
+		s.stats.lines += j.lines1
 		s.stats.entries += int64(len(j.out))
 		s.stats.other += j.other
 		for _, m := range j.bad {

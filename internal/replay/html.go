@@ -49,7 +49,7 @@ var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
 h1{font-size:20px}h2{font-size:16px;margin-top:32px;border-top:1px solid #ddd;padding-top:16px}
 table{border-collapse:collapse;margin:8px 0}td,th{padding:2px 10px;text-align:left;border-bottom:1px solid #eee}
-th{font-weight:600}.num{text-align:right}.chosen{font-weight:700}svg{display:block;margin:8px 0}
+th{font-weight:600}td:first-child,td:nth-child(2),.num{white-space:nowrap}.num{text-align:right}.chosen{font-weight:700}svg{display:block;margin:8px 0}
 .legend span{display:inline-block;width:10px;height:10px;margin:0 4px 0 12px}.note{color:#8a5a00}
 pre{background:#f6f6f6;padding:8px;overflow:auto}
 </style></head><body>

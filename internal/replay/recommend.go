@@ -121,6 +121,7 @@ func Recommend(plan *Plan, opts Options, rule string) (*Recommendation, error) {
 		return nil, err
 	}
 	rec := &Recommendation{Report: NewReport(plan, first), Rule: rule}
+	rec.Report.Measured = true
 	// The candidates of every limit, by zone and rule.
 	values := map[string]map[string]map[string]int64{} // zone → rule → scope → max_events
 	pass2 := &Plan{Zones: map[string]*ZoneInfo{}, Response: plan.Response, Loggers: plan.Loggers, Servers: plan.Servers}

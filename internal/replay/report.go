@@ -29,6 +29,8 @@ type Report struct {
 	NotReplayed []Excluded       `json:"not_replayed"`
 	Limits      []LimitReport    `json:"limits"`
 	Unrouted    int64            `json:"unrouted,omitempty"`
+	// Measured is set for recommend's pass, every zone in shadow.
+	Measured bool `json:"-"`
 }
 
 // LimitReport is one limit's lines of the report.
@@ -210,7 +212,9 @@ func (rep *Report) writeHeader(w io.Writer) {
 	for _, code := range slices.Sorted(maps.Keys(rep.Refused)) {
 		refused = append(refused, fmt.Sprintf("%d × %s", rep.Refused[code], code))
 	}
-	if len(refused) > 0 {
+	if rep.Measured {
+		fmt.Fprintln(w, "Every zone measured in shadow mode, so that each sees every request that reaches it.")
+	} else if len(refused) > 0 {
 		fmt.Fprintf(w, "Passed %d, refused %s.\n", rep.Passed, strings.Join(refused, ", "))
 	} else {
 		fmt.Fprintf(w, "Passed %d, refused none.\n", rep.Passed)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -172,4 +173,117 @@ func countLines(t *testing.T, file string) int {
 		return 0
 	}
 	return strings.Count(string(b), "\n")
+}
+
+// replayCaddyfile is a config for the command tests: one zone on the
+// client, one that reads the body.
+const replayCaddyfile = `:8080 {
+	log {
+		format json
+	}
+	rate_limit {
+		zone api {
+			by ip
+			rate 2/1m
+		}
+		zone login {
+			match {
+				path /login
+			}
+			by json email
+			rate 5/15m
+		}
+	}
+	respond "ok"
+}
+`
+
+func replayLine(sec int, uri string) string {
+	return fmt.Sprintf(`{"level":"info","ts":%d.000500,"logger":"http.log.access.log0","msg":"handled request","request":{"remote_ip":"198.51.100.7","remote_port":"4000","client_ip":"198.51.100.7","proto":"HTTP/1.1","method":"GET","host":"example.com","uri":%q,"headers":{}},"duration":0.0005,"status":200,"resp_headers":{}}`, 1_800_000_000+sec, uri)
+}
+
+func writeFiles(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// Through the built binary: the text and JSON reports, a malformed line
+// named by its number, a zone that cannot be replayed named with why.
+func TestSimulateCommand(t *testing.T) {
+	dir := writeFiles(t, map[string]string{
+		"Caddyfile": replayCaddyfile,
+		"access.log": strings.Join([]string{
+			replayLine(0, "/a"), replayLine(1, "/b"), `{"ts":1800000002,"logger":"http.log.access.log0","request":`, replayLine(3, "/c"), replayLine(4, "/d"),
+		}, "\n") + "\n",
+	})
+	out, err := runCaddy(t, "rate-limit", "simulate", "--config", filepath.Join(dir, "Caddyfile"), "--log", filepath.Join(dir, "access.log"))
+	if err != nil {
+		t.Fatalf("simulate: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"Replayed 4 requests of 5 lines in 1 file(s)",
+		"Passed 2, refused 2 × 429.",
+		"Malformed lines: 1 (not replayed):",
+		"access.log:3: not JSON",
+		`NOT REPLAYED: zone "login": key {http.request.body.json.email}: the request body is not in an access log.`,
+		"api   -      enforce  2/1m",
+		"most denied: 198.51.100.7 (2 of 4)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("simulate output lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = runCaddy(t, "rate-limit", "simulate", "--json", "--config", filepath.Join(dir, "Caddyfile"), "--log", filepath.Join(dir, "access.log"))
+	if err != nil {
+		t.Fatalf("simulate --json: %v\n%s", err, out)
+	}
+	var rep struct {
+		Requests       int64
+		Malformed      int64
+		MalformedLines []struct{ Line int64 } `json:"malformed_lines"`
+		Limits         []struct {
+			Zone       string
+			Denied     int64
+			DeniedKeys int `json:"denied_keys"`
+		}
+		NotReplayed []struct{ Zone, Reason string } `json:"not_replayed"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if rep.Requests != 4 || rep.Malformed != 1 || rep.MalformedLines[0].Line != 3 || len(rep.Limits) != 1 || rep.Limits[0].Denied != 2 || rep.NotReplayed[0].Zone != "login" {
+		t.Fatalf("report %+v", rep)
+	}
+}
+
+func TestSimulateCommandRefusesWhatItCannotReplay(t *testing.T) {
+	dir := writeFiles(t, map[string]string{
+		"Caddyfile":  replayCaddyfile,
+		"common.log": `198.51.100.7 - - [10/Oct/2026:13:55:36 +0000] "GET / HTTP/1.1" 200 2326` + "\n",
+		"access.log": replayLine(0, "/") + "\n",
+		"body.json":  `{"apps": {"http": {"servers": {"s": {"routes": [{"handle": [{"handler": "rate_limit", "rate_limits": {"login": {"key": "{http.request.body.json.email}", "max_events": 5, "window": "15m"}}}]}]}}}}}`,
+	})
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"simulate", "--config", "Caddyfile", "--log", "common.log"}, `common.log:1: line 1 is not a JSON object (it starts "198.51.100.7 - - [10/Oct/2026:13:55:36 +0000] \"GET / HTTP/1."); expected Caddy's JSON access log`},
+		{[]string{"simulate", "--config", "body.json", "--log", "access.log"}, `no zone of this config can be replayed from an access log:` + "\n" + `  zone "login": key {http.request.body.json.email}: the request body is not in an access log`},
+		{[]string{"recommend", "--config", "Caddyfile", "--log", "-"}, "recommend reads the logs twice: give files, not standard input"},
+		{[]string{"recommend", "--config", "Caddyfile", "--log", "access.log", "--rule", "p95"}, `unknown rule "p95": want p99x3, p999 or max`},
+		{[]string{"simulate", "--config", "Caddyfile", "--log", "missing.log"}, "missing.log: no such file or directory"},
+	} {
+		cmd := exec.Command(binary(t), append([]string{"rate-limit"}, tt.args...)...)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), tt.want) {
+			t.Errorf("%v: err %v, output lacks %q:\n%s", tt.args, err, tt.want, out)
+		}
+	}
 }

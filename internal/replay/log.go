@@ -368,7 +368,7 @@ func (s *source) read(rc io.ReadCloser, jobs chan<- *job) {
 	lr := bufio.NewReaderSize(rd, 256<<10)
 	var n int64
 	seenFirst := false
-	j := &job{first: 1}
+	j := &job{first: 1, lines: make([][]byte, 0, batchSize)}
 	var long []byte
 	for {
 		line, err := lr.ReadSlice('\n')
@@ -400,9 +400,12 @@ func (s *source) read(rc io.ReadCloser, jobs chan<- *job) {
 				j.lines = append(j.lines, j.buf[off:len(j.buf):len(j.buf)])
 			}
 			if len(j.lines) == batchSize {
-				// The lines point into j.buf: a new batch gets a new buffer.
+				// The lines point into j.buf (and entries keep their
+				// response fields there): a new batch gets a new buffer,
+				// sized after this one's so that it rarely grows.
+				used := len(j.buf)
 				send(j)
-				j = &job{first: n + 1}
+				j = &job{first: n + 1, buf: make([]byte, 0, used+used/8), lines: make([][]byte, 0, batchSize)}
 			}
 		}
 		if err != nil {

@@ -223,20 +223,6 @@ func (s *LimitStats) Timeline(from, to int64, bins int) Timeline {
 	return t
 }
 
-// span is the first and one past the last minute of the limit.
-func (s *LimitStats) span() (from, to int64, ok bool) {
-	for m := range s.minutes {
-		if !ok || m < from {
-			from = m
-		}
-		if !ok || m+1 > to {
-			to = m + 1
-		}
-		ok = true
-	}
-	return
-}
-
 // Sparkline draws counts as a line of block characters, the highest bin
 // full; an empty bin is a space only when the whole line is empty.
 func Sparkline(counts []int64) string {

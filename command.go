@@ -21,7 +21,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "zones | inspect <zone> <key> | reset <zone> <key> | grant <zone> <key> <units> | report --metrics <url>",
+		Usage: "zones | inspect <zone> <key> | reset <zone> <key> | grant <zone> <key> <units> | report --metrics <url> | simulate|recommend --config <file> --log <access.log>",
 		Short: "Shows and changes the rate limits of a running Caddy",
 		Long: `
 Talks to the rate_limit admin API of a running Caddy (/rate_limit/ on its
@@ -37,6 +37,13 @@ localhost:2019.
   report --metrics <url>      deny and shadow ratios per zone from a
                               Prometheus scrape, and which zones to tune
                               or are ready to enforce
+  simulate --config <file> --log <access.log>
+                              decides a JSON access log again through the
+                              config's zones, offline: what each zone would
+                              deny, keys, the worst minute
+  recommend --config <file> --log <access.log>
+                              measures each key's rate in the log and
+                              proposes limits, with what each would deny
 
 <key> is the raw identifier as a request carries it (an address, an email),
 made into the key the way the zone makes it (prefixes, normalizers, hash);
@@ -89,6 +96,7 @@ command applies to every limit of the zone that counts the zone's key.
 			report.Flags().String("metrics", "", "Prometheus metrics of Caddy: a URL (http://localhost:2019/metrics) or a file of a scrape")
 			report.Flags().Duration("min-age", 7*24*time.Hour, "How long a shadow zone must have been counted before it may be called ready")
 			_ = report.MarkFlagRequired("metrics")
+			addReplayCommands(cmd)
 		},
 	})
 }
@@ -143,16 +151,7 @@ func adaptQuietly(file, adapter string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the config: %v", err)
 	}
-	if adapter == "" {
-		base := strings.ToLower(filepath.Base(file))
-		ext := strings.TrimPrefix(filepath.Ext(base), ".")
-		switch {
-		case strings.HasPrefix(base, "caddyfile") || ext == "caddyfile":
-			adapter = "caddyfile"
-		case ext != "" && ext != "json" && caddyconfig.GetAdapter(ext) != nil:
-			adapter = ext
-		}
-	}
+	adapter = chooseAdapter(file, adapter)
 	if adapter == "" {
 		return body, nil
 	}
@@ -165,6 +164,23 @@ func adaptQuietly(file, adapter string) ([]byte, error) {
 		return nil, fmt.Errorf("adapting the config with %s: %v", adapter, err)
 	}
 	return cfg, nil
+}
+
+// chooseAdapter is the adapter of file: the one named, else the one its
+// name implies ("" for JSON).
+func chooseAdapter(file, adapter string) string {
+	if adapter != "" {
+		return adapter
+	}
+	base := strings.ToLower(filepath.Base(file))
+	ext := strings.TrimPrefix(filepath.Ext(base), ".")
+	switch {
+	case strings.HasPrefix(base, "caddyfile") || ext == "caddyfile":
+		return "caddyfile"
+	case ext != "" && ext != "json" && caddyconfig.GetAdapter(ext) != nil:
+		return ext
+	}
+	return ""
 }
 
 // rateLimitCall sends one admin API request and prints the answer.

@@ -201,3 +201,50 @@ func waitUp(t *testing.T, url string) {
 	}
 	t.Fatalf("%s did not come up", url)
 }
+
+// startCaddy runs the built binary on a config file until the test ends,
+// with env added to its environment; a failed test shows its output. It
+// returns the process, for tests that kill it.
+func startCaddy(t *testing.T, file string, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(binary(t), "run", "--config", file)
+	cmd.Env = append(os.Environ(), env...)
+	startCaddyCmd(t, cmd, file)
+	return cmd
+}
+
+// startCaddyCmd starts cmd, a Caddy running file, until the test ends,
+// and returns its output, which grows while Caddy runs.
+func startCaddyCmd(t *testing.T, cmd *exec.Cmd, file string) *lockedBuilder {
+	t.Helper()
+	logs := &lockedBuilder{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("caddy output (%s):\n%s", file, logs.String())
+		}
+	})
+	return logs
+}
+
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuilder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,58 +19,265 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
-
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// paidUpstream is a paid provider behind the proxy that answers what each
-// request's X-Answer says: a status ("200", "502"), or "hang" to answer
-// nothing until the proxy gives up on it. With X-Work (a duration), it
-// works that long before it answers, whether the proxy is still waiting
-// or not: the provider has the message once the request reached it, as a
-// real one does. It counts the requests that reach it and the answers it
-// finished, and signals each request that hangs.
-type paidUpstream struct {
-	srv      *httptest.Server
-	hits     atomic.Int64
-	answered atomic.Int64
-	hanging  chan struct{}
-	// hangEnded receives how long each hanging request was held before
-	// the proxy gave up on it.
-	hangEnded chan time.Duration
+// a6send sends one request with the given upstream answer and delay, and
+// gives up on it after abandon (0: never).
+func a6send(tester *caddytest.Tester, sleep string, abandon time.Duration) int {
+	ctx := context.Background()
+	if abandon > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, abandon)
+		defer cancel()
+	}
+	req, _ := http.NewRequestWithContext(ctx, "POST", httpBase+"/sms", nil)
+	req.Header.Set("X-Sleep", sleep)
+	resp, err := tester.Client.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
-func newPaidUpstream(t *testing.T) *paidUpstream {
-	u := &paidUpstream{hanging: make(chan struct{}, 16), hangEnded: make(chan time.Duration, 16)}
-	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u.hits.Add(1)
-		defer u.answered.Add(1)
-		answer := r.Header.Get("X-Answer")
-		if answer == "hang" {
-			start := time.Now()
-			u.hanging <- struct{}{}
+// A request that a budget allowed and another limit then refused after
+// the decision (a concurrency cap, or a client leaving a leaky_bucket
+// queue) gives its units back by releasing its reservation: its expiry
+// then gives nothing more. Each round below commits one paid call and
+// has one such request refused; with the budget of 2, only two rounds
+// may reach the provider, however long the game goes on.
+func TestBudgetRefusedAfterDecisionReleasesOnce(t *testing.T) {
+	rounds := func(t *testing.T, tester *caddytest.Tester, u *slowUpstream, refused func() int) {
+		t.Helper()
+		sent := 0
+		for round := range 5 {
+			codes := make(chan int, 1)
+			go func() { codes <- a6send(tester, "400", 0) }()
 			select {
-			case <-r.Context().Done():
-			case <-time.After(20 * time.Second):
+			case <-u.got:
+			case code := <-codes:
+				if code == http.StatusOK {
+					t.Fatalf("round %d: 200 without reaching the provider", round+1)
+				}
+				continue // the budget is spent
 			}
-			select {
-			case u.hangEnded <- time.Since(start):
-			default:
+			if code := refused(); code == http.StatusOK {
+				t.Fatalf("round %d: the second request passed", round+1)
 			}
-			return
+			if <-codes == http.StatusOK {
+				sent++
+			}
+			// Past the refused request's reservation_ttl: its expiry
+			// must not give its unit back a second time.
+			time.Sleep(1200 * time.Millisecond)
 		}
-		if d, err := time.ParseDuration(r.Header.Get("X-Work")); err == nil {
-			time.Sleep(d)
+		if sent != 2 {
+			t.Fatalf("%d paid calls committed, want the budget of 2", sent)
 		}
-		code, _ := strconv.Atoi(answer)
-		w.WriteHeader(code)
-		fmt.Fprint(w, "sent")
+	}
+	t.Run("concurrency", func(t *testing.T) {
+		u := newSlowUpstream(t)
+		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		zone attack6_conc {
+			key sms
+			rate 2/1h
+			algorithm fixed_window
+			charge_when status 2xx
+			reservation_ttl 1s
+			concurrency 1
+		}
+	}
+	reverse_proxy %s`, u.addr())), "caddyfile")
+		rounds(t, tester, u, func() int { return a6send(tester, "0", 0) })
+	})
+	t.Run("queue", func(t *testing.T) {
+		outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+			u := newSlowUpstream(t)
+			tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %sattack6_budget {
+			key sms
+			rate 2/1h
+			algorithm fixed_window
+			charge_when status 2xx
+			reservation_ttl 1s
+		}
+		zone %sattack6_queue {
+			key sms
+			rate 1/1s
+			algorithm leaky_bucket
+			max_delay 5s
+		}
+	}
+	reverse_proxy %s`, backend, prefix, prefix, u.addr())), "caddyfile")
+			// The second request waits for its slot in the queue, and
+			// its client leaves before it comes.
+			rounds(t, tester, u, func() int { return a6send(tester, "0", 200*time.Millisecond) })
+		})
+	})
+}
+
+// heapAfterGC is the live heap of this process, where caddytest runs Caddy.
+func heapAfterGC() int64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// A flood of keys through a budget, each request settled, leaves no
+// memory behind beyond the zone's max_keys: the keys without a live
+// reservation are dropped at once, not at the next pass over every key
+// (once per reservation_ttl, here a day).
+func TestBudgetKeyFloodMemory(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone attack6_flood {
+			key {http.request.header.X-K}
+			rate 10/1d
+			algorithm fixed_window
+			charge_when status 2xx
+			reservation_ttl 24h
+			max_keys 100
+		}
+	}
+	respond "ok"`), "caddyfile")
+	flood := func(from, n int) {
+		var wg sync.WaitGroup
+		var next atomic.Int64
+		for range 16 {
+			wg.Go(func() {
+				for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+					req, _ := http.NewRequest("GET", httpBase+"/", nil)
+					req.Header.Set("X-K", "k"+strconv.Itoa(from+int(i)))
+					resp, err := tester.Client.Do(req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						t.Errorf("key %d: %d", from+int(i), resp.StatusCode)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	flood(0, 2000) // connections and pools warmed up
+	before := heapAfterGC()
+	const keys = 20000
+	flood(1_000_000, keys)
+	grown := heapAfterGC() - before
+	t.Logf("heap grew by %d bytes for %d keys", grown, keys)
+	if grown > 1<<20 {
+		t.Fatalf("heap grew by %d bytes (%d per key) for %d settled keys with max_keys 100, want under 1 MiB", grown, grown/keys, keys)
+	}
+}
+
+// A budget's call is charged when its status is written, not when its
+// body ends: a 2xx streamed for longer than reservation_ttl (a long LLM
+// answer, or a client that reads it slowly) is committed all the same,
+// where its reservation used to expire mid-stream and the commit at the
+// end to find nothing left to charge.
+func TestBudgetStreamOutlivesReservation(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "first tokens ")
+		_ = http.NewResponseController(w).Flush()
+		select {
+		case <-time.After(1300 * time.Millisecond):
+		case <-r.Context().Done():
+		}
+		fmt.Fprint(w, "last tokens")
 	}))
-	t.Cleanup(u.srv.Close)
-	return u
+	t.Cleanup(upstream.Close)
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %sattack6_stream {
+			key llm
+			rate 2/1h
+			algorithm fixed_window
+			charge_when status 2xx
+			reservation_ttl 1s
+		}
+	}
+	reverse_proxy %s {
+		flush_interval -1
+	}`, backend, prefix, strings.TrimPrefix(upstream.URL, "http://"))), "caddyfile")
+		// Each call is decided while the one before still streams, past
+		// its reservation's deadline: the decision that releases expired
+		// reservations sees it.
+		codes := make([]int, 4)
+		var wg sync.WaitGroup
+		for i := range codes {
+			wg.Go(func() { codes[i], _, _ = do(t, tester, "POST", "/chat") })
+			time.Sleep(1100 * time.Millisecond)
+		}
+		wg.Wait()
+		if codes[0] != http.StatusOK || codes[1] != http.StatusOK || codes[2] != http.StatusServiceUnavailable || codes[3] != http.StatusServiceUnavailable {
+			t.Fatalf("four streamed answers against a budget of 2: %v, want [200 200 503 503]", codes)
+		}
+	})
 }
 
-func (u *paidUpstream) addr() string { return strings.TrimPrefix(u.srv.URL, "http://") }
+// A key reset through the admin API while one of its budget's calls is
+// in flight starts afresh: that call's release afterwards gives back
+// nothing of the fresh budget.
+func TestBudgetResetDropsReservations(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		u := newSlowUpstream(t)
+		name := prefix + "attack6_reset"
+		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %s {
+			key {http.request.header.X-K}
+			rate 3/1h
+			algorithm fixed_window
+			charge_when status 2xx
+			reservation_ttl 1m
+		}
+	}
+	reverse_proxy %s`, backend, name, u.addr())), "caddyfile")
+		failed := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequest("POST", httpBase+"/sms", nil)
+			req.Header.Set("X-K", "acme")
+			req.Header.Set("X-Sleep", "800")
+			req.Header.Set("X-Answer", "500")
+			resp, err := tester.Client.Do(req)
+			if err != nil {
+				failed <- 0
+				return
+			}
+			resp.Body.Close()
+			failed <- resp.StatusCode
+		}()
+		<-u.got
+		adminRequest(t, "DELETE", "/rate_limit/zones/"+name+"/keys/acme", "", "")
+		var codes []int
+		for range 3 {
+			code, _, _ := do(t, tester, "POST", "/sms", "X-K", "acme")
+			codes = append(codes, code)
+		}
+		if code := <-failed; code != http.StatusInternalServerError {
+			t.Fatalf("the failing call: %d, want 500", code)
+		}
+		code, _, _ := do(t, tester, "POST", "/sms", "X-K", "acme")
+		codes = append(codes, code)
+		if fmt.Sprint(codes) != "[200 200 200 503]" {
+			t.Fatalf("after a reset: %v, want [200 200 200 503]: the budget of 3, and no more", codes)
+		}
+	})
+}
 
 // budgetSite is a spend budget of rate for the whole site, in front of u,
 // whose answers the proxy waits for up to timeout.
@@ -572,83 +781,84 @@ func TestDocsOutcomeSMSBudget(t *testing.T) {
 	}
 }
 
-// On a Redis Cluster, a budget keyed by a header counts the requests that
-// lack it (missing shared: the empty key) and keys starting with } as one
-// budget each, like any key, and they break nothing for other zones: a
-// budget's reservations are a key of their own beside its state, and both
-// must share a slot, or every such request fails in Redis and, counted as
-// an outage, opens the circuit breaker for every zone of that Redis.
-func TestBudgetClusterKeylessRequestsAreOneBudget(t *testing.T) {
-	nodes := redistest.Cluster(t)
-	// What makes the test: hashed whole, as an empty hash tag makes them,
-	// these keys' states and reservations are on different masters.
-	for _, key := range []string{"", "}x"} {
-		if state := "b2:bkc_sms//l{" + key + "}"; sameMaster(t, nodes, state, state+":R") {
-			t.Fatalf("%q and its reservations are on one master: choose another key_prefix", state)
-		}
+// A spend budget with a constant key is a gauge, so an alert can fire
+// before it runs out: committed units and open reservations are deducted,
+// released ones are not; a budget per client makes no series.
+func TestBudgetRemainingGauge(t *testing.T) {
+	backends := map[string]string{"mem": ""}
+	if redistest.Available(t) {
+		backends["redis"] = "backend redis {\n\t\t\taddress " + redistest.Standalone(t, "").Addr + "\n\t\t}"
 	}
-	tester := newTester(t, caddyfileServer(`
+	for name, backend := range backends {
+		t.Run(name, func(t *testing.T) { testBudgetRemainingGauge(t, "seeds_gauge_"+name, backend) })
+	}
+}
+
+func testBudgetRemainingGauge(t *testing.T, zone, backend string) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Query().Get("answer") {
+		case "fail":
+			w.WriteHeader(http.StatusBadGateway)
+		case "hold":
+			<-release
+		}
+	}))
+	t.Cleanup(srv.Close)
+	newTester(t, caddyfileServer(`
 	rate_limit {
-		backend redis {
-			address `+strings.Join(nodes, " ")+`
-			cluster
-			key_prefix b2:
-			timeout 2s
-		}
-		respond json
-		zone bkc_sms {
-			match {
-				path /sms
-			}
-			key {http.request.header.X-User}
-			rate 3/10m
+		`+backend+`
+		zone `+zone+` {
+			key sms
+			rate 5/1d
+			algorithm fixed_window
 			charge_when status 2xx
-			fail open
-		}
-		zone bkc_login {
-			match {
-				path /login
-			}
-			key {http.request.header.X-User}
-			rate 5/10m
-			fail closed
-		}
-	}
-	respond "ok"`), "caddyfile")
-	// tally sends n requests and counts the answers: sent, refused by the
-	// spent budget, refused for a backend that failed, other.
-	type tally struct{ ok, spent, down, other int }
-	send := func(n int, path string, header ...string) tally {
-		var c tally
-		for range n {
-			code, _, body := do(t, tester, "POST", path, header...)
-			switch {
-			case code == http.StatusOK:
-				c.ok++
-			case code == http.StatusServiceUnavailable && strings.Contains(body, `"code":"budget_exhausted"`):
-				c.spent++
-			case code == http.StatusServiceUnavailable:
-				c.down++
-			default:
-				c.other++
+			scope hour {
+				rate 4/1h
+				charge_when status 2xx
 			}
 		}
-		return c
+		zone `+zone+`_per_user {
+			by header X-User
+			rate 5/1d
+			charge_when status 2xx
+		}
 	}
-	keyless := send(3, "/sms")
-	var logins tally
-	for i := range 12 { // fresh users' first logins, right after
-		c := send(1, "/login", "X-User", fmt.Sprintf("user%d", i))
-		logins.ok, logins.down, logins.other = logins.ok+c.ok, logins.down+c.down, logins.other+c.other
+	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")), "caddyfile")
+	gauge := func(name, scope string) float64 {
+		return metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_budget_`+name+`{scope="`+scope+`",zone="`+zone+`"}`)
 	}
-	more := send(3, "/sms")
-	brace := send(6, "/sms", "X-User", "}x")
-	named := send(6, "/sms", "X-User", "alice")
-	t.Logf("keyless: %+v then %+v; logins: %+v; }x: %+v; alice: %+v", keyless, more, logins, brace, named)
-	want := tally{ok: 3}
-	if keyless != want || more != (tally{spent: 3}) || logins != (tally{ok: 12}) ||
-		brace != (tally{ok: 3, spent: 3}) || named != (tally{ok: 3, spent: 3}) {
-		t.Fatalf("keyless requests %+v then %+v (want 3 sent, then 3 refused as spent); fresh logins %+v (want 12 sent); "+
-			"key }x %+v, alice %+v (want 3 sent and 3 spent each)", keyless, more, logins, brace, named)
+	if r, l := gauge("remaining", ""), gauge("limit", ""); r != 5 || l != 5 {
+		t.Fatalf("before any request: remaining %v of %v, want 5 of 5", r, l)
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	send := func(answer string) int {
+		resp, err := client.Get(httpBase + "/send?answer=" + answer)
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, answer := range []string{"ok", "fail", "ok"} {
+		send(answer)
+	}
+	if r, h := gauge("remaining", ""), gauge("remaining", "hour"); r != 3 || h != 2 {
+		t.Fatalf("after 2 sent and 1 failed: remaining %v (day) and %v (hour), want 3 and 2", r, h)
+	}
+	if l := gauge("limit", "hour"); l != 4 {
+		t.Fatalf("hour budget's limit %v, want 4", l)
+	}
+	done := make(chan int)
+	go func() { done <- send("hold") }()
+	eventually(t, "the held request's reservation", func() bool { return gauge("remaining", "") == 2 })
+	close(release)
+	<-done
+	if r := gauge("remaining", ""); r != 2 {
+		t.Fatalf("after the held request succeeded: remaining %v, want 2", r)
+	}
+	if page := adminRequest(t, "GET", "/metrics", "", ""); strings.Contains(page, `caddy_rate_limit_budget_remaining{scope="",zone="`+zone+`_per_user"}`) {
+		t.Fatal("a budget keyed per client has a series")
 	}
 }

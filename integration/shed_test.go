@@ -1,45 +1,164 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 )
 
-// metricLine is the value of the series written exactly as series (name
-// and labels) on a /metrics page, or -1 when it is not there.
-func metricLine(page, series string) float64 {
-	for _, line := range strings.Split(page, "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			if f, err := strconv.ParseFloat(v, 64); err == nil {
-				return f
+// A site-wide rate_limit that names a shedding group, with routes inside
+// that name it again with their priorities, is the natural way to put
+// every route in the group. Each request passes through two handlers of
+// the group and must still count once: 5 requests in flight for a
+// capacity of 10 are a load of 0.5, where nothing is shed.
+func TestShedNestedHandlersCountOnce(t *testing.T) {
+	u, hang, letGo := hangingUpstream(t)
+	defer letGo()
+	up := strings.TrimPrefix(u.URL, "http://")
+	tester := newTester(t, caddyfileServerWith(`
+	rate_limit {
+		shed a5_nested {
+			capacity 10
+		}
+	}`, `
+	rate_limit {
+		shed a5_nested
+	}
+	handle /search {
+		rate_limit {
+			shed a5_nested {
+				priority 3
 			}
 		}
+		reverse_proxy `+up+`
 	}
-	return -1
-}
+	handle {
+		reverse_proxy `+up+`
+	}`), "caddyfile")
 
-// eventually polls cond every 10 ms for up to 10 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return
+	hang("/search", 5)
+	eventually(t, "5 searches held at the upstream", func() bool { return u.now.Load() == 5 })
+	page := adminRequest(t, "GET", "/metrics", "", "")
+	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_nested"}`); v != 5 {
+		t.Errorf("in flight %v with 5 requests held, want 5", v)
+	}
+	// Priority 3 is shed above a load of 1.0: at 0.5 it passes, and the
+	// outer handler's count of this very request does not load it either.
+	for i := range 5 {
+		if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
+			t.Fatalf("search #%d at a load of 0.5: %d (%q), want 200", i+1, got, body)
 		}
 	}
-	t.Fatalf("timed out waiting for %s", what)
+	letGo()
+	page = adminRequest(t, "GET", "/metrics", "", "")
+	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_nested"}`); v != 0 {
+		t.Fatalf("in flight %v once everything was answered, want 0", v)
+	}
+}
+
+// Requests waiting in a concurrency queue load nothing in a shedding group
+// that a site-wide handler counts them in: one request served and nine in
+// line are a load of 0.1, where priority 4 passes.
+func TestShedQueuedRequestsLoadNoGroup(t *testing.T) {
+	u, hang, letGo := hangingUpstream(t)
+	defer letGo()
+	tester := newTester(t, caddyfileServerWith(`
+	rate_limit {
+		shed a5_queue_load {
+			capacity 10
+		}
+	}`, `
+	rate_limit {
+		shed a5_queue_load
+	}
+	handle /report {
+		rate_limit {
+			zone a5_queue_load_report {
+				key static
+				concurrency 1
+				queue 10s
+			}
+		}
+		reverse_proxy `+strings.TrimPrefix(u.URL, "http://")+`
+	}
+	handle /search {
+		rate_limit {
+			shed a5_queue_load {
+				priority 4
+			}
+		}
+		respond ok
+	}`), "caddyfile")
+	hang("/report", 10)
+	eventually(t, "one report served and nine in line", func() bool {
+		return u.now.Load() == 1 && strings.Contains(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_in_flight_requests{scope="",zone="a5_queue_load_report"} 1`)
+	})
+	waitInLine(t, 9, "the other nine")
+	page := adminRequest(t, "GET", "/metrics", "", "")
+	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_queue_load"}`); v != 1 {
+		t.Errorf("in flight %v with one request served and nine in line, want 1", v)
+	}
+	if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
+		t.Fatalf("priority 4 at a real load of 0.1: %d (%q), want 200", got, body)
+	}
+}
+
+// Requests waiting for their max_delay slot load nothing in a shedding
+// group a site-wide handler counts them in.
+func TestShedDelayedRequestsLoadNoGroup(t *testing.T) {
+	tester := newTester(t, caddyfileServerWith(`
+	rate_limit {
+		shed a5_delay_load {
+			capacity 10
+		}
+	}`, `
+	rate_limit {
+		shed a5_delay_load
+	}
+	handle /paced {
+		rate_limit {
+			zone a5_delay_load_paced {
+				key static
+				rate 1/2s
+				algorithm leaky_bucket
+				max_delay 30s
+			}
+		}
+		respond ok
+	}
+	handle /search {
+		rate_limit {
+			shed a5_delay_load {
+				priority 4
+			}
+		}
+		respond ok
+	}`), "caddyfile")
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	for range 10 {
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, httpBase+"/paced", nil)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	eventually(t, "ten paced requests decided", func() bool {
+		return metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_requests_total{key="",scope="",zone="a5_delay_load_paced"}`) == 10
+	})
+	page := adminRequest(t, "GET", "/metrics", "", "")
+	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_delay_load"}`); v > 1 {
+		t.Errorf("in flight %v with the paced requests waiting for their slots, want at most the one served", v)
+	}
+	if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
+		t.Fatalf("priority 4 while paced requests wait: %d (%q), want 200", got, body)
+	}
 }
 
 // shedSite is a site whose routes /p0 … /p4 have priorities 0 … 4 in the
@@ -198,222 +317,6 @@ func TestShedConflictingCapacity(t *testing.T) {
 		"json", `shed \"itest_shed_conflict\": capacity given twice in this config, 10 and 20`)
 }
 
-// tarpitSite denies everything after its first request, and holds the
-// denials for hold (half to all of it, at random), at most max at once.
-func tarpitSite(max int, hold string) string {
-	return caddyfileServer(fmt.Sprintf(`
-	rate_limit {
-		zone itest_tarpit {
-			key static
-			rate 1/1h
-		}
-		tarpit %s
-		tarpit_max %d
-	}
-	respond ok`, hold, max))
-}
-
-func heldNow(t *testing.T) float64 {
-	return metricLine(adminRequest(t, "GET", "/metrics", "", ""), "caddy_rate_limit_tarpit_held_requests")
-}
-
-// A held denial ends as soon as its client leaves, and when the config is
-// reloaded: neither waits out the tarpit.
-func TestTarpitReleasedByClientAndReload(t *testing.T) {
-	tester := newTester(t, tarpitSite(5, "10s"), "caddyfile")
-	if got, _, _ := do(t, tester, "GET", "/"); got != 200 {
-		t.Fatalf("first request: %d", got)
-	}
-	start := time.Now()
-	if resp, err := get(context.Background()); err != nil || resp.StatusCode != 429 || time.Since(start) < 5*time.Second {
-		t.Fatalf("a denial came back after %s (%v), want 429 after at least 5s", time.Since(start), err)
-	}
-	t.Logf("a denial held %s", time.Since(start))
-
-	// Holds of 30 s to 1 m from here: one seen to end before 30 s was cut
-	// short, however long a loaded machine took to notice and to tell.
-	loadConfig(t, tarpitSite(5, "1m"), "caddyfile")
-	ctx, leave := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	sent := time.Now()
-	go func() {
-		_, err := get(ctx)
-		done <- err
-	}()
-	eventually(t, "a denial held", func() bool { return heldNow(t) == 1 })
-	leave()
-	left := time.Now()
-	eventually(t, "the hold of a client that left to end", func() bool { return heldNow(t) == 0 })
-	if d := time.Since(sent); d >= 30*time.Second {
-		t.Fatalf("the hold ended %s after the request (%s after its client left), as if waited out", d, time.Since(left))
-	}
-	<-done
-	t.Logf("hold freed %s after its client left", time.Since(left))
-
-	answered := make(chan int, 1)
-	sent = time.Now()
-	go func() {
-		resp, err := get(context.Background())
-		if err != nil {
-			answered <- -1
-			return
-		}
-		answered <- resp.StatusCode
-	}()
-	eventually(t, "a denial held", func() bool { return heldNow(t) == 1 })
-	reload := time.Now()
-	adminRequest(t, "POST", "/load", "text/caddyfile", tarpitSite(6, "1m"))
-	select {
-	case code := <-answered:
-		if code != 429 {
-			t.Fatalf("a denial let go by a reload: %d", code)
-		}
-		t.Logf("a held denial answered %s after the reload began", time.Since(reload))
-	case <-time.After(time.Until(sent.Add(30 * time.Second))):
-		t.Fatalf("a held denial outlived its config: not answered %s after the reload began", time.Since(reload))
-	}
-}
-
-// 5,000 denied clients hammer a Caddy whose tarpit holds at most 50: it
-// never holds more, answers everyone else at once, and ends with the
-// goroutines it started with. Run on the built binary, so that its
-// goroutines are Caddy's alone.
-func TestTarpitCapUnderFlood(t *testing.T) {
-	httpPort, adminPort := freePort(t), freePort(t)
-	admin := fmt.Sprintf("http://localhost:%d", adminPort)
-	cfg := fmt.Sprintf(`{
-	admin localhost:%d
-	http_port %d
-	default_bind 127.0.0.1
-	auto_https off
-	metrics
-}
-:%d {
-	rate_limit {
-		zone flood {
-			key static
-			rate 1/1h
-		}
-		tarpit 4s
-		tarpit_max 50
-	}
-	respond ok
-}
-`, adminPort, httpPort, httpPort)
-	file := filepath.Join(t.TempDir(), "Caddyfile")
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	startCaddy(t, file)
-	base := fmt.Sprintf("http://127.0.0.1:%d/", httpPort)
-	waitUp(t, base) // the one request the zone admits
-	scrape := func() (held, goroutines float64) {
-		resp, err := http.Get(admin + "/metrics")
-		if err != nil {
-			return -1, -1
-		}
-		defer resp.Body.Close()
-		var b strings.Builder
-		_, _ = bufio.NewReader(resp.Body).WriteTo(&b)
-		return metricLine(b.String(), "caddy_rate_limit_tarpit_held_requests"), metricLine(b.String(), "go_goroutines")
-	}
-	time.Sleep(200 * time.Millisecond) // lower bound: let the first connections close
-	_, before := scrape()
-
-	const clients, perClient, tarpitMax = 5000, 2, 50
-	var peakHeld, peakG atomic.Int64
-	stop := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			held, g := scrape()
-			for p := peakHeld.Load(); int64(held) > p && !peakHeld.CompareAndSwap(p, int64(held)); p = peakHeld.Load() {
-			}
-			for p := peakG.Load(); int64(g) > p && !peakG.CompareAndSwap(p, int64(g)); p = peakG.Load() {
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}()
-
-	addr := fmt.Sprintf("127.0.0.1:%d", httpPort)
-	var denied, slow, failed atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range clients {
-		wg.Go(func() {
-			// One connection per client, sending its requests in turn:
-			// each client is one goroutine here, and one connection there.
-			var conn net.Conn
-			var err error
-			for try := 0; try < 5; try++ {
-				if conn, err = net.DialTimeout("tcp", addr, 10*time.Second); err == nil {
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			if err != nil {
-				failed.Add(perClient)
-				return
-			}
-			defer conn.Close()
-			br := bufio.NewReader(conn)
-			for range perClient {
-				sent := time.Now()
-				if _, err := conn.Write([]byte("GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")); err != nil {
-					failed.Add(1)
-					return
-				}
-				resp, err := http.ReadResponse(br, nil)
-				if err != nil {
-					failed.Add(1)
-					return
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusTooManyRequests {
-					denied.Add(1)
-				}
-				if time.Since(sent) >= 2*time.Second {
-					slow.Add(1) // held (or, on a busy machine, slow)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	close(stop)
-	<-sampled
-
-	if failed.Load() > 0 || denied.Load() != clients*perClient {
-		t.Fatalf("%d of %d requests denied, %d failed", denied.Load(), clients*perClient, failed.Load())
-	}
-	if p := peakHeld.Load(); p > tarpitMax || p < tarpitMax {
-		t.Fatalf("the tarpit held %d at its peak, want exactly tarpit_max (%d)", p, tarpitMax)
-	}
-	if slow.Load() < tarpitMax {
-		t.Fatalf("only %d answers were held", slow.Load())
-	}
-	var after float64
-	eventually(t, "Caddy's goroutines back to where they were", func() bool {
-		_, after = scrape()
-		return after >= 0 && after <= before+5
-	})
-	// Goroutines grow with connections (one each, and one more reading
-	// behind each request being answered at the instant of the scrape:
-	// 5,271 extra were seen once under the race detector, where answers are
-	// slow), never with the denials held.
-	if extra := float64(peakG.Load()) - before; extra > clients+3*tarpitMax+clients/10 {
-		t.Fatalf("%v goroutines more at the peak than before, for %d connections", extra, clients)
-	}
-	t.Logf("%d clients × %d requests in %s: %d answered after 2 s or more, peak held %d (tarpit_max %d); Caddy's goroutines %v before, %d at the peak, %v after",
-		clients, perClient, elapsed.Round(time.Millisecond), slow.Load(), peakHeld.Load(), tarpitMax, before, peakG.Load(), after)
-}
-
 // A shed request's built-in body and error page say load_shed, in the name
 // of the group, distinct from a rate limit's 429.
 func TestShedAnswerBodies(t *testing.T) {
@@ -464,63 +367,5 @@ func TestShedAnswerBodies(t *testing.T) {
 	code, _, body = do(t, tester, "GET", "/page")
 	if want := "load_shed itest_shed_body 503 server overloaded: request shed"; code != 503 || body != want {
 		t.Fatalf("error page: %d %q, want 503 %q", code, body, want)
-	}
-}
-
-// The concurrency example of docs/protection.md, as written: 30 reports at
-// once run 20 at a time, the rest in line, all served; one API key gets 4
-// requests in flight and the others refused at once.
-func TestDocsProtectionConcurrency(t *testing.T) {
-	var inFlight, peak atomic.Int64
-	release := make(chan struct{})
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := inFlight.Add(1)
-		defer inFlight.Add(-1)
-		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-		}
-		select {
-		case <-release:
-		case <-time.After(time.Second):
-		}
-		w.WriteHeader(http.StatusOK)
-	}))
-	defer upstream.Close()
-	block := docText(t, "../docs/protection.md", "match path /reports/*")
-	site := "{\n\tskip_install_trust\n\tadmin localhost:2999\n\thttp_port 9080\n}\n:9080 {\n" + block + "\n\treverse_proxy " + strings.TrimPrefix(upstream.URL, "http://") + "\n}\n"
-	newTester(t, site, "caddyfile")
-
-	codes := func(n int, path string, header ...string) map[int]int {
-		var mu sync.Mutex
-		got := map[int]int{}
-		var wg sync.WaitGroup
-		for range n {
-			wg.Go(func() {
-				req, _ := http.NewRequest("GET", httpBase+path, nil)
-				for i := 0; i+1 < len(header); i += 2 {
-					req.Header.Set(header[i], header[i+1])
-				}
-				code := 0
-				if resp, err := http.DefaultClient.Do(req); err == nil {
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					code = resp.StatusCode
-				}
-				mu.Lock()
-				got[code]++
-				mu.Unlock()
-			})
-		}
-		wg.Wait()
-		return got
-	}
-	if got := codes(30, "/reports/q3"); got[200] != 30 {
-		t.Fatalf("30 reports at once: %v, want all 30 served", got)
-	}
-	if p := peak.Load(); p != 20 {
-		t.Fatalf("30 reports at once: %d at the upstream at most, want 20", p)
-	}
-	peak.Store(0)
-	if got := codes(6, "/api/items", "X-API-Key", "k1"); got[200] != 4 || got[503] != 2 {
-		t.Fatalf("6 API requests at once of one key: %v, want 4 served and 2 refused", got)
 	}
 }

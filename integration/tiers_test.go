@@ -12,9 +12,47 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
-
 	"github.com/sluicehq/sluice/internal/redistest"
 )
+
+// Reloads that change a tier's rate leave no series of the old versions
+// behind: after five of them, the zone has one requests_total series per
+// tier, not one per version it ever had.
+func TestTiersReloadsLeaveNoStaleSeries(t *testing.T) {
+	cfg := func(free int) string {
+		return caddyfileServerWith("metrics", fmt.Sprintf(`
+	rate_limit {
+		zone a5_tier_series {
+			key static
+			tier {http.request.header.X-Plan}
+			tiers {
+				free %d/1m
+				pro 600/1m
+				default free
+			}
+		}
+	}
+	respond ok`, free))
+	}
+	tester := newTester(t, cfg(60), "caddyfile")
+	for i := range 5 {
+		if i > 0 {
+			adminRequest(t, "POST", "/load", "text/caddyfile", withPorts(cfg(60+i)))
+		}
+		do(t, tester, "GET", "/")
+		do(t, tester, "GET", "/", "X-Plan", "pro")
+	}
+	page := adminRequest(t, "GET", "/metrics", "", "")
+	var series []string
+	for _, line := range strings.Split(page, "\n") {
+		if strings.HasPrefix(line, "caddy_rate_limit_requests_total{") && strings.Contains(line, `zone="a5_tier_series"`) {
+			series = append(series, line)
+		}
+	}
+	if len(series) != 2 {
+		t.Fatalf("%d requests_total series after 5 versions of free, want 2 (free's newest and pro):\n%s", len(series), strings.Join(series, "\n"))
+	}
+}
 
 // tierSite is a zone of plans: per API key free 60/1m burst 10 and pro
 // 600/1m burst 100 (concurrency caps of 2 and 10 on the memory backend),
@@ -51,16 +89,6 @@ func tierSite(zone, backend string, conc bool) string {
 		}
 	}
 	respond "ok"`, backend, zone, free, pro))
-}
-
-// count sends n requests and counts the answers by status.
-func count(t *testing.T, tester *caddytest.Tester, n int, header ...string) map[int]int {
-	t.Helper()
-	got := map[int]int{}
-	for range n {
-		got[fetch(t, tester, "GET", "/", header...).code]++
-	}
-	return got
 }
 
 // expectBurst sends requests until one is refused, which must be with

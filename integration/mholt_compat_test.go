@@ -8,13 +8,85 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
-	"time"
-
-	"github.com/caddyserver/caddy/v2"
 )
+
+// mholt/caddy-ratelimit's own handler test, as JSON: 10 GETs per 60 s on
+// one static key, then 429 with Retry-After 60. A POST does not match.
+func TestMholtConfigLimitsAndRetryAfter(t *testing.T) {
+	tester := newTester(t, jsonServer(`{
+		"handler": "rate_limit",
+		"rate_limits": {"mholt_json": {"match": [{"method": ["GET"]}], "key": "static", "window": "60s", "max_events": 10}}
+	}, `+okHandler, ""), "json")
+
+	expectN(t, tester, 10, http.StatusOK, "GET", "/")
+	expect429(t, tester, 59, 60, "GET", "/")
+	expectN(t, tester, 3, http.StatusOK, "POST", "/")
+}
+
+// The same, from mholt/caddy-ratelimit's Caddyfile test.
+func TestMholtCaddyfile(t *testing.T) {
+	tester := newTester(t, `{
+	skip_install_trust
+	admin localhost:2999
+	http_port 9080
+}
+localhost:9080 {
+	rate_limit {
+		zone mholt_caddyfile {
+			match {
+				method GET
+			}
+			key static
+			window 60s
+			events 10
+		}
+	}
+	respond 200
+}`, "caddyfile")
+	expectN(t, tester, 10, http.StatusOK, "GET", "/")
+	expect429(t, tester, 59, 60, "GET", "/")
+	expectN(t, tester, 1, http.StatusOK, "POST", "/")
+}
+
+// mholt/caddy-ratelimit's distinct zones and keys: a GET zone and a DELETE
+// zone, keyed by path; each (zone, key) has its own 10.
+func TestMholtDistinctZonesAndKeys(t *testing.T) {
+	tester := newTester(t, jsonServer(`{
+		"handler": "rate_limit",
+		"rate_limits": {
+			"distinct_get": {"match": [{"method": ["GET"]}], "key": "{http.request.orig_uri.path}", "window": "60s", "max_events": 10},
+			"distinct_delete": {"match": [{"method": ["DELETE"]}], "key": "{http.request.orig_uri.path}", "window": "60s", "max_events": 10}
+		}
+	}, `+okHandler, ""), "json")
+	for _, method := range []string{"GET", "DELETE"} {
+		for _, path := range []string{"/path1", "/path2"} {
+			expectN(t, tester, 10, http.StatusOK, method, path)
+			expect429(t, tester, 59, 60, method, path)
+		}
+	}
+}
+
+// A route matcher on the directive, and a zone matcher inside it.
+func TestMholtMatchers(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`	rate_limit /api/* {
+		zone match_api {
+			match {
+				header X-Tenant *
+			}
+			key {header.X-Tenant}
+			rate 3/1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+	expectN(t, tester, 3, http.StatusOK, "GET", "/api/x", "X-Tenant", "acme")
+	expect429(t, tester, 3599, 3600, "GET", "/api/x", "X-Tenant", "acme")
+	// Another tenant, no tenant, or outside /api: not limited by acme's use.
+	expectN(t, tester, 3, http.StatusOK, "GET", "/api/x", "X-Tenant", "globex")
+	expectN(t, tester, 10, http.StatusOK, "GET", "/api/x")
+	expectN(t, tester, 10, http.StatusOK, "GET", "/other", "X-Tenant", "acme")
+}
 
 // The examples of mholt/caddy-ratelimit's README, loaded as its users wrote
 // them (only the listen address is the test's), and the behaviour that
@@ -92,7 +164,7 @@ func checkMholtReadmeExample(t *testing.T) {
 	expect429From(t, "127.0.2.1", 1, 5, "POST", "/")
 }
 
-func TestOutsideMholtReadmeCaddyfile(t *testing.T) {
+func TestMholtReadmeCaddyfile(t *testing.T) {
 	newTester(t, `{
 	skip_install_trust
 	admin localhost:2999
@@ -122,7 +194,7 @@ respond "I'm behind the rate limiter!"`, "caddyfile")
 	checkMholtReadmeExample(t)
 }
 
-func TestOutsideMholtReadmeJSON(t *testing.T) {
+func TestMholtReadmeJSON(t *testing.T) {
 	newTester(t, withPorts(`{
 	"admin": {"listen": "localhost:2999"},
 	"apps": {
@@ -170,7 +242,7 @@ func TestOutsideMholtReadmeJSON(t *testing.T) {
 
 // mholt's network prefix example: IPv6 clients share their /64, each IPv4
 // client is limited on its own.
-func TestOutsideMholtNetworkPrefix(t *testing.T) {
+func TestMholtNetworkPrefix(t *testing.T) {
 	for _, tt := range []struct{ kind, cfg string }{
 		{"json", jsonServer(`{
 	"handler": "rate_limit",
@@ -205,7 +277,7 @@ func TestOutsideMholtNetworkPrefix(t *testing.T) {
 // mholt's README orders the directive with a global `order` line (its
 // older README: before basicauth, the name Caddy had then), or places it in
 // a `route`, where it runs in the order written.
-func TestOutsideMholtOrderAndRoute(t *testing.T) {
+func TestMholtOrderAndRoute(t *testing.T) {
 	for _, order := range []string{"order rate_limit before basicauth", "order rate_limit after basic_auth"} {
 		t.Run(order, func(t *testing.T) {
 			tester := newTester(t, caddyfileServerWith("\t"+order, `	rate_limit {
@@ -246,7 +318,7 @@ func TestOutsideMholtOrderAndRoute(t *testing.T) {
 // Every handler option of mholt's syntax at once, as its README lists them:
 // they load, and the limit is the zone's, with Retry-After stretched by at
 // most the jitter.
-func TestOutsideMholtEveryOption(t *testing.T) {
+func TestMholtEveryOption(t *testing.T) {
 	storage := storageDir(t)
 	tester := newTester(t, caddyfileServer(`	rate_limit {
 		zone mholt_every {
@@ -282,7 +354,7 @@ func TestOutsideMholtEveryOption(t *testing.T) {
 
 // A sweep_interval of 0 is mholt's default (1m) in the Caddyfile, as it is
 // in JSON for both: such a config must load and limit.
-func TestOutsideSweepIntervalZeroIsDefault(t *testing.T) {
+func TestMholtSweepIntervalZeroIsDefault(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`	rate_limit {
 		zone mholt_sweep_zero {
 			key    static
@@ -299,7 +371,7 @@ func TestOutsideSweepIntervalZeroIsDefault(t *testing.T) {
 // Values mholt's loads, however odd, load and limit: a jitter written as a
 // percent adds up to that many times the wait, as it did there; a sweep
 // under a second runs at 1s; a flag given twice is the flag.
-func TestOutsideMholtLooseValuesLoad(t *testing.T) {
+func TestMholtLooseValuesLoad(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`	rate_limit {
 		zone mholt_loose {
 			key    static
@@ -320,7 +392,7 @@ func TestOutsideMholtLooseValuesLoad(t *testing.T) {
 }
 
 // Several match blocks in a zone are OR'ed, as in mholt's.
-func TestOutsideMholtMatchBlocksOr(t *testing.T) {
+func TestMholtMatchBlocksOr(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`	rate_limit {
 		zone mholt_or {
 			match {
@@ -340,170 +412,4 @@ func TestOutsideMholtMatchBlocksOr(t *testing.T) {
 	expect429(t, tester, 59, 60, "POST", "/x")
 	expect429(t, tester, 59, 60, "GET", "/x")
 	expectN(t, tester, 3, http.StatusOK, "GET", "/y")
-}
-
-// Two zones that both deny: the answer names the one with the longest wait
-// and its Retry-After, the earliest time the request can pass. mholt's
-// stopped at the first zone that denied (the most permissive first, by its
-// sort), so it said "za, 10 s" and denied the retry again for zb.
-func TestOutsideSeveralZonesDenyLongestWait(t *testing.T) {
-	tester := newTester(t, caddyfileServer(`	rate_limit {
-		zone outside_za {
-			key    static
-			events 2
-			window 10s
-		}
-		zone outside_zb {
-			key    static
-			events 2
-			window 1m
-		}
-	}
-	handle_errors {
-		respond "{http.rate_limit.exceeded.name}"
-	}
-	respond "ok"`), "caddyfile")
-	expectN(t, tester, 2, http.StatusOK, "GET", "/")
-	if body := expect429(t, tester, 59, 60, "GET", "/"); body != "outside_zb" {
-		t.Fatalf("exceeded.name %q, want outside_zb (the longest wait)", body)
-	}
-}
-
-// A query parameter given twice is ambiguous: it counts under the missing
-// policy's shared quota (with the empty value), never as a fresh key per
-// combination, which is what Caddy's joined value "a,b" made it in mholt's.
-func TestOutsideRepeatedValueSharesTheMissingQuota(t *testing.T) {
-	tester := newTester(t, caddyfileServer(`	rate_limit {
-		zone outside_repeated {
-			key    {http.request.uri.query.u}
-			events 2
-			window 1m
-		}
-	}
-	respond "ok"`), "caddyfile")
-	expectN(t, tester, 1, http.StatusOK, "GET", "/?u=a&u=b")
-	expectN(t, tester, 1, http.StatusOK, "GET", "/?u=c&u=d")
-	expect429(t, tester, 59, 60, "GET", "/?u=e&u=f")
-	expect429(t, tester, 59, 60, "GET", "/?u=")
-	expect429(t, tester, 59, 60, "GET", "/")
-	expectN(t, tester, 2, http.StatusOK, "GET", "/?u=a")
-	expect429(t, tester, 59, 60, "GET", "/?u=a")
-}
-
-// A zone whose requests all lack their key (a client that lost its header,
-// a key template that reads the wrong field) is refused with 400 by
-// `missing deny`, and no request is decided: `caddy rate-limit report`
-// must not call that "no traffic yet".
-func TestOutsideReportMissingKeysAreTraffic(t *testing.T) {
-	zone := freshZone("outside_report_nokey") // Prometheus counters are the process's
-	tester := newTester(t, jsonServer(`{
-		"handler": "rate_limit",
-		"rate_limits": {"`+zone+`": {"key": "{http.request.header.X-Api-Key}", "missing": "deny", "window": "1m", "max_events": 10}}
-	}, `+okHandler, ""), "json")
-	expectN(t, tester, 3, http.StatusBadRequest, "GET", "/")
-	out, err := runCaddy(t, "rate-limit", "report", "--metrics", "http://"+adminAddr+"/metrics", "--address", adminAddr)
-	if err != nil {
-		t.Fatalf("report: %v\n%s", err, out)
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if strings.HasPrefix(line, zone+" ") {
-			if !strings.Contains(line, "CHECK: 3 requests without a usable key") {
-				t.Fatalf("report line %q, want the 3 requests without a key flagged", line)
-			}
-			return
-		}
-	}
-	t.Fatalf("zone %s not in the report:\n%s", zone, out)
-}
-
-// outsideRecorder is an event handler module that keeps the events it is
-// given, so a test sees what a subscriber of Caddy's events app sees.
-type outsideRecorder struct{}
-
-var outsideEvents struct {
-	sync.Mutex
-	got []caddy.Event
-}
-
-func init() { caddy.RegisterModule(outsideRecorder{}) }
-
-func (outsideRecorder) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{ID: "events.handlers.outside_recorder", New: func() caddy.Module { return new(outsideRecorder) }}
-}
-
-func (outsideRecorder) Handle(_ context.Context, e caddy.Event) error {
-	outsideEvents.Lock()
-	defer outsideEvents.Unlock()
-	outsideEvents.got = append(outsideEvents.got, e)
-	return nil
-}
-
-// A denial emits the rate_limit_exceeded event with the zone, the scope,
-// the wait and the peer's address, as mholt's does, so a subscriber can act
-// on it; an allowed request emits nothing.
-func TestOutsideDenialEmitsEvent(t *testing.T) {
-	outsideEvents.Lock()
-	outsideEvents.got = nil
-	outsideEvents.Unlock()
-	tester := newTester(t, withPorts(`{
-	"admin": {"listen": "localhost:2999"},
-	"logging": {"logs": {"default": {"level": "ERROR"}}},
-	"apps": {
-		"events": {"subscriptions": [{"events": ["rate_limit_exceeded"], "handlers": [{"handler": "outside_recorder"}]}]},
-		"http": {"http_port": 9080, "servers": {"srv": {
-			"listen": [":9080"],
-			"routes": [{"handle": [
-				{"handler": "rate_limit", "rate_limits": {"outside_event": {"key": "{http.request.remote.host}", "window": "1m", "max_events": 2}}},
-				`+okHandler+`
-			]}]
-		}}}
-	}
-}`), "json")
-	expectN(t, tester, 2, http.StatusOK, "GET", "/")
-	outsideEvents.Lock()
-	n := len(outsideEvents.got)
-	outsideEvents.Unlock()
-	if n != 0 {
-		t.Fatalf("%d events for allowed requests", n)
-	}
-	expect429(t, tester, 59, 60, "GET", "/")
-	outsideEvents.Lock()
-	defer outsideEvents.Unlock()
-	if len(outsideEvents.got) != 1 {
-		t.Fatalf("%d events for one denial, want 1", len(outsideEvents.got))
-	}
-	e := outsideEvents.got[0]
-	wait, _ := e.Data["wait"].(time.Duration)
-	if e.Name() != "rate_limit_exceeded" || e.Origin() == nil || e.Origin().CaddyModule().ID != "http.handlers.rate_limit" ||
-		e.Data["zone"] != "outside_event" || e.Data["scope"] != "" || e.Data["remote_ip"] != "127.0.0.1" ||
-		wait <= 59*time.Second || wait > time.Minute {
-		t.Fatalf("event %s from %v: %v; want rate_limit_exceeded from http.handlers.rate_limit, zone outside_event, scope \"\", remote_ip 127.0.0.1, a wait just under 1m", e.Name(), e.Origin(), e.Data)
-	}
-}
-
-// Every JSON block of the documentation loads into a running Caddy: a
-// handler as it is, a zone's fields inside a zone. (The Caddyfile blocks
-// are validated by TestExamplesValidate.)
-func TestOutsideDocJSONLoads(t *testing.T) {
-	newTester(t, jsonServer(okHandler, ""), "json")
-	n := 0
-	for _, b := range docBlocks(t) {
-		if b.lang != "json" {
-			continue
-		}
-		handler := b.text
-		if !strings.Contains(b.text, `"handler"`) {
-			handler = `{"handler": "rate_limit", "rate_limits": {"outside_doc_json": ` + b.text + `}}`
-			if !strings.Contains(b.text, `"key"`) {
-				handler = strings.Replace(handler, `"outside_doc_json": {`, `"outside_doc_json": {"key": "{http.request.header.X-Api-Key}",`, 1)
-			}
-		}
-		t.Run(b.where, func(t *testing.T) {
-			adminRequest(t, "POST", "/load", "application/json", jsonServer(handler+`, `+okHandler, ""))
-		})
-		n++
-	}
-	if n < 3 {
-		t.Fatalf("%d JSON blocks found in the documentation, want at least 3", n)
-	}
 }

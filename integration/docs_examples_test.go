@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // docBlock is one fenced code block of the documentation, or a whole
@@ -70,7 +72,7 @@ var (
 // The examples teach the safe way: clients by `by ip` (IPv6 per /64),
 // trusted_proxies only with trusted_proxies_strict, and exact routes
 // matched in every spelling Caddy passes on.
-func TestExamplesAreSafe(t *testing.T) {
+func TestDocsExamplesAreSafe(t *testing.T) {
 	for _, b := range docBlocks(t) {
 		if b.lang == "json" {
 			if strings.Contains(b.text, `"key": "{http.vars.client_ip}"`) && !strings.Contains(b.text, `"ipv6_prefix"`) {
@@ -105,7 +107,7 @@ func TestExamplesAreSafe(t *testing.T) {
 
 // Every Caddyfile example validates with the built binary: complete files
 // as they are, a lone zone or rate_limit block inside a site.
-func TestExamplesValidate(t *testing.T) {
+func TestDocsExamplesValidate(t *testing.T) {
 	bin := binary(t)
 	dir := t.TempDir()
 	for i, b := range docBlocks(t) {
@@ -249,5 +251,125 @@ func TestDocsOTPExample(t *testing.T) {
 	}
 	if code, _ := send("/otp/send", "not a number"); code != http.StatusBadRequest {
 		t.Fatalf("no valid number: %d, want 400", code)
+	}
+}
+
+// Every JSON block of the documentation loads into a running Caddy: a
+// handler as it is, a zone's fields inside a zone. (The Caddyfile blocks
+// are validated by TestDocsExamplesValidate.)
+func TestDocsJSONBlocksLoad(t *testing.T) {
+	newTester(t, jsonServer(okHandler, ""), "json")
+	n := 0
+	for _, b := range docBlocks(t) {
+		if b.lang != "json" {
+			continue
+		}
+		handler := b.text
+		if !strings.Contains(b.text, `"handler"`) {
+			handler = `{"handler": "rate_limit", "rate_limits": {"outside_doc_json": ` + b.text + `}}`
+			if !strings.Contains(b.text, `"key"`) {
+				handler = strings.Replace(handler, `"outside_doc_json": {`, `"outside_doc_json": {"key": "{http.request.header.X-Api-Key}",`, 1)
+			}
+		}
+		t.Run(b.where, func(t *testing.T) {
+			adminRequest(t, "POST", "/load", "application/json", jsonServer(handler+`, `+okHandler, ""))
+		})
+		n++
+	}
+	if n < 3 {
+		t.Fatalf("%d JSON blocks found in the documentation, want at least 3", n)
+	}
+}
+
+// The Cloudflare options of docs/keys.md: the header counts only from a
+// trusted peer, and then each address it names is its own client.
+func TestDocsCloudflareClientIP(t *testing.T) {
+	var globals string
+	for _, b := range docBlocks(t) {
+		if strings.HasPrefix(b.where, "../docs/keys.md:") && strings.Contains(b.text, "CF-Connecting-IP") {
+			globals = strings.TrimSuffix(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(b.text), "{")), "}")
+		}
+	}
+	if globals == "" {
+		t.Fatal("no Cloudflare block in docs/keys.md")
+	}
+	site := `	rate_limit {
+		zone seeds_cf {
+			by ip
+			rate 2/1h
+		}
+	}
+	respond "ok"`
+	// The test's peer, 127.0.0.1, is not Cloudflare: its header is ignored.
+	tester := newTester(t, caddyfileServerWith(globals, site), "caddyfile")
+	for i := range 200 {
+		want := 200
+		if i >= 2 {
+			want = 429
+		}
+		if r := fetch(t, tester, "GET", "/", "CF-Connecting-IP", fmt.Sprintf("198.51.100.%d", i%250)); r.code != want {
+			t.Fatalf("untrusted peer, request #%d: %d, want %d", i+1, r.code, want)
+		}
+	}
+	// The peer in the trusted ranges: each address is a client.
+	tester = newTester(t, caddyfileServerWith(strings.Replace(globals, "173.245.48.0/20", "127.0.0.1/32", 1), site), "caddyfile")
+	for _, ip := range []string{"198.51.100.1", "198.51.100.2", "2001:db8:1:2::1"} {
+		expectN(t, tester, 2, 200, "GET", "/", "CF-Connecting-IP", ip)
+	}
+	expect429(t, tester, 3599, 3600, "GET", "/", "CF-Connecting-IP", "198.51.100.1", "X-Forwarded-For", "203.0.113.9")
+	expect429(t, tester, 3599, 3600, "GET", "/", "CF-Connecting-IP", "2001:db8:1:2::ffff")
+}
+
+// The five layers of the OTP example of docs/keys.md, each at its number:
+// 10 codes per address, 40 per /24, 500 a minute for the service.
+func TestDocsOTPExampleLayers(t *testing.T) {
+	t.Setenv("SLUICE_KEY_SECRET", recipeSecret)
+	site := docSite(t, "../docs/keys.md", "zone otp_send {\n\t\t\tmatch")
+	// The test's peer stands for the load balancer the example trusts.
+	tester := newTester(t, strings.Replace(site, "trusted_proxies static 10.0.0.0/8", "trusted_proxies static 127.0.0.1/32", 1), "caddyfile")
+	next := 0
+	send := func(ip string) (int, string) {
+		next++
+		return post(t, tester, "/otp/send", "application/json", fmt.Sprintf(`{"phone":"0171%07d"}`, next), "X-Forwarded-For", ip)
+	}
+	// The service's bucket refills from its first code on: a loaded
+	// machine takes seconds for the 40 before the flood.
+	start := time.Now()
+	for i := range 10 {
+		if code, body := send("198.51.100.1"); code != 200 {
+			t.Fatalf("address's code #%d: %d %q", i+1, code, body)
+		}
+	}
+	if code, body := send("198.51.100.1"); code != 429 || !strings.Contains(body, `"retry_after":600`) {
+		t.Fatalf("address's 11th code: %d %q, want 429 with retry_after 600", code, body)
+	}
+	for _, ip := range []string{"198.51.100.2", "198.51.100.3", "198.51.100.4"} {
+		for i := range 10 {
+			if code, body := send(ip); code != 200 {
+				t.Fatalf("%s code #%d: %d %q", ip, i+1, code, body)
+			}
+		}
+	}
+	if code, body := send("198.51.100.5"); code != 429 || !strings.Contains(body, `"retry_after":6`) {
+		t.Fatalf("the /24's 41st code: %d %q, want 429 with retry_after about 600", code, body)
+	}
+	// The service's ceiling: 500 a minute in bursts of 500, from addresses
+	// of many networks (40 of it were sent above).
+	allowed := 40
+	for n := 0; ; n++ {
+		code, body := send(fmt.Sprintf("203.0.%d.%d", n/40, 1+n%40/10))
+		if code == 429 {
+			if !strings.Contains(body, `"retry_after":1}`) {
+				t.Fatalf("over the ceiling: %q, want retry_after 1", body)
+			}
+			break
+		}
+		if code != 200 || n > 1000 {
+			t.Fatalf("code #%d: %d %q", allowed+1, code, body)
+		}
+		allowed++
+	}
+	if elapsed := time.Since(start).Seconds(); allowed < 500 || float64(allowed) > 500+500.0/60*elapsed+1 {
+		t.Fatalf("the service sent %d codes in %.1fs before its ceiling, want 500 plus the refill", allowed, elapsed)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
-
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -320,140 +319,108 @@ func TestAdminResetReachesEverySite(t *testing.T) {
 	}
 }
 
-// On a Redis Cluster, every admin operation (inspect, lock-out inspect,
-// grant, reset) and reset_when work for every key, whatever its hash tag:
-// the bucket of requests without a key, keys starting with } or NUL, keys
-// holding braces, a plain key. A key's state, its lock-out record and a
-// budget's reservations are one slot's keys, reset by one command.
-func TestAdminClusterEveryKey(t *testing.T) {
-	nodes := redistest.Cluster(t)
-	// What makes the test: hashed whole, as an empty hash tag makes them,
-	// a budget's state and reservations are on different masters.
-	for _, key := range []string{"", "}x"} {
-		if state := "a1:adm_budget//l{" + key + "}"; sameMaster(t, nodes, state, state+":R") {
-			t.Fatalf("%q and its reservations are on one master: choose another key_prefix", state)
-		}
+// Requests without a usable key share one bucket ("missing shared"). No
+// key names it, so the admin API and the command name it as /missing: an
+// operator can inspect it, give it units and unblock its clients as for
+// any key, without touching the keys of named clients.
+func TestAdminMissingBucket(t *testing.T) {
+	name := freshZone("admin_missing")
+	tester := newTester(t, adminConfig(name, "", "v1"), "json")
+	expectN(t, tester, 3, http.StatusOK, "GET", "/")
+	expect429(t, tester, 3599, 3600, "GET", "/")
+	expectN(t, tester, 1, http.StatusOK, "GET", "/", "X-User", "bob")
+
+	ls := keyOp(t, "GET", "/rate_limit/zones/"+name+"/missing")
+	if len(ls) != 1 || ls[0].Scope != "" || ls[0].Key != "" || ls[0].Remaining != 0 {
+		t.Fatalf("inspect missing: %+v, want the own limit's empty key, spent", ls)
 	}
-	tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		backend redis {
-			address `+strings.Join(nodes, " ")+`
-			cluster
-			key_prefix a1:
-			timeout 5s
-		}
-		zone adm_lock {
-			match {
-				path /lock
-			}
-			key {query.k}
-			rate 2/1h
-			lockout 1m 5m
-		}
-		zone adm_budget {
-			match {
-				path /budget
-			}
-			key {query.k}
-			rate 2/1h
-			charge_when status 2xx
-		}
-		zone adm_login {
-			match {
-				path /login
-			}
-			key {query.k}
-			rate 3/1h
-			count_when status 4xx
-			reset_when status 2xx
-		}
+	if ls := keyOp(t, "POST", "/rate_limit/zones/"+name+"/missing/grant?units=1"); ls[0].Remaining != 1 {
+		t.Fatalf("grant 1 to missing: %+v", ls)
 	}
-	@wrong query pw=wrong
-	respond @wrong "wrong" 401
-	respond "ok" 200`), "caddyfile")
-	type adminKey struct {
-		name, key string
-		missing   bool
+	expectN(t, tester, 1, http.StatusOK, "GET", "/")
+	expect429(t, tester, 3599, 3600, "GET", "/")
+
+	out, err := runCaddy(t, "rate-limit", "reset", name, "--missing", "--address", adminAddr)
+	if err != nil || !strings.Contains(out, "3 of 3") {
+		t.Fatalf("caddy rate-limit reset %s --missing: %v\n%s", name, err, out)
 	}
-	for _, k := range []adminKey{
-		{name: "missing", missing: true},
-		{name: "}x", key: "}x"},
-		{name: "{x}", key: "{x}"},
-		{name: "NUL x", key: "\x00x"},
-		{name: "alice", key: "alice"},
+	expectN(t, tester, 3, http.StatusOK, "GET", "/")
+	expect429(t, tester, 3599, 3600, "GET", "/")
+	if got := remaining(t, name, "bob"); got != 2 {
+		t.Fatalf("bob: %d remaining, want 2: the keyless bucket is not his", got)
+	}
+
+	for _, tc := range []struct {
+		method, path string
+		want         int
+	}{
+		{"GET", "/rate_limit/zones/" + name + "/missing?form=final", 400},
+		{"GET", "/rate_limit/zones/" + name + "/missing?scope=nope", 404},
+		{"PUT", "/rate_limit/zones/" + name + "/missing", 405},
+		{"GET", "/rate_limit/zones/no_such_zone/missing", 404},
 	} {
-		t.Run(k.name, func(t *testing.T) {
-			send := func(path, pw string) int {
-				q := url.Values{}
-				if !k.missing {
-					q.Set("k", k.key)
-				}
-				if pw != "" {
-					q.Set("pw", pw)
-				}
-				code, _, _ := do(t, tester, "GET", path+"?"+q.Encode())
-				return code
-			}
-			expect := func(what string, want []int, path, pw string) {
-				t.Helper()
-				var got []int
-				for range want {
-					got = append(got, send(path, pw))
-				}
-				if fmt.Sprint(got) != fmt.Sprint(want) {
-					t.Errorf("%s: %v, want %v", what, got, want)
-				}
-			}
-			op := func(method, zone, tail string) (lockoutState, bool) {
-				t.Helper()
-				path := "/rate_limit/zones/" + zone + "/keys/" + url.PathEscape(k.key) + tail
-				if k.missing {
-					path = "/rate_limit/zones/" + zone + "/missing" + tail
-				}
-				code, body := adminCall(t, method, path)
-				var v struct {
-					Limits []struct {
-						lockoutState
-						Key string
-					}
-				}
-				if code != http.StatusOK || json.Unmarshal([]byte(body), &v) != nil || len(v.Limits) != 1 || v.Limits[0].Key != k.key {
-					t.Errorf("%s %s: %d %s, want the state of key %q", method, path, code, body, k.key)
-					return lockoutState{}, false
-				}
-				return v.Limits[0].lockoutState, true
-			}
-			const ok, denied, spent, wrong = http.StatusOK, http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusUnauthorized
+		if code, body := adminCall(t, tc.method, tc.path); code != tc.want {
+			t.Errorf("%s %s: %d %s, want %d", tc.method, tc.path, code, body, tc.want)
+		}
+	}
+}
 
-			// 2 failures, then a success forgives them (reset_when): 3
-			// more failures pass before the fourth is refused; an
-			// operator's reset forgives them too.
-			expect("login: 2 wrong passwords", []int{wrong, wrong}, "/login", "wrong")
-			expect("login: the right password", []int{ok}, "/login", "right")
-			expect("login: failures after the success", []int{wrong, wrong, wrong, denied}, "/login", "wrong")
-			if st, done := op("DELETE", "adm_login", ""); done && st.Remaining != 3 {
-				t.Errorf("reset the login key: %+v, want 3 remaining", st)
-			}
-			expect("login: failures after the reset", []int{wrong, wrong, wrong, denied}, "/login", "wrong")
+// A zone whose key is a constant is never missing: naming its keyless
+// bucket is an error, not an empty answer.
+func TestAdminMissingConstantKey(t *testing.T) {
+	name := freshZone("admin_missing_const")
+	newTester(t, jsonServer(`{"handler": "rate_limit", "rate_limits": {"`+name+`": {
+		"key": "static", "window": "1h", "max_events": 3}}}, `+okHandler, ""), "json")
+	if code, body := adminCall(t, "GET", "/rate_limit/zones/"+name+"/missing"); code != http.StatusBadRequest || !strings.Contains(body, "constant") {
+		t.Fatalf("missing of a constant key: %d %s, want 400", code, body)
+	}
+}
 
-			expect("lockout: 2 of 2, then denied and locked out", []int{ok, ok, denied}, "/lock", "")
-			if st, done := op("GET", "adm_lock", ""); done && (st.LockoutLevel != 1 || st.LockedOut <= 0 || st.Remaining != 0) {
-				t.Errorf("inspect the locked-out key: %+v, want level 1, locked out, 0 remaining", st)
-			}
-			if st, done := op("DELETE", "adm_lock", ""); done && (st.LockoutLevel != 0 || st.LockedOut != 0 || st.Remaining != 2) {
-				t.Errorf("reset the locked-out key: %+v, want no lock-out and 2 remaining", st)
-			}
-			expect("lockout after the reset", []int{ok, ok, denied}, "/lock", "")
+// The admin API takes the methods it names, spelled in full: a request
+// whose method is a fragment of one ("ST", "POS", "G") is a 405 and
+// changes nothing.
+func TestAdminMethodsExact(t *testing.T) {
+	tester := newTester(t, jsonServer(`{
+		"handler": "rate_limit",
+		"rate_limits": {"a3_methods": {"key": "{http.request.header.X-User}", "window": "1h", "max_events": 3}}
+	}, `+okHandler, ""), "json")
+	expectN(t, tester, 3, http.StatusOK, "GET", "/", "X-User", "m")
+	base := "/rate_limit/zones/a3_methods/keys/m"
+	for _, m := range []string{"ST", "POS", "P", "OST"} {
+		if code, body := adminCall(t, m, base+"/grant?units=2"); code != http.StatusMethodNotAllowed {
+			t.Errorf("%s .../grant: %d %s, want 405", m, code, body)
+		}
+	}
+	for _, m := range []string{"G", "ET", "DEL", "E"} {
+		if code, body := adminCall(t, m, base); code != http.StatusMethodNotAllowed {
+			t.Errorf("%s .../keys/m: %d %s, want 405", m, code, body)
+		}
+	}
+	if ls := keyOp(t, "GET", base); ls[0].Remaining != 0 {
+		t.Fatalf("after the refused methods: %+v, want nothing given back", ls)
+	}
+}
 
-			expect("budget: 2 of 2, then spent", []int{ok, ok, spent}, "/budget", "")
-			if st, done := op("POST", "adm_budget", "/grant?units=1"); done && st.Remaining != 1 {
-				t.Errorf("grant 1: %+v, want 1 remaining", st)
+// The command reaches the keys "." and "..": as path segments an HTTP
+// client or server would resolve them away (and the command would ask for
+// another endpoint).
+func TestRateLimitCommandDotKeys(t *testing.T) {
+	tester := newTester(t, jsonServer(`{
+		"handler": "rate_limit",
+		"rate_limits": {"a3_dots": {"key": "{http.request.header.X-User}", "window": "1h", "max_events": 3}}
+	}, `+okHandler, ""), "json")
+	for _, k := range []string{".", ".."} {
+		expectN(t, tester, 3, http.StatusOK, "GET", "/", "X-User", k)
+		for _, args := range [][]string{
+			{"inspect", "a3_dots", k},
+			{"grant", "a3_dots", k, "1"},
+			{"reset", "a3_dots", k},
+		} {
+			out, err := runCaddy(t, append(append([]string{"rate-limit"}, args...), "--address", adminAddr)...)
+			if err != nil || !strings.Contains(out, "a3_dots") {
+				t.Fatalf("caddy rate-limit %v: %v\n%s", args, err, out)
 			}
-			expect("budget after a grant of 1", []int{ok, spent}, "/budget", "")
-			if st, done := op("DELETE", "adm_budget", ""); done && st.Remaining != 2 {
-				t.Errorf("reset the budget: %+v, want 2 remaining", st)
-			}
-			expect("budget after the reset", []int{ok, ok, spent}, "/budget", "")
-		})
+		}
+		expectN(t, tester, 3, http.StatusOK, "GET", "/", "X-User", k)
 	}
 }

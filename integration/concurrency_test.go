@@ -13,55 +13,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
-
-// countingUpstream counts the requests it is serving at once and the most
-// it ever served at once. hold decides how long each request stays.
-type countingUpstream struct {
-	*httptest.Server
-	now, peak atomic.Int64
-	hold      func(r *http.Request)
-}
-
-func newCountingUpstream(t *testing.T, hold func(r *http.Request)) *countingUpstream {
-	u := &countingUpstream{hold: hold}
-	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := u.now.Add(1)
-		for p := u.peak.Load(); n > p && !u.peak.CompareAndSwap(p, n); p = u.peak.Load() {
-		}
-		u.hold(r)
-		u.now.Add(-1)
-		_, _ = io.WriteString(w, "ok")
-	}))
-	t.Cleanup(u.Close)
-	return u
-}
-
-// within waits for ch, failing the test rather than hanging it. The
-// deadline is far beyond what anything waited for takes, even on a loaded
-// machine: it only bounds a test that would hang.
-func within(t *testing.T, ch <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ch:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("timed out waiting for %s", what)
-	}
-}
-
-// holdingUpstream holds a request sent with X-Hang until release is
-// closed, signalling arrived when it gets there; others pass at once.
-func holdingUpstream(t *testing.T) (*countingUpstream, chan struct{}, chan struct{}) {
-	arrived := make(chan struct{}, 1)
-	release := make(chan struct{})
-	u := newCountingUpstream(t, func(r *http.Request) {
-		if r.Header.Get("X-Hang") != "" {
-			arrived <- struct{}{}
-			<-release
-		}
-	})
-	return u, arrived, release
-}
 
 func concSite(t *testing.T, zone, opts string, u *countingUpstream) *caddytest.Tester {
 	return newTester(t, caddyfileServer(fmt.Sprintf(`
@@ -71,19 +24,6 @@ func concSite(t *testing.T, zone, opts string, u *countingUpstream) *caddytest.T
 		}
 	}
 	reverse_proxy %s`, zone, opts, strings.TrimPrefix(u.URL, "http://"))), "caddyfile")
-}
-
-func get(ctx context.Context, header ...string) (*http.Response, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, httpBase+"/", nil)
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
-	return resp, err
 }
 
 // Under 200 concurrent clients, the upstream never serves more than the
@@ -144,23 +84,6 @@ func TestConcurrencyDisconnectFreesSlot(t *testing.T) {
 	cancel()
 	within(t, done, "the client that left")
 	eventuallyOK(t, "the slot of a client that left was never freed")
-}
-
-// eventuallyOK sends requests until one is served. A client may read its
-// whole response a moment before the handler returns and frees its slot.
-func eventuallyOK(t *testing.T, what string, header ...string) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := get(context.Background(), header...)
-		if err == nil && resp.StatusCode == http.StatusOK {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v %v", what, resp, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // Beyond the queue's wait, a request is refused with 503 and Retry-After,
@@ -294,5 +217,115 @@ func TestConcurrencyWaiterLeaves(t *testing.T) {
 	}
 	if quitterSeen.Load() {
 		t.Fatal("a request whose client left while in line reached the upstream")
+	}
+}
+
+// queue_max: beyond that many requests waiting, a request is answered 503
+// at once, on the memory backend and on Redis.
+func TestConcurrencyQueueMaxRefuses(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	for _, backend := range []string{"", "backend redis {\n\t\t\taddress " + redis.Addr + "\n\t\t\ttimeout 2s\n\t\t}"} {
+		name := "memory"
+		if backend != "" {
+			name = "redis"
+		}
+		t.Run(name, func(t *testing.T) {
+			u, arrived, release := holdingUpstream(t)
+			newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone rslots_qmax_%s {
+			key static
+			concurrency 1
+			queue 30s
+			queue_max 2
+		}
+	}
+	reverse_proxy %s`, backend, name, strings.TrimPrefix(u.URL, "http://"))), "caddyfile")
+			var wg sync.WaitGroup
+			codes := make([]int, 3)
+			wg.Go(func() { codes[0] = status(context.Background(), httpBase, "X-Hang", "1") })
+			within(t, arrived, "the held request")
+			for i := 1; i <= 2; i++ {
+				wg.Go(func() { codes[i] = status(context.Background(), httpBase) })
+			}
+			waitInLine(t, 2, "the two waiters")
+			start := time.Now()
+			req, _ := http.NewRequest(http.MethodGet, httpBase+"/", nil)
+			resp, err := slotClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "30" {
+				t.Fatalf("a third waiter got %d, Retry-After %q; want 503, 30", resp.StatusCode, resp.Header.Get("Retry-After"))
+			}
+			if waited := time.Since(start); waited > 5*time.Second {
+				t.Fatalf("refused after %v, not at once", waited)
+			}
+			close(release)
+			wg.Wait()
+			if fmt.Sprint(codes) != "[200 200 200]" {
+				t.Fatalf("the held and the two waiting requests got %v, want all 200", codes)
+			}
+		})
+	}
+}
+
+// The concurrency example of docs/protection.md, as written: 30 reports at
+// once run 20 at a time, the rest in line, all served; one API key gets 4
+// requests in flight and the others refused at once.
+func TestDocsProtectionConcurrency(t *testing.T) {
+	var inFlight, peak atomic.Int64
+	release := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		select {
+		case <-release:
+		case <-time.After(time.Second):
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer upstream.Close()
+	block := docText(t, "../docs/protection.md", "match path /reports/*")
+	site := "{\n\tskip_install_trust\n\tadmin localhost:2999\n\thttp_port 9080\n}\n:9080 {\n" + block + "\n\treverse_proxy " + strings.TrimPrefix(upstream.URL, "http://") + "\n}\n"
+	newTester(t, site, "caddyfile")
+
+	codes := func(n int, path string, header ...string) map[int]int {
+		var mu sync.Mutex
+		got := map[int]int{}
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				req, _ := http.NewRequest("GET", httpBase+path, nil)
+				for i := 0; i+1 < len(header); i += 2 {
+					req.Header.Set(header[i], header[i+1])
+				}
+				code := 0
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					code = resp.StatusCode
+				}
+				mu.Lock()
+				got[code]++
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		return got
+	}
+	if got := codes(30, "/reports/q3"); got[200] != 30 {
+		t.Fatalf("30 reports at once: %v, want all 30 served", got)
+	}
+	if p := peak.Load(); p != 20 {
+		t.Fatalf("30 reports at once: %d at the upstream at most, want 20", p)
+	}
+	peak.Store(0)
+	if got := codes(6, "/api/items", "X-API-Key", "k1"); got[200] != 4 || got[503] != 2 {
+		t.Fatalf("6 API requests at once of one key: %v, want 4 served and 2 refused", got)
 	}
 }

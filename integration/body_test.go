@@ -3,34 +3,111 @@ package integration
 import (
 	"bytes"
 	"compress/gzip"
+	"crypto/rand"
+	"crypto/sha256"
 	le "encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"mime/multipart"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf16"
-
-	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
-// send posts body with the given headers (a Content-Type among them, or
-// none) and returns the status.
-func send(t *testing.T, tester *caddytest.Tester, path string, body []byte, header ...string) int {
-	t.Helper()
-	req, _ := http.NewRequest("POST", httpBase+path, bytes.NewReader(body))
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Add(header[i], header[i+1])
+// rawMultipart is a multipart/form-data body of parts given as their
+// Content-Disposition and value, written by hand: mime/multipart cannot
+// write the parameters these tests need.
+func rawMultipart(parts ...string) ([]byte, string) {
+	const boundary = "attackboundary"
+	var sb strings.Builder
+	for i := 0; i+1 < len(parts); i += 2 {
+		fmt.Fprintf(&sb, "--%s\r\nContent-Disposition: %s\r\n\r\n%s\r\n", boundary, parts[i], parts[i+1])
 	}
-	resp, err := tester.Client.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	fmt.Fprintf(&sb, "--%s--\r\n", boundary)
+	return []byte(sb.String()), "multipart/form-data; boundary=" + boundary
+}
+
+// A part's name given twice, once as an RFC 2231 extended parameter, is
+// read differently by each parser: Go's mime reads name*, Werkzeug (Flask)
+// the last of the two, busboy (Express's multer) only the plain name. A
+// part `name*=UTF-8”junk; name="phone"` holding the victim's number, next
+// to a plain `phone` part holding a fresh number, was a fresh key each time
+// for the limiter while Flask's request.form["phone"] (the first copy) and
+// multer's req.body.phone read the victim: 20 of 20 passed a limit of 3,
+// under any missing policy. RFC 7578 forbids extended parameters in
+// form-data, so such a body is unreadable: all of them share one quota.
+func TestMultipartExtendedNameIsUnreadable(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone attack_mp_deny {
+			match {
+				path /otp
+			}
+			by form phone
+			normalize phone BD
+			rate 3/1h
+		}
+		zone attack_mp_skip {
+			match {
+				path /otp-skip
+			}
+			by form phone
+			normalize phone BD
+			missing skip
+			rate 3/1h
+		}
 	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode
+	respond "ok"`), "caddyfile")
+
+	passed := map[string]int{}
+	for i := 0; i < 20; i++ {
+		body, ctype := rawMultipart(
+			`form-data; name*=UTF-8''junk; name="phone"`, "01712345678",
+			`form-data; name="phone"`, fmt.Sprintf("0171200%04d", i))
+		if send(t, tester, "/otp", body, "Content-Type", ctype) == http.StatusOK {
+			passed["/otp"]++
+		}
+		// Alone, the part has no phone for Go: skipped before.
+		body, ctype = rawMultipart(fmt.Sprintf(`form-data; name="phone"; name*=UTF-8''junk%d`, i), "01712345678")
+		if send(t, tester, "/otp-skip", body, "Content-Type", ctype) == http.StatusOK {
+			passed["/otp-skip"]++
+		}
+	}
+	for path, n := range passed {
+		if n != 3 {
+			t.Errorf("%s: %d of 20 bodies with an extended name parameter passed; want 3 (one shared quota)", path, n)
+		}
+	}
+	// A plain multipart form is still read.
+	body, ctype := multipartBody(t, "phone", "01812345678")
+	for i, want := range []int{200, 200, 200, 429} {
+		if code := send(t, tester, "/otp-skip", body, "Content-Type", ctype); code != want {
+			t.Fatalf("plain multipart #%d: %d, want %d", i+1, code, want)
+		}
+	}
+}
+
+// A JSON body whose charset is spelled "utf8" is UTF-8 to every decoder:
+// it is read, not refused as unreadable.
+func TestJSONCharsetUTF8Spelling(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone attack_utf8 {
+			by json user
+			missing deny
+			rate 2/1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		if code, body := post(t, tester, "/", "application/json; charset=utf8", `{"user":"ann"}`); code != want {
+			t.Fatalf("request %d: %d %q, want %d", i+1, code, body, want)
+		}
+	}
 }
 
 // multipartBody is a multipart/form-data body with the given text fields,
@@ -68,8 +145,6 @@ func gzipped(t *testing.T, s string) []byte {
 	}
 	return buf.Bytes()
 }
-
-const formType = "application/x-www-form-urlencoded"
 
 // A JSON body sent as a form is not JSON: an application that reads
 // `get_json(silent=True) or request.form` reads the form, and texts the
@@ -544,5 +619,119 @@ func TestFormFieldSpellingsDoNotBypass(t *testing.T) {
 		if code := send(t, tester, "/", []byte(body), "Content-Type", formType); code != want {
 			t.Fatalf("%s: %d, want %d", body, code, want)
 		}
+	}
+}
+
+// body_limit has one cap, 16MiB, in JSON and in the Caddyfile: JSON took
+// 9e18 (a 150 MiB body then took RSS from 54 to 416 MB) while the Caddyfile
+// stopped at 1GiB.
+func TestBodyLimitCappedAlike(t *testing.T) {
+	tester := newTester(t, jsonServer(okHandler, ""), "json")
+	jsonCfg := func(limit string) string {
+		return jsonServer(`{"handler": "rate_limit", "body_limit": `+limit+`, "rate_limits": {"cfg_body": {"key": "{http.request.body.json.user}", "window": "1m", "max_events": 2}}}, `+okHandler, "")
+	}
+	for _, limit := range []string{"9e18", "9000000000000000000", "1073741824", "16777217"} {
+		if code, body := loadRaw(t, jsonCfg(limit)); code == http.StatusOK || !strings.Contains(body, "body_limit must be from 1 to 16777216 bytes (16MiB)") {
+			t.Errorf("JSON body_limit %s: /load answered %d %q, want it refused naming the cap", limit, code, body)
+		}
+	}
+	site := func(limit string) string {
+		return caddyfileServer(`	rate_limit {
+		body_limit ` + limit + `
+		zone cfg_body_cf {
+			by json user
+			rate 2/1m
+		}
+	}
+	respond "ok"`)
+	}
+	for _, limit := range []string{"1GiB", "16777217", "17MB"} {
+		assertLoadError(t, site(limit), "caddyfile", "at most 16MiB (16777216 bytes)")
+	}
+	// At the cap, both load, and a field within the cap still keys.
+	loadConfig(t, jsonCfg("16777216"), "json")
+	loadConfig(t, site("16MiB"), "caddyfile")
+	big := `{"user": "ann", "pad": "` + strings.Repeat("x", 1<<20) + `"}`
+	for i := 0; i < 2; i++ {
+		if code, _ := post(t, tester, "/", "application/json", big); code != http.StatusOK {
+			t.Fatalf("request %d of a 1MiB body: %d", i+1, code)
+		}
+	}
+	if code, _ := post(t, tester, "/", "application/json", big); code != http.StatusTooManyRequests {
+		t.Fatalf("third request of the same user: %d, want 429", code)
+	}
+}
+
+// A body-keyed zone hands the upstream the body it received, byte for
+// byte, whether it read it all, or it was over the read limit.
+func TestBodyReachesUpstreamUntouched(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		sum := sha256.Sum256(b)
+		fmt.Fprintf(w, "%d %s %s", len(b), hex.EncodeToString(sum[:]), r.Header.Get("Content-Type"))
+	}))
+	defer upstream.Close()
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone body_key {
+			by json user.id
+			rate 100/1m
+		}
+		zone form_key {
+			match {
+				path /form
+			}
+			by form email
+			normalize email
+			rate 100/1m
+		}
+	}
+	reverse_proxy `+strings.TrimPrefix(upstream.URL, "http://")), "caddyfile")
+
+	big := make([]byte, 200<<10)
+	_, _ = rand.Read(big)
+	bodies := []struct{ ctype, body string }{
+		{"application/json", `{"user": {"id": 42}, "note": "héllo"}`},
+		{"application/json", `{"user": {"id": 42}, "pad": "` + hex.EncodeToString(big) + `"}`},
+		{"application/octet-stream", string(big)},
+		{"application/x-www-form-urlencoded", "email=A%40B.co&x=1"},
+	}
+	for i, b := range bodies {
+		path := "/json"
+		if strings.Contains(b.ctype, "form") {
+			path = "/form"
+		}
+		code, got := post(t, tester, path, b.ctype, b.body)
+		sum := sha256.Sum256([]byte(b.body))
+		want := fmt.Sprintf("%d %s %s", len(b.body), hex.EncodeToString(sum[:]), b.ctype)
+		if code != http.StatusOK || got != want {
+			t.Fatalf("body %d (%d bytes): upstream saw %q, want %q", i, len(b.body), got, want)
+		}
+	}
+}
+
+// A cost read from the body: the units the request says it uses.
+func TestCostFromBody(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone body_cost {
+			key static
+			rate 10/1h
+			algorithm token_bucket
+			cost {http.request.body.json.n}
+		}
+	}
+	respond "ok"`), "caddyfile")
+	if code, _ := post(t, tester, "/", "application/json", `{"n": 5}`); code != http.StatusOK {
+		t.Fatalf("cost 5: %d", code)
+	}
+	if code, _ := post(t, tester, "/", "application/json", `{"n": 6}`); code != http.StatusTooManyRequests {
+		t.Fatalf("cost 6 with 5 left: %d, want 429", code)
+	}
+	if code, _ := post(t, tester, "/", "application/json", `{"n": "abc"}`); code != http.StatusBadRequest {
+		t.Fatalf("cost abc: %d, want 400", code)
+	}
+	if code, _ := post(t, tester, "/", "application/json", `{"n": 5}`); code != http.StatusOK {
+		t.Fatalf("cost 5 with 5 left: %d", code)
 	}
 }

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -17,6 +18,36 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redistest"
 )
+
+// adaptiveLimit reads the adaptive limit of the instance's zone from its admin API.
+func (in *slotInstance) adaptiveLimit(t *testing.T, zone string) int64 {
+	t.Helper()
+	resp, err := http.Get(in.admin + "/rate_limit/zones")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var listing struct {
+		Zones []struct {
+			Name   string `json:"name"`
+			Limits []struct {
+				Adaptive *adaptiveState `json:"adaptive"`
+			} `json:"limits"`
+		} `json:"zones"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&listing); err != nil {
+		t.Fatal(err)
+	}
+	for _, z := range listing.Zones {
+		for _, l := range z.Limits {
+			if z.Name == zone && l.Adaptive != nil {
+				return l.Adaptive.Limit
+			}
+		}
+	}
+	t.Fatalf("%s: zone %q has no adaptive limit", in.admin, zone)
+	return 0
+}
 
 // Concurrency slots shared through Redis by Caddy instances built from
 // cmd/caddy: the cap holds for the fleet, and the slots of an instance
@@ -62,21 +93,6 @@ func startSlotInstance(t *testing.T, addr, zone, options, upstream string) *slot
 }
 
 var slotClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 200, MaxConnsPerHost: 200}, Timeout: 60 * time.Second}
-
-// status sends GET / to base with the header pairs and returns the status
-// (0 on a transport error).
-func status(ctx context.Context, base string, header ...string) int {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/", nil)
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := slotClient.Do(req)
-	if err != nil {
-		return 0
-	}
-	resp.Body.Close()
-	return resp.StatusCode
-}
 
 // 200 clients split over two instances that share one Redis: the upstream
 // never serves more than the cap at once, and every client is served from
@@ -172,58 +188,6 @@ func TestRedisSlotsKilledInstanceExpire(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("the killed instance's slot came free %v after SIGKILL (slot_ttl %v, renewed every %v)", time.Since(killed).Round(10*time.Millisecond), ttl, ttl/3)
-}
-
-// queue_max: beyond that many requests waiting, a request is answered 503
-// at once, on the memory backend and on Redis.
-func TestConcurrencyQueueMaxRefuses(t *testing.T) {
-	redis := redistest.Standalone(t, "")
-	for _, backend := range []string{"", "backend redis {\n\t\t\taddress " + redis.Addr + "\n\t\t\ttimeout 2s\n\t\t}"} {
-		name := "memory"
-		if backend != "" {
-			name = "redis"
-		}
-		t.Run(name, func(t *testing.T) {
-			u, arrived, release := holdingUpstream(t)
-			newTester(t, caddyfileServer(fmt.Sprintf(`
-	rate_limit {
-		%s
-		zone rslots_qmax_%s {
-			key static
-			concurrency 1
-			queue 30s
-			queue_max 2
-		}
-	}
-	reverse_proxy %s`, backend, name, strings.TrimPrefix(u.URL, "http://"))), "caddyfile")
-			var wg sync.WaitGroup
-			codes := make([]int, 3)
-			wg.Go(func() { codes[0] = status(context.Background(), httpBase, "X-Hang", "1") })
-			within(t, arrived, "the held request")
-			for i := 1; i <= 2; i++ {
-				wg.Go(func() { codes[i] = status(context.Background(), httpBase) })
-			}
-			waitInLine(t, 2, "the two waiters")
-			start := time.Now()
-			req, _ := http.NewRequest(http.MethodGet, httpBase+"/", nil)
-			resp, err := slotClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "30" {
-				t.Fatalf("a third waiter got %d, Retry-After %q; want 503, 30", resp.StatusCode, resp.Header.Get("Retry-After"))
-			}
-			if waited := time.Since(start); waited > 5*time.Second {
-				t.Fatalf("refused after %v, not at once", waited)
-			}
-			close(release)
-			wg.Wait()
-			if fmt.Sprint(codes) != "[200 200 200]" {
-				t.Fatalf("the held and the two waiting requests got %v, want all 200", codes)
-			}
-		})
-	}
 }
 
 // On one instance, requests waiting for a slot shared through Redis leave
@@ -411,54 +375,6 @@ func TestRedisSlotsTiers(t *testing.T) {
 	}
 	close(release)
 	wg.Wait()
-}
-
-// On a Redis Cluster, two instances share each key's slots, the keys
-// spread over the cluster's masters: no key ever has more than its cap at
-// the upstream.
-func TestRedisSlotsCluster(t *testing.T) {
-	nodes := redistest.Cluster(t)
-	var mu sync.Mutex
-	now, peak := map[string]int{}, map[string]int{}
-	u := newCountingUpstream(t, func(r *http.Request) {
-		k := r.Header.Get("X-Key")
-		mu.Lock()
-		now[k]++
-		peak[k] = max(peak[k], now[k])
-		mu.Unlock()
-		time.Sleep(10 * time.Millisecond)
-		mu.Lock()
-		now[k]--
-		mu.Unlock()
-	})
-	backend := strings.Join(nodes, " ") + "\ncluster"
-	opts := "by header X-Key\n\t\t\t\tconcurrency 2\n\t\t\t\tqueue 30s"
-	a := startSlotInstance(t, backend, "rslots_cluster", opts, u.URL)
-	b := startSlotInstance(t, backend, "rslots_cluster", opts, u.URL)
-	keys := []string{"alpha", "bravo", "charlie", "delta", "echo", "foxtrot"}
-	var wg sync.WaitGroup
-	var ok atomic.Int64
-	for i := range 120 {
-		base := a.base
-		if i%2 == 1 {
-			base = b.base
-		}
-		wg.Go(func() {
-			if status(context.Background(), base, "X-Key", keys[i%len(keys)]) == http.StatusOK {
-				ok.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	if ok.Load() != 120 {
-		t.Fatalf("%d of 120 served", ok.Load())
-	}
-	for _, k := range keys {
-		if peak[k] > 2 || peak[k] < 1 {
-			t.Fatalf("key %s had %d requests at the upstream at once, want at most 2 (peaks %v)", k, peak[k], peak)
-		}
-	}
-	t.Logf("peaks per key at the upstream: %v", peak)
 }
 
 // A client that goes away frees its slot in Redis for the next request.

@@ -564,7 +564,7 @@ func TestAdaptiveOscillationAdmitsNoMoreThanTheLimits(t *testing.T) {
 		t.Run(fmt.Sprintf("%s_%d_%d", store, c.min, c.max), func(t *testing.T) {
 			backend := adaptiveBackend(t, store)
 			u := newSickUpstream(t)
-			zone := fmt.Sprintf("attack10_osc_%s_%d", store, c.min)
+			zone := fmt.Sprintf("adaptive_osc_%s_%d", store, c.min)
 			newTester(t, caddyfileServer(fmt.Sprintf(`
 	rate_limit {
 		%s
@@ -627,7 +627,7 @@ func TestAdaptiveSlowUploadDoesNotShrinkLimit(t *testing.T) {
 	t.Cleanup(up.Close)
 	newTester(t, caddyfileServer(fmt.Sprintf(`
 	rate_limit {
-		zone attack8_slow_upload {
+		zone adaptive_slow_upload {
 			key static
 			concurrency 50
 			adaptive {
@@ -638,7 +638,7 @@ func TestAdaptiveSlowUploadDoesNotShrinkLimit(t *testing.T) {
 		}
 	}
 	reverse_proxy %s`, strings.TrimPrefix(up.URL, "http://"))), "caddyfile")
-	const zone = "attack8_slow_upload"
+	const zone = "adaptive_slow_upload"
 	// Ordinary traffic, 20 requests a second: the slow uploads are more
 	// than 1% of it, as a few hostile clients are on a quiet site.
 	stop := make(chan struct{})
@@ -706,21 +706,21 @@ func TestAdaptiveSeriesLeaveWithTheirZone(t *testing.T) {
 	}
 	respond ok`)
 	}
-	newTester(t, site("attack8_series_gone"), "caddyfile")
-	const series = `caddy_rate_limit_adaptive_min_limit{scope="",zone="attack8_series_gone"}`
+	newTester(t, site("removed_zone"), "caddyfile")
+	const series = `caddy_rate_limit_adaptive_min_limit{scope="",zone="removed_zone"}`
 	expectMetric(t, series, 2)
-	loadConfig(t, site("attack8_series_gone"), "caddyfile")
+	loadConfig(t, site("removed_zone"), "caddyfile")
 	expectMetric(t, series, 2)
-	loadConfig(t, site("attack8_series_other"), "caddyfile")
-	if gone := grepLines(adminRequest(t, "GET", "/metrics", "", ""), `adaptive_`, `zone="attack8_series_gone"`); gone != "" {
+	loadConfig(t, site("kept_zone"), "caddyfile")
+	if gone := grepLines(adminRequest(t, "GET", "/metrics", "", ""), `adaptive_`, `zone="removed_zone"`); gone != "" {
 		t.Fatalf("the removed zone's adaptive series are still exported:\n%s", gone)
 	}
-	expectMetric(t, `caddy_rate_limit_adaptive_min_limit{scope="",zone="attack8_series_other"}`, 2)
+	expectMetric(t, `caddy_rate_limit_adaptive_min_limit{scope="",zone="kept_zone"}`, 2)
 }
 
 // A negative high latency mark in JSON was accepted, and latency then
 // silently not watched: it is refused at load, naming the field.
 func TestAdaptiveNegativeLatencyMarkRefused(t *testing.T) {
-	assertLoadError(t, jsonServer(`{"handler": "rate_limit", "rate_limits": {"attack8_neg_lat": {"key": "k", "concurrency": 10, "adaptive": {"latency_p99_low": "200ms", "latency_p99_high": "-1s"}}}}`, ""), "json",
+	assertLoadError(t, jsonServer(`{"handler": "rate_limit", "rate_limits": {"adaptive_neg_lat": {"key": "k", "concurrency": 10, "adaptive": {"latency_p99_low": "200ms", "latency_p99_high": "-1s"}}}}`, ""), "json",
 		`adaptive: latency_p99 marks must be positive, got 200ms and -1s`)
 }

@@ -22,7 +22,7 @@ import (
 // Content-Disposition and value, written by hand: mime/multipart cannot
 // write the parameters these tests need.
 func rawMultipart(parts ...string) ([]byte, string) {
-	const boundary = "attackboundary"
+	const boundary = "formboundary"
 	var sb strings.Builder
 	for i := 0; i+1 < len(parts); i += 2 {
 		fmt.Fprintf(&sb, "--%s\r\nContent-Disposition: %s\r\n\r\n%s\r\n", boundary, parts[i], parts[i+1])
@@ -43,7 +43,7 @@ func rawMultipart(parts ...string) ([]byte, string) {
 func TestMultipartExtendedNameIsUnreadable(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
 	rate_limit {
-		zone attack_mp_deny {
+		zone multipart_deny {
 			match {
 				path /otp
 			}
@@ -51,7 +51,7 @@ func TestMultipartExtendedNameIsUnreadable(t *testing.T) {
 			normalize phone BD
 			rate 3/1h
 		}
-		zone attack_mp_skip {
+		zone multipart_skip {
 			match {
 				path /otp-skip
 			}
@@ -96,7 +96,7 @@ func TestMultipartExtendedNameIsUnreadable(t *testing.T) {
 func TestJSONCharsetUTF8Spelling(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
 	rate_limit {
-		zone attack_utf8 {
+		zone json_utf8 {
 			by json user
 			missing deny
 			rate 2/1h

@@ -22,9 +22,9 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// a6send sends one request with the given upstream answer and delay, and
+// slowBudgetSend sends one request with the given upstream answer and delay, and
 // gives up on it after abandon (0: never).
-func a6send(tester *caddytest.Tester, sleep string, abandon time.Duration) int {
+func slowBudgetSend(tester *caddytest.Tester, sleep string, abandon time.Duration) int {
 	ctx := context.Background()
 	if abandon > 0 {
 		var cancel context.CancelFunc
@@ -53,7 +53,7 @@ func TestBudgetRefusedAfterDecisionReleasesOnce(t *testing.T) {
 		sent := 0
 		for round := range 5 {
 			codes := make(chan int, 1)
-			go func() { codes <- a6send(tester, "400", 0) }()
+			go func() { codes <- slowBudgetSend(tester, "400", 0) }()
 			select {
 			case <-u.got:
 			case code := <-codes:
@@ -80,7 +80,7 @@ func TestBudgetRefusedAfterDecisionReleasesOnce(t *testing.T) {
 		u := newSlowUpstream(t)
 		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
 	rate_limit {
-		zone attack6_conc {
+		zone budget_released_once {
 			key sms
 			rate 2/1h
 			algorithm fixed_window
@@ -90,7 +90,7 @@ func TestBudgetRefusedAfterDecisionReleasesOnce(t *testing.T) {
 		}
 	}
 	reverse_proxy %s`, u.addr())), "caddyfile")
-		rounds(t, tester, u, func() int { return a6send(tester, "0", 0) })
+		rounds(t, tester, u, func() int { return slowBudgetSend(tester, "0", 0) })
 	})
 	t.Run("queue", func(t *testing.T) {
 		outcomeBackends(t, func(t *testing.T, backend, prefix string) {
@@ -115,7 +115,7 @@ func TestBudgetRefusedAfterDecisionReleasesOnce(t *testing.T) {
 	reverse_proxy %s`, backend, prefix, prefix, u.addr())), "caddyfile")
 			// The second request waits for its slot in the queue, and
 			// its client leaves before it comes.
-			rounds(t, tester, u, func() int { return a6send(tester, "0", 200*time.Millisecond) })
+			rounds(t, tester, u, func() int { return slowBudgetSend(tester, "0", 200*time.Millisecond) })
 		})
 	})
 }
@@ -136,7 +136,7 @@ func heapAfterGC() int64 {
 func TestBudgetKeyFloodMemory(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
 	rate_limit {
-		zone attack6_flood {
+		zone budget_key_flood {
 			key {http.request.header.X-K}
 			rate 10/1d
 			algorithm fixed_window
@@ -234,7 +234,7 @@ func TestBudgetStreamOutlivesReservation(t *testing.T) {
 func TestBudgetResetDropsReservations(t *testing.T) {
 	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
 		u := newSlowUpstream(t)
-		name := prefix + "attack6_reset"
+		name := prefix + "budget_reset_drops"
 		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
 	rate_limit {
 		%s

@@ -34,7 +34,7 @@ func plantStateAt(t *testing.T, dir, id string, at time.Time, zones map[string]m
 	return file
 }
 
-func attack9DistSite(zone, dir string) string {
+func distributedSite(zone, dir string) string {
 	return caddyfileServer(fmt.Sprintf(`	rate_limit {
 		zone %s {
 			key    {query.k}
@@ -63,7 +63,7 @@ func TestDistributedFutureReportCountsNothing(t *testing.T) {
 	// A peer a little ahead (within a window) still counts.
 	plantStateAt(t, dir, "ahead-a-bit", time.Now().Add(200*time.Millisecond),
 		map[string]map[string]mholtValue{"a9_future": {"near": {Count: 100}}})
-	tester := newTester(t, attack9DistSite("a9_future", dir), "caddyfile")
+	tester := newTester(t, distributedSite("a9_future", dir), "caddyfile")
 	// The first read may still be under way under the race detector: the
 	// load waits for it at most a second.
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -152,12 +152,12 @@ func TestDistributedHugePeerFileDoesNotHoldLoad(t *testing.T) {
 // 50 reloads of a distributed config leave no sync loop behind.
 func TestDistributedReloadsLeakNoGoroutine(t *testing.T) {
 	dir := storageDir(t)
-	tester := newTester(t, attack9DistSite("a9_reload", dir), "caddyfile")
+	tester := newTester(t, distributedSite("a9_reload", dir), "caddyfile")
 	expectN(t, tester, 1, http.StatusOK, "GET", "/?k=x")
 	time.Sleep(200 * time.Millisecond)
 	before := runtime.NumGoroutine()
 	for i := range 50 {
-		tester.InitServer(strings.Replace(attack9DistSite("a9_reload", dir), `respond "ok"`, fmt.Sprintf(`respond "ok %d"`, i), 1), "caddyfile")
+		tester.InitServer(strings.Replace(distributedSite("a9_reload", dir), `respond "ok"`, fmt.Sprintf(`respond "ok %d"`, i), 1), "caddyfile")
 	}
 	expectN(t, tester, 1, http.StatusOK, "GET", "/?k=x")
 	time.Sleep(500 * time.Millisecond)

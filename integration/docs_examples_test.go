@@ -266,9 +266,9 @@ func TestDocsJSONBlocksLoad(t *testing.T) {
 		}
 		handler := b.text
 		if !strings.Contains(b.text, `"handler"`) {
-			handler = `{"handler": "rate_limit", "rate_limits": {"outside_doc_json": ` + b.text + `}}`
+			handler = `{"handler": "rate_limit", "rate_limits": {"doc_json": ` + b.text + `}}`
 			if !strings.Contains(b.text, `"key"`) {
-				handler = strings.Replace(handler, `"outside_doc_json": {`, `"outside_doc_json": {"key": "{http.request.header.X-Api-Key}",`, 1)
+				handler = strings.Replace(handler, `"doc_json": {`, `"doc_json": {"key": "{http.request.header.X-Api-Key}",`, 1)
 			}
 		}
 		t.Run(b.where, func(t *testing.T) {

@@ -43,7 +43,7 @@ func TestCookieValueSpellingsShareAKey(t *testing.T) {
 	defer upstream.Close()
 	tester := newTester(t, caddyfileServer(`
 	rate_limit {
-		zone attack_cookie {
+		zone cookie_spelling {
 			by cookie session
 			rate 3/1h
 		}
@@ -90,7 +90,7 @@ func TestCookieValueSpellingsShareAKey(t *testing.T) {
 func TestArrayNamesAreNeverSkipped(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
 	rate_limit {
-		zone attack_array_form {
+		zone array_form {
 			match {
 				path /otp
 			}
@@ -99,7 +99,7 @@ func TestArrayNamesAreNeverSkipped(t *testing.T) {
 			missing skip
 			rate 3/1h
 		}
-		zone attack_array_query {
+		zone array_query {
 			match {
 				path /api
 			}
@@ -148,7 +148,7 @@ func TestArrayNamesAreNeverSkipped(t *testing.T) {
 func TestAuthorizationSpellingsShareAKey(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
 	rate_limit {
-		zone attack_auth {
+		zone auth_spelling {
 			by header Authorization
 			rate 3/1h
 		}
@@ -721,7 +721,7 @@ func TestRepeatedIdentifiersDoNotBypass(t *testing.T) {
 // combination, which is what Caddy's joined value "a,b" made it in mholt's.
 func TestRepeatedValueSharesTheMissingQuota(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`	rate_limit {
-		zone outside_repeated {
+		zone repeated_value {
 			key    {http.request.uri.query.u}
 			events 2
 			window 1m
@@ -742,7 +742,7 @@ func TestRepeatedValueSharesTheMissingQuota(t *testing.T) {
 // `missing deny`, and no request is decided: `caddy rate-limit report`
 // must not call that "no traffic yet".
 func TestReportFlagsMissingKeys(t *testing.T) {
-	zone := freshZone("outside_report_nokey") // Prometheus counters are the process's
+	zone := freshZone("report_nokey") // Prometheus counters are the process's
 	tester := newTester(t, jsonServer(`{
 		"handler": "rate_limit",
 		"rate_limits": {"`+zone+`": {"key": "{http.request.header.X-Api-Key}", "missing": "deny", "window": "1m", "max_events": 10}}

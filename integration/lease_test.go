@@ -22,7 +22,7 @@ func TestLeaseWholeBodyKey(t *testing.T) {
 		backend redis {
 			address 127.0.0.1:1
 		}
-		zone attack4_lease_body {
+		zone lease_body {
 			key `+key+`
 			rate 1000/1m
 			lease 10

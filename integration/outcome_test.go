@@ -40,7 +40,7 @@ func TestOutcomeClientLeavesBeforeAnswer(t *testing.T) {
 	addr, sent := slowSender(t, 400*time.Millisecond)
 	newTester(t, caddyfileServer(`
 	rate_limit {
-		zone attack4_abort {
+		zone outcome_abort {
 			scope gap {
 				by ip
 				cooldown 60s
@@ -73,7 +73,7 @@ func TestOutcomeClientLeavesMidBody(t *testing.T) {
 	addr, sent := slowSender(t, 400*time.Millisecond)
 	newTester(t, caddyfileServer(`
 	rate_limit {
-		zone attack4_abort_body {
+		zone outcome_abort_body {
 			scope gap {
 				by ip
 				cooldown 60s
@@ -103,7 +103,7 @@ func TestOutcomeClientLeavesMidBody(t *testing.T) {
 // refused at the option's line, as the zone's other own options are.
 func TestOutcomeOnZoneOfScopesRefused(t *testing.T) {
 	assertLoadError(t, caddyfileServer(`	rate_limit {
-		zone attack4_scopes_only {
+		zone outcome_scopes_only {
 			count_when status 401
 			reset_when status 2xx
 			scope user {
@@ -131,7 +131,7 @@ func TestOutcomeCountWhenHiddenHeader(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
 	header -X-Login-Result
 	rate_limit {
-		zone attack4_hidden_header {
+		zone outcome_hidden_header {
 			by ip
 			rate 2/15m
 			count_when header X-Login-Result failed

@@ -79,7 +79,7 @@ func TestRedisSlotsFreedAfterHiccup(t *testing.T) {
 			address %s
 			timeout 100ms
 		}
-		zone attack8_slot_hiccup {
+		zone slot_hiccup {
 			key static
 			concurrency 2
 			slot_ttl 30s
@@ -116,7 +116,7 @@ func TestRedisSlotsFreedAfterHiccup(t *testing.T) {
 			}
 		}
 		if time.Now().After(deadline) {
-			n, _ := rc.ZCard(context.Background(), "sluice:attack8_slot_hiccup//s{static}").Result()
+			n, _ := rc.ZCard(context.Background(), "sluice:slot_hiccup//s{static}").Result()
 			t.Fatalf("5 s after Redis came back, the key's requests all ended, still refused (last %v %v); %d slots held in Redis", resp.StatusCode, err, n)
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -482,12 +482,12 @@ func TestShadowZoneRefusesNothing(t *testing.T) {
 // sort), so it said "za, 10 s" and denied the retry again for zb.
 func TestSeveralZonesDenyLongestWait(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`	rate_limit {
-		zone outside_za {
+		zone several_za {
 			key    static
 			events 2
 			window 10s
 		}
-		zone outside_zb {
+		zone several_zb {
 			key    static
 			events 2
 			window 1m
@@ -498,30 +498,30 @@ func TestSeveralZonesDenyLongestWait(t *testing.T) {
 	}
 	respond "ok"`), "caddyfile")
 	expectN(t, tester, 2, http.StatusOK, "GET", "/")
-	if body := expect429(t, tester, 59, 60, "GET", "/"); body != "outside_zb" {
-		t.Fatalf("exceeded.name %q, want outside_zb (the longest wait)", body)
+	if body := expect429(t, tester, 59, 60, "GET", "/"); body != "several_zb" {
+		t.Fatalf("exceeded.name %q, want several_zb (the longest wait)", body)
 	}
 }
 
-// outsideRecorder is an event handler module that keeps the events it is
+// eventRecorder is an event handler module that keeps the events it is
 // given, so a test sees what a subscriber of Caddy's events app sees.
-type outsideRecorder struct{}
+type eventRecorder struct{}
 
-var outsideEvents struct {
+var recordedEvents struct {
 	sync.Mutex
 	got []caddy.Event
 }
 
-func init() { caddy.RegisterModule(outsideRecorder{}) }
+func init() { caddy.RegisterModule(eventRecorder{}) }
 
-func (outsideRecorder) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{ID: "events.handlers.outside_recorder", New: func() caddy.Module { return new(outsideRecorder) }}
+func (eventRecorder) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "events.handlers.event_recorder", New: func() caddy.Module { return new(eventRecorder) }}
 }
 
-func (outsideRecorder) Handle(_ context.Context, e caddy.Event) error {
-	outsideEvents.Lock()
-	defer outsideEvents.Unlock()
-	outsideEvents.got = append(outsideEvents.got, e)
+func (eventRecorder) Handle(_ context.Context, e caddy.Event) error {
+	recordedEvents.Lock()
+	defer recordedEvents.Unlock()
+	recordedEvents.got = append(recordedEvents.got, e)
 	return nil
 }
 
@@ -529,42 +529,42 @@ func (outsideRecorder) Handle(_ context.Context, e caddy.Event) error {
 // the wait and the peer's address, as mholt's does, so a subscriber can act
 // on it; an allowed request emits nothing.
 func TestDenialEmitsEvent(t *testing.T) {
-	outsideEvents.Lock()
-	outsideEvents.got = nil
-	outsideEvents.Unlock()
+	recordedEvents.Lock()
+	recordedEvents.got = nil
+	recordedEvents.Unlock()
 	tester := newTester(t, withPorts(`{
 	"admin": {"listen": "localhost:2999"},
 	"logging": {"logs": {"default": {"level": "ERROR"}}},
 	"apps": {
-		"events": {"subscriptions": [{"events": ["rate_limit_exceeded"], "handlers": [{"handler": "outside_recorder"}]}]},
+		"events": {"subscriptions": [{"events": ["rate_limit_exceeded"], "handlers": [{"handler": "event_recorder"}]}]},
 		"http": {"http_port": 9080, "servers": {"srv": {
 			"listen": [":9080"],
 			"routes": [{"handle": [
-				{"handler": "rate_limit", "rate_limits": {"outside_event": {"key": "{http.request.remote.host}", "window": "1m", "max_events": 2}}},
+				{"handler": "rate_limit", "rate_limits": {"denial_event": {"key": "{http.request.remote.host}", "window": "1m", "max_events": 2}}},
 				`+okHandler+`
 			]}]
 		}}}
 	}
 }`), "json")
 	expectN(t, tester, 2, http.StatusOK, "GET", "/")
-	outsideEvents.Lock()
-	n := len(outsideEvents.got)
-	outsideEvents.Unlock()
+	recordedEvents.Lock()
+	n := len(recordedEvents.got)
+	recordedEvents.Unlock()
 	if n != 0 {
 		t.Fatalf("%d events for allowed requests", n)
 	}
 	expect429(t, tester, 59, 60, "GET", "/")
-	outsideEvents.Lock()
-	defer outsideEvents.Unlock()
-	if len(outsideEvents.got) != 1 {
-		t.Fatalf("%d events for one denial, want 1", len(outsideEvents.got))
+	recordedEvents.Lock()
+	defer recordedEvents.Unlock()
+	if len(recordedEvents.got) != 1 {
+		t.Fatalf("%d events for one denial, want 1", len(recordedEvents.got))
 	}
-	e := outsideEvents.got[0]
+	e := recordedEvents.got[0]
 	wait, _ := e.Data["wait"].(time.Duration)
 	if e.Name() != "rate_limit_exceeded" || e.Origin() == nil || e.Origin().CaddyModule().ID != "http.handlers.rate_limit" ||
-		e.Data["zone"] != "outside_event" || e.Data["scope"] != "" || e.Data["remote_ip"] != "127.0.0.1" ||
+		e.Data["zone"] != "denial_event" || e.Data["scope"] != "" || e.Data["remote_ip"] != "127.0.0.1" ||
 		wait <= 59*time.Second || wait > time.Minute {
-		t.Fatalf("event %s from %v: %v; want rate_limit_exceeded from http.handlers.rate_limit, zone outside_event, scope \"\", remote_ip 127.0.0.1, a wait just under 1m", e.Name(), e.Origin(), e.Data)
+		t.Fatalf("event %s from %v: %v; want rate_limit_exceeded from http.handlers.rate_limit, zone denial_event, scope \"\", remote_ip 127.0.0.1, a wait just under 1m", e.Name(), e.Origin(), e.Data)
 	}
 }
 

@@ -16,23 +16,23 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
-// attack10Site is a group itest_attack10 with a latency target of 500ms
+// p99Site is a group itest_p99 with a latency target of 500ms
 // and routes /p0 … /p4 of priorities 0 … 4 to upstream.
 // Each test has a group of its own: another's slow requests would stay in
 // its window.
-func attack10Site(group, upstream string) string {
-	return strings.ReplaceAll(attack10SiteProxy(upstream, ""), "itest_attack10", group)
+func p99Site(group, upstream string) string {
+	return strings.ReplaceAll(p99SiteProxy(upstream, ""), "itest_p99", group)
 }
 
-// attack10SiteProxy is attack10Site with proxy, a block of reverse_proxy
+// p99SiteProxy is p99Site with proxy, a block of reverse_proxy
 // options.
-func attack10SiteProxy(upstream, proxy string) string {
+func p99SiteProxy(upstream, proxy string) string {
 	site := ""
 	for p := range 5 {
 		site += fmt.Sprintf(`
 	handle /p%d {
 		rate_limit {
-			shed itest_attack10 {
+			shed itest_p99 {
 				priority %d
 			}
 		}
@@ -41,7 +41,7 @@ func attack10SiteProxy(upstream, proxy string) string {
 	}
 	return caddyfileServerWith(`
 	rate_limit {
-		shed itest_attack10 {
+		shed itest_p99 {
 			capacity 100
 			latency_target 500ms
 		}
@@ -65,7 +65,7 @@ func rawRequest(t *testing.T, head string) (net.Conn, *bufio.Reader) {
 	return c, bufio.NewReader(c)
 }
 
-func attack10P99(t *testing.T, group string) float64 {
+func groupP99(t *testing.T, group string) float64 {
 	t.Helper()
 	time.Sleep(150 * time.Millisecond) // one refresh of the p99
 	return metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="`+group+`"}`)
@@ -79,7 +79,7 @@ func TestShedLatencyLeavesOutSlowReader(t *testing.T) {
 		_, _ = io.WriteString(w, body)
 	}))
 	t.Cleanup(u.Close)
-	newTester(t, attack10Site("itest_attack10_reader", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
+	newTester(t, p99Site("itest_p99_reader", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
 	var wg sync.WaitGroup
 	start := time.Now()
 	for range 5 {
@@ -102,7 +102,7 @@ func TestShedLatencyLeavesOutSlowReader(t *testing.T) {
 	}
 	wg.Wait()
 	took := time.Since(start)
-	p99 := attack10P99(t, "itest_attack10_reader")
+	p99 := groupP99(t, "itest_p99_reader")
 	t.Logf("5 slow readers of 16 MB over %v: p99 %v s", took, p99)
 	// Counted, the slow reading would be the p99: about took, each
 	// request lasting as long as its client reads. Left out, what remains
@@ -119,7 +119,7 @@ func TestShedLatencyLeavesOutSlowReader(t *testing.T) {
 // must not raise the group's p99: that wait is the client's.
 func TestShedLatencyLeavesOutExpectContinueWait(t *testing.T) {
 	u := newCountingUpstream(t, func(r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) })
-	newTester(t, attack10Site("itest_attack10_expect", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
+	newTester(t, p99Site("itest_p99_expect", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
 	var wg sync.WaitGroup
 	for range 5 {
 		wg.Go(func() {
@@ -147,7 +147,7 @@ func TestShedLatencyLeavesOutExpectContinueWait(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	p99 := attack10P99(t, "itest_attack10_expect")
+	p99 := groupP99(t, "itest_p99_expect")
 	t.Logf("5 Expect: 100-continue bodies 1 s late: p99 %v s", p99)
 	if p99 > 0.25 {
 		t.Fatalf("p99 %v s, want the upstream's time", p99)
@@ -166,7 +166,7 @@ func TestShedLatencySlowRouteShedsOthers(t *testing.T) {
 			time.Sleep(time.Second)
 		}
 	})
-	tester := newTester(t, attack10Site("itest_attack10_slowroute", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
+	tester := newTester(t, p99Site("itest_p99_slowroute", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var fast, slow int
@@ -195,7 +195,7 @@ func TestShedLatencySlowRouteShedsOthers(t *testing.T) {
 		}
 	})
 	time.Sleep(6 * time.Second)
-	p99 := attack10P99(t, "itest_attack10_slowroute")
+	p99 := groupP99(t, "itest_p99_slowroute")
 	codes, _ := shedCodes(t, tester)
 	close(stop)
 	wg.Wait()
@@ -218,16 +218,16 @@ func TestShedLatencyLeavesOutUpgradedConnections(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: attack10\r\nConnection: Upgrade\r\n\r\n")
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: held-open\r\nConnection: Upgrade\r\n\r\n")
 		_ = brw.Flush()
 		time.Sleep(1500 * time.Millisecond)
 	}))
 	t.Cleanup(u.Close)
-	tester := newTester(t, attack10Site("itest_attack10_upgrade", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
+	tester := newTester(t, p99Site("itest_p99_upgrade", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
 	var wg sync.WaitGroup
 	for range 5 {
 		wg.Go(func() {
-			c, br := rawRequest(t, "GET /p0 HTTP/1.1\r\nHost: localhost\r\nUpgrade: attack10\r\nConnection: Upgrade\r\n\r\n")
+			c, br := rawRequest(t, "GET /p0 HTTP/1.1\r\nHost: localhost\r\nUpgrade: held-open\r\nConnection: Upgrade\r\n\r\n")
 			if c == nil {
 				return
 			}
@@ -244,7 +244,7 @@ func TestShedLatencyLeavesOutUpgradedConnections(t *testing.T) {
 	if code, _, _ := do(t, tester, "GET", "/p0"); code != 200 { // at least one ordinary request in the window
 		t.Fatalf("plain request: %d", code)
 	}
-	p99 := attack10P99(t, "itest_attack10_upgrade")
+	p99 := groupP99(t, "itest_p99_upgrade")
 	t.Logf("5 upgraded connections of 1.5 s: p99 %v s", p99)
 	if p99 > 0.25 {
 		t.Fatalf("p99 %v s, want the plain request's time", p99)
@@ -261,11 +261,11 @@ func TestShedLatencyProxyTimeoutCapsSlowRoute(t *testing.T) {
 		}
 	})
 	// A group of its own: the other tests' slow requests stay in a window.
-	site := strings.ReplaceAll(attack10SiteProxy(strings.TrimPrefix(u.URL, "http://"), `{
+	site := strings.ReplaceAll(p99SiteProxy(strings.TrimPrefix(u.URL, "http://"), `{
 			transport http {
 				response_header_timeout 300ms
 			}
-		}`), "itest_attack10", "itest_attack10_timeout")
+		}`), "itest_p99", "itest_p99_timeout")
 	tester := newTester(t, site, "caddyfile")
 	var wg sync.WaitGroup
 	for range 10 {
@@ -273,7 +273,7 @@ func TestShedLatencyProxyTimeoutCapsSlowRoute(t *testing.T) {
 	}
 	wg.Wait()
 	time.Sleep(150 * time.Millisecond) // one refresh of the p99
-	p99 := metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="itest_attack10_timeout"}`)
+	p99 := metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="itest_p99_timeout"}`)
 	codes, _ := shedCodes(t, tester)
 	t.Logf("10 requests to a route of 2 s behind a timeout of 300 ms: p99 %v s, priorities 0…4 get %v", p99, codes)
 	if codes != [5]int{200, 200, 200, 200, 200} {

@@ -617,8 +617,8 @@ func TestAdaptiveOscillationAdmitsNoMoreThanTheLimits(t *testing.T) {
 
 // A client that sends its body slowly is waited for by the upstream, but
 // the wait is the client's: a few such uploads a second must not drive an
-// adaptive limit down for everyone (before, five a second took a cap of
-// 100 to 12 in six seconds).
+// adaptive limit down for everyone (counted as the upstream's latency,
+// five a second would take a cap of 100 to 12 in six seconds).
 func TestAdaptiveSlowUploadDoesNotShrinkLimit(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -718,8 +718,8 @@ func TestAdaptiveSeriesLeaveWithTheirZone(t *testing.T) {
 	expectMetric(t, `caddy_rate_limit_adaptive_min_limit{scope="",zone="kept_zone"}`, 2)
 }
 
-// A negative high latency mark in JSON was accepted, and latency then
-// silently not watched: it is refused at load, naming the field.
+// A negative high latency mark in JSON is refused at load, naming the
+// field: accepted, it would leave latency silently unwatched.
 func TestAdaptiveNegativeLatencyMarkRefused(t *testing.T) {
 	assertLoadError(t, jsonServer(`{"handler": "rate_limit", "rate_limits": {"adaptive_neg_lat": {"key": "k", "concurrency": 10, "adaptive": {"latency_p99_low": "200ms", "latency_p99_high": "-1s"}}}}`, ""), "json",
 		`adaptive: latency_p99 marks must be positive, got 200ms and -1s`)

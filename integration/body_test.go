@@ -35,10 +35,10 @@ func rawMultipart(parts ...string) ([]byte, string) {
 // read differently by each parser: Go's mime reads name*, Werkzeug (Flask)
 // the last of the two, busboy (Express's multer) only the plain name. A
 // part `name*=UTF-8”junk; name="phone"` holding the victim's number, next
-// to a plain `phone` part holding a fresh number, was a fresh key each time
-// for the limiter while Flask's request.form["phone"] (the first copy) and
-// multer's req.body.phone read the victim: 20 of 20 passed a limit of 3,
-// under any missing policy. RFC 7578 forbids extended parameters in
+// to a plain `phone` part holding a fresh number, would be a fresh key each
+// time to a limiter that reads it as Go does, while Flask's
+// request.form["phone"] (the first copy) and multer's req.body.phone read
+// the victim: 20 of 20 would pass a limit of 3, under any missing policy. RFC 7578 forbids extended parameters in
 // form-data, so such a body is unreadable: all of them share one quota.
 func TestMultipartExtendedNameIsUnreadable(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
@@ -148,8 +148,8 @@ func gzipped(t *testing.T, s string) []byte {
 
 // A JSON body sent as a form is not JSON: an application that reads
 // `get_json(silent=True) or request.form` reads the form, and texts the
-// number smuggled in it. Before, each such request got a fresh key from the
-// JSON it is not; now they all share the quota of unreadable requests, even
+// number smuggled in it. Read as JSON, each such request would get a fresh
+// key from the JSON it is not; they all share the quota of unreadable requests, even
 // under `missing skip`. The same for a form key and a JSON body.
 func TestBodyContentTypeDecidesParser(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
@@ -338,7 +338,8 @@ func badBody() []byte {
 
 // A body read by eight limits and a cost is parsed once, in linear time:
 // the fastest of 8 requests through the zone is within 25 ms of the fastest
-// through a route that reads no body (it was over 8 × 13 ms). A machine too
+// through a route that reads no body (a parse per limit costs over
+// 8 × 13 ms). A machine too
 // slow for that (the race detector, a loaded CI) is judged against itself:
 // the eight limits cost less than 3 times what one limit reading the body
 // costs (8 times, parsing it for each).
@@ -622,9 +623,8 @@ func TestFormFieldSpellingsDoNotBypass(t *testing.T) {
 	}
 }
 
-// body_limit has one cap, 16MiB, in JSON and in the Caddyfile: JSON took
-// 9e18 (a 150 MiB body then took RSS from 54 to 416 MB) while the Caddyfile
-// stopped at 1GiB.
+// body_limit has one cap, 16MiB, in JSON and in the Caddyfile: a JSON
+// body_limit of 9e18 would let a 150 MiB body take RSS from 54 to 416 MB.
 func TestBodyLimitCappedAlike(t *testing.T) {
 	tester := newTester(t, jsonServer(okHandler, ""), "json")
 	jsonCfg := func(limit string) string {

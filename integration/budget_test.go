@@ -182,9 +182,9 @@ func TestBudgetKeyFloodMemory(t *testing.T) {
 
 // A budget's call is charged when its status is written, not when its
 // body ends: a 2xx streamed for longer than reservation_ttl (a long LLM
-// answer, or a client that reads it slowly) is committed all the same,
-// where its reservation used to expire mid-stream and the commit at the
-// end to find nothing left to charge.
+// answer, or a client that reads it slowly) is committed all the same:
+// charged when the body ends, its reservation would expire mid-stream and
+// the commit at the end would find nothing left to charge.
 func TestBudgetStreamOutlivesReservation(t *testing.T) {
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)

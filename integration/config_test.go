@@ -83,8 +83,8 @@ func TestHugeNumbersRefusedRunningRateStays(t *testing.T) {
 
 // Options that would do nothing are refused when the config loads, naming
 // the option (and, from a Caddyfile, its line), rather than accepted and
-// ignored: a zone-level max_delay on a zone of scopes looked like a queue
-// and was none.
+// ignored: a zone-level max_delay on a zone of scopes looks like a queue
+// and is none.
 func TestNoOpOptionsAreRefused(t *testing.T) {
 	scopes := `"scopes": {"ip": {"key": "{http.vars.client_ip}", "window": "1m", "max_events": 1, "algorithm": "leaky_bucket"}}`
 	tests := []struct{ name, cfg, kind, want string }{
@@ -161,7 +161,8 @@ func TestConfigErrorNamesTheOptionsLine(t *testing.T) {
 }
 
 // Two zones of one name in one config with different rates are refused
-// at load (accepted, which rate applied to both changed from run to run).
+// at load (accepted, which rate applies to both would change from run to
+// run).
 func TestSameZoneNameTwoRatesRefused(t *testing.T) {
 	assertLoadError(t, `{
 	skip_install_trust

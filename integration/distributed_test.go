@@ -51,9 +51,9 @@ func distributedSite(zone, dir string) string {
 }
 
 // A peer's report dated in the future (its clock, or a hostile file) is
-// not counted: before, a report a day ahead kept the keys it lists denied
-// for as long as the file stayed, with no window ever passing, and
-// purge_age never deleted it either.
+// not counted: counted, a report a day ahead would keep the keys it lists
+// denied for as long as the file stays, with no window ever passing, and
+// purge_age would never delete it either.
 func TestDistributedFutureReportCountsNothing(t *testing.T) {
 	dir := storageDir(t)
 	far := map[string]map[string]mholtValue{"a9_future": {"victim": {Count: 100, OldestEvent: time.Now()}}}
@@ -87,8 +87,8 @@ func TestDistributedFutureReportCountsNothing(t *testing.T) {
 }
 
 // A huge peer file must not hold up the load of a config: the first read
-// is waited for at most a second. Before, the load decoded every peer file
-// first, whatever it took (8 files of a million keys: several seconds).
+// is waited for at most a second, where decoding every peer file first
+// takes whatever it takes (8 files of a million keys: several seconds).
 func TestDistributedHugePeerFileDoesNotHoldLoad(t *testing.T) {
 	dir := storageDir(t)
 	// Under the race detector decoding is some ten times slower: 8 files
@@ -170,8 +170,8 @@ func TestDistributedReloadsLeakNoGoroutine(t *testing.T) {
 
 // Instances started from a copy of one data directory share its instance
 // id, so they write one file: the counts another process wrote there are
-// counted. Before, the file was skipped as this instance's own, and the
-// fleet shared nothing, silently.
+// counted. Skipped as this instance's own, the file would leave the fleet
+// sharing nothing, silently.
 func TestDistributedTwinInstanceIDCounts(t *testing.T) {
 	dir := storageDir(t)
 	id, err := caddy.InstanceID()
@@ -201,7 +201,8 @@ func TestDistributedTwinInstanceIDCounts(t *testing.T) {
 }
 
 // A storage that cannot be read or written logs its failure once, not
-// at every interval: at 10ms, before, 190 error lines a second.
+// at every interval (at 10ms, a line per interval is 190 error lines a
+// second).
 func TestDistributedUnwritableStorageLogsOnce(t *testing.T) {
 	dir := storageDir(t)
 	file := filepath.Join(dir, "a-file")
@@ -239,8 +240,8 @@ func TestDistributedUnwritableStorageLogsOnce(t *testing.T) {
 
 // Without purge_age, the files of instances gone pile up; they report
 // nothing a zone still counts, so they are not loaded at every read.
-// Before, 80 stale files of 100,000 keys were decoded at each read, and a
-// live peer's count took seconds to be read.
+// Decoded at each read, 80 stale files of 100,000 keys would make a live
+// peer's count take seconds to be read.
 func TestDistributedStaleFilesAreNotReadAgain(t *testing.T) {
 	dir := storageDir(t)
 	keys := make(map[string]mholtValue, 100_000)
@@ -379,8 +380,8 @@ func waitFiles(t *testing.T, dir string, n int) {
 }
 
 // Two instances sharing a storage admit about the zone's limit between
-// them, where each admitted its own limit (20 in all) when distributed was
-// ignored. Each instance reaches the other's counts within write_interval
+// them, where each would admit its own limit (20 in all) if distributed
+// were ignored. Each instance reaches the other's counts within write_interval
 // + read_interval (200ms); requests come every 150ms, alternating, so each
 // instance's requests are 300ms apart: by then it has read every request
 // the other admitted but the last one. The fleet can overshoot by what the

@@ -14,9 +14,10 @@ import (
 // A reload that lowers max_keys under a flood of new keys: the inserts and
 // the trim to the new cap contend for the shards, and a shard that is busy
 // may be the one holding the keys with room. Fewer keys are denying than
-// the new cap holds, so none of them may be evicted. Before the fix, 4 of
-// these 9 rounds evicted 3 to 265 denying keys, and one let the victim
-// through.
+// the new cap holds, so none of them may be evicted. The contention is
+// rare, hence 9 rounds: a trim that takes whatever shard is free evicts
+// denying keys in some of them (3 to 265 in 4 of 9), and can let the
+// victim through.
 func TestLoweredCapUnderFloodNeverUnblocks(t *testing.T) {
 	cfg := func(zone, alg string, maxKeys int) string {
 		return jsonServer(fmt.Sprintf(`{"handler": "rate_limit", "rate_limits": {

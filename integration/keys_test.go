@@ -15,12 +15,13 @@ import (
 )
 
 // Express (cookie-parser) and PHP ($_COOKIE) percent-decode cookie values,
-// so `session=vic%74im` is the cookie "victim" to them, and each way of
-// encoding its letters was a fresh key to the limiter: 10 of 10 reached an
-// upstream that decodes as Express does. PHP also reads `+` as a space, and
+// so `session=vic%74im` is the cookie "victim" to them: a limiter that keys
+// the raw value gives each way of encoding its letters a fresh key, and 10
+// of 10 would reach an upstream that decodes as Express does. PHP also reads `+` as a space, and
 // decodes and mangles cookie names as it does form fields, the first copy
-// winning: `sess%69on=victim; session=junk<i>` is victim to PHP, and was
-// junk<i>, a fresh key each time, to the limiter (10 of 10 passed).
+// winning: `sess%69on=victim; session=junk<i>` is victim to PHP, and
+// junk<i>, a fresh key each time, to a limiter that reads the last copy
+// (10 of 10 would pass).
 func TestCookieValueSpellingsShareAKey(t *testing.T) {
 	var mu sync.Mutex
 	victim := 0
@@ -84,8 +85,8 @@ func TestCookieValueSpellingsShareAKey(t *testing.T) {
 // PHP, Rack and Express (qs, with extended forms and queries) read
 // `phone[]=…` and `key[0]=…` as an array named phone or key, and
 // JavaScript reads a one-element array as its element: `${req.body.phone}`
-// is the victim's number. To the limiter the field was absent, so under
-// `missing skip` 20 of 20 passed a limit of 3. A field given as an array is
+// is the victim's number. Read as absent, the field would let 20 of 20
+// through a limit of 3 under `missing skip`. A field given as an array is
 // unreadable (as a JSON array is), never absent.
 func TestArrayNamesAreNeverSkipped(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
@@ -143,8 +144,9 @@ func TestArrayNamesAreNeverSkipped(t *testing.T) {
 // `by header Authorization` keys the credentials, not their spelling: the
 // scheme in any case and any spaces before the token are one client, as
 // the servers that accept them read them (passport-http-bearer splits on
-// any whitespace; RFC 9110 makes the scheme case-insensitive). Before,
-// each spelling was a fresh quota: 3 + 5 requests passed a limit of 3.
+// any whitespace; RFC 9110 makes the scheme case-insensitive). Keyed by
+// spelling, each would be a fresh quota: 3 + 5 requests would pass a limit
+// of 3.
 func TestAuthorizationSpellingsShareAKey(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
 	rate_limit {
@@ -526,7 +528,7 @@ func TestOTPZone(t *testing.T) {
 	}
 	// No number, a number that is not one, or not JSON: 400, a Caddy error
 	// that tells nothing of where the limit reads the number (the built-in
-	// bodies, which say which way it was wrong, are in contract_test.go).
+	// bodies, which say which way it was wrong, are in refusals_test.go).
 	for _, bad := range []string{`{"mobile": "01712345678"}`, `{"phone": "hello"}`, `phone=01712345678`, `{"phone": "017", "phone": "018"}`} {
 		if code, body := post(t, tester, "/otp/send", "application/json", bad); code != http.StatusBadRequest || strings.Contains(body, "phone") {
 			t.Fatalf("body %s: %d %q; want 400 that does not show the key", bad, code, body)
@@ -665,7 +667,7 @@ func TestPathAndMethodVariantsShareALimit(t *testing.T) {
 
 // A header or JSON key given twice cannot step around a limit: the
 // application may read the other copy ("X-Api-Key: victim" plus
-// "X-Api-Key: junkN" once passed every time).
+// "X-Api-Key: junkN", keyed by one copy, would pass every time).
 func TestRepeatedIdentifiersDoNotBypass(t *testing.T) {
 	tester := newTester(t, caddyfileServer(`
 	rate_limit {

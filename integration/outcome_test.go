@@ -32,10 +32,10 @@ func slowSender(t *testing.T, delay time.Duration) (addr string, sent *atomic.In
 
 // A client that hangs up after its request reached the application, but
 // before the answer, does not learn the outcome, and neither does the
-// limit: the unit it took stays taken. Before, the proxy's 499 for the
-// cancelled request did not match count_when 2xx, the unit was given
-// back, and a client could have a text message sent as often as it liked
-// through a one-minute cooldown by hanging up each time.
+// limit: the unit it took stays taken. Taken as the outcome, the proxy's
+// 499 for the cancelled request would not match count_when 2xx, the unit
+// would be given back, and a client could have a text message sent as
+// often as it liked through a one-minute cooldown by hanging up each time.
 func TestOutcomeClientLeavesBeforeAnswer(t *testing.T) {
 	addr, sent := slowSender(t, 400*time.Millisecond)
 	newTester(t, caddyfileServer(`
@@ -117,9 +117,9 @@ func TestOutcomeOnZoneOfScopesRefused(t *testing.T) {
 
 // An application that says a login failed in a header the site keeps to
 // itself (`header -X-Login-Result`, applied as the response goes out):
-// count_when matches the header as the application wrote it. Before, the
-// header was gone by the time the limit settled, no failure matched, and
-// every wrong password was given back: unlimited guesses.
+// count_when matches the header as the application wrote it. Read after
+// the site's edits, the header would be gone, no failure would match, and
+// every wrong password would be given back: unlimited guesses.
 func TestOutcomeCountWhenHiddenHeader(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("pw") != "right" {
@@ -160,9 +160,9 @@ func TestOutcomeCountWhenHiddenHeader(t *testing.T) {
 // A sliding window's refund comes after its events have left the window
 // (a slow response that count_when does not count); a reload then makes
 // the window longer. The events that had left are gone: the new window
-// admits its whole limit. Before, the memory store kept them through the
-// refund and counted them again under the longer window (3 of 5 passed);
-// Redis had let the key expire.
+// admits its whole limit. A store that kept them through the refund would
+// count them again under the longer window (3 of 5 would pass); Redis lets
+// the key expire, and the memory store must forget them alike.
 func TestOutcomeSlidingWindowRefundThenLongerWindow(t *testing.T) {
 	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
 		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -161,8 +161,8 @@ func TestLeakyQueueCancelFreesSlot(t *testing.T) {
 }
 
 // Clients that give up in the middle of the queue do not make it release
-// two requests at once: five cancellations once released five requests in
-// one millisecond. The slots the store gave the requests that were let
+// two requests at once (five cancellations must not release five requests
+// in one millisecond). The slots the store gave the requests that were let
 // through are checked, not when the server's goroutines ran.
 func TestLeakyQueueCancellationsNeverBurst(t *testing.T) {
 	zone := freshZone("queue_cancel_burst")

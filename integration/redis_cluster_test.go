@@ -157,10 +157,10 @@ func TestAdminClusterEveryKey(t *testing.T) {
 
 // On a Redis Cluster, the requests that share one quota because they lack
 // their key (missing shared, the empty key) are locked out like any key:
-// their state and lock-out record live in one slot. They used to be in two
-// ("a7x//l{}" and "a7x//o{}" hash whole, here to two masters): every such
-// request failed in the script ("non local key"), tripped the circuit
-// breaker, and the whole backend failed open for every key and zone.
+// their state and lock-out record live in one slot. In two slots
+// ("a7x//l{}" and "a7x//o{}" hash whole, here to two masters), every such
+// request would fail in the script ("non local key"), trip the circuit
+// breaker, and the whole backend would fail open for every key and zone.
 func TestRedisClusterMissingKeyLockout(t *testing.T) {
 	nodes := redistest.Cluster(t)
 	tester := newTester(t, caddyfileServer(`

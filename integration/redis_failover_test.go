@@ -59,8 +59,8 @@ func TestRedisKeyFailureFailsOnlyItself(t *testing.T) {
 }
 
 // Slots whose release could not reach Redis (it paused for 1.5 s while
-// the requests holding them ended) are freed once Redis answers again:
-// before, the key stayed full, every request answered 503, until
+// the requests holding them ended) are freed once Redis answers again;
+// otherwise the key would stay full, every request answered 503, until
 // slot_ttl (30 s) after all its requests had ended.
 func TestRedisSlotsFreedAfterHiccup(t *testing.T) {
 	redis := redistest.Standalone(t, "")

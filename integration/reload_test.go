@@ -231,8 +231,8 @@ func TestReloadChangesBucketRate(t *testing.T) {
 	expectN(t, tester, 10, http.StatusOK, "GET", "/")
 }
 
-// After a reload, /metrics must still move (mholt/caddy-ratelimit #100:
-// collectors bound to the first config's registry froze at 0).
+// After a reload, /metrics must still move: collectors bound to the
+// first config's registry would freeze at 0.
 func TestMetricsAfterReload(t *testing.T) {
 	zone := freshZone("metrics_zone") // Prometheus counters are the process's
 	cfg := func(body string) string {

@@ -22,10 +22,10 @@ import (
 
 // A reservation the refill paid off while its request was held cannot be
 // cashed as a second burst: a bucket of 10 refilled while A (10 reserved,
-// 0 used) was held, B spent it (10 used), and A's settle used to fill it again, so
-// C passed too (20 units in an instant from a bucket of 10; measured with
-// the built binary: 4 held reservations cashed 550 units in 1.6 s from a
-// bucket of 100 at 50/s, which allows 180). Memory and Redis alike.
+// 0 used) was held, B spent it (10 used), and A's settle must not fill it
+// again: C would pass too (20 units in an instant from a bucket of 10;
+// with the built binary, 4 held reservations would cash 550 units in 1.6 s
+// from a bucket of 100 at 50/s, which allows 180). Memory and Redis alike.
 func TestSettleRefundAfterRefill(t *testing.T) {
 	release := make(chan struct{})
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -110,7 +110,7 @@ func FuzzQueryAmbiguous(f *testing.F) {
 }
 
 // Checking a query costs no allocation unless a name is encoded (Go's
-// URL.Query, used before, built a map of every parameter per request).
+// URL.Query would build a map of every parameter per request).
 func TestQueryAmbiguousAllocs(t *testing.T) {
 	raw := "user=ann&page=2&sort=asc&filter=a%20b;x=1"
 	if n := testing.AllocsPerRun(100, func() { queryAmbiguous(raw, "user") }); n != 0 {

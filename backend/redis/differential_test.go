@@ -17,8 +17,8 @@ import (
 	"github.com/sluicehq/sluice/backend/memory"
 )
 
-// Sequences the random differential hunt found where the two stores
-// disagreed, kept as they were reduced.
+// Short sequences at the edges where the two stores are easiest to tell
+// apart, each reduced to the steps that matter.
 
 // A key the over-limit cache remembers as denied, then granted, must be
 // asked of Redis again even when the clock then reads earlier than the

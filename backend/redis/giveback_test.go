@@ -79,8 +79,8 @@ func (o *oomDuringUndo) ProcessPipelineHook(next goredis.ProcessPipelineHook) go
 // When Redis refuses the give-back of what one slot took while another
 // slot denied, the units stay charged: each failure is counted (the
 // metric and the store's count), and the log gets one line a minute at
-// most, with how many failed since its last. Before, the error was
-// dropped without a trace.
+// most, with how many failed since its last: a give-back that fails
+// must not be dropped without a trace.
 func TestGiveBackFailuresCountedAndLoggedOnce(t *testing.T) {
 	srv := redistest.Standalone(t, "")
 	admin := goredis.NewClient(&goredis.Options{Addr: srv.Addr})

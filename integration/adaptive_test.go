@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -620,11 +619,10 @@ func TestAdaptiveOscillationAdmitsNoMoreThanTheLimits(t *testing.T) {
 // adaptive limit down for everyone (counted as the upstream's latency,
 // five a second would take a cap of 100 to 12 in six seconds).
 func TestAdaptiveSlowUploadDoesNotShrinkLimit(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		_, _ = io.WriteString(w, "ok")
-	}))
-	t.Cleanup(up.Close)
+	})
 	newTester(t, caddyfileServer(fmt.Sprintf(`
 	rate_limit {
 		zone adaptive_slow_upload {
@@ -637,7 +635,7 @@ func TestAdaptiveSlowUploadDoesNotShrinkLimit(t *testing.T) {
 			}
 		}
 	}
-	reverse_proxy %s`, strings.TrimPrefix(up.URL, "http://"))), "caddyfile")
+	reverse_proxy %s`, addr)), "caddyfile")
 	const zone = "adaptive_slow_upload"
 	// Ordinary traffic, 20 requests a second: the slow uploads are more
 	// than 1% of it, as a few hostile clients are on a quiet site.

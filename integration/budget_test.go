@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -89,7 +88,7 @@ func TestBudgetRefusedAfterDecisionReleasesOnce(t *testing.T) {
 			concurrency 1
 		}
 	}
-	reverse_proxy %s`, u.addr())), "caddyfile")
+	reverse_proxy %s`, u.addr)), "caddyfile")
 		rounds(t, tester, u, func() int { return slowBudgetSend(tester, "0", 0) })
 	})
 	t.Run("queue", func(t *testing.T) {
@@ -112,7 +111,7 @@ func TestBudgetRefusedAfterDecisionReleasesOnce(t *testing.T) {
 			max_delay 5s
 		}
 	}
-	reverse_proxy %s`, backend, prefix, prefix, u.addr())), "caddyfile")
+	reverse_proxy %s`, backend, prefix, prefix, u.addr)), "caddyfile")
 			// The second request waits for its slot in the queue, and
 			// its client leaves before it comes.
 			rounds(t, tester, u, func() int { return slowBudgetSend(tester, "0", 200*time.Millisecond) })
@@ -186,7 +185,7 @@ func TestBudgetKeyFloodMemory(t *testing.T) {
 // charged when the body ends, its reservation would expire mid-stream and
 // the commit at the end would find nothing left to charge.
 func TestBudgetStreamOutlivesReservation(t *testing.T) {
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		fmt.Fprint(w, "first tokens ")
 		_ = http.NewResponseController(w).Flush()
@@ -195,8 +194,7 @@ func TestBudgetStreamOutlivesReservation(t *testing.T) {
 		case <-r.Context().Done():
 		}
 		fmt.Fprint(w, "last tokens")
-	}))
-	t.Cleanup(upstream.Close)
+	})
 	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
 		tester := newTester(t, caddyfileServer(fmt.Sprintf(`
 	rate_limit {
@@ -211,7 +209,7 @@ func TestBudgetStreamOutlivesReservation(t *testing.T) {
 	}
 	reverse_proxy %s {
 		flush_interval -1
-	}`, backend, prefix, strings.TrimPrefix(upstream.URL, "http://"))), "caddyfile")
+	}`, backend, prefix, addr)), "caddyfile")
 		// Each call is decided while the one before still streams, past
 		// its reservation's deadline: the decision that releases expired
 		// reservations sees it.
@@ -246,7 +244,7 @@ func TestBudgetResetDropsReservations(t *testing.T) {
 			reservation_ttl 1m
 		}
 	}
-	reverse_proxy %s`, backend, name, u.addr())), "caddyfile")
+	reverse_proxy %s`, backend, name, u.addr)), "caddyfile")
 		failed := make(chan int, 1)
 		go func() {
 			req, _ := http.NewRequest("POST", httpBase+"/sms", nil)
@@ -296,7 +294,7 @@ func budgetSite(t *testing.T, backend, zone, rate, timeout string, u *paidUpstre
 		transport http {
 			response_header_timeout %s
 		}
-	}`, backend, zone, rate, u.addr(), timeout)), "caddyfile")
+	}`, backend, zone, rate, u.addr, timeout)), "caddyfile")
 }
 
 func paidSend(t *testing.T, tester *caddytest.Tester, answer string) (int, string, string) {
@@ -484,7 +482,7 @@ func TestBudgetClientLeftUnansweredExpires(t *testing.T) {
 		transport http {
 			response_header_timeout %s
 		}
-	}`, backend, prefix, strings.ReplaceAll(tc.name, " ", "_"), ttl, u.addr(), tc.timeout)), "caddyfile")
+	}`, backend, prefix, strings.ReplaceAll(tc.name, " ", "_"), ttl, u.addr, tc.timeout)), "caddyfile")
 				reserved := time.Now()
 				leaveRaw(t, tc.req, 300*time.Millisecond)
 				for deadline := time.Now().Add(5 * time.Second); u.hits.Load() != 1; time.Sleep(10 * time.Millisecond) {
@@ -634,7 +632,7 @@ func TestBudgetZoneStatus(t *testing.T) {
 			status 402
 		}
 	}
-	reverse_proxy %s`, u.addr())), "caddyfile")
+	reverse_proxy %s`, u.addr)), "caddyfile")
 	if code, _, _ := paidSend(t, tester, "200"); code != http.StatusOK {
 		t.Fatalf("paid send: %d", code)
 	}
@@ -693,7 +691,7 @@ func TestBudgetKilledCaddyReservationExpires(t *testing.T) {
 		reverse_proxy %s
 	}
 }
-`, redisBackend(3, "address "+redis.Addr, fmt.Sprintf("key_prefix killed%d:", time.Now().UnixNano())), ttl, u.addr())
+`, redisBackend(3, "address "+redis.Addr, fmt.Sprintf("key_prefix killed%d:", time.Now().UnixNano())), ttl, u.addr)
 	start := func() (base string, kill func()) {
 		admin, port := freePort(t), freePort(t)
 		dir := t.TempDir()
@@ -752,7 +750,7 @@ func TestBudgetKilledCaddyReservationExpires(t *testing.T) {
 // day's, 5,000 in Dhaka, is tested with a fake clock in the stores).
 func TestDocsOutcomeSMSBudget(t *testing.T) {
 	u := newPaidUpstream(t)
-	tester := newTester(t, docOutcomeSite(t, "zone sms_budget {", u.addr()), "caddyfile")
+	tester := newTester(t, docOutcomeSite(t, "zone sms_budget {", u.addr), "caddyfile")
 	sms := func(answer string) (int, string) {
 		code, _, body := do(t, tester, "POST", "/sms/send", "X-Answer", answer)
 		return code, body
@@ -796,15 +794,14 @@ func TestBudgetRemainingGauge(t *testing.T) {
 
 func testBudgetRemainingGauge(t *testing.T, zone, backend string) {
 	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Query().Get("answer") {
 		case "fail":
 			w.WriteHeader(http.StatusBadGateway)
 		case "hold":
 			<-release
 		}
-	}))
-	t.Cleanup(srv.Close)
+	})
 	newTester(t, caddyfileServer(`
 	rate_limit {
 		`+backend+`
@@ -824,7 +821,7 @@ func testBudgetRemainingGauge(t *testing.T, zone, backend string) {
 			charge_when status 2xx
 		}
 	}
-	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")), "caddyfile")
+	reverse_proxy `+addr), "caddyfile")
 	gauge := func(name, scope string) float64 {
 		return metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_budget_`+name+`{scope="`+scope+`",zone="`+zone+`"}`)
 	}

@@ -21,13 +21,12 @@ import (
 // the client is still there or not, as most applications do.
 func slowSender(t *testing.T, delay time.Duration) (addr string, sent *atomic.Int64) {
 	sent = new(atomic.Int64)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, upAddr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		sent.Add(1)
 		time.Sleep(delay)
 		fmt.Fprint(w, "sent")
-	}))
-	t.Cleanup(srv.Close)
-	return strings.TrimPrefix(srv.URL, "http://"), sent
+	})
+	return upAddr, sent
 }
 
 // A client that hangs up after its request reached the application, but
@@ -121,13 +120,12 @@ func TestOutcomeOnZoneOfScopesRefused(t *testing.T) {
 // the site's edits, the header would be gone, no failure would match, and
 // every wrong password would be given back: unlimited guesses.
 func TestOutcomeCountWhenHiddenHeader(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("pw") != "right" {
 			w.Header().Set("X-Login-Result", "failed")
 		}
 		fmt.Fprint(w, "page")
-	}))
-	t.Cleanup(srv.Close)
+	})
 	tester := newTester(t, caddyfileServer(`
 	header -X-Login-Result
 	rate_limit {
@@ -137,7 +135,7 @@ func TestOutcomeCountWhenHiddenHeader(t *testing.T) {
 			count_when header X-Login-Result failed
 		}
 	}
-	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")), "caddyfile")
+	reverse_proxy `+addr), "caddyfile")
 	expectN(t, tester, 5, http.StatusOK, "GET", "/?pw=right")
 	for i := range 2 {
 		if code, _, _ := do(t, tester, "GET", "/?pw=wrong"); code != http.StatusOK {
@@ -165,15 +163,14 @@ func TestOutcomeCountWhenHiddenHeader(t *testing.T) {
 // the key expire, and the memory store must forget them alike.
 func TestOutcomeSlidingWindowRefundThenLongerWindow(t *testing.T) {
 	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
-		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path == "/slow" {
 				time.Sleep(600 * time.Millisecond) // past the 300ms window
 				w.WriteHeader(http.StatusOK)
 				return
 			}
 			w.WriteHeader(http.StatusUnauthorized)
-		}))
-		t.Cleanup(up.Close)
+		})
 		site := func(rate string) string {
 			return caddyfileServer(fmt.Sprintf(`
 	rate_limit {
@@ -185,7 +182,7 @@ func TestOutcomeSlidingWindowRefundThenLongerWindow(t *testing.T) {
 			count_when status 401
 		}
 	}
-	reverse_proxy %s`, backend, prefix, rate, strings.TrimPrefix(up.URL, "http://")))
+	reverse_proxy %s`, backend, prefix, rate, addr))
 		}
 		tester := newTester(t, site("5/300ms"), "caddyfile")
 		expectN(t, tester, 2, http.StatusUnauthorized, "GET", "/fail") // counted
@@ -222,7 +219,7 @@ func loginSite(t *testing.T, backend, zone, opts string, u *loginUpstream) *cadd
 			%s
 		}
 	}
-	reverse_proxy %s`, backend, zone, opts, strings.TrimPrefix(u.srv.URL, "http://"))), "caddyfile")
+	reverse_proxy %s`, backend, zone, opts, u.addr)), "caddyfile")
 }
 
 func login(t *testing.T, tester *caddytest.Tester, password string) int {
@@ -511,7 +508,7 @@ func TestOutcomeCooldown(t *testing.T) {
 			}
 		}
 	}
-	reverse_proxy %s`, backend, prefix, strings.TrimPrefix(u.srv.URL, "http://"))), "caddyfile")
+	reverse_proxy %s`, backend, prefix, u.addr)), "caddyfile")
 		expectN(t, tester, 3, http.StatusUnauthorized, "POST", "/send", "X-Password", "wrong")
 		expectN(t, tester, 1, http.StatusOK, "POST", "/send", "X-Password", "right")
 		start := time.Now()

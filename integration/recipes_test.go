@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -226,7 +225,7 @@ func TestDocsRecipePayment(t *testing.T) {
 		}
 		return http.StatusOK
 	})
-	tester := newTester(t, recipeSite(t, "zone payment_card {", u.addr()), "caddyfile")
+	tester := newTester(t, recipeSite(t, "zone payment_card {", u.addr), "caddyfile")
 	pay := func(user, card string) response {
 		r := postFull(t, tester, "/payments", `{"amount":100,"card":{"number":"`+card+`"}}`, "Authorization", "Bearer "+user)
 		noRateLimitFields(t, "a payment", r)
@@ -274,7 +273,7 @@ func TestDocsRecipeThirdParty(t *testing.T) {
 		}
 		return http.StatusOK
 	})
-	site := strings.Replace(recipeSite(t, "zone places_qps {", ""), "reverse_proxy https://maps.googleapis.com", "reverse_proxy "+u.addr(), 1)
+	site := strings.Replace(recipeSite(t, "zone places_qps {", ""), "reverse_proxy https://maps.googleapis.com", "reverse_proxy "+u.addr, 1)
 	tester := newTester(t, site, "caddyfile")
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -319,7 +318,7 @@ func TestDocsRecipeThirdParty(t *testing.T) {
 func TestDocsRecipeLLM(t *testing.T) {
 	release := make(chan struct{})
 	var streaming atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		if r.Header.Get("Authorization") == "Bearer a" {
 			streaming.Add(1)
@@ -327,9 +326,8 @@ func TestDocsRecipeLLM(t *testing.T) {
 		}
 		w.Header().Set("X-Tokens-Used", "1800")
 		io.WriteString(w, "answer")
-	}))
-	t.Cleanup(srv.Close)
-	tester := newTester(t, recipeSite(t, "scope daily_spend {", strings.TrimPrefix(srv.URL, "http://")), "caddyfile")
+	})
+	tester := newTester(t, recipeSite(t, "scope daily_spend {", addr), "caddyfile")
 	const body = `{"max_tokens":4000}`
 	var wg sync.WaitGroup
 	codes := make(chan int, 20)
@@ -393,7 +391,7 @@ func TestDocsRecipeScraper(t *testing.T) {
 // under 30 s.
 func TestDocsRecipeQueueConsumer(t *testing.T) {
 	u := newRecordingUpstream(t, func(*http.Request, string) int { return http.StatusOK })
-	tester := newTester(t, recipeSite(t, "zone db_writes {", u.addr()), "caddyfile")
+	tester := newTester(t, recipeSite(t, "zone db_writes {", u.addr), "caddyfile")
 	start := time.Now()
 	var wg sync.WaitGroup
 	var refused atomic.Int64
@@ -418,15 +416,13 @@ func TestDocsRecipeQueueConsumer(t *testing.T) {
 func TestDocsRecipeDatabase(t *testing.T) {
 	release := make(chan struct{})
 	var reports atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/reports/") {
 			reports.Add(1)
 			<-release
 		}
 		io.WriteString(w, "rows")
-	}))
-	t.Cleanup(srv.Close)
-	addr := strings.TrimPrefix(srv.URL, "http://")
+	})
 	site := strings.ReplaceAll(recipeSite(t, "zone db_pool {", addr), "reverse_proxy localhost:9001", "reverse_proxy "+addr)
 	tester := newTester(t, site, "caddyfile")
 	for i := range 100 {

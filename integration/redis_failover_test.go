@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,14 +64,13 @@ func TestRedisKeyFailureFailsOnlyItself(t *testing.T) {
 func TestRedisSlotsFreedAfterHiccup(t *testing.T) {
 	redis := redistest.Standalone(t, "")
 	arrived := make(chan struct{}, 2)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("slow") != "" {
 			arrived <- struct{}{}
 			time.Sleep(600 * time.Millisecond)
 		}
 		_, _ = io.WriteString(w, "ok")
-	}))
-	t.Cleanup(up.Close)
+	})
 	newTester(t, caddyfileServer(fmt.Sprintf(`
 	rate_limit {
 		backend redis {
@@ -85,7 +83,7 @@ func TestRedisSlotsFreedAfterHiccup(t *testing.T) {
 			slot_ttl 30s
 		}
 	}
-	reverse_proxy %s`, redis.Addr, strings.TrimPrefix(up.URL, "http://"))), "caddyfile")
+	reverse_proxy %s`, redis.Addr, addr)), "caddyfile")
 	var wg sync.WaitGroup
 	for range 2 {
 		wg.Go(func() {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,11 +74,10 @@ func groupP99(t *testing.T, group string) float64 {
 // p99: the time the proxy spends writing to it is the client's.
 func TestShedLatencyLeavesOutSlowReader(t *testing.T) {
 	body := strings.Repeat("x", 16<<20)
-	u := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, body)
-	}))
-	t.Cleanup(u.Close)
-	newTester(t, p99Site("itest_p99_reader", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
+	})
+	newTester(t, p99Site("itest_p99_reader", addr), "caddyfile")
 	var wg sync.WaitGroup
 	start := time.Now()
 	for range 5 {
@@ -208,7 +206,7 @@ func TestShedLatencySlowRouteShedsOthers(t *testing.T) {
 // Upgraded connections held open for 1.5 s must not raise the group's
 // p99: a WebSocket's life is its client's, not the upstream's latency.
 func TestShedLatencyLeavesOutUpgradedConnections(t *testing.T) {
-	u := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Upgrade") == "" {
 			_, _ = io.WriteString(w, "ok")
 			return
@@ -221,9 +219,8 @@ func TestShedLatencyLeavesOutUpgradedConnections(t *testing.T) {
 		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: held-open\r\nConnection: Upgrade\r\n\r\n")
 		_ = brw.Flush()
 		time.Sleep(1500 * time.Millisecond)
-	}))
-	t.Cleanup(u.Close)
-	tester := newTester(t, p99Site("itest_p99_upgrade", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
+	})
+	tester := newTester(t, p99Site("itest_p99_upgrade", addr), "caddyfile")
 	var wg sync.WaitGroup
 	for range 5 {
 		wg.Go(func() {

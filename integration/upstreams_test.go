@@ -13,24 +13,47 @@ import (
 	"time"
 )
 
+// startUpstream serves h on a loopback port until the test ends and
+// returns the server and its host:port, as a reverse_proxy names it.
+func startUpstream(t *testing.T, h http.HandlerFunc) (*httptest.Server, string) {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv, strings.TrimPrefix(srv.URL, "http://")
+}
+
+// inFlight counts the requests an upstream is serving at once and the
+// most it ever served at once: a cap holds when the peak stays under it.
+type inFlight struct {
+	now, peak atomic.Int64
+}
+
+// enter counts a request in, raising the peak when it is a new high.
+func (f *inFlight) enter() {
+	n := f.now.Add(1)
+	for p := f.peak.Load(); n > p && !f.peak.CompareAndSwap(p, n); p = f.peak.Load() {
+	}
+}
+
+// leave counts a request out.
+func (f *inFlight) leave() { f.now.Add(-1) }
+
 // sickUpstream is an upstream whose latency and failures the test sets
 // while requests flow, and which counts the requests it serves at once.
 type sickUpstream struct {
 	*httptest.Server
-	delay     atomic.Int64 // ns
-	fail      atomic.Bool  // answer 502
-	now, peak atomic.Int64
-	served    atomic.Int64
+	inFlight
+	delay  atomic.Int64 // ns
+	fail   atomic.Bool  // answer 502
+	served atomic.Int64
 }
 
 func newSickUpstream(t *testing.T) *sickUpstream {
 	u := new(sickUpstream)
 	u.delay.Store(int64(5 * time.Millisecond))
-	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := u.now.Add(1)
-		for p := u.peak.Load(); n > p && !u.peak.CompareAndSwap(p, n); p = u.peak.Load() {
-		}
-		defer u.now.Add(-1)
+	u.Server, _ = startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		u.enter()
+		defer u.leave()
 		u.served.Add(1)
 		select {
 		case <-time.After(time.Duration(u.delay.Load())):
@@ -42,8 +65,7 @@ func newSickUpstream(t *testing.T) *sickUpstream {
 			return
 		}
 		_, _ = io.WriteString(w, "ok")
-	}))
-	t.Cleanup(u.Close)
+	})
 	return u
 }
 
@@ -79,13 +101,13 @@ func hangingUpstream(t *testing.T) (u *countingUpstream, hang func(path string, 
 // slowUpstream answers each request with the status in X-Answer (200 when
 // absent) after X-Sleep milliseconds, and signals each request it gets.
 type slowUpstream struct {
-	srv *httptest.Server
-	got chan struct{}
+	addr string
+	got  chan struct{}
 }
 
 func newSlowUpstream(t *testing.T) *slowUpstream {
 	u := &slowUpstream{got: make(chan struct{}, 64)}
-	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, u.addr = startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		u.got <- struct{}{}
 		if ms, _ := strconv.Atoi(r.Header.Get("X-Sleep")); ms > 0 {
 			select {
@@ -97,12 +119,9 @@ func newSlowUpstream(t *testing.T) *slowUpstream {
 		code, _ := strconv.Atoi(r.Header.Get("X-Answer"))
 		w.WriteHeader(max(code, http.StatusOK))
 		fmt.Fprint(w, "sent")
-	}))
-	t.Cleanup(u.srv.Close)
+	})
 	return u
 }
-
-func (u *slowUpstream) addr() string { return strings.TrimPrefix(u.srv.URL, "http://") }
 
 // paidUpstream is a paid provider behind the proxy that answers what each
 // request's X-Answer says: a status ("200", "502"), or "hang" to answer
@@ -112,7 +131,7 @@ func (u *slowUpstream) addr() string { return strings.TrimPrefix(u.srv.URL, "htt
 // real one does. It counts the requests that reach it and the answers it
 // finished, and signals each request that hangs.
 type paidUpstream struct {
-	srv      *httptest.Server
+	addr     string
 	hits     atomic.Int64
 	answered atomic.Int64
 	hanging  chan struct{}
@@ -123,7 +142,7 @@ type paidUpstream struct {
 
 func newPaidUpstream(t *testing.T) *paidUpstream {
 	u := &paidUpstream{hanging: make(chan struct{}, 16), hangEnded: make(chan time.Duration, 16)}
-	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, u.addr = startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		u.hits.Add(1)
 		defer u.answered.Add(1)
 		answer := r.Header.Get("X-Answer")
@@ -146,32 +165,26 @@ func newPaidUpstream(t *testing.T) *paidUpstream {
 		code, _ := strconv.Atoi(answer)
 		w.WriteHeader(code)
 		fmt.Fprint(w, "sent")
-	}))
-	t.Cleanup(u.srv.Close)
+	})
 	return u
 }
-
-func (u *paidUpstream) addr() string { return strings.TrimPrefix(u.srv.URL, "http://") }
 
 // countingUpstream counts the requests it is serving at once and the most
 // it ever served at once. hold decides how long each request stays.
 type countingUpstream struct {
 	*httptest.Server
-	now, peak atomic.Int64
-	hold      func(r *http.Request)
+	inFlight
+	hold func(r *http.Request)
 }
 
 func newCountingUpstream(t *testing.T, hold func(r *http.Request)) *countingUpstream {
 	u := &countingUpstream{hold: hold}
-	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := u.now.Add(1)
-		for p := u.peak.Load(); n > p && !u.peak.CompareAndSwap(p, n); p = u.peak.Load() {
-		}
+	u.Server, _ = startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		u.enter()
 		u.hold(r)
-		u.now.Add(-1)
+		u.leave()
 		_, _ = io.WriteString(w, "ok")
-	}))
-	t.Cleanup(u.Close)
+	})
 	return u
 }
 
@@ -201,7 +214,7 @@ type tokenUpstream struct {
 
 func newTokenUpstream(t *testing.T, inspect func() int64) *tokenUpstream {
 	u := &tokenUpstream{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, u.addr = startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		u.hits.Add(1)
 		_, _ = io.Copy(io.Discard, r.Body)
 		if inspect != nil {
@@ -219,9 +232,7 @@ func newTokenUpstream(t *testing.T, inspect func() int64) *tokenUpstream {
 			w.Header().Set("X-Tokens-Used", used)
 		}
 		fmt.Fprint(w, `{"choices": []}`)
-	}))
-	t.Cleanup(srv.Close)
-	u.addr = strings.TrimPrefix(srv.URL, "http://")
+	})
 	return u
 }
 
@@ -240,7 +251,7 @@ type heldTokenUpstream struct {
 
 func newHeldTokenUpstream(t *testing.T, used string) *heldTokenUpstream {
 	u := &heldTokenUpstream{used: used, release: make(chan struct{})}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, u.addr = startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		n, _ := io.Copy(io.Discard, r.Body)
 		u.mu.Lock()
 		u.bodies = append(u.bodies, int(n))
@@ -252,9 +263,7 @@ func newHeldTokenUpstream(t *testing.T, used string) *heldTokenUpstream {
 		}
 		w.Header().Set("X-Tokens-Used", u.used)
 		fmt.Fprint(w, `{"choices": []}`)
-	}))
-	t.Cleanup(srv.Close)
-	u.addr = strings.TrimPrefix(srv.URL, "http://")
+	})
 	return u
 }
 
@@ -262,7 +271,7 @@ func newHeldTokenUpstream(t *testing.T, used string) *heldTokenUpstream {
 // logs in (200), anything else is refused (401). It counts the requests
 // that reach it, per answer.
 type loginUpstream struct {
-	srv         *httptest.Server
+	addr        string
 	right       atomic.Int64
 	wrong       atomic.Int64
 	gate        chan struct{} // when not nil, a wrong password waits for it to close
@@ -274,7 +283,7 @@ func newLoginUpstream(t *testing.T, gated bool) *loginUpstream {
 	if gated {
 		u.gate = make(chan struct{})
 	}
-	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, u.addr = startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-Password") == "right" {
 			u.right.Add(1)
 			w.WriteHeader(http.StatusOK)
@@ -287,8 +296,7 @@ func newLoginUpstream(t *testing.T, gated bool) *loginUpstream {
 		}
 		w.WriteHeader(http.StatusUnauthorized)
 		fmt.Fprint(w, "wrong password")
-	}))
-	t.Cleanup(u.srv.Close)
+	})
 	return u
 }
 
@@ -298,7 +306,7 @@ func (u *loginUpstream) open() { u.arrivedOnce.Do(func() { close(u.gate) }) }
 // otherwise, counting the requests that reach it.
 func bodyUpstream(t *testing.T, ok string, status int) (addr string, hits *atomic.Int64) {
 	hits = new(atomic.Int64)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, addr = startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
 		body, _ := io.ReadAll(r.Body)
 		if strings.Contains(string(body), ok) {
@@ -306,15 +314,14 @@ func bodyUpstream(t *testing.T, ok string, status int) (addr string, hits *atomi
 			return
 		}
 		w.WriteHeader(status)
-	}))
-	t.Cleanup(srv.Close)
-	return strings.TrimPrefix(srv.URL, "http://"), hits
+	})
+	return addr, hits
 }
 
 // recordingUpstream answers each request with status(r), counting them and
 // noting when each arrived.
 type recordingUpstream struct {
-	srv   *httptest.Server
+	addr  string
 	hits  atomic.Int64
 	mu    sync.Mutex
 	times []time.Time
@@ -322,7 +329,7 @@ type recordingUpstream struct {
 
 func newRecordingUpstream(t *testing.T, status func(r *http.Request, body string) int) *recordingUpstream {
 	u := &recordingUpstream{}
-	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, u.addr = startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		u.hits.Add(1)
 		u.mu.Lock()
 		u.times = append(u.times, time.Now())
@@ -330,12 +337,9 @@ func newRecordingUpstream(t *testing.T, status func(r *http.Request, body string
 		body, _ := io.ReadAll(r.Body)
 		w.WriteHeader(status(r, string(body)))
 		io.WriteString(w, "answered")
-	}))
-	t.Cleanup(u.srv.Close)
+	})
 	return u
 }
-
-func (u *recordingUpstream) addr() string { return strings.TrimPrefix(u.srv.URL, "http://") }
 
 func (u *recordingUpstream) last() time.Time {
 	u.mu.Lock()

@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	_ "github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -538,23 +540,41 @@ func adminRequest(t *testing.T, method, path, contentType, body string) string {
 	return out
 }
 
-// assertLoadError loads cfg (of kind "json" or "caddyfile") into the
-// in-process Caddy, on the ports in use, and requires it to be refused with
-// an error containing want.
+// assertLoadError checks that cfg (of kind "json" or a config adapter's
+// name) is refused, with an error containing want, without a running Caddy
+// or HTTP: the config is adapted and provisioned (caddy.Validate, as
+// `caddy validate` does), and the error is written as the admin API's /load
+// answers it (JSON, quotes escaped), so a want reads the same either way.
 func assertLoadError(t *testing.T, cfg, kind, want string) {
 	t.Helper()
-	newTester(t, jsonServer(okHandler, ""), "json") // a running Caddy to load into
-	ctype := "application/json"
+	body := []byte(withPorts(cfg))
+	var apiErr caddy.APIError
 	if kind != "json" {
-		ctype = "text/" + kind
+		adapted, warnings, err := caddyconfig.GetAdapter(kind).Adapt(body, nil)
+		if err != nil {
+			apiErr = caddy.APIError{Err: fmt.Errorf("adapting config using %s adapter: %v", kind, err), Warnings: warnings}
+		}
+		body = adapted
+		apiErr.Warnings = warnings
 	}
-	code, out := adminSend(t, "http://"+adminAddr, "POST", "/load", ctype, withPorts(cfg))
-	settle(t, 1)
-	if code == http.StatusOK {
-		t.Fatalf("config loaded, want an error containing %q", want)
+	if apiErr.Err == nil {
+		var c caddy.Config
+		err := caddy.StrictUnmarshalJSON(body, &c)
+		if err == nil {
+			err = caddy.Validate(&c)
+		}
+		if err == nil {
+			t.Fatalf("config loaded, want an error containing %q", want)
+		}
+		apiErr.Err = fmt.Errorf("loading config: %v", err)
 	}
-	if !strings.Contains(out, want) {
-		t.Fatalf("load error %q does not contain %q", out, want)
+	apiErr.Message = apiErr.Err.Error()
+	var out strings.Builder
+	if err := json.NewEncoder(&out).Encode(apiErr); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), want) {
+		t.Fatalf("load error %q does not contain %q", out.String(), want)
 	}
 }
 

@@ -18,98 +18,6 @@ import (
 	"unicode/utf16"
 )
 
-// rawMultipart is a multipart/form-data body of parts given as their
-// Content-Disposition and value, written by hand: mime/multipart cannot
-// write the parameters these tests need.
-func rawMultipart(parts ...string) ([]byte, string) {
-	const boundary = "formboundary"
-	var sb strings.Builder
-	for i := 0; i+1 < len(parts); i += 2 {
-		fmt.Fprintf(&sb, "--%s\r\nContent-Disposition: %s\r\n\r\n%s\r\n", boundary, parts[i], parts[i+1])
-	}
-	fmt.Fprintf(&sb, "--%s--\r\n", boundary)
-	return []byte(sb.String()), "multipart/form-data; boundary=" + boundary
-}
-
-// A part's name given twice, once as an RFC 2231 extended parameter, is
-// read differently by each parser: Go's mime reads name*, Werkzeug (Flask)
-// the last of the two, busboy (Express's multer) only the plain name. A
-// part `name*=UTF-8”junk; name="phone"` holding the victim's number, next
-// to a plain `phone` part holding a fresh number, would be a fresh key each
-// time to a limiter that reads it as Go does, while Flask's
-// request.form["phone"] (the first copy) and multer's req.body.phone read
-// the victim: 20 of 20 would pass a limit of 3, under any missing policy. RFC 7578 forbids extended parameters in
-// form-data, so such a body is unreadable: all of them share one quota.
-func TestMultipartExtendedNameIsUnreadable(t *testing.T) {
-	tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		zone multipart_deny {
-			match {
-				path /otp
-			}
-			by form phone
-			normalize phone BD
-			rate 3/1h
-		}
-		zone multipart_skip {
-			match {
-				path /otp-skip
-			}
-			by form phone
-			normalize phone BD
-			missing skip
-			rate 3/1h
-		}
-	}
-	respond "ok"`), "caddyfile")
-
-	passed := map[string]int{}
-	for i := 0; i < 20; i++ {
-		body, ctype := rawMultipart(
-			`form-data; name*=UTF-8''junk; name="phone"`, "01712345678",
-			`form-data; name="phone"`, fmt.Sprintf("0171200%04d", i))
-		if send(t, tester, "/otp", body, "Content-Type", ctype) == http.StatusOK {
-			passed["/otp"]++
-		}
-		// Alone, the part has no phone for Go: skipped before.
-		body, ctype = rawMultipart(fmt.Sprintf(`form-data; name="phone"; name*=UTF-8''junk%d`, i), "01712345678")
-		if send(t, tester, "/otp-skip", body, "Content-Type", ctype) == http.StatusOK {
-			passed["/otp-skip"]++
-		}
-	}
-	for path, n := range passed {
-		if n != 3 {
-			t.Errorf("%s: %d of 20 bodies with an extended name parameter passed; want 3 (one shared quota)", path, n)
-		}
-	}
-	// A plain multipart form is still read.
-	body, ctype := multipartBody(t, "phone", "01812345678")
-	for i, want := range []int{200, 200, 200, 429} {
-		if code := send(t, tester, "/otp-skip", body, "Content-Type", ctype); code != want {
-			t.Fatalf("plain multipart #%d: %d, want %d", i+1, code, want)
-		}
-	}
-}
-
-// A JSON body whose charset is spelled "utf8" is UTF-8 to every decoder:
-// it is read, not refused as unreadable.
-func TestJSONCharsetUTF8Spelling(t *testing.T) {
-	tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		zone json_utf8 {
-			by json user
-			missing deny
-			rate 2/1h
-		}
-	}
-	respond "ok"`), "caddyfile")
-	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
-		if code, body := post(t, tester, "/", "application/json; charset=utf8", `{"user":"ann"}`); code != want {
-			t.Fatalf("request %d: %d %q, want %d", i+1, code, body, want)
-		}
-	}
-}
-
 // multipartBody is a multipart/form-data body with the given text fields,
 // and its Content-Type.
 func multipartBody(t *testing.T, fields ...string) ([]byte, string) {
@@ -733,5 +641,97 @@ func TestCostFromBody(t *testing.T) {
 	}
 	if code, _ := post(t, tester, "/", "application/json", `{"n": 5}`); code != http.StatusOK {
 		t.Fatalf("cost 5 with 5 left: %d", code)
+	}
+}
+
+// rawMultipart is a multipart/form-data body of parts given as their
+// Content-Disposition and value, written by hand: mime/multipart cannot
+// write the parameters these tests need.
+func rawMultipart(parts ...string) ([]byte, string) {
+	const boundary = "formboundary"
+	var sb strings.Builder
+	for i := 0; i+1 < len(parts); i += 2 {
+		fmt.Fprintf(&sb, "--%s\r\nContent-Disposition: %s\r\n\r\n%s\r\n", boundary, parts[i], parts[i+1])
+	}
+	fmt.Fprintf(&sb, "--%s--\r\n", boundary)
+	return []byte(sb.String()), "multipart/form-data; boundary=" + boundary
+}
+
+// A part's name given twice, once as an RFC 2231 extended parameter, is
+// read differently by each parser: Go's mime reads name*, Werkzeug (Flask)
+// the last of the two, busboy (Express's multer) only the plain name. A
+// part `name*=UTF-8”junk; name="phone"` holding the victim's number, next
+// to a plain `phone` part holding a fresh number, would be a fresh key each
+// time to a limiter that reads it as Go does, while Flask's
+// request.form["phone"] (the first copy) and multer's req.body.phone read
+// the victim: 20 of 20 would pass a limit of 3, under any missing policy. RFC 7578 forbids extended parameters in
+// form-data, so such a body is unreadable: all of them share one quota.
+func TestMultipartExtendedNameIsUnreadable(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone multipart_deny {
+			match {
+				path /otp
+			}
+			by form phone
+			normalize phone BD
+			rate 3/1h
+		}
+		zone multipart_skip {
+			match {
+				path /otp-skip
+			}
+			by form phone
+			normalize phone BD
+			missing skip
+			rate 3/1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+
+	passed := map[string]int{}
+	for i := 0; i < 20; i++ {
+		body, ctype := rawMultipart(
+			`form-data; name*=UTF-8''junk; name="phone"`, "01712345678",
+			`form-data; name="phone"`, fmt.Sprintf("0171200%04d", i))
+		if send(t, tester, "/otp", body, "Content-Type", ctype) == http.StatusOK {
+			passed["/otp"]++
+		}
+		// Alone, the part has no phone for Go: skipped before.
+		body, ctype = rawMultipart(fmt.Sprintf(`form-data; name="phone"; name*=UTF-8''junk%d`, i), "01712345678")
+		if send(t, tester, "/otp-skip", body, "Content-Type", ctype) == http.StatusOK {
+			passed["/otp-skip"]++
+		}
+	}
+	for path, n := range passed {
+		if n != 3 {
+			t.Errorf("%s: %d of 20 bodies with an extended name parameter passed; want 3 (one shared quota)", path, n)
+		}
+	}
+	// A plain multipart form is still read.
+	body, ctype := multipartBody(t, "phone", "01812345678")
+	for i, want := range []int{200, 200, 200, 429} {
+		if code := send(t, tester, "/otp-skip", body, "Content-Type", ctype); code != want {
+			t.Fatalf("plain multipart #%d: %d, want %d", i+1, code, want)
+		}
+	}
+}
+
+// A JSON body whose charset is spelled "utf8" is UTF-8 to every decoder:
+// it is read, not refused as unreadable.
+func TestJSONCharsetUTF8Spelling(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone json_utf8 {
+			by json user
+			missing deny
+			rate 2/1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		if code, body := post(t, tester, "/", "application/json; charset=utf8", `{"user":"ann"}`); code != want {
+			t.Fatalf("request %d: %d %q, want %d", i+1, code, body, want)
+		}
 	}
 }

@@ -29,146 +29,6 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// grepLines returns the lines of text that hold both a and b.
-func grepLines(text, a, b string) string {
-	var out []string
-	for line := range strings.SplitSeq(text, "\n") {
-		if strings.Contains(line, a) && strings.Contains(line, b) {
-			out = append(out, line)
-		}
-	}
-	return strings.Join(out, "\n")
-}
-
-// send posts body with the given headers (a Content-Type among them, or
-// none) and returns the status.
-func send(t *testing.T, tester *caddytest.Tester, path string, body []byte, header ...string) int {
-	t.Helper()
-	req, _ := http.NewRequest("POST", httpBase+path, bytes.NewReader(body))
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Add(header[i], header[i+1])
-	}
-	resp, err := tester.Client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode
-}
-
-const formType = "application/x-www-form-urlencoded"
-
-// loadRaw posts cfg to the admin API's /load and returns the status and
-// the error it gives (or the body).
-func loadRaw(t *testing.T, cfg string) (int, string) {
-	t.Helper()
-	code, out := adminSend(t, "http://"+adminAddr, "POST", "/load", "application/json", withPorts(cfg))
-	settle(t, 1)
-	var e struct{ Error string }
-	if json.Unmarshal([]byte(out), &e) == nil && e.Error != "" {
-		return code, e.Error
-	}
-	return code, out
-}
-
-// countOK sends n requests and counts the 200s.
-func countOK(t *testing.T, tester *caddytest.Tester, n int, header ...string) int {
-	t.Helper()
-	passed := 0
-	for i := 0; i < n; i++ {
-		if code, _, _ := do(t, tester, "GET", "/", header...); code == http.StatusOK {
-			passed++
-		}
-	}
-	return passed
-}
-
-// within waits for ch, failing the test rather than hanging it. The
-// deadline is far beyond what anything waited for takes, even on a loaded
-// machine: it only bounds a test that would hang.
-func within(t *testing.T, ch <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ch:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("timed out waiting for %s", what)
-	}
-}
-
-func get(ctx context.Context, header ...string) (*http.Response, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, httpBase+"/", nil)
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
-	return resp, err
-}
-
-// eventuallyOK sends requests until one is served. A client may read its
-// whole response a moment before the handler returns and frees its slot.
-func eventuallyOK(t *testing.T, what string, header ...string) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := get(context.Background(), header...)
-		if err == nil && resp.StatusCode == http.StatusOK {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v %v", what, resp, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// response is one answer: status, headers, body.
-type response struct {
-	code   int
-	header http.Header
-	body   string
-}
-
-func fetch(t *testing.T, tester *caddytest.Tester, method, path string, header ...string) response {
-	t.Helper()
-	req, err := http.NewRequest(method, httpBase+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := tester.Client.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return response{resp.StatusCode, resp.Header, string(body)}
-}
-
-// A default port inside a longer number is not rewritten: an upstream on
-// an ephemeral port such as 49081 stays where it is, and so does a port
-// holding 9080 that withPorts already wrote (a config passes twice when a
-// test builds it with jsonServer and loads it with newTester).
-func TestWithPortsRewritesWholePortsOnly(t *testing.T) {
-	defer func(p int) { httpPort = p }(httpPort)
-	httpPort = 19080
-	cfg := "{\n\thttp_port 9080\n}\n:9080 {\n\treverse_proxy 127.0.0.1:49081 127.0.0.1:39080\n}\n:9081 {\n}"
-	want := "{\n\thttp_port 19080\n\tdefault_bind 127.0.0.1\n}\n:19080 {\n\treverse_proxy 127.0.0.1:49081 127.0.0.1:39080\n}\n:19081 {\n}"
-	once := withPorts(cfg)
-	if once != want {
-		t.Fatalf("withPorts:\n%s\nwant:\n%s", once, want)
-	}
-	if twice := withPorts(once); twice != once {
-		t.Fatalf("withPorts twice:\n%s\nwant:\n%s", twice, once)
-	}
-}
-
 // The ports of the in-process Caddy: free loopback ports picked when the
 // test binary starts, so that several test runs (several checkouts) share a
 // machine. SLUICE_TEST_ADMIN_PORT and SLUICE_TEST_HTTP_PORT fix them
@@ -578,6 +438,117 @@ func assertLoadError(t *testing.T, cfg, kind, want string) {
 	}
 }
 
+// send posts body with the given headers (a Content-Type among them, or
+// none) and returns the status.
+func send(t *testing.T, tester *caddytest.Tester, path string, body []byte, header ...string) int {
+	t.Helper()
+	req, _ := http.NewRequest("POST", httpBase+path, bytes.NewReader(body))
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Add(header[i], header[i+1])
+	}
+	resp, err := tester.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}
+
+const formType = "application/x-www-form-urlencoded"
+
+// loadRaw posts cfg to the admin API's /load and returns the status and
+// the error it gives (or the body).
+func loadRaw(t *testing.T, cfg string) (int, string) {
+	t.Helper()
+	code, out := adminSend(t, "http://"+adminAddr, "POST", "/load", "application/json", withPorts(cfg))
+	settle(t, 1)
+	var e struct{ Error string }
+	if json.Unmarshal([]byte(out), &e) == nil && e.Error != "" {
+		return code, e.Error
+	}
+	return code, out
+}
+
+// countOK sends n requests and counts the 200s.
+func countOK(t *testing.T, tester *caddytest.Tester, n int, header ...string) int {
+	t.Helper()
+	passed := 0
+	for i := 0; i < n; i++ {
+		if code, _, _ := do(t, tester, "GET", "/", header...); code == http.StatusOK {
+			passed++
+		}
+	}
+	return passed
+}
+
+// within waits for ch, failing the test rather than hanging it. The
+// deadline is far beyond what anything waited for takes, even on a loaded
+// machine: it only bounds a test that would hang.
+func within(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+func get(ctx context.Context, header ...string) (*http.Response, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, httpBase+"/", nil)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	return resp, err
+}
+
+// eventuallyOK sends requests until one is served. A client may read its
+// whole response a moment before the handler returns and frees its slot.
+func eventuallyOK(t *testing.T, what string, header ...string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := get(context.Background(), header...)
+		if err == nil && resp.StatusCode == http.StatusOK {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v %v", what, resp, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// response is one answer: status, headers, body.
+type response struct {
+	code   int
+	header http.Header
+	body   string
+}
+
+func fetch(t *testing.T, tester *caddytest.Tester, method, path string, header ...string) response {
+	t.Helper()
+	req, err := http.NewRequest(method, httpBase+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := tester.Client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return response{resp.StatusCode, resp.Header, string(body)}
+}
+
 // freshZone is a zone name no earlier run of a test in this process used:
 // zones of one name share their state, and a queue left full by one run
 // would change the next (go test -count=20).
@@ -624,42 +595,6 @@ func status(ctx context.Context, base string, header ...string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
-}
-
-// postFull posts body and returns the whole answer.
-func postFull(t *testing.T, tester *caddytest.Tester, path, body string, header ...string) response {
-	t.Helper()
-	req, err := http.NewRequest("POST", httpBase+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := tester.Client.Do(req)
-	if err != nil {
-		t.Fatalf("POST %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	return response{resp.StatusCode, resp.Header, string(out)}
-}
-
-// wantStatus fails unless r has status code and, when lo > 0, a
-// Retry-After in [lo, hi] seconds.
-func wantStatus(t *testing.T, what string, r response, code, lo, hi int) {
-	t.Helper()
-	if r.code != code {
-		t.Fatalf("%s: %d %q, want %d", what, r.code, r.body, code)
-	}
-	if lo == 0 {
-		return
-	}
-	ra, err := strconv.Atoi(r.header.Get("Retry-After"))
-	if err != nil || ra < lo || ra > hi {
-		t.Fatalf("%s: Retry-After %q, want [%d, %d]", what, r.header.Get("Retry-After"), lo, hi)
-	}
 }
 
 // metricLine is the value of the series written exactly as series (name
@@ -765,4 +700,69 @@ func count(t *testing.T, tester *caddytest.Tester, n int, header ...string) map[
 		got[fetch(t, tester, "GET", "/", header...).code]++
 	}
 	return got
+}
+
+// grepLines returns the lines of text that hold both a and b.
+func grepLines(text, a, b string) string {
+	var out []string
+	for line := range strings.SplitSeq(text, "\n") {
+		if strings.Contains(line, a) && strings.Contains(line, b) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// A default port inside a longer number is not rewritten: an upstream on
+// an ephemeral port such as 49081 stays where it is, and so does a port
+// holding 9080 that withPorts already wrote (a config passes twice when a
+// test builds it with jsonServer and loads it with newTester).
+func TestWithPortsRewritesWholePortsOnly(t *testing.T) {
+	defer func(p int) { httpPort = p }(httpPort)
+	httpPort = 19080
+	cfg := "{\n\thttp_port 9080\n}\n:9080 {\n\treverse_proxy 127.0.0.1:49081 127.0.0.1:39080\n}\n:9081 {\n}"
+	want := "{\n\thttp_port 19080\n\tdefault_bind 127.0.0.1\n}\n:19080 {\n\treverse_proxy 127.0.0.1:49081 127.0.0.1:39080\n}\n:19081 {\n}"
+	once := withPorts(cfg)
+	if once != want {
+		t.Fatalf("withPorts:\n%s\nwant:\n%s", once, want)
+	}
+	if twice := withPorts(once); twice != once {
+		t.Fatalf("withPorts twice:\n%s\nwant:\n%s", twice, once)
+	}
+}
+
+// postFull posts body and returns the whole answer.
+func postFull(t *testing.T, tester *caddytest.Tester, path, body string, header ...string) response {
+	t.Helper()
+	req, err := http.NewRequest("POST", httpBase+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := tester.Client.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return response{resp.StatusCode, resp.Header, string(out)}
+}
+
+// wantStatus fails unless r has status code and, when lo > 0, a
+// Retry-After in [lo, hi] seconds.
+func wantStatus(t *testing.T, what string, r response, code, lo, hi int) {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("%s: %d %q, want %d", what, r.code, r.body, code)
+	}
+	if lo == 0 {
+		return
+	}
+	ra, err := strconv.Atoi(r.header.Get("Retry-After"))
+	if err != nil || ra < lo || ra > hi {
+		t.Fatalf("%s: Retry-After %q, want [%d, %d]", what, r.header.Get("Retry-After"), lo, hi)
+	}
 }

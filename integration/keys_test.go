@@ -14,427 +14,6 @@ import (
 	"testing"
 )
 
-// Express (cookie-parser) and PHP ($_COOKIE) percent-decode cookie values,
-// so `session=vic%74im` is the cookie "victim" to them: a limiter that keys
-// the raw value gives each way of encoding its letters a fresh key, and 10
-// of 10 would reach an upstream that decodes as Express does. PHP also reads `+` as a space, and
-// decodes and mangles cookie names as it does form fields, the first copy
-// winning: `sess%69on=victim; session=junk<i>` is victim to PHP, and
-// junk<i>, a fresh key each time, to a limiter that reads the last copy
-// (10 of 10 would pass).
-func TestCookieValueSpellingsShareAKey(t *testing.T) {
-	var mu sync.Mutex
-	victim := 0
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := r.Cookie("session")
-		if err != nil {
-			return
-		}
-		// cookie-parser: decodeURIComponent, the raw value when that fails.
-		v, err := url.PathUnescape(c.Value)
-		if err != nil {
-			v = c.Value
-		}
-		if v == "victim" {
-			mu.Lock()
-			victim++
-			mu.Unlock()
-		}
-	}))
-	defer upstream.Close()
-	tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		zone cookie_spelling {
-			by cookie session
-			rate 3/1h
-		}
-	}
-	reverse_proxy `+strings.TrimPrefix(upstream.URL, "http://")), "caddyfile")
-	get := func(cookie string) int {
-		code, _, _ := do(t, tester, "GET", "/", "Cookie", cookie)
-		return code
-	}
-	spellings := []string{"victim", "%76ictim", "v%69ctim", "vi%63tim", "vic%74im", "vict%69m", "victi%6d", "victi%6D", "%76%69ctim", "%76%69%63%74%69%6D"}
-	got := map[int]int{}
-	for _, s := range spellings {
-		got[get("session="+s)]++
-	}
-	if got[http.StatusOK] != 3 || victim != 3 {
-		t.Fatalf("%d spellings of one cookie value: %v, %d reached the upstream as victim; want 3 (one key)", len(spellings), got, victim)
-	}
-	// Another value is another key; "+" and %20 are one PHP value.
-	for i, c := range []string{"session=a+b", "session=a%20b", "session=a%2Bb"} {
-		if code := get(c); code != http.StatusOK {
-			t.Fatalf("%s (#%d of its key): %d, want 200", c, i+1, code)
-		}
-	}
-	if code := get("session=a+b"); code != http.StatusTooManyRequests {
-		t.Fatalf("a fourth spelling of \"a b\": %d, want 429", code)
-	}
-	passed := 0
-	for i := 0; i < 10; i++ {
-		if get(fmt.Sprintf("sess%%69on=victim2; session=junk%d", i)) == http.StatusOK {
-			passed++
-		}
-	}
-	if passed != 3 {
-		t.Fatalf("%d of 10 requests with the cookie name in two spellings passed; want 3 (one shared quota)", passed)
-	}
-}
-
-// PHP, Rack and Express (qs, with extended forms and queries) read
-// `phone[]=…` and `key[0]=…` as an array named phone or key, and
-// JavaScript reads a one-element array as its element: `${req.body.phone}`
-// is the victim's number. Read as absent, the field would let 20 of 20
-// through a limit of 3 under `missing skip`. A field given as an array is
-// unreadable (as a JSON array is), never absent.
-func TestArrayNamesAreNeverSkipped(t *testing.T) {
-	tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		zone array_form {
-			match {
-				path /otp
-			}
-			by form phone
-			normalize phone BD
-			missing skip
-			rate 3/1h
-		}
-		zone array_query {
-			match {
-				path /api
-			}
-			by query key
-			missing skip
-			rate 3/1h
-		}
-	}
-	respond "ok"`), "caddyfile")
-
-	forms := []string{"phone[]=01712345678", "phone[0]=01712345678", "phone%5B%5D=01712345678", "phone[]=01712345678&x=1"}
-	queries := []string{"key[]=victim", "key[0]=victim", "key%5B%5D=victim", "key[a]=victim"}
-	passed := map[string]int{}
-	for i := 0; i < 20; i++ {
-		if code, _ := post(t, tester, "/otp", formType, forms[i%len(forms)]); code == http.StatusOK {
-			passed["form"]++
-		}
-		if code, _, _ := do(t, tester, "GET", "/api?"+queries[i%len(queries)]); code == http.StatusOK {
-			passed["query"]++
-		}
-	}
-	for kind, n := range passed {
-		if n != 3 {
-			t.Errorf("%s: %d of 20 fields given as arrays passed; want 3 (one shared quota)", kind, n)
-		}
-	}
-	// A field without brackets is still its own key, and absent is skipped.
-	for i, want := range []int{200, 200, 200, 429} {
-		if code, _ := post(t, tester, "/otp", formType, "phone=01812345678"); code != want {
-			t.Fatalf("phone=01812345678 #%d: %d, want %d", i+1, code, want)
-		}
-		if code, _, _ := do(t, tester, "GET", "/api?key=ann"); code != want {
-			t.Fatalf("?key=ann #%d: %d, want %d", i+1, code, want)
-		}
-	}
-	if code, _, _ := do(t, tester, "GET", "/api?other=1"); code != http.StatusOK {
-		t.Fatalf("no key: %d, want 200 (skipped)", code)
-	}
-}
-
-// `by header Authorization` keys the credentials, not their spelling: the
-// scheme in any case and any spaces before the token are one client, as
-// the servers that accept them read them (passport-http-bearer splits on
-// any whitespace; RFC 9110 makes the scheme case-insensitive). Keyed by
-// spelling, each would be a fresh quota: 3 + 5 requests would pass a limit
-// of 3.
-func TestAuthorizationSpellingsShareAKey(t *testing.T) {
-	tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		zone auth_spelling {
-			by header Authorization
-			rate 3/1h
-		}
-	}
-	respond "ok"`), "caddyfile")
-	passed := 0
-	for _, auth := range []string{"Bearer tok609", "bearer tok609", "BEARER tok609", "Bearer  tok609", "bEarer tok609", "Bearer\ttok609", " Bearer tok609"} {
-		if code, _, _ := do(t, tester, "GET", "/", "Authorization", auth); code == http.StatusOK {
-			passed++
-		}
-	}
-	if passed != 3 {
-		t.Fatalf("%d of 7 spellings of one token passed a limit of 3", passed)
-	}
-	if code, _, _ := do(t, tester, "GET", "/", "Authorization", "Bearer TOK609"); code != http.StatusOK {
-		t.Fatalf("another token (tokens are case-sensitive): %d, want 200", code)
-	}
-}
-
-// With the default order, rate_limit runs before basic_auth, so
-// {http.auth.user.id} is empty for every request and all users share one
-// quota: that is warned about once, naming the order line that fixes it.
-// With the order fixed, each user has a quota of their own and nothing is
-// warned about.
-func TestAuthKeyBeforeBasicAuthWarnsOnce(t *testing.T) {
-	const (
-		annHash = "$2a$04$UAqEEEUk9QCx3IP5YIAOOef3LQ8cEdoAD9ImU1pdlqEOTK8GCbLDq" // ann-password
-		bobHash = "$2a$04$yUKIUvBo9pg60hbZxiV3eePg7Rfnea2Lh1Xltu/SsR0piJdtzB6ta" // bob-password
-	)
-	ann := []string{"Authorization", "Basic " + base64.StdEncoding.EncodeToString([]byte("ann:ann-password"))}
-	bob := []string{"Authorization", "Basic " + base64.StdEncoding.EncodeToString([]byte("bob:bob-password"))}
-	run := func(t *testing.T, zone, order string) (annOK, bobOK, warnings int) {
-		logFile := filepath.Join(t.TempDir(), "caddy.log")
-		tester := newTester(t, caddyfileServerWith(order+`
-	log {
-		output file `+logFile+`
-		format json
-		level WARN
-	}`, `	rate_limit {
-		zone `+zone+` {
-			key {http.auth.user.id}
-			rate 3/1h
-		}
-	}
-	basic_auth {
-		ann `+annHash+`
-		bob `+bobHash+`
-	}
-	respond "ok"`), "caddyfile")
-		annOK = countOK(t, tester, 4, ann...)
-		bobOK = countOK(t, tester, 4, bob...)
-		logs, err := os.ReadFile(logFile)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(string(logs), "\n") {
-			if strings.Contains(line, `"placeholder":"{http.auth.user.id}"`) {
-				warnings++
-				if !strings.Contains(line, "order rate_limit after basic_auth") || !strings.Contains(line, `"zone":"`+zone+`"`) {
-					t.Errorf("the warning does not name the zone and the order line that fixes it: %s", line)
-				}
-			}
-		}
-		return annOK, bobOK, warnings
-	}
-	t.Run("default order", func(t *testing.T) {
-		annOK, bobOK, warnings := run(t, "cfg_auth_default", "")
-		if annOK+bobOK != 3 {
-			t.Errorf("ann got %d and bob %d of 4 through: expected one quota of 3 shared by both", annOK, bobOK)
-		}
-		if warnings != 1 {
-			t.Errorf("%d warnings about {http.auth.user.id}, want exactly 1", warnings)
-		}
-	})
-	t.Run("order fixed", func(t *testing.T) {
-		annOK, bobOK, warnings := run(t, "cfg_auth_ordered", "\torder rate_limit after basic_auth")
-		if annOK != 3 || bobOK != 3 {
-			t.Errorf("ann got %d and bob %d of 4 through: expected 3 each", annOK, bobOK)
-		}
-		if warnings != 0 {
-			t.Errorf("%d warnings about {http.auth.user.id}, want none", warnings)
-		}
-	})
-}
-
-// zoneServer starts Caddy with one rate_limit zone in front of handler and
-// returns a function that GETs a path and answers the status.
-func zoneServer(t *testing.T, zone, handler string) func(path string) int {
-	t.Helper()
-	tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		`+zone+`
-	}
-	`+handler), "caddyfile")
-	return func(path string) int {
-		code, _, _ := do(t, tester, "GET", path)
-		return code
-	}
-}
-
-// statuses sends one GET per path and counts the answers by status.
-func statuses(t *testing.T, do func(path string) int, paths []string) map[int]int {
-	t.Helper()
-	n := map[int]int{}
-	for _, p := range paths {
-		c := do(p)
-		t.Logf("%q: %d", p, c)
-		n[c]++
-	}
-	return n
-}
-
-// Every spelling of one mailbox shares its quota, and an address with an
-// invisible character is refused (400 under missing deny), never a fresh
-// key: a mail server delivers all of these to rakib@gmail.com.
-func TestEmailSpellingsShareOneQuota(t *testing.T) {
-	send := zoneServer(t, `zone norm_email {
-			by query email
-			normalize email
-			missing deny
-			rate 3/1h
-		}`, `respond "sent"`)
-	get := func(email string) int { return send("/?email=" + url.QueryEscape(email)) }
-	spellings := []string{
-		"rakib@gmail.com", "rakib(1)@gmail.com", "rakib((2)x)@gmail.com", "rakib@(3)gmail.com",
-		"<rakib@gmail.com>", "Rakib <rakib@gmail.com>", "\"rakib\"@gmail.com", "\"Rakib\" <\"rakib\"(4)@gmail.com>",
-		"rakib @ gmail.com", "RAKIB@GMAIL.COM.", "rakib@gmail(5).com",
-	}
-	got := statuses(t, get, spellings)
-	if got[http.StatusOK] != 3 || got[http.StatusTooManyRequests] != len(spellings)-3 {
-		t.Fatalf("%d spellings of one mailbox: %v; want 3 admitted, the rest 429", len(spellings), got)
-	}
-	// The same for an internationalized domain, in both its forms.
-	idn := []string{"u@exämple.com", "u@xn--exmple-cua.com", "u@EXÄMPLE.com", "U@XN--EXMPLE-CUA.COM."}
-	if got := statuses(t, get, idn); got[http.StatusOK] != 3 || got[http.StatusTooManyRequests] != 1 {
-		t.Fatalf("U-label and A-label spellings: %v; want 3 admitted, 1 denied", got)
-	}
-	refused := []string{
-		"rakib\x00@gmail.com", "ra\u00adkib@gmail.com", "rakib\u200b@gmail.com", "\ufeffrakib@gmail.com",
-		"rakib\u202e@gmail.com", "rakib@gma\u200dil.com", "a@b@gmail.com", "\"a@b\"@gmail.com", "rakib@[192.0.2.1]",
-	}
-	if got := statuses(t, get, refused); got[http.StatusBadRequest] != len(refused) {
-		t.Fatalf("addresses with invisible characters or several @: %v; want all %d refused with 400", got, len(refused))
-	}
-}
-
-// A path normalized by `normalize path` is resolved like Caddy and the
-// upstream resolve it: a decoded "?" does not cut it, ";params" do not
-// count, and a trailing dot or space (which Windows servers drop) is
-// refused rather than made a fresh key.
-func TestPathSpellingsShareOneQuota(t *testing.T) {
-	seen := map[string]int{}
-	var mu sync.Mutex
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		seen[r.URL.Path]++
-		mu.Unlock()
-	}))
-	defer upstream.Close()
-	get := zoneServer(t, `zone norm_path {
-			by path
-			missing deny
-			rate 3/1h
-		}`, "reverse_proxy "+strings.TrimPrefix(upstream.URL, "http://"))
-	var attack []string
-	for i := 1; i <= 6; i++ {
-		attack = append(attack, fmt.Sprintf("/p%d%%3F/../api/login", i))
-	}
-	got := statuses(t, get, attack)
-	if got[http.StatusOK] != 3 || got[http.StatusTooManyRequests] != 3 {
-		t.Fatalf("/pN%%3F/../api/login: %v; want 3 admitted, 3 denied", got)
-	}
-	// The upstream saw /pN?/../api/login: the path its router cleans to
-	// /api/login, not a path cut at the "?".
-	for p, n := range seen {
-		if !strings.HasSuffix(p, "/../api/login") || !strings.Contains(p, "?") {
-			t.Errorf("upstream saw %q (%d times)", p, n)
-		}
-	}
-	// Every other spelling of /api/login is the same key, now denied.
-	more := []string{"/api/login;a", "/api;x/login", "/api/x/..;/login", "/API/%6Cogin", "/api%2Flogin", "/api%252Flogin", "/api//login/"}
-	if got := statuses(t, get, more); got[http.StatusTooManyRequests] != len(more) {
-		t.Fatalf("other spellings of /api/login: %v; want all %d denied", got, len(more))
-	}
-	refused := []string{"/api/login.", "/api/login..", "/api/login%20", "/api/login%2E", "/api/login%00", "/api%5Clogin", "/api/login%0A", "/%C0%AE%C0%AE/api/login", "/api/login%E2%80%8B"}
-	if got := statuses(t, get, refused); got[http.StatusBadRequest] != len(refused) {
-		t.Fatalf("trailing dots and spaces, NUL, backslash, overlong UTF-8: %v; want all %d refused", got, len(refused))
-	}
-}
-
-// A Bangladeshi number typed in Bengali digits is the number it spells:
-// one key with its ASCII and international spellings, in every script.
-func TestPhoneDigitsOfEveryScript(t *testing.T) {
-	send := zoneServer(t, `zone norm_phone {
-			by query phone
-			normalize phone BD
-			missing deny
-			rate 4/1h
-		}`, `respond "sent"`)
-	get := func(phone string) int { return send("/?phone=" + url.QueryEscape(phone)) }
-	scripts := []string{
-		"০১৭১২৩৪৫৬৭৮",    // Bengali
-		"01712345678",    // ASCII
-		"+8801712345678", // international
-		"٠١٧١٢٣٤٥٦٧٨",    // Arabic-Indic
-	}
-	if got := statuses(t, get, scripts); got[http.StatusOK] != 4 {
-		t.Fatalf("one number in four scripts: %v; want 4 admitted", got)
-	}
-	more := []string{"+৮৮০ ১৭১২-৩৪৫৬৭৮", "०१७१२३४५६७८", "۰۱۷۱۲۳۴۵۶۷۸", "０１７１２３４５６７８", "๐๑๗๑๒๓๔๕๖๗๘"}
-	if got := statuses(t, get, more); got[http.StatusTooManyRequests] != len(more) {
-		t.Fatalf("the same number in other scripts: %v; want all %d denied", got, len(more))
-	}
-	refused := []string{"0171\u200b2345678", "০১৭১\u200c২৩৪৫৬৭৮", "01712\u2060345678", "\ufeff01712345678", "0171\u00ad2345678"}
-	if got := statuses(t, get, refused); got[http.StatusBadRequest] != len(refused) {
-		t.Fatalf("invisible characters inside a number: %v; want all %d refused", got, len(refused))
-	}
-}
-
-// A query parameter hidden in a ";" pair is ambiguous: Caddy's
-// placeholder (Go's URL.Query) skips the pair, an application that splits
-// on ";" reads it. Here the upstream is such an application and counts
-// how often it was asked about the victim.
-func TestQuerySemicolonPairsAreAmbiguous(t *testing.T) {
-	var mu sync.Mutex
-	victim := 0
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		user := ""
-		for _, pair := range strings.FieldsFunc(r.URL.RawQuery, func(c rune) bool { return c == '&' || c == ';' }) {
-			if k, v, _ := strings.Cut(pair, "="); strings.EqualFold(k, "user") || k == "us%65r" {
-				user = v // the last copy wins, as in PHP and Rack
-			}
-		}
-		if user == "victim" {
-			mu.Lock()
-			victim++
-			mu.Unlock()
-		}
-	}))
-	defer upstream.Close()
-	get := zoneServer(t, `zone norm_query {
-			key {http.request.uri.query.user}
-			missing skip
-			rate 2/1h
-		}`, "reverse_proxy "+strings.TrimPrefix(upstream.URL, "http://"))
-	var attack []string
-	for i := 0; i < 5; i++ {
-		attack = append(attack,
-			fmt.Sprintf("/?user=r%d&user=victim;x=1", i), // Caddy reads r<i>, the app victim
-			fmt.Sprintf("/?user=victim;x=%d", i),         // Caddy reads nothing: skipped before
-			fmt.Sprintf("/?us%%65r=r%d&user=victim", i),  // two copies, one name encoded
-			fmt.Sprintf("/?USER=victim&x=%d", i),         // another case
-		)
-	}
-	got := statuses(t, get, attack)
-	if got[http.StatusOK] != 2 || victim != 2 {
-		t.Fatalf("%d requests for the victim through ; pairs: %v, %d reached the upstream as victim; want 2 (one shared quota)", len(attack), got, victim)
-	}
-	// A plain parameter is still a key of its own.
-	if code := get("/?user=ann"); code != http.StatusOK {
-		t.Fatalf("?user=ann: %d", code)
-	}
-}
-
-// A query of more than 10,000 parameters is one Go (and so Caddy's
-// placeholder) reads nothing of, while the application may read all of
-// it: the key is still the parameter's value, never an absent key that
-// "missing skip" would let through.
-func TestQueryKeyBeyondGoParameterLimit(t *testing.T) {
-	tester := newTester(t, jsonServer(`{
-		"handler": "rate_limit",
-		"rate_limits": {"hotpath_query": {"key": "{http.request.uri.query.user}", "missing": "skip", "window": "1h", "max_events": 1}}
-	}, `+okHandler, ""), "json")
-	// 10,000 empty pairs: Go counts the separators.
-	padded := "/?" + strings.Repeat("&", 10000) + "user=victim"
-	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
-		if code, _, _ := do(t, tester, "GET", padded); code != want {
-			t.Fatalf("padded query #%d: status %d, want %d", i+1, code, want)
-		}
-	}
-	expect429(t, tester, 3599, 3600, "GET", "/?user=victim")
-	expectN(t, tester, 2, http.StatusOK, "GET", "/?other=1")
-}
-
 // 200 requests from one untrusted peer, each with a new
 // X-Forwarded-For, are one client. Caddy's client_ip only reads that header
 // from trusted proxies; here the peer (127.0.0.1) is not one.
@@ -715,6 +294,427 @@ func TestRepeatedIdentifiersDoNotBypass(t *testing.T) {
 		if code, _ := post(t, tester, "/otp", "application/json", body); code != http.StatusBadRequest {
 			t.Fatalf("two spellings of the phone key: %d, want 400", code)
 		}
+	}
+}
+
+// zoneServer starts Caddy with one rate_limit zone in front of handler and
+// returns a function that GETs a path and answers the status.
+func zoneServer(t *testing.T, zone, handler string) func(path string) int {
+	t.Helper()
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		`+zone+`
+	}
+	`+handler), "caddyfile")
+	return func(path string) int {
+		code, _, _ := do(t, tester, "GET", path)
+		return code
+	}
+}
+
+// statuses sends one GET per path and counts the answers by status.
+func statuses(t *testing.T, do func(path string) int, paths []string) map[int]int {
+	t.Helper()
+	n := map[int]int{}
+	for _, p := range paths {
+		c := do(p)
+		t.Logf("%q: %d", p, c)
+		n[c]++
+	}
+	return n
+}
+
+// Every spelling of one mailbox shares its quota, and an address with an
+// invisible character is refused (400 under missing deny), never a fresh
+// key: a mail server delivers all of these to rakib@gmail.com.
+func TestEmailSpellingsShareOneQuota(t *testing.T) {
+	send := zoneServer(t, `zone norm_email {
+			by query email
+			normalize email
+			missing deny
+			rate 3/1h
+		}`, `respond "sent"`)
+	get := func(email string) int { return send("/?email=" + url.QueryEscape(email)) }
+	spellings := []string{
+		"rakib@gmail.com", "rakib(1)@gmail.com", "rakib((2)x)@gmail.com", "rakib@(3)gmail.com",
+		"<rakib@gmail.com>", "Rakib <rakib@gmail.com>", "\"rakib\"@gmail.com", "\"Rakib\" <\"rakib\"(4)@gmail.com>",
+		"rakib @ gmail.com", "RAKIB@GMAIL.COM.", "rakib@gmail(5).com",
+	}
+	got := statuses(t, get, spellings)
+	if got[http.StatusOK] != 3 || got[http.StatusTooManyRequests] != len(spellings)-3 {
+		t.Fatalf("%d spellings of one mailbox: %v; want 3 admitted, the rest 429", len(spellings), got)
+	}
+	// The same for an internationalized domain, in both its forms.
+	idn := []string{"u@exämple.com", "u@xn--exmple-cua.com", "u@EXÄMPLE.com", "U@XN--EXMPLE-CUA.COM."}
+	if got := statuses(t, get, idn); got[http.StatusOK] != 3 || got[http.StatusTooManyRequests] != 1 {
+		t.Fatalf("U-label and A-label spellings: %v; want 3 admitted, 1 denied", got)
+	}
+	refused := []string{
+		"rakib\x00@gmail.com", "ra\u00adkib@gmail.com", "rakib\u200b@gmail.com", "\ufeffrakib@gmail.com",
+		"rakib\u202e@gmail.com", "rakib@gma\u200dil.com", "a@b@gmail.com", "\"a@b\"@gmail.com", "rakib@[192.0.2.1]",
+	}
+	if got := statuses(t, get, refused); got[http.StatusBadRequest] != len(refused) {
+		t.Fatalf("addresses with invisible characters or several @: %v; want all %d refused with 400", got, len(refused))
+	}
+}
+
+// A path normalized by `normalize path` is resolved like Caddy and the
+// upstream resolve it: a decoded "?" does not cut it, ";params" do not
+// count, and a trailing dot or space (which Windows servers drop) is
+// refused rather than made a fresh key.
+func TestPathSpellingsShareOneQuota(t *testing.T) {
+	seen := map[string]int{}
+	var mu sync.Mutex
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen[r.URL.Path]++
+		mu.Unlock()
+	}))
+	defer upstream.Close()
+	get := zoneServer(t, `zone norm_path {
+			by path
+			missing deny
+			rate 3/1h
+		}`, "reverse_proxy "+strings.TrimPrefix(upstream.URL, "http://"))
+	var attack []string
+	for i := 1; i <= 6; i++ {
+		attack = append(attack, fmt.Sprintf("/p%d%%3F/../api/login", i))
+	}
+	got := statuses(t, get, attack)
+	if got[http.StatusOK] != 3 || got[http.StatusTooManyRequests] != 3 {
+		t.Fatalf("/pN%%3F/../api/login: %v; want 3 admitted, 3 denied", got)
+	}
+	// The upstream saw /pN?/../api/login: the path its router cleans to
+	// /api/login, not a path cut at the "?".
+	for p, n := range seen {
+		if !strings.HasSuffix(p, "/../api/login") || !strings.Contains(p, "?") {
+			t.Errorf("upstream saw %q (%d times)", p, n)
+		}
+	}
+	// Every other spelling of /api/login is the same key, now denied.
+	more := []string{"/api/login;a", "/api;x/login", "/api/x/..;/login", "/API/%6Cogin", "/api%2Flogin", "/api%252Flogin", "/api//login/"}
+	if got := statuses(t, get, more); got[http.StatusTooManyRequests] != len(more) {
+		t.Fatalf("other spellings of /api/login: %v; want all %d denied", got, len(more))
+	}
+	refused := []string{"/api/login.", "/api/login..", "/api/login%20", "/api/login%2E", "/api/login%00", "/api%5Clogin", "/api/login%0A", "/%C0%AE%C0%AE/api/login", "/api/login%E2%80%8B"}
+	if got := statuses(t, get, refused); got[http.StatusBadRequest] != len(refused) {
+		t.Fatalf("trailing dots and spaces, NUL, backslash, overlong UTF-8: %v; want all %d refused", got, len(refused))
+	}
+}
+
+// A Bangladeshi number typed in Bengali digits is the number it spells:
+// one key with its ASCII and international spellings, in every script.
+func TestPhoneDigitsOfEveryScript(t *testing.T) {
+	send := zoneServer(t, `zone norm_phone {
+			by query phone
+			normalize phone BD
+			missing deny
+			rate 4/1h
+		}`, `respond "sent"`)
+	get := func(phone string) int { return send("/?phone=" + url.QueryEscape(phone)) }
+	scripts := []string{
+		"০১৭১২৩৪৫৬৭৮",    // Bengali
+		"01712345678",    // ASCII
+		"+8801712345678", // international
+		"٠١٧١٢٣٤٥٦٧٨",    // Arabic-Indic
+	}
+	if got := statuses(t, get, scripts); got[http.StatusOK] != 4 {
+		t.Fatalf("one number in four scripts: %v; want 4 admitted", got)
+	}
+	more := []string{"+৮৮০ ১৭১২-৩৪৫৬৭৮", "०१७१२३४५६७८", "۰۱۷۱۲۳۴۵۶۷۸", "０１７１２３４５６７８", "๐๑๗๑๒๓๔๕๖๗๘"}
+	if got := statuses(t, get, more); got[http.StatusTooManyRequests] != len(more) {
+		t.Fatalf("the same number in other scripts: %v; want all %d denied", got, len(more))
+	}
+	refused := []string{"0171\u200b2345678", "০১৭১\u200c২৩৪৫৬৭৮", "01712\u2060345678", "\ufeff01712345678", "0171\u00ad2345678"}
+	if got := statuses(t, get, refused); got[http.StatusBadRequest] != len(refused) {
+		t.Fatalf("invisible characters inside a number: %v; want all %d refused", got, len(refused))
+	}
+}
+
+// A query parameter hidden in a ";" pair is ambiguous: Caddy's
+// placeholder (Go's URL.Query) skips the pair, an application that splits
+// on ";" reads it. Here the upstream is such an application and counts
+// how often it was asked about the victim.
+func TestQuerySemicolonPairsAreAmbiguous(t *testing.T) {
+	var mu sync.Mutex
+	victim := 0
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user := ""
+		for _, pair := range strings.FieldsFunc(r.URL.RawQuery, func(c rune) bool { return c == '&' || c == ';' }) {
+			if k, v, _ := strings.Cut(pair, "="); strings.EqualFold(k, "user") || k == "us%65r" {
+				user = v // the last copy wins, as in PHP and Rack
+			}
+		}
+		if user == "victim" {
+			mu.Lock()
+			victim++
+			mu.Unlock()
+		}
+	}))
+	defer upstream.Close()
+	get := zoneServer(t, `zone norm_query {
+			key {http.request.uri.query.user}
+			missing skip
+			rate 2/1h
+		}`, "reverse_proxy "+strings.TrimPrefix(upstream.URL, "http://"))
+	var attack []string
+	for i := 0; i < 5; i++ {
+		attack = append(attack,
+			fmt.Sprintf("/?user=r%d&user=victim;x=1", i), // Caddy reads r<i>, the app victim
+			fmt.Sprintf("/?user=victim;x=%d", i),         // Caddy reads nothing: skipped before
+			fmt.Sprintf("/?us%%65r=r%d&user=victim", i),  // two copies, one name encoded
+			fmt.Sprintf("/?USER=victim&x=%d", i),         // another case
+		)
+	}
+	got := statuses(t, get, attack)
+	if got[http.StatusOK] != 2 || victim != 2 {
+		t.Fatalf("%d requests for the victim through ; pairs: %v, %d reached the upstream as victim; want 2 (one shared quota)", len(attack), got, victim)
+	}
+	// A plain parameter is still a key of its own.
+	if code := get("/?user=ann"); code != http.StatusOK {
+		t.Fatalf("?user=ann: %d", code)
+	}
+}
+
+// With the default order, rate_limit runs before basic_auth, so
+// {http.auth.user.id} is empty for every request and all users share one
+// quota: that is warned about once, naming the order line that fixes it.
+// With the order fixed, each user has a quota of their own and nothing is
+// warned about.
+func TestAuthKeyBeforeBasicAuthWarnsOnce(t *testing.T) {
+	const (
+		annHash = "$2a$04$UAqEEEUk9QCx3IP5YIAOOef3LQ8cEdoAD9ImU1pdlqEOTK8GCbLDq" // ann-password
+		bobHash = "$2a$04$yUKIUvBo9pg60hbZxiV3eePg7Rfnea2Lh1Xltu/SsR0piJdtzB6ta" // bob-password
+	)
+	ann := []string{"Authorization", "Basic " + base64.StdEncoding.EncodeToString([]byte("ann:ann-password"))}
+	bob := []string{"Authorization", "Basic " + base64.StdEncoding.EncodeToString([]byte("bob:bob-password"))}
+	run := func(t *testing.T, zone, order string) (annOK, bobOK, warnings int) {
+		logFile := filepath.Join(t.TempDir(), "caddy.log")
+		tester := newTester(t, caddyfileServerWith(order+`
+	log {
+		output file `+logFile+`
+		format json
+		level WARN
+	}`, `	rate_limit {
+		zone `+zone+` {
+			key {http.auth.user.id}
+			rate 3/1h
+		}
+	}
+	basic_auth {
+		ann `+annHash+`
+		bob `+bobHash+`
+	}
+	respond "ok"`), "caddyfile")
+		annOK = countOK(t, tester, 4, ann...)
+		bobOK = countOK(t, tester, 4, bob...)
+		logs, err := os.ReadFile(logFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(logs), "\n") {
+			if strings.Contains(line, `"placeholder":"{http.auth.user.id}"`) {
+				warnings++
+				if !strings.Contains(line, "order rate_limit after basic_auth") || !strings.Contains(line, `"zone":"`+zone+`"`) {
+					t.Errorf("the warning does not name the zone and the order line that fixes it: %s", line)
+				}
+			}
+		}
+		return annOK, bobOK, warnings
+	}
+	t.Run("default order", func(t *testing.T) {
+		annOK, bobOK, warnings := run(t, "cfg_auth_default", "")
+		if annOK+bobOK != 3 {
+			t.Errorf("ann got %d and bob %d of 4 through: expected one quota of 3 shared by both", annOK, bobOK)
+		}
+		if warnings != 1 {
+			t.Errorf("%d warnings about {http.auth.user.id}, want exactly 1", warnings)
+		}
+	})
+	t.Run("order fixed", func(t *testing.T) {
+		annOK, bobOK, warnings := run(t, "cfg_auth_ordered", "\torder rate_limit after basic_auth")
+		if annOK != 3 || bobOK != 3 {
+			t.Errorf("ann got %d and bob %d of 4 through: expected 3 each", annOK, bobOK)
+		}
+		if warnings != 0 {
+			t.Errorf("%d warnings about {http.auth.user.id}, want none", warnings)
+		}
+	})
+}
+
+// A query of more than 10,000 parameters is one Go (and so Caddy's
+// placeholder) reads nothing of, while the application may read all of
+// it: the key is still the parameter's value, never an absent key that
+// "missing skip" would let through.
+func TestQueryKeyBeyondGoParameterLimit(t *testing.T) {
+	tester := newTester(t, jsonServer(`{
+		"handler": "rate_limit",
+		"rate_limits": {"hotpath_query": {"key": "{http.request.uri.query.user}", "missing": "skip", "window": "1h", "max_events": 1}}
+	}, `+okHandler, ""), "json")
+	// 10,000 empty pairs: Go counts the separators.
+	padded := "/?" + strings.Repeat("&", 10000) + "user=victim"
+	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+		if code, _, _ := do(t, tester, "GET", padded); code != want {
+			t.Fatalf("padded query #%d: status %d, want %d", i+1, code, want)
+		}
+	}
+	expect429(t, tester, 3599, 3600, "GET", "/?user=victim")
+	expectN(t, tester, 2, http.StatusOK, "GET", "/?other=1")
+}
+
+// Express (cookie-parser) and PHP ($_COOKIE) percent-decode cookie values,
+// so `session=vic%74im` is the cookie "victim" to them: a limiter that keys
+// the raw value gives each way of encoding its letters a fresh key, and 10
+// of 10 would reach an upstream that decodes as Express does. PHP also reads `+` as a space, and
+// decodes and mangles cookie names as it does form fields, the first copy
+// winning: `sess%69on=victim; session=junk<i>` is victim to PHP, and
+// junk<i>, a fresh key each time, to a limiter that reads the last copy
+// (10 of 10 would pass).
+func TestCookieValueSpellingsShareAKey(t *testing.T) {
+	var mu sync.Mutex
+	victim := 0
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := r.Cookie("session")
+		if err != nil {
+			return
+		}
+		// cookie-parser: decodeURIComponent, the raw value when that fails.
+		v, err := url.PathUnescape(c.Value)
+		if err != nil {
+			v = c.Value
+		}
+		if v == "victim" {
+			mu.Lock()
+			victim++
+			mu.Unlock()
+		}
+	}))
+	defer upstream.Close()
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone cookie_spelling {
+			by cookie session
+			rate 3/1h
+		}
+	}
+	reverse_proxy `+strings.TrimPrefix(upstream.URL, "http://")), "caddyfile")
+	get := func(cookie string) int {
+		code, _, _ := do(t, tester, "GET", "/", "Cookie", cookie)
+		return code
+	}
+	spellings := []string{"victim", "%76ictim", "v%69ctim", "vi%63tim", "vic%74im", "vict%69m", "victi%6d", "victi%6D", "%76%69ctim", "%76%69%63%74%69%6D"}
+	got := map[int]int{}
+	for _, s := range spellings {
+		got[get("session="+s)]++
+	}
+	if got[http.StatusOK] != 3 || victim != 3 {
+		t.Fatalf("%d spellings of one cookie value: %v, %d reached the upstream as victim; want 3 (one key)", len(spellings), got, victim)
+	}
+	// Another value is another key; "+" and %20 are one PHP value.
+	for i, c := range []string{"session=a+b", "session=a%20b", "session=a%2Bb"} {
+		if code := get(c); code != http.StatusOK {
+			t.Fatalf("%s (#%d of its key): %d, want 200", c, i+1, code)
+		}
+	}
+	if code := get("session=a+b"); code != http.StatusTooManyRequests {
+		t.Fatalf("a fourth spelling of \"a b\": %d, want 429", code)
+	}
+	passed := 0
+	for i := 0; i < 10; i++ {
+		if get(fmt.Sprintf("sess%%69on=victim2; session=junk%d", i)) == http.StatusOK {
+			passed++
+		}
+	}
+	if passed != 3 {
+		t.Fatalf("%d of 10 requests with the cookie name in two spellings passed; want 3 (one shared quota)", passed)
+	}
+}
+
+// PHP, Rack and Express (qs, with extended forms and queries) read
+// `phone[]=…` and `key[0]=…` as an array named phone or key, and
+// JavaScript reads a one-element array as its element: `${req.body.phone}`
+// is the victim's number. Read as absent, the field would let 20 of 20
+// through a limit of 3 under `missing skip`. A field given as an array is
+// unreadable (as a JSON array is), never absent.
+func TestArrayNamesAreNeverSkipped(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone array_form {
+			match {
+				path /otp
+			}
+			by form phone
+			normalize phone BD
+			missing skip
+			rate 3/1h
+		}
+		zone array_query {
+			match {
+				path /api
+			}
+			by query key
+			missing skip
+			rate 3/1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+
+	forms := []string{"phone[]=01712345678", "phone[0]=01712345678", "phone%5B%5D=01712345678", "phone[]=01712345678&x=1"}
+	queries := []string{"key[]=victim", "key[0]=victim", "key%5B%5D=victim", "key[a]=victim"}
+	passed := map[string]int{}
+	for i := 0; i < 20; i++ {
+		if code, _ := post(t, tester, "/otp", formType, forms[i%len(forms)]); code == http.StatusOK {
+			passed["form"]++
+		}
+		if code, _, _ := do(t, tester, "GET", "/api?"+queries[i%len(queries)]); code == http.StatusOK {
+			passed["query"]++
+		}
+	}
+	for kind, n := range passed {
+		if n != 3 {
+			t.Errorf("%s: %d of 20 fields given as arrays passed; want 3 (one shared quota)", kind, n)
+		}
+	}
+	// A field without brackets is still its own key, and absent is skipped.
+	for i, want := range []int{200, 200, 200, 429} {
+		if code, _ := post(t, tester, "/otp", formType, "phone=01812345678"); code != want {
+			t.Fatalf("phone=01812345678 #%d: %d, want %d", i+1, code, want)
+		}
+		if code, _, _ := do(t, tester, "GET", "/api?key=ann"); code != want {
+			t.Fatalf("?key=ann #%d: %d, want %d", i+1, code, want)
+		}
+	}
+	if code, _, _ := do(t, tester, "GET", "/api?other=1"); code != http.StatusOK {
+		t.Fatalf("no key: %d, want 200 (skipped)", code)
+	}
+}
+
+// `by header Authorization` keys the credentials, not their spelling: the
+// scheme in any case and any spaces before the token are one client, as
+// the servers that accept them read them (passport-http-bearer splits on
+// any whitespace; RFC 9110 makes the scheme case-insensitive). Keyed by
+// spelling, each would be a fresh quota: 3 + 5 requests would pass a limit
+// of 3.
+func TestAuthorizationSpellingsShareAKey(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone auth_spelling {
+			by header Authorization
+			rate 3/1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+	passed := 0
+	for _, auth := range []string{"Bearer tok609", "bearer tok609", "BEARER tok609", "Bearer  tok609", "bEarer tok609", "Bearer\ttok609", " Bearer tok609"} {
+		if code, _, _ := do(t, tester, "GET", "/", "Authorization", auth); code == http.StatusOK {
+			passed++
+		}
+	}
+	if passed != 3 {
+		t.Fatalf("%d of 7 spellings of one token passed a limit of 3", passed)
+	}
+	if code, _, _ := do(t, tester, "GET", "/", "Authorization", "Bearer TOK609"); code != http.StatusOK {
+		t.Fatalf("another token (tokens are case-sensitive): %d, want 200", code)
 	}
 }
 

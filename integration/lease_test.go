@@ -12,27 +12,6 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// Caddy's own placeholders for the whole request body read the body as
-// much as a field does: a limit keyed by them guards what the body says,
-// and leases no more than one keyed by a field.
-func TestLeaseWholeBodyKey(t *testing.T) {
-	for _, key := range []string{"{http.request.body}", "{http.request.body_base64}"} {
-		t.Run(key, func(t *testing.T) {
-			assertLoadError(t, caddyfileServer(`	rate_limit {
-		backend redis {
-			address 127.0.0.1:1
-		}
-		zone lease_body {
-			key `+key+`
-			rate 1000/1m
-			lease 10
-		}
-	}
-	respond "ok"`), "caddyfile", "read from the request body")
-		})
-	}
-}
-
 // A fleet of three Caddy processes shares a hot key with a lease of 10:
 // each process takes 10 units per call to Redis and spends them locally,
 // so the key costs about one script call per 10 requests, and the fleet
@@ -201,5 +180,26 @@ func TestRedisLeaseAdmin(t *testing.T) {
 	}
 	if ls := keyOp(t, "GET", "/rate_limit/zones/lease_admin/keys/one"); ls[0].Remaining != 990 {
 		t.Fatalf("after the reset and a request: %+v, want 990", ls)
+	}
+}
+
+// Caddy's own placeholders for the whole request body read the body as
+// much as a field does: a limit keyed by them guards what the body says,
+// and leases no more than one keyed by a field.
+func TestLeaseWholeBodyKey(t *testing.T) {
+	for _, key := range []string{"{http.request.body}", "{http.request.body_base64}"} {
+		t.Run(key, func(t *testing.T) {
+			assertLoadError(t, caddyfileServer(`	rate_limit {
+		backend redis {
+			address 127.0.0.1:1
+		}
+		zone lease_body {
+			key `+key+`
+			rate 1000/1m
+			lease 10
+		}
+	}
+	respond "ok"`), "caddyfile", "read from the request body")
+		})
 	}
 }

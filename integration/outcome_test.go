@@ -16,185 +16,6 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// slowSender is an application that does its work (sends a message) as
-// soon as a request arrives, then takes a while to answer 200, whether
-// the client is still there or not, as most applications do.
-func slowSender(t *testing.T, delay time.Duration) (addr string, sent *atomic.Int64) {
-	sent = new(atomic.Int64)
-	_, upAddr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		sent.Add(1)
-		time.Sleep(delay)
-		fmt.Fprint(w, "sent")
-	})
-	return upAddr, sent
-}
-
-// A client that hangs up after its request reached the application, but
-// before the answer, does not learn the outcome, and neither does the
-// limit: the unit it took stays taken. Taken as the outcome, the proxy's
-// 499 for the cancelled request would not match count_when 2xx, the unit
-// would be given back, and a client could have a text message sent as
-// often as it liked through a one-minute cooldown by hanging up each time.
-func TestOutcomeClientLeavesBeforeAnswer(t *testing.T) {
-	addr, sent := slowSender(t, 400*time.Millisecond)
-	newTester(t, caddyfileServer(`
-	rate_limit {
-		zone outcome_abort {
-			scope gap {
-				by ip
-				cooldown 60s
-				count_when status 2xx
-			}
-		}
-	}
-	reverse_proxy `+addr), "caddyfile")
-	impatient := &http.Client{Timeout: 150 * time.Millisecond}
-	for range 5 {
-		resp, err := impatient.Post(fmt.Sprintf("http://localhost:%d/otp/send", httpPort), "text/plain", nil)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusTooManyRequests {
-				continue
-			}
-		}
-		// Let the proxy see the client leave and settle.
-		time.Sleep(400 * time.Millisecond)
-	}
-	if got := sent.Load(); got != 1 {
-		t.Fatalf("the application sent %d messages within a 60s cooldown to a client that hung up each time, want 1", got)
-	}
-}
-
-// The same client, hanging up in the middle of a chunked body it has
-// sent most of: the application has the request, the proxy fails to
-// read the rest of the body.
-func TestOutcomeClientLeavesMidBody(t *testing.T) {
-	addr, sent := slowSender(t, 400*time.Millisecond)
-	newTester(t, caddyfileServer(`
-	rate_limit {
-		zone outcome_abort_body {
-			scope gap {
-				by ip
-				cooldown 60s
-				count_when status 2xx
-			}
-		}
-	}
-	reverse_proxy `+addr), "caddyfile")
-	for range 5 {
-		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", httpPort))
-		if err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(c, "POST /otp/send HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n10\r\n{\"phone\":\"0171\"}\r\n")
-		time.Sleep(150 * time.Millisecond)
-		c.Close()
-		time.Sleep(400 * time.Millisecond)
-	}
-	if got := sent.Load(); got != 1 {
-		t.Fatalf("the application was reached %d times within a 60s cooldown by a client that hung up mid-body each time, want 1", got)
-	}
-}
-
-// count_when and reset_when set on a zone made only of scopes would do
-// nothing (a scope does not inherit them): every failed login and every
-// success would count alike, and no success would forgive. The config is
-// refused at the option's line, as the zone's other own options are.
-func TestOutcomeOnZoneOfScopesRefused(t *testing.T) {
-	assertLoadError(t, caddyfileServer(`	rate_limit {
-		zone outcome_scopes_only {
-			count_when status 401
-			reset_when status 2xx
-			scope user {
-				key {http.request.header.X-User}
-				rate 5/15m
-			}
-		}
-	}
-	respond "ok"`), "caddyfile", "count_when, reset_when would do nothing on a zone without a rate of its own")
-}
-
-// An application that says a login failed in a header the site keeps to
-// itself (`header -X-Login-Result`, applied as the response goes out):
-// count_when matches the header as the application wrote it. Read after
-// the site's edits, the header would be gone, no failure would match, and
-// every wrong password would be given back: unlimited guesses.
-func TestOutcomeCountWhenHiddenHeader(t *testing.T) {
-	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Query().Get("pw") != "right" {
-			w.Header().Set("X-Login-Result", "failed")
-		}
-		fmt.Fprint(w, "page")
-	})
-	tester := newTester(t, caddyfileServer(`
-	header -X-Login-Result
-	rate_limit {
-		zone outcome_hidden_header {
-			by ip
-			rate 2/15m
-			count_when header X-Login-Result failed
-		}
-	}
-	reverse_proxy `+addr), "caddyfile")
-	expectN(t, tester, 5, http.StatusOK, "GET", "/?pw=right")
-	for i := range 2 {
-		if code, _, _ := do(t, tester, "GET", "/?pw=wrong"); code != http.StatusOK {
-			t.Fatalf("failure #%d: %d", i+1, code)
-		}
-	}
-	resp, err := http.Get(fmt.Sprintf("http://localhost:%d/?pw=wrong", httpPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.Header.Get("X-Login-Result") != "" {
-		t.Fatalf("the header reached the client")
-	}
-	if resp.StatusCode != http.StatusTooManyRequests {
-		t.Fatalf("third failure: %d, want 429", resp.StatusCode)
-	}
-}
-
-// A sliding window's refund comes after its events have left the window
-// (a slow response that count_when does not count); a reload then makes
-// the window longer. The events that had left are gone: the new window
-// admits its whole limit. A store that kept them through the refund would
-// count them again under the longer window (3 of 5 would pass); Redis lets
-// the key expire, and the memory store must forget them alike.
-func TestOutcomeSlidingWindowRefundThenLongerWindow(t *testing.T) {
-	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
-		_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path == "/slow" {
-				time.Sleep(600 * time.Millisecond) // past the 300ms window
-				w.WriteHeader(http.StatusOK)
-				return
-			}
-			w.WriteHeader(http.StatusUnauthorized)
-		})
-		site := func(rate string) string {
-			return caddyfileServer(fmt.Sprintf(`
-	rate_limit {
-		%s
-		zone %sdiff_logrefund {
-			by ip
-			rate %s
-			algorithm sliding_window
-			count_when status 401
-		}
-	}
-	reverse_proxy %s`, backend, prefix, rate, addr))
-		}
-		tester := newTester(t, site("5/300ms"), "caddyfile")
-		expectN(t, tester, 2, http.StatusUnauthorized, "GET", "/fail") // counted
-		expectN(t, tester, 1, http.StatusOK, "GET", "/slow")           // given back after the window
-		adminRequest(t, "POST", "/load", "text/caddyfile", withPorts(site("5/1h")))
-		expectN(t, tester, 5, http.StatusUnauthorized, "GET", "/fail")
-		if code, _, _ := do(t, tester, "GET", "/fail"); code != http.StatusTooManyRequests {
-			t.Fatalf("sixth request under 5/1h: status %d, want 429", code)
-		}
-	})
-}
-
 // outcomeBackends runs f on the memory store and on a real Redis.
 func outcomeBackends(t *testing.T, f func(t *testing.T, backend, zonePrefix string)) {
 	t.Run("memory", func(t *testing.T) { f(t, "", "outcome_mem_") })
@@ -605,4 +426,183 @@ func TestOutcomeCountWhenHeader(t *testing.T) {
 	expectN(t, tester, 10, http.StatusOK, "GET", "/?pw=right")
 	expectN(t, tester, 2, http.StatusOK, "GET", "/?pw=wrong")
 	expect429(t, tester, 1, 900, "GET", "/?pw=wrong")
+}
+
+// slowSender is an application that does its work (sends a message) as
+// soon as a request arrives, then takes a while to answer 200, whether
+// the client is still there or not, as most applications do.
+func slowSender(t *testing.T, delay time.Duration) (addr string, sent *atomic.Int64) {
+	sent = new(atomic.Int64)
+	_, upAddr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		sent.Add(1)
+		time.Sleep(delay)
+		fmt.Fprint(w, "sent")
+	})
+	return upAddr, sent
+}
+
+// A client that hangs up after its request reached the application, but
+// before the answer, does not learn the outcome, and neither does the
+// limit: the unit it took stays taken. Taken as the outcome, the proxy's
+// 499 for the cancelled request would not match count_when 2xx, the unit
+// would be given back, and a client could have a text message sent as
+// often as it liked through a one-minute cooldown by hanging up each time.
+func TestOutcomeClientLeavesBeforeAnswer(t *testing.T) {
+	addr, sent := slowSender(t, 400*time.Millisecond)
+	newTester(t, caddyfileServer(`
+	rate_limit {
+		zone outcome_abort {
+			scope gap {
+				by ip
+				cooldown 60s
+				count_when status 2xx
+			}
+		}
+	}
+	reverse_proxy `+addr), "caddyfile")
+	impatient := &http.Client{Timeout: 150 * time.Millisecond}
+	for range 5 {
+		resp, err := impatient.Post(fmt.Sprintf("http://localhost:%d/otp/send", httpPort), "text/plain", nil)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusTooManyRequests {
+				continue
+			}
+		}
+		// Let the proxy see the client leave and settle.
+		time.Sleep(400 * time.Millisecond)
+	}
+	if got := sent.Load(); got != 1 {
+		t.Fatalf("the application sent %d messages within a 60s cooldown to a client that hung up each time, want 1", got)
+	}
+}
+
+// The same client, hanging up in the middle of a chunked body it has
+// sent most of: the application has the request, the proxy fails to
+// read the rest of the body.
+func TestOutcomeClientLeavesMidBody(t *testing.T) {
+	addr, sent := slowSender(t, 400*time.Millisecond)
+	newTester(t, caddyfileServer(`
+	rate_limit {
+		zone outcome_abort_body {
+			scope gap {
+				by ip
+				cooldown 60s
+				count_when status 2xx
+			}
+		}
+	}
+	reverse_proxy `+addr), "caddyfile")
+	for range 5 {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", httpPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST /otp/send HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n10\r\n{\"phone\":\"0171\"}\r\n")
+		time.Sleep(150 * time.Millisecond)
+		c.Close()
+		time.Sleep(400 * time.Millisecond)
+	}
+	if got := sent.Load(); got != 1 {
+		t.Fatalf("the application was reached %d times within a 60s cooldown by a client that hung up mid-body each time, want 1", got)
+	}
+}
+
+// count_when and reset_when set on a zone made only of scopes would do
+// nothing (a scope does not inherit them): every failed login and every
+// success would count alike, and no success would forgive. The config is
+// refused at the option's line, as the zone's other own options are.
+func TestOutcomeOnZoneOfScopesRefused(t *testing.T) {
+	assertLoadError(t, caddyfileServer(`	rate_limit {
+		zone outcome_scopes_only {
+			count_when status 401
+			reset_when status 2xx
+			scope user {
+				key {http.request.header.X-User}
+				rate 5/15m
+			}
+		}
+	}
+	respond "ok"`), "caddyfile", "count_when, reset_when would do nothing on a zone without a rate of its own")
+}
+
+// An application that says a login failed in a header the site keeps to
+// itself (`header -X-Login-Result`, applied as the response goes out):
+// count_when matches the header as the application wrote it. Read after
+// the site's edits, the header would be gone, no failure would match, and
+// every wrong password would be given back: unlimited guesses.
+func TestOutcomeCountWhenHiddenHeader(t *testing.T) {
+	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("pw") != "right" {
+			w.Header().Set("X-Login-Result", "failed")
+		}
+		fmt.Fprint(w, "page")
+	})
+	tester := newTester(t, caddyfileServer(`
+	header -X-Login-Result
+	rate_limit {
+		zone outcome_hidden_header {
+			by ip
+			rate 2/15m
+			count_when header X-Login-Result failed
+		}
+	}
+	reverse_proxy `+addr), "caddyfile")
+	expectN(t, tester, 5, http.StatusOK, "GET", "/?pw=right")
+	for i := range 2 {
+		if code, _, _ := do(t, tester, "GET", "/?pw=wrong"); code != http.StatusOK {
+			t.Fatalf("failure #%d: %d", i+1, code)
+		}
+	}
+	resp, err := http.Get(fmt.Sprintf("http://localhost:%d/?pw=wrong", httpPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Header.Get("X-Login-Result") != "" {
+		t.Fatalf("the header reached the client")
+	}
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("third failure: %d, want 429", resp.StatusCode)
+	}
+}
+
+// A sliding window's refund comes after its events have left the window
+// (a slow response that count_when does not count); a reload then makes
+// the window longer. The events that had left are gone: the new window
+// admits its whole limit. A store that kept them through the refund would
+// count them again under the longer window (3 of 5 would pass); Redis lets
+// the key expire, and the memory store must forget them alike.
+func TestOutcomeSlidingWindowRefundThenLongerWindow(t *testing.T) {
+	outcomeBackends(t, func(t *testing.T, backend, prefix string) {
+		_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/slow" {
+				time.Sleep(600 * time.Millisecond) // past the 300ms window
+				w.WriteHeader(http.StatusOK)
+				return
+			}
+			w.WriteHeader(http.StatusUnauthorized)
+		})
+		site := func(rate string) string {
+			return caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone %sdiff_logrefund {
+			by ip
+			rate %s
+			algorithm sliding_window
+			count_when status 401
+		}
+	}
+	reverse_proxy %s`, backend, prefix, rate, addr))
+		}
+		tester := newTester(t, site("5/300ms"), "caddyfile")
+		expectN(t, tester, 2, http.StatusUnauthorized, "GET", "/fail") // counted
+		expectN(t, tester, 1, http.StatusOK, "GET", "/slow")           // given back after the window
+		adminRequest(t, "POST", "/load", "text/caddyfile", withPorts(site("5/1h")))
+		expectN(t, tester, 5, http.StatusUnauthorized, "GET", "/fail")
+		if code, _, _ := do(t, tester, "GET", "/fail"); code != http.StatusTooManyRequests {
+			t.Fatalf("sixth request under 5/1h: status %d, want 429", code)
+		}
+	})
 }

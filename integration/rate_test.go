@@ -248,8 +248,6 @@ func TestHugeCostsNeverWrap(t *testing.T) {
 	}
 }
 
-func init() { caddy.RegisterModule(new(slotStore)) }
-
 // slotStore is the memory store, recording the slot each request it
 // admits is given (when it was decided plus how long it must wait) and
 // each slot given back. Queue tests assert these slots, which the store
@@ -476,6 +474,8 @@ func TestRedisSlidingWindowVariableCost(t *testing.T) {
 		})
 	}
 }
+
+func init() { caddy.RegisterModule(new(slotStore)) }
 
 // A client that keeps hammering a full limit is let back in as soon as the
 // limit has room: denied requests are never counted, on any algorithm and

@@ -17,6 +17,129 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
+// The same fleet against a Redis Cluster of three masters, the backend
+// named in each handler: every algorithm admits exactly 100, and a
+// request limited by a per-client zone and a global zone, whose keys live
+// in different slots, never passes either limit.
+func TestRedisFleetCluster(t *testing.T) {
+	nodes := redistest.Cluster(t)
+	prefix := fmt.Sprintf("fleet%d:", time.Now().UnixNano())
+	backend := redisBackend(3, "address "+strings.Join(nodes, " "), "cluster", "key_prefix "+prefix)
+	site := fleetSite(fleetAlgorithms, backend, `	handle /two_slots {
+		rate_limit {
+			`+backend+`
+			zone fleet_per_client {
+				key {http.request.header.X-Client}
+				rate 2/10m
+			}
+			zone fleet_all {
+				key everyone
+				rate 100/10m
+			}
+		}
+		respond ok
+	}
+`)
+	f := startFleet(t, fleetSize, fleetGlobals("")+site)
+	for _, a := range fleetAlgorithms {
+		t.Run(a, func(t *testing.T) {
+			f.expectLimit(t, a)
+		})
+	}
+	t.Run("two_slots", func(t *testing.T) {
+		// 64 clients of 2 each could take 128: the global zone stops them
+		// at 100. A request that one slot denies is taken back from the
+		// other; a request racing with such an undo may be refused (never
+		// admitted over the limit), so the flood admits at most 100, and
+		// requests one at a time afterwards find exactly the rest.
+		total := 10 * fleetClients
+		r := f.flood(t, "/two_slots", total, func(c int) http.Header {
+			return http.Header{"X-Client": {"client-" + strconv.Itoa(c)}}
+		})
+		if len(r.other) > 0 || r.admitted > fleetLimit || r.admitted+r.denied != total {
+			t.Fatalf("admitted %d, denied %d of %d, other %v (per instance %v), want at most %d", r.admitted, r.denied, total, r.other, r.perInstance, fleetLimit)
+		}
+		for c, n := range r.perClient {
+			if n > 2 {
+				t.Fatalf("client %d was admitted %d times, over its 2", c, n)
+			}
+		}
+		late := 0
+		for i := 0; ; i++ {
+			req, _ := http.NewRequest("GET", f.bases[i%len(f.bases)]+"/two_slots", nil)
+			req.Header.Set("X-Client", "late-"+strconv.Itoa(i))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusTooManyRequests {
+				break
+			}
+			if resp.StatusCode != http.StatusOK || late == fleetLimit {
+				t.Fatalf("request %d one at a time: %s after %d more admitted", i, resp.Status, late)
+			}
+			late++
+		}
+		if r.admitted+late != fleetLimit {
+			t.Fatalf("the flood admitted %d and requests one at a time %d more: %d in all, want %d", r.admitted, late, r.admitted+late, fleetLimit)
+		}
+		t.Logf("two slots: the flood admitted %d of %d in %v (per instance %v, %d clients admitted), then %d more one at a time", r.admitted, total, r.elapsed.Round(time.Millisecond), r.perInstance, len(r.perClient), late)
+		// The two zones' keys are spread over the masters: the requests
+		// were decided across slots, not by one node.
+		holding := 0
+		for _, addr := range nodes {
+			c := goredis.NewClient(&goredis.Options{Addr: addr})
+			n := 0
+			for _, zone := range []string{"fleet_per_client", "fleet_all"} {
+				keys, err := c.Keys(context.Background(), prefix+zone+"/*").Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				n += len(keys)
+			}
+			c.Close()
+			if n > 0 {
+				holding++
+			}
+		}
+		if holding < 2 {
+			t.Fatalf("the two zones' keys are on %d master(s), want them spread", holding)
+		}
+	})
+}
+
+// sameMaster reports whether the Redis Cluster of nodes serves keys a and
+// b from one master, as Redis hashes them. A script may read a key of
+// another slot of its own master, but not one of another master: a test
+// of keys that must share a slot checks that they would not share even
+// the master otherwise.
+func sameMaster(t *testing.T, nodes []string, a, b string) bool {
+	t.Helper()
+	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: nodes})
+	defer c.Close()
+	ctx := context.Background()
+	//lint:ignore SA1019 CLUSTER SLOTS still answers on Redis 7 and Valkey 8, and names each range's master first
+	slots, err := c.ClusterSlots(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	master := func(key string) string {
+		slot, err := c.ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range slots {
+			if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 {
+				return r.Nodes[0].Addr
+			}
+		}
+		t.Fatalf("no master serves slot %d of %q", slot, key)
+		return ""
+	}
+	return master(a) == master(b)
+}
+
 // On a Redis Cluster, every admin operation (inspect, lock-out inspect,
 // grant, reset) and reset_when work for every key, whatever its hash tag:
 // the bucket of requests without a key, keys starting with } or NUL, keys
@@ -153,37 +276,6 @@ func TestAdminClusterEveryKey(t *testing.T) {
 			expect("budget after the reset", []int{ok, ok, spent}, "/budget", "")
 		})
 	}
-}
-
-// On a Redis Cluster, the requests that share one quota because they lack
-// their key (missing shared, the empty key) are locked out like any key:
-// their state and lock-out record live in one slot. In two slots
-// ("a7x//l{}" and "a7x//o{}" hash whole, here to two masters), every such
-// request would fail in the script ("non local key"), trip the circuit
-// breaker, and the whole backend would fail open for every key and zone.
-func TestRedisClusterMissingKeyLockout(t *testing.T) {
-	nodes := redistest.Cluster(t)
-	tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		backend redis {
-			address `+strings.Join(nodes, " ")+`
-			cluster
-			key_prefix a7:
-			timeout 2s
-		}
-		zone a7x {
-			key {http.request.header.X-Key}
-			rate 2/1h
-			lockout 1m 5m
-		}
-	}
-	respond ok`), "caddyfile")
-	expectN(t, tester, 2, http.StatusOK, "GET", "/")
-	expect429(t, tester, 59, 60, "GET", "/")
-	expect429(t, tester, 59, 60, "GET", "/")
-	// The keyless requests broke nothing for the keys that have one.
-	expectN(t, tester, 2, http.StatusOK, "GET", "/", "X-Key", "victim")
-	expect429(t, tester, 59, 60, "GET", "/", "X-Key", "victim")
 }
 
 // On a Redis Cluster, a budget keyed by a header counts the requests that
@@ -358,129 +450,6 @@ func TestRedisClusterKeyFailureFailsAlone(t *testing.T) {
 	}
 }
 
-// The same fleet against a Redis Cluster of three masters, the backend
-// named in each handler: every algorithm admits exactly 100, and a
-// request limited by a per-client zone and a global zone, whose keys live
-// in different slots, never passes either limit.
-func TestRedisFleetCluster(t *testing.T) {
-	nodes := redistest.Cluster(t)
-	prefix := fmt.Sprintf("fleet%d:", time.Now().UnixNano())
-	backend := redisBackend(3, "address "+strings.Join(nodes, " "), "cluster", "key_prefix "+prefix)
-	site := fleetSite(fleetAlgorithms, backend, `	handle /two_slots {
-		rate_limit {
-			`+backend+`
-			zone fleet_per_client {
-				key {http.request.header.X-Client}
-				rate 2/10m
-			}
-			zone fleet_all {
-				key everyone
-				rate 100/10m
-			}
-		}
-		respond ok
-	}
-`)
-	f := startFleet(t, fleetSize, fleetGlobals("")+site)
-	for _, a := range fleetAlgorithms {
-		t.Run(a, func(t *testing.T) {
-			f.expectLimit(t, a)
-		})
-	}
-	t.Run("two_slots", func(t *testing.T) {
-		// 64 clients of 2 each could take 128: the global zone stops them
-		// at 100. A request that one slot denies is taken back from the
-		// other; a request racing with such an undo may be refused (never
-		// admitted over the limit), so the flood admits at most 100, and
-		// requests one at a time afterwards find exactly the rest.
-		total := 10 * fleetClients
-		r := f.flood(t, "/two_slots", total, func(c int) http.Header {
-			return http.Header{"X-Client": {"client-" + strconv.Itoa(c)}}
-		})
-		if len(r.other) > 0 || r.admitted > fleetLimit || r.admitted+r.denied != total {
-			t.Fatalf("admitted %d, denied %d of %d, other %v (per instance %v), want at most %d", r.admitted, r.denied, total, r.other, r.perInstance, fleetLimit)
-		}
-		for c, n := range r.perClient {
-			if n > 2 {
-				t.Fatalf("client %d was admitted %d times, over its 2", c, n)
-			}
-		}
-		late := 0
-		for i := 0; ; i++ {
-			req, _ := http.NewRequest("GET", f.bases[i%len(f.bases)]+"/two_slots", nil)
-			req.Header.Set("X-Client", "late-"+strconv.Itoa(i))
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusTooManyRequests {
-				break
-			}
-			if resp.StatusCode != http.StatusOK || late == fleetLimit {
-				t.Fatalf("request %d one at a time: %s after %d more admitted", i, resp.Status, late)
-			}
-			late++
-		}
-		if r.admitted+late != fleetLimit {
-			t.Fatalf("the flood admitted %d and requests one at a time %d more: %d in all, want %d", r.admitted, late, r.admitted+late, fleetLimit)
-		}
-		t.Logf("two slots: the flood admitted %d of %d in %v (per instance %v, %d clients admitted), then %d more one at a time", r.admitted, total, r.elapsed.Round(time.Millisecond), r.perInstance, len(r.perClient), late)
-		// The two zones' keys are spread over the masters: the requests
-		// were decided across slots, not by one node.
-		holding := 0
-		for _, addr := range nodes {
-			c := goredis.NewClient(&goredis.Options{Addr: addr})
-			n := 0
-			for _, zone := range []string{"fleet_per_client", "fleet_all"} {
-				keys, err := c.Keys(context.Background(), prefix+zone+"/*").Result()
-				if err != nil {
-					t.Fatal(err)
-				}
-				n += len(keys)
-			}
-			c.Close()
-			if n > 0 {
-				holding++
-			}
-		}
-		if holding < 2 {
-			t.Fatalf("the two zones' keys are on %d master(s), want them spread", holding)
-		}
-	})
-}
-
-// sameMaster reports whether the Redis Cluster of nodes serves keys a and
-// b from one master, as Redis hashes them. A script may read a key of
-// another slot of its own master, but not one of another master: a test
-// of keys that must share a slot checks that they would not share even
-// the master otherwise.
-func sameMaster(t *testing.T, nodes []string, a, b string) bool {
-	t.Helper()
-	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: nodes})
-	defer c.Close()
-	ctx := context.Background()
-	//lint:ignore SA1019 CLUSTER SLOTS still answers on Redis 7 and Valkey 8, and names each range's master first
-	slots, err := c.ClusterSlots(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	master := func(key string) string {
-		slot, err := c.ClusterKeySlot(ctx, key).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range slots {
-			if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 {
-				return r.Nodes[0].Addr
-			}
-		}
-		t.Fatalf("no master serves slot %d of %q", slot, key)
-		return ""
-	}
-	return master(a) == master(b)
-}
-
 // On a Redis Cluster, two instances share each key's slots, the keys
 // spread over the cluster's masters: no key ever has more than its cap at
 // the upstream.
@@ -527,4 +496,35 @@ func TestRedisSlotsCluster(t *testing.T) {
 		}
 	}
 	t.Logf("peaks per key at the upstream: %v", peak)
+}
+
+// On a Redis Cluster, the requests that share one quota because they lack
+// their key (missing shared, the empty key) are locked out like any key:
+// their state and lock-out record live in one slot. In two slots
+// ("a7x//l{}" and "a7x//o{}" hash whole, here to two masters), every such
+// request would fail in the script ("non local key"), trip the circuit
+// breaker, and the whole backend would fail open for every key and zone.
+func TestRedisClusterMissingKeyLockout(t *testing.T) {
+	nodes := redistest.Cluster(t)
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		backend redis {
+			address `+strings.Join(nodes, " ")+`
+			cluster
+			key_prefix a7:
+			timeout 2s
+		}
+		zone a7x {
+			key {http.request.header.X-Key}
+			rate 2/1h
+			lockout 1m 5m
+		}
+	}
+	respond ok`), "caddyfile")
+	expectN(t, tester, 2, http.StatusOK, "GET", "/")
+	expect429(t, tester, 59, 60, "GET", "/")
+	expect429(t, tester, 59, 60, "GET", "/")
+	// The keyless requests broke nothing for the keys that have one.
+	expectN(t, tester, 2, http.StatusOK, "GET", "/", "X-Key", "victim")
+	expect429(t, tester, 59, 60, "GET", "/", "X-Key", "victim")
 }

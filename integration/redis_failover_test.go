@@ -23,104 +23,6 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// A request whose keys Redis cannot decide (here a key of another type)
-// fails alone: its failures are Redis's answers, not an outage, so they do
-// not open the circuit breaker on every other key of the fleet.
-func TestRedisKeyFailureFailsOnlyItself(t *testing.T) {
-	addr, c := perfRedis(t)
-	tester := newTester(t, caddyfileServerWith(fmt.Sprintf(`	rate_limit {
-		backend redis {
-			address %s
-			timeout 10s
-		}
-	}`, addr), `	rate_limit {
-		zone a3_poison {
-			by header X-Key
-			rate 100/1h
-			algorithm token_bucket
-			fail closed
-		}
-	}
-	respond "ok"`), "caddyfile")
-	if err := c.HSet(t.Context(), "sluice:a3_poison//b{poison}", "f", "1").Err(); err != nil {
-		t.Fatal(err)
-	}
-	for range 5 {
-		if code, _, _ := do(t, tester, "GET", "/", "X-Key", "poison"); code != http.StatusServiceUnavailable {
-			t.Fatalf("the poisoned key: %d, want 503 (fail closed)", code)
-		}
-	}
-	for i := range 5 {
-		if code, _, _ := do(t, tester, "GET", "/", "X-Key", fmt.Sprintf("healthy%d", i)); code != http.StatusOK {
-			t.Fatalf("a healthy key after the poisoned one failed: %d, want 200", code)
-		}
-	}
-}
-
-// Slots whose release could not reach Redis (it paused for 1.5 s while
-// the requests holding them ended) are freed once Redis answers again;
-// otherwise the key would stay full, every request answered 503, until
-// slot_ttl (30 s) after all its requests had ended.
-func TestRedisSlotsFreedAfterHiccup(t *testing.T) {
-	redis := redistest.Standalone(t, "")
-	arrived := make(chan struct{}, 2)
-	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Query().Get("slow") != "" {
-			arrived <- struct{}{}
-			time.Sleep(600 * time.Millisecond)
-		}
-		_, _ = io.WriteString(w, "ok")
-	})
-	newTester(t, caddyfileServer(fmt.Sprintf(`
-	rate_limit {
-		backend redis {
-			address %s
-			timeout 100ms
-		}
-		zone slot_hiccup {
-			key static
-			concurrency 2
-			slot_ttl 30s
-		}
-	}
-	reverse_proxy %s`, redis.Addr, addr)), "caddyfile")
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Go(func() {
-			if resp, err := http.Get(httpBase + "/?slow=1"); err == nil {
-				resp.Body.Close()
-			}
-		})
-	}
-	// Both hold their slots: they reached the upstream.
-	within(t, arrived, "the first slow request")
-	within(t, arrived, "the second slow request")
-	rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr})
-	defer rc.Close()
-	if err := rc.Do(context.Background(), "CLIENT", "PAUSE", "1500", "ALL").Err(); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-	// Redis answers again 1.5 s after the pause began; the breaker opens
-	// for a moment after the failures.
-	time.Sleep(1500 * time.Millisecond)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		resp, err := http.Get(httpBase + "/")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			n, _ := rc.ZCard(context.Background(), "sluice:slot_hiccup//s{static}").Result()
-			t.Fatalf("5 s after Redis came back, the key's requests all ended, still refused (last %v %v); %d slots held in Redis", resp.StatusCode, err, n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // foRedis is a server this test started on a fixed port, so it can
 // be killed and started again where Caddy expects it.
 type foRedis struct {
@@ -483,5 +385,103 @@ func TestBinaryRedisNoLeaks(t *testing.T) {
 	}
 	if g2 > g1+5 || c2 > c1+3 {
 		t.Errorf("after 3 Redis restarts: goroutines %d → %d, Redis connections %d → %d", g1, g2, c1, c2)
+	}
+}
+
+// A request whose keys Redis cannot decide (here a key of another type)
+// fails alone: its failures are Redis's answers, not an outage, so they do
+// not open the circuit breaker on every other key of the fleet.
+func TestRedisKeyFailureFailsOnlyItself(t *testing.T) {
+	addr, c := perfRedis(t)
+	tester := newTester(t, caddyfileServerWith(fmt.Sprintf(`	rate_limit {
+		backend redis {
+			address %s
+			timeout 10s
+		}
+	}`, addr), `	rate_limit {
+		zone a3_poison {
+			by header X-Key
+			rate 100/1h
+			algorithm token_bucket
+			fail closed
+		}
+	}
+	respond "ok"`), "caddyfile")
+	if err := c.HSet(t.Context(), "sluice:a3_poison//b{poison}", "f", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if code, _, _ := do(t, tester, "GET", "/", "X-Key", "poison"); code != http.StatusServiceUnavailable {
+			t.Fatalf("the poisoned key: %d, want 503 (fail closed)", code)
+		}
+	}
+	for i := range 5 {
+		if code, _, _ := do(t, tester, "GET", "/", "X-Key", fmt.Sprintf("healthy%d", i)); code != http.StatusOK {
+			t.Fatalf("a healthy key after the poisoned one failed: %d, want 200", code)
+		}
+	}
+}
+
+// Slots whose release could not reach Redis (it paused for 1.5 s while
+// the requests holding them ended) are freed once Redis answers again;
+// otherwise the key would stay full, every request answered 503, until
+// slot_ttl (30 s) after all its requests had ended.
+func TestRedisSlotsFreedAfterHiccup(t *testing.T) {
+	redis := redistest.Standalone(t, "")
+	arrived := make(chan struct{}, 2)
+	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("slow") != "" {
+			arrived <- struct{}{}
+			time.Sleep(600 * time.Millisecond)
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	newTester(t, caddyfileServer(fmt.Sprintf(`
+	rate_limit {
+		backend redis {
+			address %s
+			timeout 100ms
+		}
+		zone slot_hiccup {
+			key static
+			concurrency 2
+			slot_ttl 30s
+		}
+	}
+	reverse_proxy %s`, redis.Addr, addr)), "caddyfile")
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			if resp, err := http.Get(httpBase + "/?slow=1"); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	// Both hold their slots: they reached the upstream.
+	within(t, arrived, "the first slow request")
+	within(t, arrived, "the second slow request")
+	rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr})
+	defer rc.Close()
+	if err := rc.Do(context.Background(), "CLIENT", "PAUSE", "1500", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	// Redis answers again 1.5 s after the pause began; the breaker opens
+	// for a moment after the failures.
+	time.Sleep(1500 * time.Millisecond)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := http.Get(httpBase + "/")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			n, _ := rc.ZCard(context.Background(), "sluice:slot_hiccup//s{static}").Result()
+			t.Fatalf("5 s after Redis came back, the key's requests all ended, still refused (last %v %v); %d slots held in Redis", resp.StatusCode, err, n)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -20,66 +20,6 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// A reservation the refill paid off while its request was held cannot be
-// cashed as a second burst: a bucket of 10 refilled while A (10 reserved,
-// 0 used) was held, B spent it (10 used), and A's settle must not fill it
-// again: C would pass too (20 units in an instant from a bucket of 10;
-// with the built binary, 4 held reservations would cash 550 units in 1.6 s
-// from a bucket of 100 at 50/s, which allows 180). Memory and Redis alike.
-func TestSettleRefundAfterRefill(t *testing.T) {
-	release := make(chan struct{})
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Query().Get("hold") != "" {
-			<-release
-		}
-		w.Header().Set("X-Used", r.URL.Query().Get("used"))
-		w.Write([]byte("done"))
-	}))
-	defer up.Close()
-	defer func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
-	}()
-	addr := redistest.Standalone(t, "").Addr
-	for _, c := range []struct{ zone, backend string }{
-		{"a7refill_mem", ""},
-		{"a7refill_redis", "backend redis {\n\t\t\taddress " + addr + "\n\t\t\ttimeout 2s\n\t\t}"},
-	} {
-		t.Run(c.zone, func(t *testing.T) {
-			release = make(chan struct{})
-			tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		`+c.backend+`
-		zone `+c.zone+` {
-			key {http.request.header.X-Key}
-			rate 10/1s
-			algorithm token_bucket
-			cost {http.request.header.X-Cost}
-			settle {http.response.header.X-Used}
-		}
-	}
-	reverse_proxy `+strings.TrimPrefix(up.URL, "http://")), "caddyfile")
-			held := make(chan int, 1)
-			go func() {
-				code, _, _ := do(t, tester, "GET", "/?hold=1&used=0", "X-Key", "k", "X-Cost", "10")
-				held <- code
-			}()
-			time.Sleep(1200 * time.Millisecond) // the bucket refills while A is held
-			expectN(t, tester, 1, http.StatusOK, "GET", "/?used=10", "X-Key", "k", "X-Cost", "10")
-			close(release)
-			if code := <-held; code != http.StatusOK {
-				t.Fatalf("the held request got %d", code)
-			}
-			if code, _, _ := do(t, tester, "GET", "/", "X-Key", "k", "X-Cost", "10"); code != http.StatusTooManyRequests {
-				t.Fatalf("a third burst right after the settle got %d, want 429", code)
-			}
-		})
-	}
-}
-
 // tokensLeft is what the admin API says the key "Bearer <key>" has left
 // in scope tokens of zone, or -1.
 func tokensLeft(zone, key string) int64 {
@@ -474,4 +414,64 @@ func TestDocsOutcomeLLMChunkedPromptCounted(t *testing.T) {
 			})
 		}
 	})
+}
+
+// A reservation the refill paid off while its request was held cannot be
+// cashed as a second burst: a bucket of 10 refilled while A (10 reserved,
+// 0 used) was held, B spent it (10 used), and A's settle must not fill it
+// again: C would pass too (20 units in an instant from a bucket of 10;
+// with the built binary, 4 held reservations would cash 550 units in 1.6 s
+// from a bucket of 100 at 50/s, which allows 180). Memory and Redis alike.
+func TestSettleRefundAfterRefill(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("hold") != "" {
+			<-release
+		}
+		w.Header().Set("X-Used", r.URL.Query().Get("used"))
+		w.Write([]byte("done"))
+	}))
+	defer up.Close()
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	addr := redistest.Standalone(t, "").Addr
+	for _, c := range []struct{ zone, backend string }{
+		{"a7refill_mem", ""},
+		{"a7refill_redis", "backend redis {\n\t\t\taddress " + addr + "\n\t\t\ttimeout 2s\n\t\t}"},
+	} {
+		t.Run(c.zone, func(t *testing.T) {
+			release = make(chan struct{})
+			tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		`+c.backend+`
+		zone `+c.zone+` {
+			key {http.request.header.X-Key}
+			rate 10/1s
+			algorithm token_bucket
+			cost {http.request.header.X-Cost}
+			settle {http.response.header.X-Used}
+		}
+	}
+	reverse_proxy `+strings.TrimPrefix(up.URL, "http://")), "caddyfile")
+			held := make(chan int, 1)
+			go func() {
+				code, _, _ := do(t, tester, "GET", "/?hold=1&used=0", "X-Key", "k", "X-Cost", "10")
+				held <- code
+			}()
+			time.Sleep(1200 * time.Millisecond) // the bucket refills while A is held
+			expectN(t, tester, 1, http.StatusOK, "GET", "/?used=10", "X-Key", "k", "X-Cost", "10")
+			close(release)
+			if code := <-held; code != http.StatusOK {
+				t.Fatalf("the held request got %d", code)
+			}
+			if code, _, _ := do(t, tester, "GET", "/", "X-Key", "k", "X-Cost", "10"); code != http.StatusTooManyRequests {
+				t.Fatalf("a third burst right after the settle got %d, want 429", code)
+			}
+		})
+	}
 }

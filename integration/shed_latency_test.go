@@ -15,269 +15,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
-// p99Site is a group itest_p99 with a latency target of 500ms
-// and routes /p0 … /p4 of priorities 0 … 4 to upstream.
-// Each test has a group of its own: another's slow requests would stay in
-// its window.
-func p99Site(group, upstream string) string {
-	return strings.ReplaceAll(p99SiteProxy(upstream, ""), "itest_p99", group)
-}
-
-// p99SiteProxy is p99Site with proxy, a block of reverse_proxy
-// options.
-func p99SiteProxy(upstream, proxy string) string {
-	site := ""
-	for p := range 5 {
-		site += fmt.Sprintf(`
-	handle /p%d {
-		rate_limit {
-			shed itest_p99 {
-				priority %d
-			}
-		}
-		reverse_proxy %s %s
-	}`, p, p, upstream, proxy)
-	}
-	return caddyfileServerWith(`
-	rate_limit {
-		shed itest_p99 {
-			capacity 100
-			latency_target 500ms
-		}
-	}`, site)
-}
-
-// rawRequest writes head on a new connection to the server, for requests
-// net/http cannot send as a client would; nil after an error.
-func rawRequest(t *testing.T, head string) (net.Conn, *bufio.Reader) {
-	c, err := net.Dial("tcp", strings.TrimPrefix(httpBase, "http://"))
-	if err != nil {
-		t.Error(err)
-		return nil, nil
-	}
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, head); err != nil {
-		t.Error(err)
-		c.Close()
-		return nil, nil
-	}
-	return c, bufio.NewReader(c)
-}
-
-func groupP99(t *testing.T, group string) float64 {
-	t.Helper()
-	time.Sleep(150 * time.Millisecond) // one refresh of the p99
-	return metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="`+group+`"}`)
-}
-
-// A client that reads a large answer slowly must not raise the group's
-// p99: the time the proxy spends writing to it is the client's.
-func TestShedLatencyLeavesOutSlowReader(t *testing.T) {
-	body := strings.Repeat("x", 16<<20)
-	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.WriteString(w, body)
-	})
-	newTester(t, p99Site("itest_p99_reader", addr), "caddyfile")
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range 5 {
-		wg.Go(func() {
-			resp, err := http.Get(httpBase + "/p0")
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer resp.Body.Close()
-			buf := make([]byte, 64<<10)
-			for {
-				_, err := resp.Body.Read(buf)
-				if err != nil {
-					break
-				}
-				time.Sleep(8 * time.Millisecond)
-			}
-		})
-	}
-	wg.Wait()
-	took := time.Since(start)
-	p99 := groupP99(t, "itest_p99_reader")
-	t.Logf("5 slow readers of 16 MB over %v: p99 %v s", took, p99)
-	// Counted, the slow reading would be the p99: about took, each
-	// request lasting as long as its client reads. Left out, what remains
-	// is the proxy's own copying of 16 MB: 0.05 s, 0.4 to 1.3 s under the
-	// race detector, and up to half of took on a machine loaded to 18
-	// runnable threads per core (its goroutine waits to run between
-	// writes).
-	if p99 > 0.7*took.Seconds() {
-		t.Fatalf("p99 %v s after slow readers (each %v), want the proxy's own time", p99, took)
-	}
-}
-
-// A client that sends Expect: 100-continue, then its body a second later,
-// must not raise the group's p99: that wait is the client's.
-func TestShedLatencyLeavesOutExpectContinueWait(t *testing.T) {
-	u := newCountingUpstream(t, func(r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) })
-	newTester(t, p99Site("itest_p99_expect", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
-	var wg sync.WaitGroup
-	for range 5 {
-		wg.Go(func() {
-			c, br := rawRequest(t, "POST /p0 HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
-			if c == nil {
-				return
-			}
-			defer c.Close()
-			cont, err := http.ReadResponse(br, nil)
-			if err != nil || cont.StatusCode != http.StatusContinue {
-				t.Errorf("want a 100 Continue first, got %v %v", cont, err)
-				return
-			}
-			time.Sleep(time.Second)
-			_, _ = io.WriteString(c, "hello")
-			resp, err := http.ReadResponse(br, nil)
-			for err == nil && resp.StatusCode == http.StatusContinue { // the upstream's own, passed on
-				resp, err = http.ReadResponse(br, nil)
-			}
-			if err != nil || resp.StatusCode != 200 {
-				t.Errorf("final answer %v %v", resp, err)
-				return
-			}
-			resp.Body.Close()
-		})
-	}
-	wg.Wait()
-	p99 := groupP99(t, "itest_p99_expect")
-	t.Logf("5 Expect: 100-continue bodies 1 s late: p99 %v s", p99)
-	if p99 > 0.25 {
-		t.Fatalf("p99 %v s, want the upstream's time", p99)
-	}
-}
-
-// One client that can make 1% of a group's requests slow (a slow query, a
-// request the upstream times out) sets the group's p99, and so sheds
-// everybody's low priorities: a design limit of a p99, documented. This
-// measures what it costs the attacker against steady fast traffic: 308
-// fast requests and one slow request of 1 s a second (2% of the window)
-// read a p99 of 1.016 s and shed priorities 1 to 4 for everybody.
-func TestShedLatencySlowRouteShedsOthers(t *testing.T) {
-	u := newCountingUpstream(t, func(r *http.Request) {
-		if r.URL.Query().Get("slow") != "" {
-			time.Sleep(time.Second)
-		}
-	})
-	tester := newTester(t, p99Site("itest_p99_slowroute", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var fast, slow int
-	wg.Go(func() { // everybody else: 50 fast requests a second on priority 0
-		for tick := time.NewTicker(20 * time.Millisecond); ; {
-			select {
-			case <-stop:
-				tick.Stop()
-				return
-			case <-tick.C:
-				do(t, tester, "GET", "/p0")
-				fast++
-			}
-		}
-	})
-	wg.Go(func() { // the attacker: one slow request every second on priority 0
-		for tick := time.NewTicker(time.Second); ; {
-			wg.Go(func() { do(t, tester, "GET", "/p0?slow=1") })
-			slow++
-			select {
-			case <-stop:
-				tick.Stop()
-				return
-			case <-tick.C:
-			}
-		}
-	})
-	time.Sleep(6 * time.Second)
-	p99 := groupP99(t, "itest_p99_slowroute")
-	codes, _ := shedCodes(t, tester)
-	close(stop)
-	wg.Wait()
-	t.Logf("%d fast requests, %d slow ones from one client: p99 %v s, priorities 0…4 get %v", fast, slow, p99, codes)
-	if codes[4] != 503 {
-		t.Fatalf("priority 4 got %d with %d slow requests of 1 s in the window: a p99 is set by the slowest 1%%", codes[4], slow)
-	}
-}
-
-// Upgraded connections held open for 1.5 s must not raise the group's
-// p99: a WebSocket's life is its client's, not the upstream's latency.
-func TestShedLatencyLeavesOutUpgradedConnections(t *testing.T) {
-	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Upgrade") == "" {
-			_, _ = io.WriteString(w, "ok")
-			return
-		}
-		c, brw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: held-open\r\nConnection: Upgrade\r\n\r\n")
-		_ = brw.Flush()
-		time.Sleep(1500 * time.Millisecond)
-	})
-	tester := newTester(t, p99Site("itest_p99_upgrade", addr), "caddyfile")
-	var wg sync.WaitGroup
-	for range 5 {
-		wg.Go(func() {
-			c, br := rawRequest(t, "GET /p0 HTTP/1.1\r\nHost: localhost\r\nUpgrade: held-open\r\nConnection: Upgrade\r\n\r\n")
-			if c == nil {
-				return
-			}
-			defer c.Close()
-			resp, err := http.ReadResponse(br, nil)
-			if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
-				t.Errorf("upgrade: %v %v", resp, err)
-				return
-			}
-			_, _ = io.Copy(io.Discard, br) // until the upstream closes, 1.5 s later
-		})
-	}
-	wg.Wait()
-	if code, _, _ := do(t, tester, "GET", "/p0"); code != 200 { // at least one ordinary request in the window
-		t.Fatalf("plain request: %d", code)
-	}
-	p99 := groupP99(t, "itest_p99_upgrade")
-	t.Logf("5 upgraded connections of 1.5 s: p99 %v s", p99)
-	if p99 > 0.25 {
-		t.Fatalf("p99 %v s, want the plain request's time", p99)
-	}
-}
-
-// The same attack against a proxy whose timeout is under the target: a
-// request to the slow route ends (502) at the timeout, so it adds at most
-// the timeout to the p99, and nothing is shed.
-func TestShedLatencyProxyTimeoutCapsSlowRoute(t *testing.T) {
-	u := newCountingUpstream(t, func(r *http.Request) {
-		if r.URL.Query().Get("slow") != "" {
-			time.Sleep(2 * time.Second)
-		}
-	})
-	// A group of its own: the other tests' slow requests stay in a window.
-	site := strings.ReplaceAll(p99SiteProxy(strings.TrimPrefix(u.URL, "http://"), `{
-			transport http {
-				response_header_timeout 300ms
-			}
-		}`), "itest_p99", "itest_p99_timeout")
-	tester := newTester(t, site, "caddyfile")
-	var wg sync.WaitGroup
-	for range 10 {
-		wg.Go(func() { do(t, tester, "GET", "/p0?slow=1") })
-	}
-	wg.Wait()
-	time.Sleep(150 * time.Millisecond) // one refresh of the p99
-	p99 := metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="itest_p99_timeout"}`)
-	codes, _ := shedCodes(t, tester)
-	t.Logf("10 requests to a route of 2 s behind a timeout of 300 ms: p99 %v s, priorities 0…4 get %v", p99, codes)
-	if codes != [5]int{200, 200, 200, 200, 200} {
-		t.Fatalf("shed with the proxy timeout at 300 ms under a target of 500 ms: %v (p99 %v s)", codes, p99)
-	}
-}
-
 // shedLatencySite is a site whose routes /p0 … /p4 have priorities 0 … 4
 // in the group itest_shedlat, whose latency target is 1s and capacity
 // 100: with a few requests in flight, only latency loads it.
@@ -564,5 +301,268 @@ func TestShedLatencyIgnoresRefusalsBehind(t *testing.T) {
 	}
 	if got, _, _ := do(t, tester, "GET", "/p4"); got != 503 {
 		t.Fatalf("priority 4 after the refusals: %d, want 503 (the upstream is as slow)", got)
+	}
+}
+
+// p99Site is a group itest_p99 with a latency target of 500ms
+// and routes /p0 … /p4 of priorities 0 … 4 to upstream.
+// Each test has a group of its own: another's slow requests would stay in
+// its window.
+func p99Site(group, upstream string) string {
+	return strings.ReplaceAll(p99SiteProxy(upstream, ""), "itest_p99", group)
+}
+
+// p99SiteProxy is p99Site with proxy, a block of reverse_proxy
+// options.
+func p99SiteProxy(upstream, proxy string) string {
+	site := ""
+	for p := range 5 {
+		site += fmt.Sprintf(`
+	handle /p%d {
+		rate_limit {
+			shed itest_p99 {
+				priority %d
+			}
+		}
+		reverse_proxy %s %s
+	}`, p, p, upstream, proxy)
+	}
+	return caddyfileServerWith(`
+	rate_limit {
+		shed itest_p99 {
+			capacity 100
+			latency_target 500ms
+		}
+	}`, site)
+}
+
+// rawRequest writes head on a new connection to the server, for requests
+// net/http cannot send as a client would; nil after an error.
+func rawRequest(t *testing.T, head string) (net.Conn, *bufio.Reader) {
+	c, err := net.Dial("tcp", strings.TrimPrefix(httpBase, "http://"))
+	if err != nil {
+		t.Error(err)
+		return nil, nil
+	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, head); err != nil {
+		t.Error(err)
+		c.Close()
+		return nil, nil
+	}
+	return c, bufio.NewReader(c)
+}
+
+func groupP99(t *testing.T, group string) float64 {
+	t.Helper()
+	time.Sleep(150 * time.Millisecond) // one refresh of the p99
+	return metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="`+group+`"}`)
+}
+
+// A client that reads a large answer slowly must not raise the group's
+// p99: the time the proxy spends writing to it is the client's.
+func TestShedLatencyLeavesOutSlowReader(t *testing.T) {
+	body := strings.Repeat("x", 16<<20)
+	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, body)
+	})
+	newTester(t, p99Site("itest_p99_reader", addr), "caddyfile")
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range 5 {
+		wg.Go(func() {
+			resp, err := http.Get(httpBase + "/p0")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				_, err := resp.Body.Read(buf)
+				if err != nil {
+					break
+				}
+				time.Sleep(8 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	p99 := groupP99(t, "itest_p99_reader")
+	t.Logf("5 slow readers of 16 MB over %v: p99 %v s", took, p99)
+	// Counted, the slow reading would be the p99: about took, each
+	// request lasting as long as its client reads. Left out, what remains
+	// is the proxy's own copying of 16 MB: 0.05 s, 0.4 to 1.3 s under the
+	// race detector, and up to half of took on a machine loaded to 18
+	// runnable threads per core (its goroutine waits to run between
+	// writes).
+	if p99 > 0.7*took.Seconds() {
+		t.Fatalf("p99 %v s after slow readers (each %v), want the proxy's own time", p99, took)
+	}
+}
+
+// A client that sends Expect: 100-continue, then its body a second later,
+// must not raise the group's p99: that wait is the client's.
+func TestShedLatencyLeavesOutExpectContinueWait(t *testing.T) {
+	u := newCountingUpstream(t, func(r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) })
+	newTester(t, p99Site("itest_p99_expect", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Go(func() {
+			c, br := rawRequest(t, "POST /p0 HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+			if c == nil {
+				return
+			}
+			defer c.Close()
+			cont, err := http.ReadResponse(br, nil)
+			if err != nil || cont.StatusCode != http.StatusContinue {
+				t.Errorf("want a 100 Continue first, got %v %v", cont, err)
+				return
+			}
+			time.Sleep(time.Second)
+			_, _ = io.WriteString(c, "hello")
+			resp, err := http.ReadResponse(br, nil)
+			for err == nil && resp.StatusCode == http.StatusContinue { // the upstream's own, passed on
+				resp, err = http.ReadResponse(br, nil)
+			}
+			if err != nil || resp.StatusCode != 200 {
+				t.Errorf("final answer %v %v", resp, err)
+				return
+			}
+			resp.Body.Close()
+		})
+	}
+	wg.Wait()
+	p99 := groupP99(t, "itest_p99_expect")
+	t.Logf("5 Expect: 100-continue bodies 1 s late: p99 %v s", p99)
+	if p99 > 0.25 {
+		t.Fatalf("p99 %v s, want the upstream's time", p99)
+	}
+}
+
+// One client that can make 1% of a group's requests slow (a slow query, a
+// request the upstream times out) sets the group's p99, and so sheds
+// everybody's low priorities: a design limit of a p99, documented. This
+// measures what it costs the attacker against steady fast traffic: 308
+// fast requests and one slow request of 1 s a second (2% of the window)
+// read a p99 of 1.016 s and shed priorities 1 to 4 for everybody.
+func TestShedLatencySlowRouteShedsOthers(t *testing.T) {
+	u := newCountingUpstream(t, func(r *http.Request) {
+		if r.URL.Query().Get("slow") != "" {
+			time.Sleep(time.Second)
+		}
+	})
+	tester := newTester(t, p99Site("itest_p99_slowroute", strings.TrimPrefix(u.URL, "http://")), "caddyfile")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var fast, slow int
+	wg.Go(func() { // everybody else: 50 fast requests a second on priority 0
+		for tick := time.NewTicker(20 * time.Millisecond); ; {
+			select {
+			case <-stop:
+				tick.Stop()
+				return
+			case <-tick.C:
+				do(t, tester, "GET", "/p0")
+				fast++
+			}
+		}
+	})
+	wg.Go(func() { // the attacker: one slow request every second on priority 0
+		for tick := time.NewTicker(time.Second); ; {
+			wg.Go(func() { do(t, tester, "GET", "/p0?slow=1") })
+			slow++
+			select {
+			case <-stop:
+				tick.Stop()
+				return
+			case <-tick.C:
+			}
+		}
+	})
+	time.Sleep(6 * time.Second)
+	p99 := groupP99(t, "itest_p99_slowroute")
+	codes, _ := shedCodes(t, tester)
+	close(stop)
+	wg.Wait()
+	t.Logf("%d fast requests, %d slow ones from one client: p99 %v s, priorities 0…4 get %v", fast, slow, p99, codes)
+	if codes[4] != 503 {
+		t.Fatalf("priority 4 got %d with %d slow requests of 1 s in the window: a p99 is set by the slowest 1%%", codes[4], slow)
+	}
+}
+
+// Upgraded connections held open for 1.5 s must not raise the group's
+// p99: a WebSocket's life is its client's, not the upstream's latency.
+func TestShedLatencyLeavesOutUpgradedConnections(t *testing.T) {
+	_, addr := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "" {
+			_, _ = io.WriteString(w, "ok")
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: held-open\r\nConnection: Upgrade\r\n\r\n")
+		_ = brw.Flush()
+		time.Sleep(1500 * time.Millisecond)
+	})
+	tester := newTester(t, p99Site("itest_p99_upgrade", addr), "caddyfile")
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Go(func() {
+			c, br := rawRequest(t, "GET /p0 HTTP/1.1\r\nHost: localhost\r\nUpgrade: held-open\r\nConnection: Upgrade\r\n\r\n")
+			if c == nil {
+				return
+			}
+			defer c.Close()
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+				t.Errorf("upgrade: %v %v", resp, err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, br) // until the upstream closes, 1.5 s later
+		})
+	}
+	wg.Wait()
+	if code, _, _ := do(t, tester, "GET", "/p0"); code != 200 { // at least one ordinary request in the window
+		t.Fatalf("plain request: %d", code)
+	}
+	p99 := groupP99(t, "itest_p99_upgrade")
+	t.Logf("5 upgraded connections of 1.5 s: p99 %v s", p99)
+	if p99 > 0.25 {
+		t.Fatalf("p99 %v s, want the plain request's time", p99)
+	}
+}
+
+// The same attack against a proxy whose timeout is under the target: a
+// request to the slow route ends (502) at the timeout, so it adds at most
+// the timeout to the p99, and nothing is shed.
+func TestShedLatencyProxyTimeoutCapsSlowRoute(t *testing.T) {
+	u := newCountingUpstream(t, func(r *http.Request) {
+		if r.URL.Query().Get("slow") != "" {
+			time.Sleep(2 * time.Second)
+		}
+	})
+	// A group of its own: the other tests' slow requests stay in a window.
+	site := strings.ReplaceAll(p99SiteProxy(strings.TrimPrefix(u.URL, "http://"), `{
+			transport http {
+				response_header_timeout 300ms
+			}
+		}`), "itest_p99", "itest_p99_timeout")
+	tester := newTester(t, site, "caddyfile")
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() { do(t, tester, "GET", "/p0?slow=1") })
+	}
+	wg.Wait()
+	time.Sleep(150 * time.Millisecond) // one refresh of the p99
+	p99 := metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_shed_latency_p99_seconds{group="itest_p99_timeout"}`)
+	codes, _ := shedCodes(t, tester)
+	t.Logf("10 requests to a route of 2 s behind a timeout of 300 ms: p99 %v s, priorities 0…4 get %v", p99, codes)
+	if codes != [5]int{200, 200, 200, 200, 200} {
+		t.Fatalf("shed with the proxy timeout at 300 ms under a target of 500 ms: %v (p99 %v s)", codes, p99)
 	}
 }

@@ -10,157 +10,6 @@ import (
 	"testing"
 )
 
-// A site-wide rate_limit that names a shedding group, with routes inside
-// that name it again with their priorities, is the natural way to put
-// every route in the group. Each request passes through two handlers of
-// the group and must still count once: 5 requests in flight for a
-// capacity of 10 are a load of 0.5, where nothing is shed.
-func TestShedNestedHandlersCountOnce(t *testing.T) {
-	u, hang, letGo := hangingUpstream(t)
-	defer letGo()
-	up := strings.TrimPrefix(u.URL, "http://")
-	tester := newTester(t, caddyfileServerWith(`
-	rate_limit {
-		shed a5_nested {
-			capacity 10
-		}
-	}`, `
-	rate_limit {
-		shed a5_nested
-	}
-	handle /search {
-		rate_limit {
-			shed a5_nested {
-				priority 3
-			}
-		}
-		reverse_proxy `+up+`
-	}
-	handle {
-		reverse_proxy `+up+`
-	}`), "caddyfile")
-
-	hang("/search", 5)
-	eventually(t, "5 searches held at the upstream", func() bool { return u.now.Load() == 5 })
-	page := adminRequest(t, "GET", "/metrics", "", "")
-	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_nested"}`); v != 5 {
-		t.Errorf("in flight %v with 5 requests held, want 5", v)
-	}
-	// Priority 3 is shed above a load of 1.0: at 0.5 it passes, and the
-	// outer handler's count of this very request does not load it either.
-	for i := range 5 {
-		if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
-			t.Fatalf("search #%d at a load of 0.5: %d (%q), want 200", i+1, got, body)
-		}
-	}
-	letGo()
-	page = adminRequest(t, "GET", "/metrics", "", "")
-	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_nested"}`); v != 0 {
-		t.Fatalf("in flight %v once everything was answered, want 0", v)
-	}
-}
-
-// Requests waiting in a concurrency queue load nothing in a shedding group
-// that a site-wide handler counts them in: one request served and nine in
-// line are a load of 0.1, where priority 4 passes.
-func TestShedQueuedRequestsLoadNoGroup(t *testing.T) {
-	u, hang, letGo := hangingUpstream(t)
-	defer letGo()
-	tester := newTester(t, caddyfileServerWith(`
-	rate_limit {
-		shed a5_queue_load {
-			capacity 10
-		}
-	}`, `
-	rate_limit {
-		shed a5_queue_load
-	}
-	handle /report {
-		rate_limit {
-			zone a5_queue_load_report {
-				key static
-				concurrency 1
-				queue 10s
-			}
-		}
-		reverse_proxy `+strings.TrimPrefix(u.URL, "http://")+`
-	}
-	handle /search {
-		rate_limit {
-			shed a5_queue_load {
-				priority 4
-			}
-		}
-		respond ok
-	}`), "caddyfile")
-	hang("/report", 10)
-	eventually(t, "one report served and nine in line", func() bool {
-		return u.now.Load() == 1 && strings.Contains(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_in_flight_requests{scope="",zone="a5_queue_load_report"} 1`)
-	})
-	waitInLine(t, 9, "the other nine")
-	page := adminRequest(t, "GET", "/metrics", "", "")
-	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_queue_load"}`); v != 1 {
-		t.Errorf("in flight %v with one request served and nine in line, want 1", v)
-	}
-	if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
-		t.Fatalf("priority 4 at a real load of 0.1: %d (%q), want 200", got, body)
-	}
-}
-
-// Requests waiting for their max_delay slot load nothing in a shedding
-// group a site-wide handler counts them in.
-func TestShedDelayedRequestsLoadNoGroup(t *testing.T) {
-	tester := newTester(t, caddyfileServerWith(`
-	rate_limit {
-		shed a5_delay_load {
-			capacity 10
-		}
-	}`, `
-	rate_limit {
-		shed a5_delay_load
-	}
-	handle /paced {
-		rate_limit {
-			zone a5_delay_load_paced {
-				key static
-				rate 1/2s
-				algorithm leaky_bucket
-				max_delay 30s
-			}
-		}
-		respond ok
-	}
-	handle /search {
-		rate_limit {
-			shed a5_delay_load {
-				priority 4
-			}
-		}
-		respond ok
-	}`), "caddyfile")
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() { stop(); wg.Wait() }()
-	for range 10 {
-		wg.Go(func() {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, httpBase+"/paced", nil)
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				resp.Body.Close()
-			}
-		})
-	}
-	eventually(t, "ten paced requests decided", func() bool {
-		return metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_requests_total{key="",scope="",zone="a5_delay_load_paced"}`) == 10
-	})
-	page := adminRequest(t, "GET", "/metrics", "", "")
-	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_delay_load"}`); v > 1 {
-		t.Errorf("in flight %v with the paced requests waiting for their slots, want at most the one served", v)
-	}
-	if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
-		t.Fatalf("priority 4 while paced requests wait: %d (%q), want 200", got, body)
-	}
-}
-
 // shedSite is a site whose routes /p0 … /p4 have priorities 0 … 4 in the
 // group itest_shed of capacity 10, each with a rate limit of one request
 // an hour, and /hold (priority 0, no rate) whose requests the upstream
@@ -367,5 +216,156 @@ func TestShedAnswerBodies(t *testing.T) {
 	code, _, body = do(t, tester, "GET", "/page")
 	if want := "load_shed itest_shed_body 503 server overloaded: request shed"; code != 503 || body != want {
 		t.Fatalf("error page: %d %q, want 503 %q", code, body, want)
+	}
+}
+
+// A site-wide rate_limit that names a shedding group, with routes inside
+// that name it again with their priorities, is the natural way to put
+// every route in the group. Each request passes through two handlers of
+// the group and must still count once: 5 requests in flight for a
+// capacity of 10 are a load of 0.5, where nothing is shed.
+func TestShedNestedHandlersCountOnce(t *testing.T) {
+	u, hang, letGo := hangingUpstream(t)
+	defer letGo()
+	up := strings.TrimPrefix(u.URL, "http://")
+	tester := newTester(t, caddyfileServerWith(`
+	rate_limit {
+		shed a5_nested {
+			capacity 10
+		}
+	}`, `
+	rate_limit {
+		shed a5_nested
+	}
+	handle /search {
+		rate_limit {
+			shed a5_nested {
+				priority 3
+			}
+		}
+		reverse_proxy `+up+`
+	}
+	handle {
+		reverse_proxy `+up+`
+	}`), "caddyfile")
+
+	hang("/search", 5)
+	eventually(t, "5 searches held at the upstream", func() bool { return u.now.Load() == 5 })
+	page := adminRequest(t, "GET", "/metrics", "", "")
+	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_nested"}`); v != 5 {
+		t.Errorf("in flight %v with 5 requests held, want 5", v)
+	}
+	// Priority 3 is shed above a load of 1.0: at 0.5 it passes, and the
+	// outer handler's count of this very request does not load it either.
+	for i := range 5 {
+		if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
+			t.Fatalf("search #%d at a load of 0.5: %d (%q), want 200", i+1, got, body)
+		}
+	}
+	letGo()
+	page = adminRequest(t, "GET", "/metrics", "", "")
+	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_nested"}`); v != 0 {
+		t.Fatalf("in flight %v once everything was answered, want 0", v)
+	}
+}
+
+// Requests waiting in a concurrency queue load nothing in a shedding group
+// that a site-wide handler counts them in: one request served and nine in
+// line are a load of 0.1, where priority 4 passes.
+func TestShedQueuedRequestsLoadNoGroup(t *testing.T) {
+	u, hang, letGo := hangingUpstream(t)
+	defer letGo()
+	tester := newTester(t, caddyfileServerWith(`
+	rate_limit {
+		shed a5_queue_load {
+			capacity 10
+		}
+	}`, `
+	rate_limit {
+		shed a5_queue_load
+	}
+	handle /report {
+		rate_limit {
+			zone a5_queue_load_report {
+				key static
+				concurrency 1
+				queue 10s
+			}
+		}
+		reverse_proxy `+strings.TrimPrefix(u.URL, "http://")+`
+	}
+	handle /search {
+		rate_limit {
+			shed a5_queue_load {
+				priority 4
+			}
+		}
+		respond ok
+	}`), "caddyfile")
+	hang("/report", 10)
+	eventually(t, "one report served and nine in line", func() bool {
+		return u.now.Load() == 1 && strings.Contains(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_in_flight_requests{scope="",zone="a5_queue_load_report"} 1`)
+	})
+	waitInLine(t, 9, "the other nine")
+	page := adminRequest(t, "GET", "/metrics", "", "")
+	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_queue_load"}`); v != 1 {
+		t.Errorf("in flight %v with one request served and nine in line, want 1", v)
+	}
+	if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
+		t.Fatalf("priority 4 at a real load of 0.1: %d (%q), want 200", got, body)
+	}
+}
+
+// Requests waiting for their max_delay slot load nothing in a shedding
+// group a site-wide handler counts them in.
+func TestShedDelayedRequestsLoadNoGroup(t *testing.T) {
+	tester := newTester(t, caddyfileServerWith(`
+	rate_limit {
+		shed a5_delay_load {
+			capacity 10
+		}
+	}`, `
+	rate_limit {
+		shed a5_delay_load
+	}
+	handle /paced {
+		rate_limit {
+			zone a5_delay_load_paced {
+				key static
+				rate 1/2s
+				algorithm leaky_bucket
+				max_delay 30s
+			}
+		}
+		respond ok
+	}
+	handle /search {
+		rate_limit {
+			shed a5_delay_load {
+				priority 4
+			}
+		}
+		respond ok
+	}`), "caddyfile")
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	for range 10 {
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, httpBase+"/paced", nil)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	eventually(t, "ten paced requests decided", func() bool {
+		return metricLine(adminRequest(t, "GET", "/metrics", "", ""), `caddy_rate_limit_requests_total{key="",scope="",zone="a5_delay_load_paced"}`) == 10
+	})
+	page := adminRequest(t, "GET", "/metrics", "", "")
+	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_delay_load"}`); v > 1 {
+		t.Errorf("in flight %v with the paced requests waiting for their slots, want at most the one served", v)
+	}
+	if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
+		t.Fatalf("priority 4 while paced requests wait: %d (%q), want 200", got, body)
 	}
 }

@@ -18,210 +18,6 @@ import (
 	"time"
 )
 
-// A denial the tarpit held tells the client how long to wait from when it
-// is sent: held 2 to 4 s of a 10 s wait, Retry-After and X-RateLimit-Reset
-// say what is left, not the 10 s of when the request came in.
-func TestTarpitRetryAfterCountsFromSend(t *testing.T) {
-	tester := newTester(t, caddyfileServer(`
-	rate_limit {
-		zone a5_tarpit_sent {
-			key static
-			rate 1/10s
-		}
-		headers legacy
-		tarpit 4s
-	}
-	respond ok`), "caddyfile")
-	if got, _, _ := do(t, tester, "GET", "/"); got != 200 {
-		t.Fatalf("first request: %d", got)
-	}
-	start := time.Now()
-	r := fetch(t, tester, "GET", "/")
-	held := time.Since(start)
-	if r.code != 429 || held < 2*time.Second {
-		t.Fatalf("second request: %d after %s, want 429 held 2 to 4 s", r.code, held)
-	}
-	left := int((10*time.Second - held + time.Second - 1) / time.Second)
-	for _, name := range []string{"Retry-After", "X-RateLimit-Reset"} {
-		v, err := strconv.Atoi(r.header.Get(name))
-		if err != nil || v > left+1 || v < 1 {
-			t.Errorf("%s %q after %s held of a 10 s wait, want about %d", name, r.header.Get(name), held.Round(time.Millisecond), left)
-		}
-	}
-}
-
-// A tarpit in a handler that has no rate to deny with (shed alone, a
-// concurrency cap alone, a shadow zone) would hold nothing: the operator
-// who expects it to slow clients down is told at load.
-func TestTarpitWithoutRateRefused(t *testing.T) {
-	for name, block := range map[string]string{
-		"shed alone": `shed a5_tarpit_shed {
-			capacity 10
-		}`,
-		"concurrency alone": `zone a5_tarpit_conc {
-			key static
-			concurrency 5
-		}`,
-		"shadow zone": `zone a5_tarpit_shadow {
-			key static
-			rate 1/1m
-			shadow
-		}`,
-	} {
-		t.Run(name, func(t *testing.T) {
-			assertLoadError(t, caddyfileServer(`
-	rate_limit {
-		`+block+`
-		tarpit 5s
-	}
-	respond ok`), "caddyfile", "tarpit would do nothing")
-		})
-	}
-}
-
-// One client that opens more connections than Caddy may have files open,
-// each denied and held by a tarpit whose tarpit_max is above that limit,
-// must not make Caddy refuse everyone else: all tarpits together hold at
-// most half the open-file limit, and other clients are still served.
-func TestTarpitCannotTakeEveryDescriptor(t *testing.T) {
-	httpPort, adminPort := freePort(t), freePort(t)
-	file := filepath.Join(t.TempDir(), "Caddyfile")
-	cfg := fmt.Sprintf(`{
-	admin localhost:%d
-	metrics
-	default_bind 127.0.0.1
-}
-:%d {
-	handle /health {
-		respond ok
-	}
-	handle {
-		rate_limit {
-			zone a5_fd {
-				key static
-				rate 1/1h
-			}
-			tarpit 20s
-			tarpit_max 1000000
-		}
-		respond ok
-	}
-}`, adminPort, httpPort)
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// The shell sets the limit for the Caddy it becomes, and no other
-	// process.
-	cmd := exec.Command("sh", "-c", `ulimit -n 256 && exec "$0" run --config "$1"`, binary(t), file)
-	logs := startCaddyCmd(t, cmd, file)
-	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
-	waitUp(t, base+"/health")
-	if !strings.Contains(logs.String(), "tarpit_max is above half the process's open-file limit") {
-		t.Error("no warning that tarpit_max is above what the open-file limit allows")
-	}
-	get := func(url string, timeout time.Duration) (int, error) {
-		c := &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
-		defer c.CloseIdleConnections()
-		resp, err := c.Get(url)
-		if err != nil {
-			return 0, err
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode, nil
-	}
-	if code, err := get(base+"/", 5*time.Second); code != 200 {
-		t.Fatalf("first request: %d %v", code, err)
-	}
-	// 300 connections, more than the 256 files Caddy may open: each is
-	// denied, and those the tarpit does not hold are answered and closed.
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() { stop(); wg.Wait() }()
-	for range 300 {
-		wg.Go(func() {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/", nil)
-			c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-			if resp, err := c.Do(req); err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		})
-	}
-	time.Sleep(2 * time.Second) // the flood is held: nothing to poll that does not need a descriptor
-	if code, err := get(base+"/health", 3*time.Second); code != 200 {
-		t.Fatalf("another client during the flood: %d %v, want 200", code, err)
-	}
-	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Get(fmt.Sprintf("http://localhost:%d/metrics", adminPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if held := metricLine(string(body), "caddy_rate_limit_tarpit_held_requests"); held < 1 || held > 128 {
-		t.Fatalf("%v denials held, want 1 to 128 (half of 256 files)", held)
-	}
-}
-
-// A denial held in a tarpit loads nothing in a shedding group, even when
-// an outer handler of the group (a site-wide one) admitted the request
-// before the route's rate limit denied it: otherwise a scraper's held
-// denials would raise the load until everyone else's requests were shed.
-func TestTarpitHeldDenialsLoadNoGroup(t *testing.T) {
-	tester := newTester(t, caddyfileServerWith(`
-	rate_limit {
-		shed a5_tarpit_load {
-			capacity 10
-		}
-	}`, `
-	rate_limit {
-		shed a5_tarpit_load
-	}
-	handle /api {
-		rate_limit {
-			zone a5_tarpit_load_api {
-				key static
-				rate 1/1h
-			}
-			tarpit 10s
-		}
-		respond ok
-	}
-	handle /search {
-		rate_limit {
-			shed a5_tarpit_load {
-				priority 4
-			}
-		}
-		respond ok
-	}`), "caddyfile")
-	if got, _, _ := do(t, tester, "GET", "/api"); got != 200 {
-		t.Fatalf("first request: %d", got)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() { stop(); wg.Wait() }()
-	for range 10 {
-		wg.Go(func() {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, httpBase+"/api", nil)
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				resp.Body.Close()
-			}
-		})
-	}
-	eventually(t, "10 denials held", func() bool {
-		return metricLine(adminRequest(t, "GET", "/metrics", "", ""), "caddy_rate_limit_tarpit_held_requests") == 10
-	})
-	page := adminRequest(t, "GET", "/metrics", "", "")
-	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_tarpit_load"}`); v != 0 {
-		t.Errorf("in flight %v with only held denials, want 0", v)
-	}
-	if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
-		t.Fatalf("priority 4 with nothing served but 10 held denials: %d (%q), want 200", got, body)
-	}
-}
-
 // tarpitSite denies everything after its first request, and holds the
 // denials for hold (half to all of it, at random), at most max at once.
 func tarpitSite(max int, hold string) string {
@@ -436,4 +232,208 @@ func TestTarpitCapUnderFlood(t *testing.T) {
 	}
 	t.Logf("%d clients × %d requests in %s: %d answered after 2 s or more, peak held %d (tarpit_max %d); Caddy's goroutines %v before, %d at the peak, %v after",
 		clients, perClient, elapsed.Round(time.Millisecond), slow.Load(), peakHeld.Load(), tarpitMax, before, peakG.Load(), after)
+}
+
+// A denial the tarpit held tells the client how long to wait from when it
+// is sent: held 2 to 4 s of a 10 s wait, Retry-After and X-RateLimit-Reset
+// say what is left, not the 10 s of when the request came in.
+func TestTarpitRetryAfterCountsFromSend(t *testing.T) {
+	tester := newTester(t, caddyfileServer(`
+	rate_limit {
+		zone a5_tarpit_sent {
+			key static
+			rate 1/10s
+		}
+		headers legacy
+		tarpit 4s
+	}
+	respond ok`), "caddyfile")
+	if got, _, _ := do(t, tester, "GET", "/"); got != 200 {
+		t.Fatalf("first request: %d", got)
+	}
+	start := time.Now()
+	r := fetch(t, tester, "GET", "/")
+	held := time.Since(start)
+	if r.code != 429 || held < 2*time.Second {
+		t.Fatalf("second request: %d after %s, want 429 held 2 to 4 s", r.code, held)
+	}
+	left := int((10*time.Second - held + time.Second - 1) / time.Second)
+	for _, name := range []string{"Retry-After", "X-RateLimit-Reset"} {
+		v, err := strconv.Atoi(r.header.Get(name))
+		if err != nil || v > left+1 || v < 1 {
+			t.Errorf("%s %q after %s held of a 10 s wait, want about %d", name, r.header.Get(name), held.Round(time.Millisecond), left)
+		}
+	}
+}
+
+// A tarpit in a handler that has no rate to deny with (shed alone, a
+// concurrency cap alone, a shadow zone) would hold nothing: the operator
+// who expects it to slow clients down is told at load.
+func TestTarpitWithoutRateRefused(t *testing.T) {
+	for name, block := range map[string]string{
+		"shed alone": `shed a5_tarpit_shed {
+			capacity 10
+		}`,
+		"concurrency alone": `zone a5_tarpit_conc {
+			key static
+			concurrency 5
+		}`,
+		"shadow zone": `zone a5_tarpit_shadow {
+			key static
+			rate 1/1m
+			shadow
+		}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			assertLoadError(t, caddyfileServer(`
+	rate_limit {
+		`+block+`
+		tarpit 5s
+	}
+	respond ok`), "caddyfile", "tarpit would do nothing")
+		})
+	}
+}
+
+// One client that opens more connections than Caddy may have files open,
+// each denied and held by a tarpit whose tarpit_max is above that limit,
+// must not make Caddy refuse everyone else: all tarpits together hold at
+// most half the open-file limit, and other clients are still served.
+func TestTarpitCannotTakeEveryDescriptor(t *testing.T) {
+	httpPort, adminPort := freePort(t), freePort(t)
+	file := filepath.Join(t.TempDir(), "Caddyfile")
+	cfg := fmt.Sprintf(`{
+	admin localhost:%d
+	metrics
+	default_bind 127.0.0.1
+}
+:%d {
+	handle /health {
+		respond ok
+	}
+	handle {
+		rate_limit {
+			zone a5_fd {
+				key static
+				rate 1/1h
+			}
+			tarpit 20s
+			tarpit_max 1000000
+		}
+		respond ok
+	}
+}`, adminPort, httpPort)
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The shell sets the limit for the Caddy it becomes, and no other
+	// process.
+	cmd := exec.Command("sh", "-c", `ulimit -n 256 && exec "$0" run --config "$1"`, binary(t), file)
+	logs := startCaddyCmd(t, cmd, file)
+	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	waitUp(t, base+"/health")
+	if !strings.Contains(logs.String(), "tarpit_max is above half the process's open-file limit") {
+		t.Error("no warning that tarpit_max is above what the open-file limit allows")
+	}
+	get := func(url string, timeout time.Duration) (int, error) {
+		c := &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
+		defer c.CloseIdleConnections()
+		resp, err := c.Get(url)
+		if err != nil {
+			return 0, err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	if code, err := get(base+"/", 5*time.Second); code != 200 {
+		t.Fatalf("first request: %d %v", code, err)
+	}
+	// 300 connections, more than the 256 files Caddy may open: each is
+	// denied, and those the tarpit does not hold are answered and closed.
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	for range 300 {
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/", nil)
+			c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+			if resp, err := c.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	time.Sleep(2 * time.Second) // the flood is held: nothing to poll that does not need a descriptor
+	if code, err := get(base+"/health", 3*time.Second); code != 200 {
+		t.Fatalf("another client during the flood: %d %v, want 200", code, err)
+	}
+	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get(fmt.Sprintf("http://localhost:%d/metrics", adminPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if held := metricLine(string(body), "caddy_rate_limit_tarpit_held_requests"); held < 1 || held > 128 {
+		t.Fatalf("%v denials held, want 1 to 128 (half of 256 files)", held)
+	}
+}
+
+// A denial held in a tarpit loads nothing in a shedding group, even when
+// an outer handler of the group (a site-wide one) admitted the request
+// before the route's rate limit denied it: otherwise a scraper's held
+// denials would raise the load until everyone else's requests were shed.
+func TestTarpitHeldDenialsLoadNoGroup(t *testing.T) {
+	tester := newTester(t, caddyfileServerWith(`
+	rate_limit {
+		shed a5_tarpit_load {
+			capacity 10
+		}
+	}`, `
+	rate_limit {
+		shed a5_tarpit_load
+	}
+	handle /api {
+		rate_limit {
+			zone a5_tarpit_load_api {
+				key static
+				rate 1/1h
+			}
+			tarpit 10s
+		}
+		respond ok
+	}
+	handle /search {
+		rate_limit {
+			shed a5_tarpit_load {
+				priority 4
+			}
+		}
+		respond ok
+	}`), "caddyfile")
+	if got, _, _ := do(t, tester, "GET", "/api"); got != 200 {
+		t.Fatalf("first request: %d", got)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	for range 10 {
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, httpBase+"/api", nil)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	eventually(t, "10 denials held", func() bool {
+		return metricLine(adminRequest(t, "GET", "/metrics", "", ""), "caddy_rate_limit_tarpit_held_requests") == 10
+	})
+	page := adminRequest(t, "GET", "/metrics", "", "")
+	if v := metricLine(page, `caddy_rate_limit_shed_in_flight_requests{group="a5_tarpit_load"}`); v != 0 {
+		t.Errorf("in flight %v with only held denials, want 0", v)
+	}
+	if got, _, body := do(t, tester, "GET", "/search"); got != 200 {
+		t.Fatalf("priority 4 with nothing served but 10 held denials: %d (%q), want 200", got, body)
+	}
 }

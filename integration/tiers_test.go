@@ -15,45 +15,6 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// Reloads that change a tier's rate leave no series of the old versions
-// behind: after five of them, the zone has one requests_total series per
-// tier, not one per version it ever had.
-func TestTiersReloadsLeaveNoStaleSeries(t *testing.T) {
-	cfg := func(free int) string {
-		return caddyfileServerWith("metrics", fmt.Sprintf(`
-	rate_limit {
-		zone a5_tier_series {
-			key static
-			tier {http.request.header.X-Plan}
-			tiers {
-				free %d/1m
-				pro 600/1m
-				default free
-			}
-		}
-	}
-	respond ok`, free))
-	}
-	tester := newTester(t, cfg(60), "caddyfile")
-	for i := range 5 {
-		if i > 0 {
-			adminRequest(t, "POST", "/load", "text/caddyfile", withPorts(cfg(60+i)))
-		}
-		do(t, tester, "GET", "/")
-		do(t, tester, "GET", "/", "X-Plan", "pro")
-	}
-	page := adminRequest(t, "GET", "/metrics", "", "")
-	var series []string
-	for _, line := range strings.Split(page, "\n") {
-		if strings.HasPrefix(line, "caddy_rate_limit_requests_total{") && strings.Contains(line, `zone="a5_tier_series"`) {
-			series = append(series, line)
-		}
-	}
-	if len(series) != 2 {
-		t.Fatalf("%d requests_total series after 5 versions of free, want 2 (free's newest and pro):\n%s", len(series), strings.Join(series, "\n"))
-	}
-}
-
 // tierSite is a zone of plans: per API key free 60/1m burst 10 and pro
 // 600/1m burst 100 (concurrency caps of 2 and 10 on the memory backend),
 // and per account a monthly quota of 15 for free, answered with 402.
@@ -361,4 +322,43 @@ func TestDocsTiersExample(t *testing.T) {
 	expectBurst(t, tester, 10, time.Second, 429, key...)
 	expectBurst(t, tester, 200, 60*time.Millisecond, 429, append(key, "X-Plan", "pro")...)
 	expectBurst(t, tester, 10, time.Second, 429, "X-API-Key", "doc-other", "X-Plan", "platinum")
+}
+
+// Reloads that change a tier's rate leave no series of the old versions
+// behind: after five of them, the zone has one requests_total series per
+// tier, not one per version it ever had.
+func TestTiersReloadsLeaveNoStaleSeries(t *testing.T) {
+	cfg := func(free int) string {
+		return caddyfileServerWith("metrics", fmt.Sprintf(`
+	rate_limit {
+		zone a5_tier_series {
+			key static
+			tier {http.request.header.X-Plan}
+			tiers {
+				free %d/1m
+				pro 600/1m
+				default free
+			}
+		}
+	}
+	respond ok`, free))
+	}
+	tester := newTester(t, cfg(60), "caddyfile")
+	for i := range 5 {
+		if i > 0 {
+			adminRequest(t, "POST", "/load", "text/caddyfile", withPorts(cfg(60+i)))
+		}
+		do(t, tester, "GET", "/")
+		do(t, tester, "GET", "/", "X-Plan", "pro")
+	}
+	page := adminRequest(t, "GET", "/metrics", "", "")
+	var series []string
+	for _, line := range strings.Split(page, "\n") {
+		if strings.HasPrefix(line, "caddy_rate_limit_requests_total{") && strings.Contains(line, `zone="a5_tier_series"`) {
+			series = append(series, line)
+		}
+	}
+	if len(series) != 2 {
+		t.Fatalf("%d requests_total series after 5 versions of free, want 2 (free's newest and pro):\n%s", len(series), strings.Join(series, "\n"))
+	}
 }

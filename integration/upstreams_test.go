@@ -69,60 +69,6 @@ func newSickUpstream(t *testing.T) *sickUpstream {
 	return u
 }
 
-// hangingUpstream holds every request sent to it with X-Hang until
-// letGo; hang sends n such requests to path through Caddy. The test must
-// defer letGo: Caddy stops only once they are answered.
-func hangingUpstream(t *testing.T) (u *countingUpstream, hang func(path string, n int), letGo func()) {
-	release := make(chan struct{})
-	u = newCountingUpstream(t, func(r *http.Request) {
-		if r.Header.Get("X-Hang") != "" {
-			<-release
-		}
-	})
-	var wg sync.WaitGroup
-	var once sync.Once
-	hang = func(path string, n int) {
-		for range n {
-			wg.Go(func() {
-				req, _ := http.NewRequest(http.MethodGet, httpBase+path, nil)
-				req.Header.Set("X-Hang", "1")
-				if resp, err := http.DefaultClient.Do(req); err == nil {
-					resp.Body.Close()
-				}
-			})
-		}
-	}
-	return u, hang, func() {
-		once.Do(func() { close(release) })
-		wg.Wait()
-	}
-}
-
-// slowUpstream answers each request with the status in X-Answer (200 when
-// absent) after X-Sleep milliseconds, and signals each request it gets.
-type slowUpstream struct {
-	addr string
-	got  chan struct{}
-}
-
-func newSlowUpstream(t *testing.T) *slowUpstream {
-	u := &slowUpstream{got: make(chan struct{}, 64)}
-	_, u.addr = startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		u.got <- struct{}{}
-		if ms, _ := strconv.Atoi(r.Header.Get("X-Sleep")); ms > 0 {
-			select {
-			case <-time.After(time.Duration(ms) * time.Millisecond):
-			case <-r.Context().Done():
-				return
-			}
-		}
-		code, _ := strconv.Atoi(r.Header.Get("X-Answer"))
-		w.WriteHeader(max(code, http.StatusOK))
-		fmt.Fprint(w, "sent")
-	})
-	return u
-}
-
 // paidUpstream is a paid provider behind the proxy that answers what each
 // request's X-Answer says: a status ("200", "502"), or "hang" to answer
 // nothing until the proxy gives up on it. With X-Work (a duration), it
@@ -318,6 +264,69 @@ func bodyUpstream(t *testing.T, ok string, status int) (addr string, hits *atomi
 	return addr, hits
 }
 
+// latencyUpstream answers after the delay the test sets.
+func latencyUpstream(t *testing.T) (*countingUpstream, *atomic.Int64) {
+	var delay atomic.Int64
+	u := newCountingUpstream(t, func(*http.Request) {
+		time.Sleep(time.Duration(delay.Load()))
+	})
+	return u, &delay
+}
+
+// hangingUpstream holds every request sent to it with X-Hang until
+// letGo; hang sends n such requests to path through Caddy. The test must
+// defer letGo: Caddy stops only once they are answered.
+func hangingUpstream(t *testing.T) (u *countingUpstream, hang func(path string, n int), letGo func()) {
+	release := make(chan struct{})
+	u = newCountingUpstream(t, func(r *http.Request) {
+		if r.Header.Get("X-Hang") != "" {
+			<-release
+		}
+	})
+	var wg sync.WaitGroup
+	var once sync.Once
+	hang = func(path string, n int) {
+		for range n {
+			wg.Go(func() {
+				req, _ := http.NewRequest(http.MethodGet, httpBase+path, nil)
+				req.Header.Set("X-Hang", "1")
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			})
+		}
+	}
+	return u, hang, func() {
+		once.Do(func() { close(release) })
+		wg.Wait()
+	}
+}
+
+// slowUpstream answers each request with the status in X-Answer (200 when
+// absent) after X-Sleep milliseconds, and signals each request it gets.
+type slowUpstream struct {
+	addr string
+	got  chan struct{}
+}
+
+func newSlowUpstream(t *testing.T) *slowUpstream {
+	u := &slowUpstream{got: make(chan struct{}, 64)}
+	_, u.addr = startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		u.got <- struct{}{}
+		if ms, _ := strconv.Atoi(r.Header.Get("X-Sleep")); ms > 0 {
+			select {
+			case <-time.After(time.Duration(ms) * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		code, _ := strconv.Atoi(r.Header.Get("X-Answer"))
+		w.WriteHeader(max(code, http.StatusOK))
+		fmt.Fprint(w, "sent")
+	})
+	return u
+}
+
 // recordingUpstream answers each request with status(r), counting them and
 // noting when each arrived.
 type recordingUpstream struct {
@@ -351,13 +360,4 @@ func (u *recordingUpstream) last() time.Time {
 		}
 	}
 	return last
-}
-
-// latencyUpstream answers after the delay the test sets.
-func latencyUpstream(t *testing.T) (*countingUpstream, *atomic.Int64) {
-	var delay atomic.Int64
-	u := newCountingUpstream(t, func(*http.Request) {
-		time.Sleep(time.Duration(delay.Load()))
-	})
-	return u, &delay
 }

@@ -117,7 +117,7 @@ func (l *Limit) budgetDenial() (int, reason) {
 	return cmp.Or(l.Status, l.zone.Status, http.StatusServiceUnavailable), reasonBudget
 }
 
-func appendBudgetMessage(b []byte, f refusal) []byte {
+func appendBudgetMessage(b []byte, f *refusal) []byte {
 	b = append(b, "The service's budget for this is spent; this is not a limit on you."...)
 	if f.retryAfter < 0 {
 		return b

@@ -280,8 +280,9 @@ func (h *heldSlots) release() {
 // the zones' order (so two requests never hold slots the other waits for).
 // When one cannot be had, the slots taken are freed, the rate units the
 // request was given go back, and the request is refused with 503, or with
-// 499 when its client left while it waited.
-func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, s *scratch) (*heldSlots, bool, error) {
+// 499 when its client left while it waited: it returns the slots held, or
+// the request's refusal, or that error.
+func (h *Handler) acquire(r *http.Request, s *scratch) (*heldSlots, *refusal, error) {
 	held := &heldSlots{slots: make([]heldSlot, 0, len(s.conc))}
 	newTimer := h.newTimer
 	if newTimer == nil {
@@ -301,25 +302,25 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, s *scratch) (*
 		switch {
 		case err == errQueueTimeout:
 			wait := max(time.Duration(l.Queue), time.Second)
-			return nil, false, unlessAnswered(h.refuse(w, r, refusal{
+			return nil, s.refuse(refusal{
 				reason: reasonConcurrency, zone: l.zone, limit: l, key: cr.key,
 				retryAfter: retryAfterSeconds(wait), wait: wait,
-			}))
+			}), nil
 		case r.Context().Err() != nil:
-			return nil, false, caddyhttp.Error(statusClientClosed, r.Context().Err())
+			return nil, nil, caddyhttp.Error(statusClientClosed, r.Context().Err())
 		case errors.Is(err, backend.ErrUnavailable): // a limit that fails closed
 			var wait time.Duration
 			if ue, ok := errors.AsType[*backend.UnavailableError](err); ok {
 				wait = ue.RetryAfter
 			}
-			return nil, false, unlessAnswered(h.refuse(w, r, refusal{
+			return nil, s.refuse(refusal{
 				reason: reasonUnavailable, zone: l.zone, limit: l, key: cr.key,
 				retryAfter: retryAfterSeconds(wait), wait: wait, detail: err,
-			}))
+			}), nil
 		}
-		return nil, false, caddyhttp.Error(http.StatusInternalServerError, err)
+		return nil, nil, caddyhttp.Error(http.StatusInternalServerError, err)
 	}
-	return held, true, nil
+	return held, nil, nil
 }
 
 // takeSlot takes a slot of cr's limit, waiting in its queue. When the

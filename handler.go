@@ -42,17 +42,24 @@ const (
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	vars, counted := h.shedCounted(r)
 	if h.shedding(counted) {
-		return h.refuseShed(w, r)
+		return h.respond(w, r, h.shedRefusal)
 	}
 	s := getScratch()
-	pass, err := h.limit(w, r, s)
-	if pass && len(s.conc) > 0 {
+	f, err := h.limit(w, r, s)
+	if f == nil && err == nil && len(s.conc) > 0 {
 		var held *heldSlots
-		held, pass, err = h.acquire(w, r, s)
+		held, f, err = h.acquire(r, s)
 		// Deferred, so a panic, an error or a hijacked connection frees
 		// the slots too, once the handlers after this one return.
 		defer held.release()
 	}
+	if f != nil {
+		err = h.respond(w, r, f)
+	}
+	// A request refused before its decision has its shadow zones' notes
+	// reported after its refusal.
+	h.reportNotes(r, s)
+	pass := f == nil && err == nil
 	// The adaptive limits watch what the request they let through meets.
 	var adaptBuf [4]*adaptiveLimit
 	var aw *adaptiveWriter
@@ -97,41 +104,45 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return next.ServeHTTP(w, r)
 }
 
-// limit decides r and answers it unless it may pass: collecting a store
-// request per limit, one decision for all of them, then the answer.
-func (h *Handler) limit(w http.ResponseWriter, r *http.Request, s *scratch) (pass bool, err error) {
+// limit decides r: collecting a store request per limit, one decision for
+// all of them, then the answer. It returns the request's refusal, or nil
+// when it may pass.
+func (h *Handler) limit(w http.ResponseWriter, r *http.Request, s *scratch) (*refusal, error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if answered, err := h.collect(w, r, repl, s); answered {
-		h.reportShadow(r, s, false)
-		return false, err
+	if f, err := h.collect(r, repl, s); f != nil || err != nil {
+		return f, err
 	}
 	if len(s.reqs) == 0 {
-		h.reportShadow(r, s, false)
-		return true, nil
+		h.reportNotes(r, s)
+		return nil, nil
 	}
-	allowed, store, err := h.decide(w, r, s)
-	s.store = store
-	h.reportShadow(r, s, err == nil)
+	f, err := h.decide(r, s)
 	switch {
+	case f != nil:
+		return f, nil
 	case err != nil:
-		return false, unlessAnswered(err)
-	case len(s.reqs) == 0: // the backend failed and no limit decides locally
-		return true, nil
+		h.reportNotes(r, s)
+		return nil, err
 	}
-	return h.answer(w, r, repl, s, allowed, store)
+	h.reportNotes(r, s)
+	h.reportShadowDenials(r, s)
+	if len(s.reqs) == 0 { // the backend failed and no limit decides locally
+		return nil, nil
+	}
+	return h.answer(w, r, repl, s)
 }
 
 // collect appends to s a store request for each limit of each zone r
-// matches. It answers the request itself (answered) when an enforcing zone
-// refuses it before anything is counted: its deny list, a key that
-// "missing deny" requires, a cost that cannot be read, or a matcher that
-// fails. A shadow zone's refusals are noted in s instead.
-func (h *Handler) collect(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch) (answered bool, err error) {
+// matches. It returns the refusal of an enforcing zone that refuses the
+// request before anything is counted: its deny list, a key that "missing
+// deny" requires, or a cost that cannot be read; and the error of a
+// matcher that fails. A shadow zone's refusals are noted in s instead.
+func (h *Handler) collect(r *http.Request, repl *caddy.Replacer, s *scratch) (*refusal, error) {
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
 			if err != nil {
-				return true, err
+				return nil, err
 			}
 			if !ok {
 				continue
@@ -139,26 +150,27 @@ func (h *Handler) collect(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 		}
 		switch listed, err := z.listed(r); {
 		case err != nil:
-			return true, err
+			return nil, err
 		case listed == listDeny && z.Shadow:
 			// Noted, and limited like any other request.
 			s.note(shadowListed, z, nil, nil)
 		case listed == listDeny:
-			return true, h.refuse(w, r, refusal{reason: reasonDenylisted, zone: z, retryAfter: -1})
+			return s.refuse(refusal{reason: reasonDenylisted, zone: z, retryAfter: -1}), nil
 		case listed == listAllow:
 			continue
 		}
 		for _, l := range z.keyed {
-			if answered, err := h.collectLimit(w, r, repl, s, l); answered {
-				return true, err
+			if f := h.collectLimit(r, repl, s, l); f != nil {
+				return f, nil
 			}
 		}
 	}
-	return false, nil
+	return nil, nil
 }
 
-// collectLimit appends the store request of limit l, unless l skips r.
-func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch, l *Limit) (answered bool, err error) {
+// collectLimit appends the store request of limit l, unless l skips r or
+// refuses it.
+func (h *Handler) collectLimit(r *http.Request, repl *caddy.Replacer, s *scratch, l *Limit) *refusal {
 	if l.tiers != nil {
 		tier, empty := l.tiers.pick(r, repl)
 		if empty {
@@ -176,7 +188,7 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 		l.metrics.missing(l.Missing)
 		switch {
 		case l.Missing == MissingSkip && errors.Is(err, keys.ErrAbsent):
-			return false, nil
+			return nil
 		case l.Missing == MissingSkip:
 			// Only an absent value is skipped. A value given twice,
 			// a body that cannot be read or a value a normalizer
@@ -186,7 +198,7 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 		case l.Missing == MissingDeny && z.Shadow:
 			s.note(shadowMissingKey, z, l, err)
 		case l.Missing == MissingDeny:
-			return true, h.refuse(w, r, refusal{reason: reasonMissingKey, zone: z, limit: l, retryAfter: -1, detail: err})
+			return s.refuse(refusal{reason: reasonMissingKey, zone: z, limit: l, retryAfter: -1, detail: err})
 		}
 	}
 	if l.adapt != nil {
@@ -195,7 +207,7 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 	if l.conc != nil || l.shared != nil {
 		s.conc = append(s.conc, concReq{l, key})
 		if l.concOnly() {
-			return false, nil
+			return nil
 		}
 	}
 	cost, err := l.Cost.eval(r, repl, s.body)
@@ -204,39 +216,39 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 			// Nothing can be counted for the request: it is noted and
 			// this limit is left out of the decision.
 			s.note(shadowBadCost, z, l, err)
-			return false, nil
+			return nil
 		}
-		return true, h.refuse(w, r, refusal{reason: reasonBadCost, zone: z, limit: l, retryAfter: -1, detail: err})
+		return s.refuse(refusal{reason: reasonBadCost, zone: z, limit: l, retryAfter: -1, detail: err})
 	}
 	// An estimate below the floor takes the floor (cost_min).
 	cost = max(cost, l.CostMin)
 	s.reqs = append(s.reqs, l.request(key, cost))
 	s.limits = append(s.limits, l)
-	return false, nil
+	return nil
 }
 
 // decide asks the store for one decision on every request in s, filling
-// s.out; when the backend is unavailable, the limits' fail policies decide
-// instead (and s keeps only the limits the local store decided). It
-// returns the store that decided.
-func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *scratch) (allowed bool, store backend.Store, err error) {
+// s.out, s.allowed and s.store (the store that decided); when the backend
+// is unavailable, the limits' fail policies decide instead (and s keeps
+// only the limits the local store decided). It returns the refusal of a
+// limit that fails closed.
+func (h *Handler) decide(r *http.Request, s *scratch) (*refusal, error) {
 	s.out = slices.Grow(s.out[:0], len(s.reqs))[:len(s.reqs)]
 	var start int64
 	if !h.DisableMetrics || h.budgets {
 		start = h.now()
 	}
 	s.at = start
-	store = h.store
-	allowed, err = store.Decide(r.Context(), s.reqs, s.out)
+	allowed, err := h.store.Decide(r.Context(), s.reqs, s.out)
 	if err == nil && allowed && h.fleet != nil {
-		allowed = h.fleet.check(r.Context(), store, s.limits, s.reqs, s.out, h.now())
+		allowed = h.fleet.check(r.Context(), h.store, s.limits, s.reqs, s.out, h.now())
 	}
+	s.allowed, s.store = allowed, h.store
 	if err != nil {
-		reqs, limits, out, ok, err := h.failover(w, r, s.reqs, s.limits, s.out, fmt.Errorf("rate_limit: %w", err))
-		if err != nil {
-			return false, nil, err
+		if f, err := h.failover(r, s, fmt.Errorf("rate_limit: %w", err)); f != nil || err != nil {
+			s.store = nil
+			return f, err
 		}
-		s.reqs, s.limits, s.out, allowed, store = reqs, limits, out, ok, h.local
 	}
 	if !h.DisableMetrics {
 		elapsed := float64(h.now()-start) / 1e9
@@ -244,15 +256,15 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *scratch) (al
 			l.metrics.observe(elapsed)
 		}
 	}
-	return allowed, store, nil
+	return nil, nil
 }
 
 // answer responds to a decided request: every limit's decision is known
 // here (s.limits[i] got s.out[i]), whether the request is allowed or not.
-// It reports whether the request may be handed on.
-func (h *Handler) answer(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch, allowed bool, store backend.Store) (pass bool, err error) {
-	if !allowed {
-		return false, h.deny(w, r, repl, s)
+// It returns the refusal of a denied request.
+func (h *Handler) answer(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch) (*refusal, error) {
+	if !s.allowed {
+		return h.deny(w, r, s), nil
 	}
 	if i := tightest(s.limits, s.out); i >= 0 {
 		setPlaceholders(repl, s.limits[i], s.out[i])
@@ -260,10 +272,7 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	if h.headers {
 		writeHeaders(w, s.limits, s.reqs, s.out)
 	}
-	if err := h.wait(r, store, s.limits, s.reqs, s.out); err != nil {
-		return false, err
-	}
-	return true, nil
+	return nil, h.wait(r, s.store, s.limits, s.reqs, s.out)
 }
 
 // What a shadow zone would have refused a request for.
@@ -288,10 +297,11 @@ func (s *scratch) note(kind shadowKind, z *Zone, l *Limit, err error) {
 	s.shadow = append(s.shadow, shadowNote{kind: kind, zone: z, l: l, err: err})
 }
 
-// reportShadow logs and counts, in one place, what the request's shadow
-// zones would have refused: noted while collecting (a deny list, a missing
-// key, a bad cost) and, once the request is decided, a rate exceeded.
-func (h *Handler) reportShadow(r *http.Request, s *scratch, decided bool) {
+// reportNotes logs and counts, in one place, what the request's shadow
+// zones would have refused, noted while collecting (a deny list, a missing
+// key, a bad cost), and empties the notes: it runs once the request is
+// decided or refused, and again at no cost.
+func (h *Handler) reportNotes(r *http.Request, s *scratch) {
 	for _, n := range s.shadow {
 		switch n.kind {
 		case shadowListed:
@@ -311,9 +321,12 @@ func (h *Handler) reportShadow(r *http.Request, s *scratch, decided bool) {
 			}
 		}
 	}
-	if !decided {
-		return
-	}
+	s.shadow = s.shadow[:0]
+}
+
+// reportShadowDenials logs and counts the rates the request's shadow zones
+// would have exceeded, once it is decided.
+func (h *Handler) reportShadowDenials(r *http.Request, s *scratch) {
 	for i, l := range s.limits {
 		if l.zone.Shadow && !s.out[i].Allowed {
 			l.metrics.shadowDeny()

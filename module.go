@@ -144,13 +144,13 @@ type Handler struct {
 	// bodyFields are the JSON paths found in one pass over a body.
 	bodyFields *keys.BodyFields
 
-	shed     *shedGroup // nil without shed
-	shedReg  *shedReg
-	shedZone *Zone // refuses in the group's name
-	// shedDetail is the log's error of a shed request.
-	shedDetail error
-	tarpit     *tarpitState // nil without tarpit
-	fleet      *fleetMember // nil without distributed
+	shed    *shedGroup // nil without shed
+	shedReg *shedReg
+	// shedRefusal is the refusal of every shed request, in the group's
+	// name.
+	shedRefusal *refusal
+	tarpit      *tarpitState // nil without tarpit
+	fleet       *fleetMember // nil without distributed
 	// distStorage replaces the config's storage for distributed (tests).
 	distStorage certmagic.Storage
 	// tierSeries are the metric series of this config's tier versions.

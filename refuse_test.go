@@ -21,7 +21,7 @@ import (
 	"github.com/sluicehq/sluice/keys"
 )
 
-// refuseRecorded runs refuse for f under a handler answering with
+// refuseRecorded runs respond for f under a handler answering with
 // respond, and returns the response, the error and the log.
 func refuseRecorded(t *testing.T, respond, method string, f refusal) (*httptest.ResponseRecorder, *caddy.Replacer, []observer.LoggedEntry, error) {
 	t.Helper()
@@ -31,7 +31,7 @@ func refuseRecorded(t *testing.T, respond, method string, f refusal) (*httptest.
 	r := httptest.NewRequest(method, "http://example.com/otp", nil)
 	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
 	rec := httptest.NewRecorder()
-	err := h.refuse(rec, r, f)
+	err := h.respond(rec, r, &f)
 	return rec, repl, logs.All(), err
 }
 
@@ -235,7 +235,7 @@ func BenchmarkRefuse(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				fresh()
-				_ = h.refuse(w, r, f)
+				_ = h.respond(w, r, &f)
 			}
 		})
 	}
@@ -302,7 +302,7 @@ func TestRefusalPlaceholdersWinOverEarlierOnes(t *testing.T) {
 		}
 		r := httptest.NewRequest("GET", "http://example.com/", nil)
 		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
-		if err := h.refuse(httptest.NewRecorder(), r, f); err != nil {
+		if err := h.respond(httptest.NewRecorder(), r, &f); err != nil {
 			t.Fatal(err)
 		}
 		for ph, v := range want {

@@ -27,8 +27,13 @@ type scratch struct {
 	shadow []shadowNote
 	body   *keys.Body
 	store  backend.Store // the store that decided
-	conc   []concReq     // the concurrency limits matched, with their keys
-	adapt  []*adaptiveLimit
+	// allowed is the store's decision: every limit allows the request.
+	allowed bool
+	// refused is the request's refusal, kept here so that a refused
+	// request allocates nothing for it (see refuse).
+	refused refusal
+	conc    []concReq // the concurrency limits matched, with their keys
+	adapt   []*adaptiveLimit
 	// at is the handler's clock just before the decision, read when a
 	// spend budget may reserve: no reservation it made expires before
 	// at plus its reservation_ttl.
@@ -66,8 +71,15 @@ func (s *scratch) release() {
 	clear(s.conc[:cap(s.conc)])
 	clear(s.adapt[:cap(s.adapt)])
 	s.reqs, s.limits, s.out, s.shadow, s.conc, s.adapt = s.reqs[:0], s.limits[:0], s.out[:0], s.shadow[:0], s.conc[:0], s.adapt[:0]
-	s.body, s.store, s.at = nil, nil, 0
+	s.body, s.store, s.at, s.allowed, s.refused = nil, nil, 0, false, refusal{}
 	scratchPool.Put(s)
+}
+
+// refuse keeps f as the request's refusal and returns it. It is written
+// (respond) before the scratch goes back to the pool.
+func (s *scratch) refuse(f refusal) *refusal {
+	s.refused = f
+	return &s.refused
 }
 
 // smallInts are the whole numbers below 4096 as placeholder values and as

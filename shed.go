@@ -206,8 +206,12 @@ func (h *Handler) provisionShed(owner any) error {
 	if !h.DisableMetrics {
 		z.refused[reasonShed] = metrics.refused.WithLabelValues(s.Group, reasonInfo[reasonShed].name)
 	}
-	h.shedZone = z
-	h.shedDetail = shedEdge(s)
+	// Made once: a shed request is refused in the group's name, from a
+	// value every shed request shares and nothing changes.
+	h.shedRefusal = &refusal{
+		reason: reasonShed, zone: z, retryAfter: retryAfterSeconds(shedRetryAfter), wait: shedRetryAfter,
+		detail: shedEdge(s),
+	}
 	return nil
 }
 
@@ -350,15 +354,6 @@ func untime(r *http.Request) {
 			t.refused = true
 		}
 	}
-}
-
-// refuseShed answers a shed request: 503 with Retry-After, through the
-// path of every refusal, in the name of the group.
-func (h *Handler) refuseShed(w http.ResponseWriter, r *http.Request) error {
-	return unlessAnswered(h.refuse(w, r, refusal{
-		reason: reasonShed, zone: h.shedZone, retryAfter: retryAfterSeconds(shedRetryAfter), wait: shedRetryAfter,
-		detail: h.shedDetail,
-	}))
 }
 
 // shedEdge is the error the log line of a shed request carries: when this

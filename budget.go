@@ -149,7 +149,7 @@ type budgetHold struct {
 // serveHeld hands r on with a context that outlives its client (see
 // budgetHold). Only a request with a reservation pays for it (the context,
 // the request copy and the watch on the client's context).
-func (h *Handler) serveHeld(o *outcomeWriter, r *http.Request, next caddyhttp.Handler) error {
+func (h *Handler) serveHeld(o *watcher, r *http.Request, next caddyhttp.Handler) error {
 	ctx, cancel := context.WithCancel(&o.detached) // its parent is never done: no goroutine watches it
 	hold := &budgetHold{h: h, ctx: ctx, cancel: cancel, until: o.holdUntil}
 	o.hold = hold
@@ -187,7 +187,7 @@ func (b *budgetHold) clientLeft() {
 // reservation_ttl (a long answer, a client that reads slowly) must not
 // see its reservation expire, and its unit come back, before the commit.
 // What fails to settle here is settled, and logged, when the request ends.
-func (o *outcomeWriter) settleChargesEarly() {
+func (o *watcher) settleChargesEarly() {
 	b := o.hold
 	if b != nil {
 		b.answered.Store(true)
@@ -207,7 +207,7 @@ func (o *outcomeWriter) settleChargesEarly() {
 // left to expire rather than settled: the call was given up when they
 // expired, or the status is the proxy's 499 for a client that left (no
 // answer of the upstream's), or no status was written at all.
-func (o *outcomeWriter) keepCharges() bool {
+func (o *watcher) keepCharges() bool {
 	if o.hold != nil && o.hold.expired.Load() {
 		return true
 	}
@@ -215,8 +215,8 @@ func (o *outcomeWriter) keepCharges() bool {
 }
 
 // settleCharges commits or releases the reservations of o's spend budgets
-// by status (outcomeWriter.settleCharges), logging what fails.
-func (h *Handler) settleCharges(o *outcomeWriter, status int) {
+// by status (watcher.settleCharges), logging what fails.
+func (h *Handler) settleCharges(o *watcher, status int) {
 	for _, e := range o.settleCharges(status) {
 		h.logger.Error("settling a spend budget's reservation (it expires by itself after reservation_ttl)", zap.Bool("commit", e.commit), zap.Error(e.err))
 	}
@@ -228,7 +228,7 @@ func (h *Handler) settleCharges(o *outcomeWriter, status int) {
 // A handler's error without a status (the proxy could not finish sending
 // a body the client stopped sending) is no answer of the upstream's: it
 // may have the request, and do the work, all the same.
-func (h *Handler) settleLeftCharges(o *outcomeWriter) {
+func (h *Handler) settleLeftCharges(o *watcher) {
 	if !o.keepCharges() {
 		h.settleCharges(o, int(o.status))
 	}
@@ -243,7 +243,7 @@ type settleError struct {
 // limits whose charge_when the response (of status) matches, and releases
 // the others. A reservation settled is marked so (its Reserve zeroed), so
 // that the request's end does not settle it again.
-func (o *outcomeWriter) settleCharges(status int) []settleError {
+func (o *watcher) settleCharges(status int) []settleError {
 	res, ok := o.store.(backend.Reserver)
 	if !ok {
 		return nil

@@ -60,24 +60,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// reported after its refusal.
 	h.reportNotes(r, s)
 	pass := f == nil && err == nil
-	// The adaptive limits watch what the request they let through meets.
-	var adaptBuf [4]*adaptiveLimit
-	var aw *adaptiveWriter
-	adapt := adaptBuf[:0]
-	// With a latency target, the group's latency is measured the same way.
-	var timed *shedGroup
-	if pass && h.timed(counted) {
-		timed = h.shed
-	}
-	if pass && (len(s.adapt) > 0 || timed != nil) {
-		adapt = append(adapt, s.adapt...)
-		aw = adaptiveWriters.Get().(*adaptiveWriter)
-		aw.ResponseWriter = w
-		w = aw
-	}
-	var o *outcomeWriter
-	if pass && h.outcomes {
-		o = watchOutcome(w, s)
+	var x *watcher
+	if pass {
+		// With a latency target, the group's latency is measured like
+		// the adaptive limits'.
+		var timed *shedGroup
+		if h.timed(counted) {
+			timed = h.shed
+		}
+		x = h.watch(w, s, timed)
 	}
 	// The scratch goes back before next runs: a slow upstream must not
 	// hold one per request in flight.
@@ -88,18 +79,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if g := h.shed; g != nil && !counted {
 		// Counted only once admitted: a request refused or held in a
 		// tarpit loads nothing behind this handler.
-		var timer *adaptiveWriter
-		if timed != nil {
-			timer = aw
+		var timer *watcher
+		if x != nil && x.group != nil {
+			timer = x
 		}
 		g.enter(vars, timer)
 		defer g.leave(vars)
 	}
-	switch {
-	case aw != nil:
-		return h.serveAdaptive(w, r, next, aw, o, adapt, timed)
-	case o != nil:
-		return h.serveOutcome(o, r, next)
+	if x != nil {
+		return h.serve(x, r, next)
 	}
 	return next.ServeHTTP(w, r)
 }

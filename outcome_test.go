@@ -23,7 +23,7 @@ func TestOutcomeWriterStatus(t *testing.T) {
 		{"switching protocols", func(w http.ResponseWriter) { w.WriteHeader(101) }, nil, 101},
 		{"second header ignored", func(w http.ResponseWriter) { w.WriteHeader(200); w.WriteHeader(500) }, nil, 200},
 		{"body only", func(w http.ResponseWriter) { w.Write([]byte("x")) }, nil, 200},
-		{"read from", func(w http.ResponseWriter) { _, _ = w.(*outcomeWriter).ReadFrom(strings.NewReader("body")) }, nil, 200},
+		{"read from", func(w http.ResponseWriter) { _, _ = w.(*watcher).ReadFrom(strings.NewReader("body")) }, nil, 200},
 		{"flushed", func(w http.ResponseWriter) { http.NewResponseController(w).Flush() }, nil, 200},
 		{"nothing", func(http.ResponseWriter) {}, nil, 200},
 		{"handler error", func(http.ResponseWriter) {}, caddyhttp.Error(502, errors.New("dial")), 502},
@@ -33,7 +33,7 @@ func TestOutcomeWriterStatus(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := httptest.NewRecorder()
-			o := &outcomeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: rec}}
+			o := &watcher{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: rec}, outcome: true}
 			tc.write(o)
 			if got := o.finalStatus(tc.err); got != tc.want {
 				t.Fatalf("status %d, want %d", got, tc.want)

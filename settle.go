@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/algorithms"
@@ -123,15 +122,8 @@ type settleNotes struct {
 
 const maxSettleNoted = 2
 
-// settledWriter is the writer of a request with a settled limit: the
-// notes in the same allocation as the writer.
-type settledWriter struct {
-	outcomeWriter
-	notes settleNotes
-}
-
 // noteSettle notes the settled fields as the status is written.
-func (o *outcomeWriter) noteSettle(hdr http.Header) {
+func (o *watcher) noteSettle(hdr http.Header) {
 	n := o.settle
 	if n == nil {
 		return
@@ -149,7 +141,7 @@ func (o *outcomeWriter) noteSettle(hdr http.Header) {
 // a trailer it did not declare before the body (reverse_proxy copying an
 // upstream's) under the trailer prefix; a declared one is set under its
 // own name after the body, when it was not a header at the status.
-func (o *outcomeWriter) settleValues(l *Limit, i int) []string {
+func (o *watcher) settleValues(l *Limit, i int) []string {
 	s := l.settle
 	hdr := o.Header()
 	n := o.settle
@@ -174,7 +166,7 @@ func (o *outcomeWriter) settleValues(l *Limit, i int) []string {
 
 // actual reads the real cost of the i-th limit's request, or false when
 // the response does not give one that can be trusted.
-func (o *outcomeWriter) actual(r *http.Request, l *Limit, i int) (int64, string, bool) {
+func (o *watcher) actual(r *http.Request, l *Limit, i int) (int64, string, bool) {
 	var v string
 	if l.settle.field != "" {
 		vals := o.settleValues(l, i)
@@ -234,7 +226,7 @@ func parseSettleValue(v string) (int64, bool) {
 // settleCost settles the i-th limit of o at the real cost the response
 // gives, or keeps the estimate (and says so in the log, at most once a
 // minute per limit) when a successful response gives none it can trust.
-func (h *Handler) settleCost(o *outcomeWriter, r *http.Request, i, status int) {
+func (h *Handler) settleCost(o *watcher, r *http.Request, i, status int) {
 	l := o.limits[i]
 	if !o.out[i].Allowed {
 		return // a shadow request that was not taken
@@ -275,17 +267,4 @@ func (h *Handler) warnSettle(l *Limit, why string) {
 	h.logger.Warn("a response gave no real cost to settle: the estimate stays charged",
 		zap.String("zone", l.zone.name), zap.String("scope", l.scope), zap.String("settle", s.expr),
 		zap.String("value", why), zap.Int64("responses", s.ignored.Swap(0)))
-}
-
-// newOutcomeWriter makes the writer of watchOutcome: with the notes of
-// settled fields in the same allocation when a limit of s settles.
-func newOutcomeWriter(w http.ResponseWriter, s *scratch) *outcomeWriter {
-	for _, l := range s.limits {
-		if l.settle != nil {
-			sw := &settledWriter{outcomeWriter: outcomeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, store: s.store}}
-			sw.settle = &sw.notes
-			return &sw.outcomeWriter
-		}
-	}
-	return &outcomeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, store: s.store}
 }

@@ -281,23 +281,22 @@ func inGroup(v any) *shedGroup {
 	switch v := v.(type) {
 	case *shedGroup:
 		return v
-	case *adaptiveWriter:
+	case *watcher:
 		return v.group
 	}
 	return nil
 }
 
 // enter counts an admitted request in the group until leave; timer, when
-// the request is timed for the group, is the writer timing it, which the
+// the request is timed for the group, is the watcher timing it, which the
 // request's var then holds (one map write either way). The caller holds
 // on to g: a reload cleans the handler up while its last requests are
 // still being served.
-func (g *shedGroup) enter(vars map[string]any, timer *adaptiveWriter) {
+func (g *shedGroup) enter(vars map[string]any, timer *watcher) {
 	g.inFlight.Add(1)
 	switch {
 	case vars == nil:
 	case timer != nil:
-		timer.group = g
 		vars[g.varKey] = timer
 	default:
 		vars[g.varKey] = g
@@ -325,7 +324,7 @@ func leaveGroups(r *http.Request) map[string]any {
 		if g := inGroup(v); g != nil {
 			g.inFlight.Add(-1)
 		}
-		if t, ok := v.(*adaptiveWriter); ok {
+		if t, ok := v.(*watcher); ok {
 			t.pausedAt = t.now()
 		}
 	}
@@ -337,7 +336,7 @@ func rejoinGroups(vars map[string]any) {
 		if g := inGroup(v); g != nil {
 			g.inFlight.Add(1)
 		}
-		if t, ok := v.(*adaptiveWriter); ok {
+		if t, ok := v.(*watcher); ok {
 			t.paused += t.now() - t.pausedAt
 		}
 	}
@@ -350,7 +349,7 @@ func rejoinGroups(vars map[string]any) {
 func untime(r *http.Request) {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	for _, v := range vars {
-		if t, ok := v.(*adaptiveWriter); ok {
+		if t, ok := v.(*watcher); ok {
 			t.refused = true
 		}
 	}

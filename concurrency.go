@@ -330,12 +330,14 @@ func (h *Handler) acquire(r *http.Request, s *scratch) (*heldSlots, *refusal, er
 func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Duration) (<-chan time.Time, func() bool)) (heldSlot, error) {
 	l := cr.l
 	if sh := l.shared; sh != nil {
-		var vars map[string]any
+		var id string
+		var err error
+		take := func() { id, err = sh.take(r.Context(), cr.key, newTimer) }
 		if sh.queue > 0 {
-			vars = leaveGroups(r) // it may wait in line: not in flight meanwhile
+			outsideGroups(r, take) // it may wait in line: not in flight meanwhile
+		} else {
+			take()
 		}
-		id, err := sh.take(r.Context(), cr.key, newTimer)
-		rejoinGroups(vars)
 		switch {
 		case err == nil:
 			return heldSlot{sh: sh, key: cr.key, id: id}, nil
@@ -364,9 +366,8 @@ func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Durat
 	case wt != nil:
 		// A request waiting for its slot is not in flight: it must not
 		// load the shedding groups it is counted in meanwhile.
-		vars := leaveGroups(r)
-		err := c.await(r.Context(), k, wt, newTimer)
-		rejoinGroups(vars)
+		var err error
+		outsideGroups(r, func() { err = c.await(r.Context(), k, wt, newTimer) })
 		if err != nil {
 			return heldSlot{}, err
 		}

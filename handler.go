@@ -367,16 +367,19 @@ func (h *Handler) wait(r *http.Request, store backend.Store, limits []*Limit, re
 	}
 	fired, stop := newTimer(time.Duration(delay))
 	defer stop()
-	defer rejoinGroups(leaveGroups(r))
-	select {
-	case <-fired:
-		return nil
-	case <-r.Context().Done():
-	}
-	if err := store.Refund(context.WithoutCancel(r.Context()), reqs, out); err != nil {
-		h.logger.Error("giving back the slot of a request whose client left", zap.Error(err))
-	}
-	return caddyhttp.Error(statusClientClosed, r.Context().Err())
+	var err error
+	outsideGroups(r, func() {
+		select {
+		case <-fired:
+			return
+		case <-r.Context().Done():
+		}
+		if rerr := store.Refund(context.WithoutCancel(r.Context()), reqs, out); rerr != nil {
+			h.logger.Error("giving back the slot of a request whose client left", zap.Error(rerr))
+		}
+		err = caddyhttp.Error(statusClientClosed, r.Context().Err())
+	})
+	return err
 }
 
 func systemTimer(d time.Duration) (<-chan time.Time, func() bool) {

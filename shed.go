@@ -312,11 +312,19 @@ func (g *shedGroup) leave(vars map[string]any) {
 	}
 }
 
+// outsideGroups runs wait, a wait that loads no upstream (a tarpit, a
+// concurrency queue, a max_delay), with r taken out of every shedding
+// group that a handler before this one counts it in: otherwise a flood of
+// waiting or held requests would raise the load and shed everyone
+// else's, and their waits would raise the groups' latency. Every wait of
+// a request goes through it.
+func outsideGroups(r *http.Request, wait func()) {
+	defer rejoinGroups(leaveGroups(r))
+	wait()
+}
+
 // leaveGroups takes r out of every shedding group that a handler before
-// this one counts it in, for a wait that loads no upstream (a tarpit, a
-// concurrency queue, a max_delay): otherwise a flood of waiting or held
-// requests would raise the load and shed everyone else's, and their
-// waits would raise the groups' latency. rejoinGroups with the vars it
+// this one counts it in (see outsideGroups); rejoinGroups with the vars it
 // returns puts r back.
 func leaveGroups(r *http.Request) map[string]any {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)

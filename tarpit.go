@@ -129,7 +129,14 @@ func (h *Handler) hold(r *http.Request) int64 {
 		return 0
 	}
 	start := h.now()
-	defer rejoinGroups(leaveGroups(r))
+	var held int64
+	outsideGroups(r, func() { held = h.holdTaken(r, t, start) })
+	return held
+}
+
+// holdTaken holds a denial that t counts already, from start, and uncounts
+// it.
+func (h *Handler) holdTaken(r *http.Request, t *tarpitState, start int64) int64 {
 	tarpitHeld.Inc()
 	defer func() {
 		// The gauge first: released the other way round, a request taking

@@ -38,14 +38,30 @@ const (
 )
 
 // ServeHTTP decides the request against every zone it matches, once and all
-// or nothing, then answers 429 or passes it on.
+// or nothing, then answers 429 or passes it on. It walks the request's
+// phases in order, each returning the request's refusal (nil to go on) or
+// an error for Caddy:
+//
+//   - gate: load shedding, before anything is counted;
+//   - decide: each zone's allow and deny lists and keys, in the zones'
+//     order, then one store decision for every limit;
+//   - hold: a denial in the tarpit, an admitted request in its leaky_bucket
+//     queues;
+//   - slots: the concurrency slots, taken once the rates admit the request;
+//   - observe: the admitted request is counted in its shedding group and
+//     handed on, through the response watcher when a feature needs it.
+//
+// A refusal from any phase is written by respond, the one writer.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	vars, counted := h.shedCounted(r)
-	if h.shedding(counted) {
-		return h.respond(w, r, h.shedRefusal)
+	if f := h.gate(counted); f != nil {
+		return h.respond(w, r, f)
 	}
 	s := getScratch()
-	f, err := h.limit(w, r, s)
+	f, err := h.decide(w, r, s)
+	if f == nil && err == nil {
+		f, err = h.hold(w, r, s)
+	}
 	if f == nil && err == nil && len(s.conc) > 0 {
 		var held *heldSlots
 		held, f, err = h.acquire(r, s)
@@ -62,13 +78,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	pass := f == nil && err == nil
 	var x *watcher
 	if pass {
-		// With a latency target, the group's latency is measured like
-		// the adaptive limits'.
-		var timed *shedGroup
-		if h.timed(counted) {
-			timed = h.shed
-		}
-		x = h.watch(w, s, timed)
+		x = h.watch(w, s, h.timedGroup(counted))
 	}
 	// The scratch goes back before next runs: a slow upstream must not
 	// hold one per request in flight.
@@ -76,6 +86,82 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !pass {
 		return err
 	}
+	return h.observe(w, r, next, x, vars, counted)
+}
+
+// gate returns the refusal of a request shed for load: a shed request
+// takes no unit from any rate limit. counted tells that a handler r passed
+// through before counts it in the group already.
+func (h *Handler) gate(counted bool) *refusal {
+	if h.shedding(counted) {
+		return h.shedRefusal
+	}
+	return nil
+}
+
+// decide decides r: a store request per limit of each zone it matches
+// (collect), one decision for all of them, and, when it is admitted, the
+// placeholders and rate limit fields of the decision. It returns the
+// refusal of a zone that refuses r before anything is counted, or of a
+// limit that fails closed; a denial is refused once held (hold).
+func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *scratch) (*refusal, error) {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if f, err := h.collect(r, repl, s); f != nil || err != nil {
+		return f, err
+	}
+	if len(s.reqs) == 0 {
+		h.reportNotes(r, s)
+		return nil, nil
+	}
+	f, err := h.decideStore(r, s)
+	switch {
+	case f != nil:
+		return f, nil
+	case err != nil:
+		h.reportNotes(r, s)
+		return nil, err
+	}
+	h.reportNotes(r, s)
+	h.reportShadowDenials(r, s)
+	if len(s.reqs) == 0 { // the backend failed and no limit decides locally
+		return nil, nil
+	}
+	// Every limit's decision is known here (s.limits[i] got s.out[i]).
+	s.decided = true
+	if !s.allowed {
+		return nil, nil
+	}
+	if i := tightest(s.limits, s.out); i >= 0 {
+		setPlaceholders(repl, s.limits[i], s.out[i])
+	}
+	if h.headers {
+		writeHeaders(w, s.limits, s.reqs, s.out)
+	}
+	return nil, nil
+}
+
+// hold holds a decided request as its decision says. A denial waits in
+// the tarpit first, then its refusal is made: the tarpit delays the whole
+// answer, whose waits then count from when it is sent, and a denial is
+// counted when it is given. An admitted request waits for its slot in
+// every leaky_bucket queue that gave it one.
+func (h *Handler) hold(w http.ResponseWriter, r *http.Request, s *scratch) (*refusal, error) {
+	switch {
+	case !s.decided:
+		return nil, nil
+	case !s.allowed:
+		if held := h.holdInTarpit(r); held > 0 {
+			elapse(s.out, held)
+		}
+		return h.deny(w, r, s), nil
+	}
+	return nil, h.wait(r, s.store, s.limits, s.reqs, s.out)
+}
+
+// observe hands an admitted request on, counted in its shedding group
+// while it is served, through the watcher x when some feature needs its
+// response (nil when none does).
+func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, x *watcher, vars map[string]any, counted bool) error {
 	if g := h.shed; g != nil && !counted {
 		// Counted only once admitted: a request refused or held in a
 		// tarpit loads nothing behind this handler.
@@ -90,34 +176,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.serve(x, r, next)
 	}
 	return next.ServeHTTP(w, r)
-}
-
-// limit decides r: collecting a store request per limit, one decision for
-// all of them, then the answer. It returns the request's refusal, or nil
-// when it may pass.
-func (h *Handler) limit(w http.ResponseWriter, r *http.Request, s *scratch) (*refusal, error) {
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if f, err := h.collect(r, repl, s); f != nil || err != nil {
-		return f, err
-	}
-	if len(s.reqs) == 0 {
-		h.reportNotes(r, s)
-		return nil, nil
-	}
-	f, err := h.decide(r, s)
-	switch {
-	case f != nil:
-		return f, nil
-	case err != nil:
-		h.reportNotes(r, s)
-		return nil, err
-	}
-	h.reportNotes(r, s)
-	h.reportShadowDenials(r, s)
-	if len(s.reqs) == 0 { // the backend failed and no limit decides locally
-		return nil, nil
-	}
-	return h.answer(w, r, repl, s)
 }
 
 // collect appends to s a store request for each limit of each zone r
@@ -215,12 +273,12 @@ func (h *Handler) collectLimit(r *http.Request, repl *caddy.Replacer, s *scratch
 	return nil
 }
 
-// decide asks the store for one decision on every request in s, filling
+// decideStore asks the store for one decision on every request in s, filling
 // s.out, s.allowed and s.store (the store that decided); when the backend
 // is unavailable, the limits' fail policies decide instead (and s keeps
 // only the limits the local store decided). It returns the refusal of a
 // limit that fails closed.
-func (h *Handler) decide(r *http.Request, s *scratch) (*refusal, error) {
+func (h *Handler) decideStore(r *http.Request, s *scratch) (*refusal, error) {
 	s.out = slices.Grow(s.out[:0], len(s.reqs))[:len(s.reqs)]
 	var start int64
 	if !h.DisableMetrics || h.budgets {
@@ -245,22 +303,6 @@ func (h *Handler) decide(r *http.Request, s *scratch) (*refusal, error) {
 		}
 	}
 	return nil, nil
-}
-
-// answer responds to a decided request: every limit's decision is known
-// here (s.limits[i] got s.out[i]), whether the request is allowed or not.
-// It returns the refusal of a denied request.
-func (h *Handler) answer(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch) (*refusal, error) {
-	if !s.allowed {
-		return h.deny(w, r, s), nil
-	}
-	if i := tightest(s.limits, s.out); i >= 0 {
-		setPlaceholders(repl, s.limits[i], s.out[i])
-	}
-	if h.headers {
-		writeHeaders(w, s.limits, s.reqs, s.out)
-	}
-	return nil, h.wait(r, s.store, s.limits, s.reqs, s.out)
 }
 
 // What a shadow zone would have refused a request for.

@@ -185,12 +185,6 @@ func (l *Limit) policyName() string {
 // limit reported is the one that makes the client wait longest, since the
 // request can pass only once every limit allows it.
 func (h *Handler) deny(w http.ResponseWriter, r *http.Request, s *scratch) *refusal {
-	// Before anything is written or counted: the tarpit delays the whole
-	// answer, whose waits then count from when it is sent, and a denial
-	// is counted when it is given.
-	if held := h.hold(r); held > 0 {
-		elapse(s.out, held)
-	}
 	worst := -1
 	var violated []*Limit
 	for i, l := range s.limits {

@@ -27,8 +27,9 @@ type scratch struct {
 	shadow []shadowNote
 	body   *keys.Body
 	store  backend.Store // the store that decided
-	// allowed is the store's decision: every limit allows the request.
-	allowed bool
+	// decided is set once every limit's decision is in out, and allowed
+	// is that decision: every limit allows the request.
+	decided, allowed bool
 	// refused is the request's refusal, kept here so that a refused
 	// request allocates nothing for it (see refuse).
 	refused refusal
@@ -71,7 +72,7 @@ func (s *scratch) release() {
 	clear(s.conc[:cap(s.conc)])
 	clear(s.adapt[:cap(s.adapt)])
 	s.reqs, s.limits, s.out, s.shadow, s.conc, s.adapt = s.reqs[:0], s.limits[:0], s.out[:0], s.shadow[:0], s.conc[:0], s.adapt[:0]
-	s.body, s.store, s.at, s.allowed, s.refused = nil, nil, 0, false, refusal{}
+	s.body, s.store, s.at, s.decided, s.allowed, s.refused = nil, nil, 0, false, false, refusal{}
 	scratchPool.Put(s)
 }
 

@@ -256,11 +256,14 @@ func (h *Handler) shedding(counted bool) bool {
 		sheds(g.latency.p99At(g.now()), t, h.Shed.Priority)
 }
 
-// timed tells whether the handler that counts r in its group times it:
-// only with a latency target, and only the handler that counts it, so
-// that a request nested in two handlers of its group is timed once.
-func (h *Handler) timed(counted bool) bool {
-	return h.shed != nil && h.shedReg.target > 0 && !counted
+// timedGroup is the group whose latency r is timed for by this handler,
+// or nil: only with a latency target, and only by the handler that counts
+// it, so that a request nested in two handlers of its group is timed once.
+func (h *Handler) timedGroup(counted bool) *shedGroup {
+	if h.shed != nil && h.shedReg.target > 0 && !counted {
+		return h.shed
+	}
+	return nil
 }
 
 // shedCounted returns r's vars, and whether an outer handler of h's group

@@ -114,12 +114,12 @@ func (h *Handler) denies() bool {
 	return false
 }
 
-// hold delays the answer to a denied request, by between half and all of
+// holdInTarpit delays the answer to a denied request, by between half and all of
 // the tarpit, unless the tarpit holds tarpit_max already, and returns how
 // long it held it (ns). It ends early when the client goes away or the
 // config stops serving. A held request costs what it already had, its
 // connection and this goroutine: the timer starts no goroutine of its own.
-func (h *Handler) hold(r *http.Request) int64 {
+func (h *Handler) holdInTarpit(r *http.Request) int64 {
 	t := h.tarpit
 	if t == nil {
 		return 0

@@ -427,31 +427,6 @@ var monoStart = time.Now()
 // a step of the wall clock must not make a latency or an interval.
 func monotonic() int64 { return int64(time.Since(monoStart)) }
 
-// setMax changes the cap while requests are in flight. Raised, the keys'
-// waiters get the new slots at once, in order; lowered, the requests in
-// flight keep their slots, and a freed slot goes back to the pool until
-// its key is under the new cap.
-func (c *concLimiter) setMax(n int64) {
-	c.mu.Lock()
-	c.max.Store(n)
-	granted := 0
-	for _, k := range c.keys {
-		for k.inFlight < n {
-			e := k.waiters.Front()
-			if e == nil {
-				break
-			}
-			w := k.waiters.Remove(e).(*concWaiter)
-			w.granted = true
-			k.inFlight++
-			close(w.ready)
-			granted++
-		}
-	}
-	c.mu.Unlock()
-	c.gauge.Add(float64(granted))
-}
-
 // parseAdaptive reads an adaptive block:
 //
 //	adaptive {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -97,17 +96,6 @@ func (l *Limit) provisionBudget() error {
 		}
 	}
 	return nil
-}
-
-// request is the store request of key at cost: with a reservation for a
-// spend budget, whose token is drawn at random so that no two requests
-// (of any Caddy sharing the store) name one reservation.
-func (l *Limit) request(key string, cost int64) backend.Request {
-	r := backend.Request{Limit: l.handle, Key: key, Cost: cost, Shadow: l.zone.Shadow}
-	if l.budget.reserve > 0 {
-		r.Reserve, r.Token = l.budget.reserve, rand.Uint64()
-	}
-	return r
 }
 
 // budgetDenial is the status and reason of a denial by a spend budget:

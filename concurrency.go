@@ -385,3 +385,28 @@ func (h *Handler) refundRate(r *http.Request, s *scratch) {
 		h.logger.Error("giving back the rate units of a request refused for concurrency", zap.Error(err))
 	}
 }
+
+// setMax changes the cap while requests are in flight. Raised, the keys'
+// waiters get the new slots at once, in order; lowered, the requests in
+// flight keep their slots, and a freed slot goes back to the pool until
+// its key is under the new cap.
+func (c *concLimiter) setMax(n int64) {
+	c.mu.Lock()
+	c.max.Store(n)
+	granted := 0
+	for _, k := range c.keys {
+		for k.inFlight < n {
+			e := k.waiters.Front()
+			if e == nil {
+				break
+			}
+			w := k.waiters.Remove(e).(*concWaiter)
+			w.granted = true
+			k.inFlight++
+			close(w.ready)
+			granted++
+		}
+	}
+	c.mu.Unlock()
+	c.gauge.Add(float64(granted))
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"slices"
@@ -499,4 +500,15 @@ func remoteIP(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	return host
+}
+
+// request is the store request of key at cost: with a reservation for a
+// spend budget, whose token is drawn at random so that no two requests
+// (of any Caddy sharing the store) name one reservation.
+func (l *Limit) request(key string, cost int64) backend.Request {
+	r := backend.Request{Limit: l.handle, Key: key, Cost: cost, Shadow: l.zone.Shadow}
+	if l.budget.reserve > 0 {
+		r.Reserve, r.Token = l.budget.reserve, rand.Uint64()
+	}
+	return r
 }

@@ -279,7 +279,7 @@ func (h *Handler) shedCounted(r *http.Request) (vars map[string]any, counted boo
 }
 
 // inGroup is the group a request var of a group's names: the group, or
-// the writer that times the request for it.
+// the watcher that times the request for it.
 func inGroup(v any) *shedGroup {
 	switch v := v.(type) {
 	case *shedGroup:

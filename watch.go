@@ -4,14 +4,17 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sluicehq/sluice/algorithms"
@@ -380,4 +383,99 @@ func requestFailed(status int, err error, r *http.Request) bool {
 		return he.StatusCode >= 500
 	}
 	return true
+}
+
+// settleNotes is what the watcher of a settled request notes as the
+// status is written: the values of the settled fields of its first
+// limits, before a handler around this one changes them on their way out.
+type settleNotes struct {
+	vals  [maxSettleNoted][]string
+	noted uint8 // which of vals were noted
+	// actual is the argument of Settle, here so that it does not escape
+	// on its own.
+	actual [1]int64
+}
+
+const maxSettleNoted = 2
+
+// noteSettle notes the settled fields as the status is written.
+func (o *watcher) noteSettle(hdr http.Header) {
+	n := o.settle
+	if n == nil {
+		return
+	}
+	for i, l := range o.limits[:min(len(o.limits), maxSettleNoted)] {
+		if l.settle != nil && l.settle.field != "" {
+			n.vals[i] = hdr[l.settle.field]
+			n.noted |= 1 << i
+		}
+	}
+}
+
+// settleValues are the values of l's settle field for the i-th limit: the
+// header field as written with the status, else the trailer. A proxy puts
+// a trailer it did not declare before the body (reverse_proxy copying an
+// upstream's) under the trailer prefix; a declared one is set under its
+// own name after the body, when it was not a header at the status.
+func (o *watcher) settleValues(l *Limit, i int) []string {
+	s := l.settle
+	hdr := o.Header()
+	n := o.settle
+	noted := n != nil && i < maxSettleNoted && n.noted&(1<<i) != 0
+	var atStatus []string
+	if noted {
+		atStatus = n.vals[i]
+	} else if !s.trailerOnly {
+		atStatus = hdr[s.field]
+	}
+	if atStatus != nil && !s.trailerOnly {
+		return atStatus
+	}
+	if v := hdr[s.trailer]; v != nil {
+		return v
+	}
+	if noted && atStatus == nil {
+		return hdr[s.field]
+	}
+	return nil
+}
+
+// actual reads the real cost of the i-th limit's request, or false when
+// the response does not give one that can be trusted.
+func (o *watcher) actual(r *http.Request, l *Limit, i int) (int64, string, bool) {
+	var v string
+	if l.settle.field != "" {
+		vals := o.settleValues(l, i)
+		switch len(vals) {
+		case 0:
+			return 0, "missing", false
+		case 1:
+			v = vals[0]
+		default:
+			return 0, "given more than once", false
+		}
+	} else {
+		repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+		if repl == nil {
+			return 0, "missing", false
+		}
+		x, _ := repl.Get(l.settle.name)
+		switch x := x.(type) {
+		case nil:
+			return 0, "missing", false
+		case string:
+			v = x
+		case int:
+			v = strconv.Itoa(x)
+		case int64:
+			v = strconv.FormatInt(x, 10)
+		default:
+			v = fmt.Sprint(x)
+		}
+	}
+	n, ok := parseSettleValue(v)
+	if !ok {
+		return 0, "not a whole number from 0 to 10^15", false
+	}
+	return n, "", true
 }

@@ -282,7 +282,7 @@ func (h *heldSlots) release() {
 // request was given go back, and the request is refused with 503, or with
 // 499 when its client left while it waited: it returns the slots held, or
 // the request's refusal, or that error.
-func (h *Handler) acquire(r *http.Request, s *scratch) (*heldSlots, *refusal, error) {
+func (h *Handler) acquire(r *http.Request, s *requestState) (*heldSlots, *refusal, error) {
 	held := &heldSlots{slots: make([]heldSlot, 0, len(s.conc))}
 	newTimer := h.newTimer
 	if newTimer == nil {
@@ -377,7 +377,7 @@ func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Durat
 
 // refundRate gives back the rate units a request was given, when a
 // concurrency limit refuses it after its rates allowed it.
-func (h *Handler) refundRate(r *http.Request, s *scratch) {
+func (h *Handler) refundRate(r *http.Request, s *requestState) {
 	if len(s.reqs) == 0 || s.store == nil {
 		return
 	}

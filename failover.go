@@ -90,7 +90,7 @@ func (h *Handler) provisionFailover(ctx caddy.Context) error {
 // deny, whatever their policy. s keeps the requests and limits that the
 // local store decided (possibly none), compacted in place, with its
 // decision.
-func (h *Handler) failover(r *http.Request, s *scratch, err error) (*refusal, error) {
+func (h *Handler) failover(r *http.Request, s *requestState, err error) (*refusal, error) {
 	if !errors.Is(err, backend.ErrUnavailable) {
 		return nil, caddyhttp.Error(http.StatusInternalServerError, err)
 	}

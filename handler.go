@@ -58,7 +58,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if f := h.gate(counted); f != nil {
 		return h.respond(w, r, f)
 	}
-	s := getScratch()
+	s := getRequestState()
 	f, err := h.decide(w, r, s)
 	if f == nil && err == nil {
 		f, err = h.hold(w, r, s)
@@ -81,7 +81,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if pass {
 		x = h.watch(w, s, h.timedGroup(counted))
 	}
-	// The scratch goes back before next runs: a slow upstream must not
+	// The request state goes back before next runs: a slow upstream must not
 	// hold one per request in flight.
 	s.release()
 	if !pass {
@@ -105,7 +105,7 @@ func (h *Handler) gate(counted bool) *refusal {
 // placeholders and rate limit fields of the decision. It returns the
 // refusal of a zone that refuses r before anything is counted, or of a
 // limit that fails closed; a denial is refused once held (hold).
-func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *scratch) (*refusal, error) {
+func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *requestState) (*refusal, error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if f, err := h.collect(r, repl, s); f != nil || err != nil {
 		return f, err
@@ -146,7 +146,7 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *scratch) (*r
 // answer, whose waits then count from when it is sent, and a denial is
 // counted when it is given. An admitted request waits for its slot in
 // every leaky_bucket queue that gave it one.
-func (h *Handler) hold(w http.ResponseWriter, r *http.Request, s *scratch) (*refusal, error) {
+func (h *Handler) hold(w http.ResponseWriter, r *http.Request, s *requestState) (*refusal, error) {
 	switch {
 	case !s.decided:
 		return nil, nil
@@ -184,7 +184,7 @@ func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp
 // request before anything is counted: its deny list, a key that "missing
 // deny" requires, or a cost that cannot be read; and the error of a
 // matcher that fails. A shadow zone's refusals are noted in s instead.
-func (h *Handler) collect(r *http.Request, repl *caddy.Replacer, s *scratch) (*refusal, error) {
+func (h *Handler) collect(r *http.Request, repl *caddy.Replacer, s *requestState) (*refusal, error) {
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
@@ -217,11 +217,11 @@ func (h *Handler) collect(r *http.Request, repl *caddy.Replacer, s *scratch) (*r
 
 // collectLimit appends the store request of limit l, unless l skips r or
 // refuses it.
-func (h *Handler) collectLimit(r *http.Request, repl *caddy.Replacer, s *scratch, l *Limit) *refusal {
+func (h *Handler) collectLimit(r *http.Request, repl *caddy.Replacer, s *requestState, l *Limit) *refusal {
 	if l.tiers != nil {
 		tier, empty := l.tiers.pick(r, repl)
 		if empty {
-			l.warnEmpty(h.logger, repl, l.tiers.earlier, "tier")
+			l.warnEmpty(h.logger, repl, l.tiers.byHandler, "tier")
 		}
 		l = tier
 	}
@@ -279,7 +279,7 @@ func (h *Handler) collectLimit(r *http.Request, repl *caddy.Replacer, s *scratch
 // is unavailable, the limits' fail policies decide instead (and s keeps
 // only the limits the local store decided). It returns the refusal of a
 // limit that fails closed.
-func (h *Handler) decideStore(r *http.Request, s *scratch) (*refusal, error) {
+func (h *Handler) decideStore(r *http.Request, s *requestState) (*refusal, error) {
 	s.out = slices.Grow(s.out[:0], len(s.reqs))[:len(s.reqs)]
 	var start int64
 	if !h.DisableMetrics || h.budgets {
@@ -324,7 +324,7 @@ type shadowNote struct {
 	err  error
 }
 
-func (s *scratch) note(kind shadowKind, z *Zone, l *Limit, err error) {
+func (s *requestState) note(kind shadowKind, z *Zone, l *Limit, err error) {
 	s.shadow = append(s.shadow, shadowNote{kind: kind, zone: z, l: l, err: err})
 }
 
@@ -332,7 +332,7 @@ func (s *scratch) note(kind shadowKind, z *Zone, l *Limit, err error) {
 // zones would have refused, noted while collecting (a deny list, a missing
 // key, a bad cost), and empties the notes: it runs once the request is
 // decided or refused, and again at no cost.
-func (h *Handler) reportNotes(r *http.Request, s *scratch) {
+func (h *Handler) reportNotes(r *http.Request, s *requestState) {
 	for _, n := range s.shadow {
 		switch n.kind {
 		case shadowListed:
@@ -357,7 +357,7 @@ func (h *Handler) reportNotes(r *http.Request, s *scratch) {
 
 // reportShadowDenials logs and counts the rates the request's shadow zones
 // would have exceeded, once it is decided.
-func (h *Handler) reportShadowDenials(r *http.Request, s *scratch) {
+func (h *Handler) reportShadowDenials(r *http.Request, s *requestState) {
 	for i, l := range s.limits {
 		if l.zone.Shadow && !s.out[i].Allowed {
 			l.metrics.shadowDeny()

@@ -279,10 +279,10 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if bodyLimitSet && !readsBody(h.zones) {
 		return fmt.Errorf("body_limit would do nothing: no key or cost reads the request body")
 	}
-	earlier := map[string]*earlierWatch{}
+	byHandler := map[string]*handlerPlaceholder{}
 	for _, z := range h.zones {
 		for _, l := range z.limits {
-			l.watchEarlier(earlier)
+			l.watchHandlerPlaceholders(byHandler)
 			if err := h.provisionOutcome(l); err != nil {
 				return err
 			}

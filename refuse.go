@@ -184,7 +184,7 @@ func (l *Limit) policyName() string {
 // deny makes the refusal of a request that an enforcing limit denied. The
 // limit reported is the one that makes the client wait longest, since the
 // request can pass only once every limit allows it.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, s *scratch) *refusal {
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, s *requestState) *refusal {
 	worst := -1
 	var violated []*Limit
 	for i, l := range s.limits {

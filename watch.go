@@ -43,7 +43,7 @@ type watcher struct {
 	// The outcome's. status is the first final status (a flush sends
 	// 200); an int32 so that left and the masks fit beside it. It holds
 	// copies of the watched limits' requests and decisions, because the
-	// request's scratch goes back to the pool before the request is
+	// request's state goes back to the pool before the request is
 	// handed on.
 	status int32
 	left   bool // the client had gone when the status was written
@@ -112,7 +112,7 @@ func (c *detachedContext) Value(key any) any        { return c.parent.Value(key)
 // resets, charges or settles by the response (outcome), and neither an
 // adaptive limit nor the shedding group timed (nil unless this handler
 // times the request for its group) measures its latency.
-func (h *Handler) watch(w http.ResponseWriter, s *scratch, timed *shedGroup) *watcher {
+func (h *Handler) watch(w http.ResponseWriter, s *requestState, timed *shedGroup) *watcher {
 	latency := len(s.adapt) > 0 || timed != nil
 	outcome := h.outcomes && slices.ContainsFunc(s.limits, (*Limit).byResponse)
 	if !latency && !outcome {

@@ -60,7 +60,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	s := getRequestState()
 	f, err := h.decide(w, r, s)
-	if f == nil && err == nil {
+	if f == nil && err == nil && s.decided {
 		f, err = h.hold(w, r, s)
 	}
 	if f == nil && err == nil && len(s.conc) > 0 {
@@ -84,8 +84,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// The request state goes back before next runs: a slow upstream must not
 	// hold one per request in flight.
 	s.release()
-	if !pass {
+	switch {
+	case !pass:
 		return err
+	case x == nil && h.shed == nil: // nothing observes the request
+		return next.ServeHTTP(w, r)
 	}
 	return h.observe(w, r, next, x, vars, counted)
 }
@@ -141,16 +144,13 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *requestState
 	return nil, nil
 }
 
-// hold holds a decided request as its decision says. A denial waits in
-// the tarpit first, then its refusal is made: the tarpit delays the whole
-// answer, whose waits then count from when it is sent, and a denial is
-// counted when it is given. An admitted request waits for its slot in
-// every leaky_bucket queue that gave it one.
+// hold holds a decided request (s.decided) as its decision says. A denial
+// waits in the tarpit first, then its refusal is made: the tarpit delays
+// the whole answer, whose waits then count from when it is sent, and a
+// denial is counted when it is given. An admitted request waits for its
+// slot in every leaky_bucket queue that gave it one.
 func (h *Handler) hold(w http.ResponseWriter, r *http.Request, s *requestState) (*refusal, error) {
-	switch {
-	case !s.decided:
-		return nil, nil
-	case !s.allowed:
+	if !s.allowed {
 		if held := h.holdInTarpit(r); held > 0 {
 			elapse(s.out, held)
 		}
@@ -331,8 +331,14 @@ func (s *requestState) note(kind shadowKind, z *Zone, l *Limit, err error) {
 // reportNotes logs and counts, in one place, what the request's shadow
 // zones would have refused, noted while collecting (a deny list, a missing
 // key, a bad cost), and empties the notes: it runs once the request is
-// decided or refused, and again at no cost.
+// decided or refused, and again at no cost (it is inlined).
 func (h *Handler) reportNotes(r *http.Request, s *requestState) {
+	if len(s.shadow) > 0 {
+		h.reportNoted(r, s)
+	}
+}
+
+func (h *Handler) reportNoted(r *http.Request, s *requestState) {
 	for _, n := range s.shadow {
 		switch n.kind {
 		case shadowListed:

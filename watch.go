@@ -113,6 +113,13 @@ func (c *detachedContext) Value(key any) any        { return c.parent.Value(key)
 // adaptive limit nor the shedding group timed (nil unless this handler
 // times the request for its group) measures its latency.
 func (h *Handler) watch(w http.ResponseWriter, s *requestState, timed *shedGroup) *watcher {
+	if len(s.adapt) == 0 && timed == nil && !h.outcomes {
+		return nil // inlined: the usual request is not watched
+	}
+	return h.newWatcher(w, s, timed)
+}
+
+func (h *Handler) newWatcher(w http.ResponseWriter, s *requestState, timed *shedGroup) *watcher {
 	latency := len(s.adapt) > 0 || timed != nil
 	outcome := h.outcomes && slices.ContainsFunc(s.limits, (*Limit).byResponse)
 	if !latency && !outcome {

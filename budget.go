@@ -137,9 +137,9 @@ type budgetHold struct {
 // serveHeld hands r on with a context that outlives its client (see
 // budgetHold). Only a request with a reservation pays for it (the context,
 // the request copy and the watch on the client's context).
-func (h *Handler) serveHeld(o *watcher, r *http.Request, next caddyhttp.Handler) error {
+func (o *watcher) serveHeld(r *http.Request, next caddyhttp.Handler) error {
 	ctx, cancel := context.WithCancel(&o.detached) // its parent is never done: no goroutine watches it
-	hold := &budgetHold{h: h, ctx: ctx, cancel: cancel, until: o.holdUntil}
+	hold := &budgetHold{h: o.h, ctx: ctx, cancel: cancel, until: o.holdUntil}
 	o.hold = hold
 	stop := context.AfterFunc(r.Context(), hold.clientLeft)
 	defer cancel()
@@ -188,7 +188,7 @@ func (o *watcher) settleChargesEarly() {
 	if o.keepCharges() {
 		return
 	}
-	_ = o.settleCharges(int(o.status))
+	_ = o.settleReservations(int(o.status))
 }
 
 // keepCharges reports whether the spend budgets' reservations are to be
@@ -203,10 +203,10 @@ func (o *watcher) keepCharges() bool {
 }
 
 // settleCharges commits or releases the reservations of o's spend budgets
-// by status (watcher.settleCharges), logging what fails.
-func (h *Handler) settleCharges(o *watcher, status int) {
-	for _, e := range o.settleCharges(status) {
-		h.logger.Error("settling a spend budget's reservation (it expires by itself after reservation_ttl)", zap.Bool("commit", e.commit), zap.Error(e.err))
+// by status (settleReservations), logging what fails.
+func (o *watcher) settleCharges(status int) {
+	for _, e := range o.settleReservations(status) {
+		o.h.logger.Error("settling a spend budget's reservation (it expires by itself after reservation_ttl)", zap.Bool("commit", e.commit), zap.Error(e.err))
 	}
 }
 
@@ -216,9 +216,9 @@ func (h *Handler) settleCharges(o *watcher, status int) {
 // A handler's error without a status (the proxy could not finish sending
 // a body the client stopped sending) is no answer of the upstream's: it
 // may have the request, and do the work, all the same.
-func (h *Handler) settleLeftCharges(o *watcher) {
+func (o *watcher) settleLeftCharges() {
 	if !o.keepCharges() {
-		h.settleCharges(o, int(o.status))
+		o.settleCharges(int(o.status))
 	}
 }
 
@@ -227,11 +227,11 @@ type settleError struct {
 	err    error
 }
 
-// settleCharges commits the reservations of the spend budgets among o's
+// settleReservations commits the reservations of the spend budgets among o's
 // limits whose charge_when the response (of status) matches, and releases
 // the others. A reservation settled is marked so (its Reserve zeroed), so
 // that the request's end does not settle it again.
-func (o *watcher) settleCharges(status int) []settleError {
+func (o *watcher) settleReservations(status int) []settleError {
 	res, ok := o.store.(backend.Reserver)
 	if !ok {
 		return nil

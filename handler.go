@@ -73,9 +73,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if f != nil {
 		err = h.respond(w, r, f)
 	}
-	// A request refused before its decision has its shadow zones' notes
-	// reported after its refusal.
-	h.reportNotes(r, s)
+	if len(s.shadow) > 0 {
+		// A request refused before its decision has its shadow zones'
+		// notes reported after its refusal.
+		h.reportShadow(r, s, false)
+	}
 	pass := f == nil && err == nil
 	var x *watcher
 	if pass {
@@ -114,7 +116,7 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *requestState
 		return f, err
 	}
 	if len(s.reqs) == 0 {
-		h.reportNotes(r, s)
+		h.reportShadow(r, s, false)
 		return nil, nil
 	}
 	f, err := h.decideStore(r, s)
@@ -122,11 +124,10 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *requestState
 	case f != nil:
 		return f, nil
 	case err != nil:
-		h.reportNotes(r, s)
+		h.reportShadow(r, s, false)
 		return nil, err
 	}
-	h.reportNotes(r, s)
-	h.reportShadowDenials(r, s)
+	h.reportShadow(r, s, true)
 	if len(s.reqs) == 0 { // the backend failed and no limit decides locally
 		return nil, nil
 	}
@@ -174,7 +175,7 @@ func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp
 		defer g.leave(vars)
 	}
 	if x != nil {
-		return h.serve(x, r, next)
+		return x.serve(r, next)
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -328,17 +329,11 @@ func (s *requestState) note(kind shadowKind, z *Zone, l *Limit, err error) {
 	s.shadow = append(s.shadow, shadowNote{kind: kind, zone: z, l: l, err: err})
 }
 
-// reportNotes logs and counts, in one place, what the request's shadow
-// zones would have refused, noted while collecting (a deny list, a missing
-// key, a bad cost), and empties the notes: it runs once the request is
-// decided or refused, and again at no cost (it is inlined).
-func (h *Handler) reportNotes(r *http.Request, s *requestState) {
-	if len(s.shadow) > 0 {
-		h.reportNoted(r, s)
-	}
-}
-
-func (h *Handler) reportNoted(r *http.Request, s *requestState) {
+// reportShadow logs and counts, in one place, what the request's shadow
+// zones would have refused: noted while collecting (a deny list, a missing
+// key, a bad cost), then emptied, and, once the request is decided, a rate
+// exceeded.
+func (h *Handler) reportShadow(r *http.Request, s *requestState, decided bool) {
 	for _, n := range s.shadow {
 		switch n.kind {
 		case shadowListed:
@@ -359,11 +354,9 @@ func (h *Handler) reportNoted(r *http.Request, s *requestState) {
 		}
 	}
 	s.shadow = s.shadow[:0]
-}
-
-// reportShadowDenials logs and counts the rates the request's shadow zones
-// would have exceeded, once it is decided.
-func (h *Handler) reportShadowDenials(r *http.Request, s *requestState) {
+	if !decided {
+		return
+	}
 	for i, l := range s.limits {
 		if l.zone.Shadow && !s.out[i].Allowed {
 			l.metrics.shadowDeny()

@@ -13,11 +13,11 @@ import (
 )
 
 // serveOutcome hands the request on through o, then settles its limits.
-func (h *Handler) serveOutcome(o *watcher, r *http.Request, next caddyhttp.Handler) error {
+func (o *watcher) serveOutcome(r *http.Request, next caddyhttp.Handler) error {
 	o.detached.parent = r.Context()
 	var err error
 	if o.holdUntil != 0 {
-		err = h.serveHeld(o, r, next)
+		err = o.serveHeld(r, next)
 	} else {
 		err = next.ServeHTTP(o, r)
 	}
@@ -30,18 +30,20 @@ func (h *Handler) serveOutcome(o *watcher, r *http.Request, next caddyhttp.Handl
 		// without the client: its status settles the reservation, and
 		// without one the reservation is kept until it expires
 		// (budget.go).
-		h.settleLeftCharges(o)
+		o.settleLeftCharges()
 		return err
 	}
-	h.settle(o, r, o.finalStatus(err))
+	o.settleOutcome(r, o.finalStatus(err))
 	return err
 }
 
-// settle gives back the units of the limits whose count_when the response
-// does not match, and clears the keys of those whose reset_when it does.
-// It runs after the response, so a client that left does not stop it.
-func (h *Handler) settle(o *watcher, r *http.Request, status int) {
-	h.settleCharges(o, status)
+// settleOutcome gives back the units of the limits whose count_when the
+// response does not match, and clears the keys of those whose reset_when
+// it does. It runs after the response, so a client that left does not
+// stop it.
+func (o *watcher) settleOutcome(r *http.Request, status int) {
+	h := o.h
+	o.settleCharges(status)
 	ctx := &o.detached
 	n := 0
 	for i, l := range o.limits {
@@ -54,7 +56,7 @@ func (h *Handler) settle(o *watcher, r *http.Request, status int) {
 			o.reqs[n], o.out[n] = o.reqs[i], o.out[i]
 			n++
 		case l.settle != nil:
-			h.settleCost(o, r, i, status)
+			o.settleCost(r, i, status)
 		}
 	}
 	if n == 0 {

@@ -129,7 +129,8 @@ func parseSettleValue(v string) (int64, bool) {
 // settleCost settles the i-th limit of o at the real cost the response
 // gives, or keeps the estimate (and says so in the log, at most once a
 // minute per limit) when a successful response gives none it can trust.
-func (h *Handler) settleCost(o *watcher, r *http.Request, i, status int) {
+func (o *watcher) settleCost(r *http.Request, i, status int) {
+	h := o.h
 	l := o.limits[i]
 	if !o.out[i].Allowed {
 		return // a shadow request that was not taken

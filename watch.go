@@ -38,6 +38,7 @@ import (
 // request these features let through.
 type watcher struct {
 	caddyhttp.ResponseWriterWrapper
+	h              *Handler // whose request it watches: its logger, clock and timers
 	outcome, timed bool
 
 	// The outcome's. status is the first final status (a flush sends
@@ -116,17 +117,19 @@ func (h *Handler) watch(w http.ResponseWriter, s *requestState, timed *shedGroup
 	if len(s.adapt) == 0 && timed == nil && !h.outcomes {
 		return nil // inlined: the usual request is not watched
 	}
-	return h.newWatcher(w, s, timed)
+	return newWatcher(h, w, s, timed)
 }
 
-func (h *Handler) newWatcher(w http.ResponseWriter, s *requestState, timed *shedGroup) *watcher {
+// newWatcher takes a watcher from the pool for the request of h that s
+// decided.
+func newWatcher(h *Handler, w http.ResponseWriter, s *requestState, timed *shedGroup) *watcher {
 	latency := len(s.adapt) > 0 || timed != nil
 	outcome := h.outcomes && slices.ContainsFunc(s.limits, (*Limit).byResponse)
 	if !latency && !outcome {
 		return nil
 	}
 	x := watchers.Get().(*watcher)
-	x.ResponseWriter = w
+	x.ResponseWriter, x.h = w, h
 	if latency {
 		x.timed = true
 		x.adapt = append(x.adaptBuf[:0], s.adapt...)
@@ -173,7 +176,7 @@ func (l *Limit) byResponse() bool {
 // records the latency it measured. x goes back to the pool, unless a
 // spend budget's call was handed a context made from it, which may
 // outlive the request.
-func (h *Handler) serve(x *watcher, r *http.Request, next caddyhttp.Handler) error {
+func (x *watcher) serve(r *http.Request, next caddyhttp.Handler) error {
 	var start int64
 	body := r.Body
 	var timedBody *clientBody
@@ -186,7 +189,7 @@ func (h *Handler) serve(x *watcher, r *http.Request, next caddyhttp.Handler) err
 	}
 	var err error
 	if x.outcome {
-		err = h.serveOutcome(x, r, next)
+		err = x.serveOutcome(r, next)
 	} else {
 		err = next.ServeHTTP(x, r)
 	}

@@ -83,8 +83,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if pass {
 		x = h.watch(w, s, h.timedGroup(counted))
 	}
-	// The request state goes back before next runs: a slow upstream must not
-	// hold one per request in flight.
+	// The request state goes back before next runs: a slow upstream must
+	// not hold one per request in flight.
 	s.release()
 	switch {
 	case !pass:

@@ -138,7 +138,9 @@ type budgetHold struct {
 // budgetHold). Only a request with a reservation pays for it (the context,
 // the request copy and the watch on the client's context).
 func (o *watcher) serveHeld(r *http.Request, next caddyhttp.Handler) error {
-	ctx, cancel := context.WithCancel(&o.detached) // its parent is never done: no goroutine watches it
+	// Its parent is never done, so no goroutine watches it, and is its own:
+	// the call may keep the context after the watcher goes back to the pool.
+	ctx, cancel := context.WithCancel(&detachedContext{parent: r.Context()})
 	hold := &budgetHold{h: o.h, ctx: ctx, cancel: cancel, until: o.holdUntil}
 	o.hold = hold
 	stop := context.AfterFunc(r.Context(), hold.clientLeft)

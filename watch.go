@@ -173,9 +173,8 @@ func (l *Limit) byResponse() bool {
 }
 
 // serve hands r on through x, settles what the response decides, then
-// records the latency it measured. x goes back to the pool, unless a
-// spend budget's call was handed a context made from it, which may
-// outlive the request.
+// records the latency it measured. x goes back to the pool: nothing that
+// may outlive the request (a spend budget's context) points into it.
 func (x *watcher) serve(r *http.Request, next caddyhttp.Handler) error {
 	var start int64
 	body := r.Body
@@ -198,10 +197,8 @@ func (x *watcher) serve(r *http.Request, next caddyhttp.Handler) error {
 		r.Body = body
 		x.observe(r, err, start, end, timedBody)
 	}
-	if x.hold == nil {
-		*x = watcher{}
-		watchers.Put(x)
-	}
+	*x = watcher{}
+	watchers.Put(x)
 	return err
 }
 

@@ -61,7 +61,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	s := getRequestState()
 	f, err := h.decide(w, r, s)
 	if f == nil && err == nil && s.decided {
-		f, err = h.hold(w, r, s)
+		f, err = h.hold(r, s)
 	}
 	if f == nil && err == nil && len(s.conc) > 0 {
 		var held *heldSlots
@@ -150,12 +150,12 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *requestState
 // the whole answer, whose waits then count from when it is sent, and a
 // denial is counted when it is given. An admitted request waits for its
 // slot in every leaky_bucket queue that gave it one.
-func (h *Handler) hold(w http.ResponseWriter, r *http.Request, s *requestState) (*refusal, error) {
+func (h *Handler) hold(r *http.Request, s *requestState) (*refusal, error) {
 	if !s.allowed {
 		if held := h.holdInTarpit(r); held > 0 {
 			elapse(s.out, held)
 		}
-		return h.deny(w, r, s), nil
+		return h.deny(r, s), nil
 	}
 	return nil, h.wait(r, s.store, s.limits, s.reqs, s.out)
 }

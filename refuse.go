@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/backend"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -166,6 +167,12 @@ type refusal struct {
 	// The denying limit's numbers for placeholders: its quota, what
 	// remains and the seconds until it is full again.
 	quota, remaining, reset int64
+	// The decisions whose rate limit fields a denial carries (limits
+	// nil: none are sent). They are the request state's, which is
+	// released only once the refusal is written.
+	limits []*Limit
+	reqs   []backend.Request
+	out    []algorithms.Result
 }
 
 // refusalCounters are a zone's series of refused requests, one per reason,
@@ -184,7 +191,7 @@ func (l *Limit) policyName() string {
 // deny makes the refusal of a request that an enforcing limit denied. The
 // limit reported is the one that makes the client wait longest, since the
 // request can pass only once every limit allows it.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, s *requestState) *refusal {
+func (h *Handler) deny(r *http.Request, s *requestState) *refusal {
 	worst := -1
 	var violated []*Limit
 	for i, l := range s.limits {
@@ -211,7 +218,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, s *requestState) 
 		f.retryAfter = retryAfterSeconds(f.wait)
 	}
 	if h.headers {
-		writeHeaders(w, s.limits, s.reqs, s.out)
+		f.limits, f.reqs, f.out = s.limits, s.reqs, s.out
 	}
 	f.quota, f.remaining, f.reset = res.Limit, res.Remaining, secondsUp(res.ResetAfter)
 	l.metrics.declined()

@@ -22,12 +22,12 @@ const (
 )
 
 // respond answers a request Sluice will not pass on: the one writer of
-// every refusal, whichever phase made it. Cache-Control no-store, the
-// placeholders error pages read always set, a sampled log line, a count by
-// zone and reason, then either a caddyhttp.Error (handle_errors shapes the
-// page) or, with the respond option, the built-in body, written without
-// Caddy's error path. Nothing the client sees tells how the limit is
-// configured.
+// every refusal, whichever phase made it. A denial's rate limit fields,
+// Cache-Control no-store, the placeholders error pages read always set, a
+// sampled log line, a count by zone and reason, then either a
+// caddyhttp.Error (handle_errors shapes the page) or, with the respond
+// option, the built-in body, written without Caddy's error path. Nothing
+// the client sees tells how the limit is configured.
 //
 // A flood is mostly refusals, so this is written to cost little: header
 // values share one array, names are boxed once at provision, the Caddy
@@ -35,6 +35,9 @@ const (
 func (h *Handler) respond(w http.ResponseWriter, r *http.Request, f *refusal) error {
 	info := &reasonInfo[f.reason]
 	z := f.zone
+	if f.limits != nil {
+		writeHeaders(w, f.limits, f.reqs, f.out)
+	}
 	// One array holds every header value: the slices must be this
 	// response's own, since Caddy's header replacements edit values in
 	// place.

@@ -71,7 +71,10 @@ func (s *requestState) release() {
 	clear(s.conc[:cap(s.conc)])
 	clear(s.adapt[:cap(s.adapt)])
 	s.reqs, s.limits, s.out, s.shadow, s.conc, s.adapt = s.reqs[:0], s.limits[:0], s.out[:0], s.shadow[:0], s.conc[:0], s.adapt[:0]
-	s.body, s.store, s.at, s.decided, s.allowed, s.refused = nil, nil, 0, false, false, refusal{}
+	s.body, s.store, s.at, s.decided, s.allowed = nil, nil, 0, false, false
+	if s.refused.zone != nil { // every refusal names its zone
+		s.refused = refusal{}
+	}
 	statePool.Put(s)
 }
 

@@ -1,13 +1,9 @@
 package sluice
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"net"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,7 +13,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -431,185 +426,6 @@ var monoStart = time.Now()
 // monotonic is the time since the process started, on the monotonic clock:
 // a step of the wall clock must not make a latency or an interval.
 func monotonic() int64 { return int64(time.Since(monoStart)) }
-
-// setMax changes the cap while requests are in flight. Raised, the keys'
-// waiters get the new slots at once, in order; lowered, the requests in
-// flight keep their slots, and a freed slot goes back to the pool until
-// its key is under the new cap.
-func (c *concLimiter) setMax(n int64) {
-	c.mu.Lock()
-	c.max.Store(n)
-	granted := 0
-	for _, k := range c.keys {
-		for k.inFlight < n {
-			e := k.waiters.Front()
-			if e == nil {
-				break
-			}
-			w := k.waiters.Remove(e).(*concWaiter)
-			w.granted = true
-			k.inFlight++
-			close(w.ready)
-			granted++
-		}
-	}
-	c.mu.Unlock()
-	c.gauge.Add(float64(granted))
-}
-
-// adaptiveWriter notes the status of a response that adaptive limits
-// watch, passing everything through. Writers are pooled: one per request
-// would be an allocation on every request these limits let through.
-type adaptiveWriter struct {
-	caddyhttp.ResponseWriterWrapper
-	status   int
-	hijacked bool
-	// now is the limits' clock; client is the time spent waiting on the
-	// client: reading its body, writing the answer to it. It is not the
-	// upstream's: a client that uploads or reads slowly must not make the
-	// upstream look slow and drive the limit down for everyone.
-	now    func() int64
-	client atomic.Int64
-	// For a shedding group's latency (group, when the writer times the
-	// request for one), which leaves out besides the waits of a tarpit,
-	// a queue or a max_delay behind this handler: paused is their total,
-	// pausedAt when the current one began. refused is set when a
-	// rate_limit behind refused the request: its answer took no upstream
-	// time.
-	group            *shedGroup
-	paused, pausedAt int64
-	refused          bool
-}
-
-// clientBody times the reads of the request's body. It is not pooled: a
-// transport may still read the body after the handlers returned.
-type clientBody struct {
-	io.ReadCloser
-	now func() int64
-	ns  atomic.Int64
-}
-
-func (b *clientBody) Read(p []byte) (int, error) {
-	start := b.now()
-	n, err := b.ReadCloser.Read(p)
-	b.ns.Add(b.now() - start)
-	return n, err
-}
-
-var adaptiveWriters = sync.Pool{New: func() any { return new(adaptiveWriter) }}
-
-func (w *adaptiveWriter) WriteHeader(code int) {
-	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *adaptiveWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	start := w.now()
-	n, err := w.ResponseWriter.Write(b)
-	w.client.Add(w.now() - start)
-	return n, err
-}
-
-func (w *adaptiveWriter) ReadFrom(r io.Reader) (int64, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	// Counted whole as the client's: the sources copied this way are
-	// files (file_server), read at the disk's pace, and wrapping the
-	// source to time it apart would lose sendfile.
-	start := w.now()
-	n, err := w.ResponseWriterWrapper.ReadFrom(r)
-	w.client.Add(w.now() - start)
-	return n, err
-}
-
-// FlushError lets http.ResponseController flush a streamed response.
-func (w *adaptiveWriter) FlushError() error {
-	start := w.now()
-	err := http.NewResponseController(w.ResponseWriter).Flush()
-	w.client.Add(w.now() - start)
-	return err
-}
-
-// Hijack is for the handlers that still assert http.Hijacker.
-func (w *adaptiveWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	w.hijacked = true
-	return http.NewResponseController(w.ResponseWriter).Hijack()
-}
-
-// serveAdaptive hands the request on, timing the handlers after this one
-// and noting whether they failed, for every adaptive limit it passed and
-// for the shedding group g (nil when the request is not timed for one).
-func (h *Handler) serveAdaptive(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, aw *adaptiveWriter, o *outcomeWriter, adapt []*adaptiveLimit, g *shedGroup) error {
-	var now func() int64
-	if len(adapt) > 0 {
-		now = adapt[0].now
-	} else {
-		now = g.now
-	}
-	aw.now = now
-	aw.client.Store(0)
-	body := r.Body
-	var timedBody *clientBody
-	if body != nil && body != http.NoBody {
-		timedBody = &clientBody{ReadCloser: body, now: now}
-		r.Body = timedBody
-	}
-	start := now()
-	var err error
-	if o != nil {
-		err = h.serveOutcome(o, r, next)
-	} else {
-		err = next.ServeHTTP(w, r)
-	}
-	end := now()
-	r.Body = body
-	// A connection that switched protocols (a WebSocket) lasts as long as
-	// its client stays: its length says nothing of the upstream's speed.
-	if !aw.hijacked && aw.status != http.StatusSwitchingProtocols {
-		failed := requestFailed(aw.status, err, r)
-		// The body is read while the upstream waits for it (a proxy
-		// sends it as it comes): that wait is the client's.
-		waited := aw.client.Load()
-		if timedBody != nil {
-			waited += timedBody.ns.Load()
-		}
-		latency := max(end-start-waited, 0)
-		for _, a := range adapt {
-			a.observe(latency, failed, end)
-		}
-		if g != nil && !aw.refused {
-			g.latency.add(max(latency-aw.paused, 0), end)
-			g.latency.p99At(end) // up to date for the checks that read it without the clock
-		}
-	}
-	aw.ResponseWriter, aw.status, aw.hijacked, aw.now = nil, 0, false, nil
-	aw.paused, aw.pausedAt, aw.refused, aw.group = 0, 0, false, nil
-	adaptiveWriters.Put(aw)
-	return err
-}
-
-// requestFailed tells whether a request ended in a server error: a 5xx
-// written, or an error from a handler (Caddy answers it with its status,
-// 500 when it has none). A client that left is not the server's failure.
-func requestFailed(status int, err error, r *http.Request) bool {
-	if status != 0 {
-		return status >= 500
-	}
-	if err == nil || r.Context().Err() != nil {
-		return false
-	}
-	var he caddyhttp.HandlerError
-	if errors.As(err, &he) && he.StatusCode != 0 {
-		return he.StatusCode >= 500
-	}
-	return true
-}
 
 // parseAdaptive reads an adaptive block:
 //

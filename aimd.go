@@ -2,7 +2,6 @@ package sluice
 
 import (
 	"math"
-	"math/bits"
 	"sync"
 	"sync/atomic"
 )
@@ -142,96 +141,4 @@ func (c *aimdConfig) next(limit int64, v verdict) int64 {
 		return max(n, c.min)
 	}
 	return limit
-}
-
-// latencyHistogram counts latencies in buckets of about 6% width (16 per
-// power of two of microseconds), from 1 µs to about 19 hours: 544 counters,
-// whatever the traffic, and a p99 rounded up by at most 6.25%.
-type latencyHistogram struct {
-	counts [histBuckets]atomic.Uint64
-}
-
-const (
-	histSubBits  = 4 // 16 buckets per power of two
-	histSub      = 1 << histSubBits
-	histMaxShift = 32 // the top bucket row: values up to 2^37 µs
-	histBuckets  = (histMaxShift + 2) * histSub
-)
-
-// histBucket is the bucket of a latency of us microseconds: exact below
-// 32 µs, then the top five bits of the value.
-func histBucket(us uint64) int {
-	if us < 2*histSub {
-		return int(us)
-	}
-	shift := bits.Len64(us) - (histSubBits + 1)
-	if shift > histMaxShift {
-		return histBuckets - 1
-	}
-	return shift*histSub + int(us>>shift)
-}
-
-// histUpper is the largest latency, in ns, that bucket i holds.
-func histUpper(i int) int64 {
-	if i < 2*histSub {
-		return int64(i+1)*1000 - 1
-	}
-	shift := i/histSub - 1
-	m := int64(i%histSub + histSub)
-	return ((m+1)<<shift)*1000 - 1
-}
-
-func (h *latencyHistogram) add(ns int64) {
-	us := uint64(max(ns, 0)) / 1000
-	h.counts[histBucket(us)].Add(1)
-}
-
-// drain empties the histogram and returns how many latencies it held and
-// their 99th percentile (the upper bound of its bucket, in ns). Each
-// observation is counted by exactly one drain, even one added meanwhile.
-func (h *latencyHistogram) drain() (n, p99 int64) {
-	var counts [histBuckets]uint64
-	for i := range h.counts {
-		counts[i] = h.counts[i].Swap(0)
-		n += int64(counts[i])
-	}
-	return n, histP99(&counts, n)
-}
-
-// sumInto adds the histogram's counts to counts, leaving it as it is, and
-// returns how many latencies it holds.
-func (h *latencyHistogram) sumInto(counts *[histBuckets]uint64) (n int64) {
-	for i := range h.counts {
-		c := h.counts[i].Load()
-		counts[i] += c
-		n += int64(c)
-	}
-	return n
-}
-
-// reset empties the histogram. An observation added meanwhile may be kept
-// or lost.
-func (h *latencyHistogram) reset() {
-	for i := range h.counts {
-		h.counts[i].Store(0)
-	}
-}
-
-// histP99 is the 99th percentile of the n latencies counted in counts: the
-// upper bound of its bucket, in ns; 0 when n is 0.
-func histP99(counts *[histBuckets]uint64, n int64) int64 {
-	if n <= 0 {
-		return 0
-	}
-	// The smallest latency that at least 99% of the requests did not
-	// exceed: the ⌈0.99·n⌉-th in order.
-	rank := (99*n + 99) / 100
-	var seen int64
-	for i, c := range counts {
-		seen += int64(c)
-		if seen >= rank {
-			return histUpper(i)
-		}
-	}
-	return histUpper(histBuckets - 1)
 }

@@ -179,37 +179,6 @@ func TestAIMDConcurrentObservations(t *testing.T) {
 	}
 }
 
-func TestLatencyHistogram(t *testing.T) {
-	// Every bucket's upper bound is below the next bucket's lower bound,
-	// and a value lands in a bucket whose bound is at most 6.25% above.
-	prev := int64(-1)
-	for i := range histBuckets {
-		up := histUpper(i)
-		if up <= prev {
-			t.Fatalf("bucket %d ends at %d, not after bucket %d (%d)", i, up, i-1, prev)
-		}
-		prev = up
-	}
-	for _, ns := range []int64{0, 999, 1000, 31_999, 32_000, 120_000_000, 610_000_000, int64(time.Hour), 1 << 62} {
-		i := histBucket(uint64(ns) / 1000)
-		up := histUpper(i)
-		if ns < int64(time.Hour) && (up < ns || float64(up) > float64(ns)*1.0625+1000) {
-			t.Errorf("%d ns: bucket %d up to %d", ns, i, up)
-		}
-	}
-	var h latencyHistogram
-	for i := range 1000 {
-		h.add(int64(i+1) * int64(time.Millisecond)) // 1 ms … 1 s
-	}
-	n, p99 := h.drain()
-	if n != 1000 || p99 < int64(990*time.Millisecond) || p99 > int64(990*time.Millisecond)*1065/1000 {
-		t.Fatalf("1 ms … 1 s: n %d p99 %v, want 990 ms", n, time.Duration(p99))
-	}
-	if n, _ := h.drain(); n != 0 {
-		t.Fatalf("drained twice: %d", n)
-	}
-}
-
 func TestAdaptiveConfigErrors(t *testing.T) {
 	ms := func(n int64) caddy.Duration { return caddy.Duration(n * int64(time.Millisecond)) }
 	for _, tc := range []struct {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -99,17 +98,6 @@ func (l *Limit) provisionBudget() error {
 	return nil
 }
 
-// request is the store request of key at cost: with a reservation for a
-// spend budget, whose token is drawn at random so that no two requests
-// (of any Caddy sharing the store) name one reservation.
-func (l *Limit) request(key string, cost int64) backend.Request {
-	r := backend.Request{Limit: l.handle, Key: key, Cost: cost, Shadow: l.zone.Shadow}
-	if l.budget.reserve > 0 {
-		r.Reserve, r.Token = l.budget.reserve, rand.Uint64()
-	}
-	return r
-}
-
 // budgetDenial is the status and reason of a denial by a spend budget:
 // its own status, else its zone's, else 503 (the server's limit, not the
 // client's).
@@ -117,7 +105,7 @@ func (l *Limit) budgetDenial() (int, reason) {
 	return cmp.Or(l.Status, l.zone.Status, http.StatusServiceUnavailable), reasonBudget
 }
 
-func appendBudgetMessage(b []byte, f refusal) []byte {
+func appendBudgetMessage(b []byte, f *refusal) []byte {
 	b = append(b, "The service's budget for this is spent; this is not a limit on you."...)
 	if f.retryAfter < 0 {
 		return b
@@ -149,9 +137,11 @@ type budgetHold struct {
 // serveHeld hands r on with a context that outlives its client (see
 // budgetHold). Only a request with a reservation pays for it (the context,
 // the request copy and the watch on the client's context).
-func (h *Handler) serveHeld(o *outcomeWriter, r *http.Request, next caddyhttp.Handler) error {
-	ctx, cancel := context.WithCancel(&o.detached) // its parent is never done: no goroutine watches it
-	hold := &budgetHold{h: h, ctx: ctx, cancel: cancel, until: o.holdUntil}
+func (o *watcher) serveHeld(r *http.Request, next caddyhttp.Handler) error {
+	// Its parent is never done, so no goroutine watches it, and is its own:
+	// the call may keep the context after the watcher goes back to the pool.
+	ctx, cancel := context.WithCancel(&detachedContext{parent: r.Context()})
+	hold := &budgetHold{h: o.h, ctx: ctx, cancel: cancel, until: o.holdUntil}
 	o.hold = hold
 	stop := context.AfterFunc(r.Context(), hold.clientLeft)
 	defer cancel()
@@ -187,7 +177,7 @@ func (b *budgetHold) clientLeft() {
 // reservation_ttl (a long answer, a client that reads slowly) must not
 // see its reservation expire, and its unit come back, before the commit.
 // What fails to settle here is settled, and logged, when the request ends.
-func (o *outcomeWriter) settleChargesEarly() {
+func (o *watcher) settleChargesEarly() {
 	b := o.hold
 	if b != nil {
 		b.answered.Store(true)
@@ -200,14 +190,14 @@ func (o *outcomeWriter) settleChargesEarly() {
 	if o.keepCharges() {
 		return
 	}
-	_ = o.settleCharges(int(o.status))
+	_ = o.settleReservations(int(o.status))
 }
 
 // keepCharges reports whether the spend budgets' reservations are to be
 // left to expire rather than settled: the call was given up when they
 // expired, or the status is the proxy's 499 for a client that left (no
 // answer of the upstream's), or no status was written at all.
-func (o *outcomeWriter) keepCharges() bool {
+func (o *watcher) keepCharges() bool {
 	if o.hold != nil && o.hold.expired.Load() {
 		return true
 	}
@@ -215,10 +205,10 @@ func (o *outcomeWriter) keepCharges() bool {
 }
 
 // settleCharges commits or releases the reservations of o's spend budgets
-// by status (outcomeWriter.settleCharges), logging what fails.
-func (h *Handler) settleCharges(o *outcomeWriter, status int) {
-	for _, e := range o.settleCharges(status) {
-		h.logger.Error("settling a spend budget's reservation (it expires by itself after reservation_ttl)", zap.Bool("commit", e.commit), zap.Error(e.err))
+// by status (settleReservations), logging what fails.
+func (o *watcher) settleCharges(status int) {
+	for _, e := range o.settleReservations(status) {
+		o.h.logger.Error("settling a spend budget's reservation (it expires by itself after reservation_ttl)", zap.Bool("commit", e.commit), zap.Error(e.err))
 	}
 }
 
@@ -228,9 +218,9 @@ func (h *Handler) settleCharges(o *outcomeWriter, status int) {
 // A handler's error without a status (the proxy could not finish sending
 // a body the client stopped sending) is no answer of the upstream's: it
 // may have the request, and do the work, all the same.
-func (h *Handler) settleLeftCharges(o *outcomeWriter) {
+func (o *watcher) settleLeftCharges() {
 	if !o.keepCharges() {
-		h.settleCharges(o, int(o.status))
+		o.settleCharges(int(o.status))
 	}
 }
 
@@ -239,11 +229,11 @@ type settleError struct {
 	err    error
 }
 
-// settleCharges commits the reservations of the spend budgets among o's
+// settleReservations commits the reservations of the spend budgets among o's
 // limits whose charge_when the response (of status) matches, and releases
 // the others. A reservation settled is marked so (its Reserve zeroed), so
 // that the request's end does not settle it again.
-func (o *outcomeWriter) settleCharges(status int) []settleError {
+func (o *watcher) settleReservations(status int) []settleError {
 	res, ok := o.store.(backend.Reserver)
 	if !ok {
 		return nil

@@ -280,8 +280,9 @@ func (h *heldSlots) release() {
 // the zones' order (so two requests never hold slots the other waits for).
 // When one cannot be had, the slots taken are freed, the rate units the
 // request was given go back, and the request is refused with 503, or with
-// 499 when its client left while it waited.
-func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, s *scratch) (*heldSlots, bool, error) {
+// 499 when its client left while it waited: it returns the slots held, or
+// the request's refusal, or that error.
+func (h *Handler) acquire(r *http.Request, s *requestState) (*heldSlots, *refusal, error) {
 	held := &heldSlots{slots: make([]heldSlot, 0, len(s.conc))}
 	newTimer := h.newTimer
 	if newTimer == nil {
@@ -301,25 +302,25 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, s *scratch) (*
 		switch {
 		case err == errQueueTimeout:
 			wait := max(time.Duration(l.Queue), time.Second)
-			return nil, false, unlessAnswered(h.refuse(w, r, refusal{
+			return nil, s.refuse(refusal{
 				reason: reasonConcurrency, zone: l.zone, limit: l, key: cr.key,
 				retryAfter: retryAfterSeconds(wait), wait: wait,
-			}))
+			}), nil
 		case r.Context().Err() != nil:
-			return nil, false, caddyhttp.Error(statusClientClosed, r.Context().Err())
+			return nil, nil, caddyhttp.Error(statusClientClosed, r.Context().Err())
 		case errors.Is(err, backend.ErrUnavailable): // a limit that fails closed
 			var wait time.Duration
 			if ue, ok := errors.AsType[*backend.UnavailableError](err); ok {
 				wait = ue.RetryAfter
 			}
-			return nil, false, unlessAnswered(h.refuse(w, r, refusal{
+			return nil, s.refuse(refusal{
 				reason: reasonUnavailable, zone: l.zone, limit: l, key: cr.key,
 				retryAfter: retryAfterSeconds(wait), wait: wait, detail: err,
-			}))
+			}), nil
 		}
-		return nil, false, caddyhttp.Error(http.StatusInternalServerError, err)
+		return nil, nil, caddyhttp.Error(http.StatusInternalServerError, err)
 	}
-	return held, true, nil
+	return held, nil, nil
 }
 
 // takeSlot takes a slot of cr's limit, waiting in its queue. When the
@@ -329,12 +330,14 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, s *scratch) (*
 func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Duration) (<-chan time.Time, func() bool)) (heldSlot, error) {
 	l := cr.l
 	if sh := l.shared; sh != nil {
-		var vars map[string]any
+		var id string
+		var err error
+		take := func() { id, err = sh.take(r.Context(), cr.key, newTimer) }
 		if sh.queue > 0 {
-			vars = leaveGroups(r) // it may wait in line: not in flight meanwhile
+			outsideGroups(r, take) // it may wait in line: not in flight meanwhile
+		} else {
+			take()
 		}
-		id, err := sh.take(r.Context(), cr.key, newTimer)
-		rejoinGroups(vars)
 		switch {
 		case err == nil:
 			return heldSlot{sh: sh, key: cr.key, id: id}, nil
@@ -363,9 +366,8 @@ func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Durat
 	case wt != nil:
 		// A request waiting for its slot is not in flight: it must not
 		// load the shedding groups it is counted in meanwhile.
-		vars := leaveGroups(r)
-		err := c.await(r.Context(), k, wt, newTimer)
-		rejoinGroups(vars)
+		var err error
+		outsideGroups(r, func() { err = c.await(r.Context(), k, wt, newTimer) })
 		if err != nil {
 			return heldSlot{}, err
 		}
@@ -375,11 +377,36 @@ func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Durat
 
 // refundRate gives back the rate units a request was given, when a
 // concurrency limit refuses it after its rates allowed it.
-func (h *Handler) refundRate(r *http.Request, s *scratch) {
+func (h *Handler) refundRate(r *http.Request, s *requestState) {
 	if len(s.reqs) == 0 || s.store == nil {
 		return
 	}
 	if err := s.store.Refund(context.WithoutCancel(r.Context()), s.reqs, s.out); err != nil {
 		h.logger.Error("giving back the rate units of a request refused for concurrency", zap.Error(err))
 	}
+}
+
+// setMax changes the cap while requests are in flight. Raised, the keys'
+// waiters get the new slots at once, in order; lowered, the requests in
+// flight keep their slots, and a freed slot goes back to the pool until
+// its key is under the new cap.
+func (c *concLimiter) setMax(n int64) {
+	c.mu.Lock()
+	c.max.Store(n)
+	granted := 0
+	for _, k := range c.keys {
+		for k.inFlight < n {
+			e := k.waiters.Front()
+			if e == nil {
+				break
+			}
+			w := k.waiters.Remove(e).(*concWaiter)
+			w.granted = true
+			k.inFlight++
+			close(w.ready)
+			granted++
+		}
+	}
+	c.mu.Unlock()
+	c.gauge.Add(float64(granted))
 }

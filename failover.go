@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 )
 
@@ -83,19 +82,20 @@ func (h *Handler) provisionFailover(ctx caddy.Context) error {
 	return nil
 }
 
-// failover decides a request whose backend failed with err, by the fail
-// policies of the limits it matched. One closed limit makes the whole
-// request 503: that zone promised never to admit unchecked. Otherwise the
-// local limits decide (all or nothing, on the in-process store) and the
-// open ones admit. Shadow limits never deny, whatever their policy. It
-// returns the requests and limits that the local store decided (possibly
-// none), compacted in place, and whether the request may proceed.
-func (h *Handler) failover(w http.ResponseWriter, r *http.Request, reqs []backend.Request, limits []*Limit, out []algorithms.Result, err error) ([]backend.Request, []*Limit, []algorithms.Result, bool, error) {
+// failover decides the request of s, whose backend failed with err, by
+// the fail policies of the limits it matched. One closed limit makes the
+// whole request 503: that zone promised never to admit unchecked; its
+// refusal is returned. Otherwise the local limits decide (all or nothing,
+// on the in-process store) and the open ones admit. Shadow limits never
+// deny, whatever their policy. s keeps the requests and limits that the
+// local store decided (possibly none), compacted in place, with its
+// decision.
+func (h *Handler) failover(r *http.Request, s *requestState, err error) (*refusal, error) {
 	if !errors.Is(err, backend.ErrUnavailable) {
-		return nil, nil, nil, false, caddyhttp.Error(http.StatusInternalServerError, err)
+		return nil, caddyhttp.Error(http.StatusInternalServerError, err)
 	}
 	closed := false
-	for _, l := range limits {
+	for _, l := range s.limits {
 		if l.failC != nil {
 			l.failC.Inc()
 		}
@@ -106,30 +106,29 @@ func (h *Handler) failover(w http.ResponseWriter, r *http.Request, reqs []backen
 		if ue, ok := errors.AsType[*backend.UnavailableError](err); ok {
 			wait = ue.RetryAfter
 		}
-		l := limits[slices.IndexFunc(limits, func(l *Limit) bool { return l.Fail == FailClosed && !l.zone.Shadow })]
-		if err := h.refuse(w, r, refusal{reason: reasonUnavailable, zone: l.zone, limit: l, retryAfter: retryAfterSeconds(wait), wait: wait, detail: err}); err != nil {
-			return nil, nil, nil, false, err
-		}
-		return nil, nil, nil, false, errAnswered
+		l := s.limits[slices.IndexFunc(s.limits, func(l *Limit) bool { return l.Fail == FailClosed && !l.zone.Shadow })]
+		return s.refuse(refusal{reason: reasonUnavailable, zone: l.zone, limit: l, retryAfter: retryAfterSeconds(wait), wait: wait, detail: err}), nil
 	}
-	h.warnFailure("rate limit backend unavailable: applying the zones' fail policy", r, limits, err)
+	h.warnFailure("rate limit backend unavailable: applying the zones' fail policy", r, s.limits, err)
 	n := 0
-	for i, l := range limits {
+	for i, l := range s.limits {
 		if l.Fail == FailLocal && l.local != nil {
-			reqs[n], limits[n] = reqs[i], l
-			reqs[n].Limit = l.local
+			s.reqs[n], s.limits[n] = s.reqs[i], l
+			s.reqs[n].Limit = l.local
 			n++
 		}
 	}
-	reqs, limits, out = reqs[:n], limits[:n], out[:n]
+	s.reqs, s.limits, s.out = s.reqs[:n], s.limits[:n], s.out[:n]
+	s.allowed, s.store = true, h.local
 	if n == 0 {
-		return reqs, limits, out, true, nil
+		return nil, nil
 	}
-	allowed, err := h.local.Decide(r.Context(), reqs, out)
+	allowed, err := h.local.Decide(r.Context(), s.reqs, s.out)
 	if err != nil {
-		return nil, nil, nil, false, caddyhttp.Error(http.StatusInternalServerError, err)
+		return nil, caddyhttp.Error(http.StatusInternalServerError, err)
 	}
-	return reqs, limits, out, allowed, nil
+	s.allowed = allowed
+	return nil, nil
 }
 
 // warnFailure logs a request decided by the fail policies. Its fields are

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"slices"
@@ -38,100 +39,158 @@ const (
 )
 
 // ServeHTTP decides the request against every zone it matches, once and all
-// or nothing, then answers 429 or passes it on.
+// or nothing, then answers 429 or passes it on. It walks the request's
+// phases in order, each returning the request's refusal (nil to go on) or
+// an error for Caddy:
+//
+//   - gate: load shedding, before anything is counted;
+//   - decide: each zone's allow and deny lists and keys, in the zones'
+//     order, then one store decision for every limit;
+//   - hold: a denial in the tarpit, an admitted request in its leaky_bucket
+//     queues;
+//   - slots: the concurrency slots, taken once the rates admit the request;
+//   - observe: the admitted request is counted in its shedding group and
+//     handed on, through the response watcher when a feature needs it.
+//
+// A refusal from any phase is written by respond, the one writer.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	vars, counted := h.shedCounted(r)
-	if h.shedding(counted) {
-		return h.refuseShed(w, r)
+	if f := h.gate(counted); f != nil {
+		return h.respond(w, r, f)
 	}
-	s := getScratch()
-	pass, err := h.limit(w, r, s)
-	if pass && len(s.conc) > 0 {
+	s := getRequestState()
+	f, err := h.decide(w, r, s)
+	if f == nil && err == nil && s.decided {
+		f, err = h.hold(r, s)
+	}
+	if f == nil && err == nil && len(s.conc) > 0 {
 		var held *heldSlots
-		held, pass, err = h.acquire(w, r, s)
+		held, f, err = h.acquire(r, s)
 		// Deferred, so a panic, an error or a hijacked connection frees
 		// the slots too, once the handlers after this one return.
 		defer held.release()
 	}
-	// The adaptive limits watch what the request they let through meets.
-	var adaptBuf [4]*adaptiveLimit
-	var aw *adaptiveWriter
-	adapt := adaptBuf[:0]
-	// With a latency target, the group's latency is measured the same way.
-	var timed *shedGroup
-	if pass && h.timed(counted) {
-		timed = h.shed
+	if f != nil {
+		err = h.respond(w, r, f)
 	}
-	if pass && (len(s.adapt) > 0 || timed != nil) {
-		adapt = append(adapt, s.adapt...)
-		aw = adaptiveWriters.Get().(*adaptiveWriter)
-		aw.ResponseWriter = w
-		w = aw
+	if len(s.shadow) > 0 {
+		// A request refused before its decision has its shadow zones'
+		// notes reported after its refusal.
+		h.reportShadow(r, s, false)
 	}
-	var o *outcomeWriter
-	if pass && h.outcomes {
-		o = watchOutcome(w, s)
+	pass := f == nil && err == nil
+	var x *watcher
+	if pass {
+		x = h.watch(w, s, h.timedGroup(counted))
 	}
-	// The scratch goes back before next runs: a slow upstream must not
-	// hold one per request in flight.
+	// The request state goes back before next runs: a slow upstream must
+	// not hold one per request in flight.
 	s.release()
-	if !pass {
+	switch {
+	case !pass:
 		return err
+	case x == nil && h.shed == nil: // nothing observes the request
+		return next.ServeHTTP(w, r)
 	}
+	return h.observe(w, r, next, x, vars, counted)
+}
+
+// gate returns the refusal of a request shed for load: a shed request
+// takes no unit from any rate limit. counted tells that a handler r passed
+// through before counts it in the group already.
+func (h *Handler) gate(counted bool) *refusal {
+	if h.shedding(counted) {
+		return h.shedRefusal
+	}
+	return nil
+}
+
+// decide decides r: a store request per limit of each zone it matches
+// (collect), one decision for all of them, and, when it is admitted, the
+// placeholders and rate limit fields of the decision. It returns the
+// refusal of a zone that refuses r before anything is counted, or of a
+// limit that fails closed; a denial is refused once held (hold).
+func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *requestState) (*refusal, error) {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if f, err := h.collect(r, repl, s); f != nil || err != nil {
+		return f, err
+	}
+	if len(s.reqs) == 0 {
+		h.reportShadow(r, s, false)
+		return nil, nil
+	}
+	f, err := h.decideStore(r, s)
+	switch {
+	case f != nil:
+		return f, nil
+	case err != nil:
+		h.reportShadow(r, s, false)
+		return nil, err
+	}
+	h.reportShadow(r, s, true)
+	if len(s.reqs) == 0 { // the backend failed and no limit decides locally
+		return nil, nil
+	}
+	// Every limit's decision is known here (s.limits[i] got s.out[i]).
+	s.decided = true
+	if !s.allowed {
+		return nil, nil
+	}
+	if i := tightest(s.limits, s.out); i >= 0 {
+		setPlaceholders(repl, s.limits[i], s.out[i])
+	}
+	if h.headers {
+		writeHeaders(w, s.limits, s.reqs, s.out)
+	}
+	return nil, nil
+}
+
+// hold holds a decided request (s.decided) as its decision says. A denial
+// waits in the tarpit first, then its refusal is made: the tarpit delays
+// the whole answer, whose waits then count from when it is sent, and a
+// denial is counted when it is given. An admitted request waits for its
+// slot in every leaky_bucket queue that gave it one.
+func (h *Handler) hold(r *http.Request, s *requestState) (*refusal, error) {
+	if !s.allowed {
+		if held := h.holdInTarpit(r); held > 0 {
+			elapse(s.out, held)
+		}
+		return h.deny(r, s), nil
+	}
+	return nil, h.wait(r, s.store, s.limits, s.reqs, s.out)
+}
+
+// observe hands an admitted request on, counted in its shedding group
+// while it is served, through the watcher x when some feature needs its
+// response (nil when none does).
+func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, x *watcher, vars map[string]any, counted bool) error {
 	if g := h.shed; g != nil && !counted {
 		// Counted only once admitted: a request refused or held in a
 		// tarpit loads nothing behind this handler.
-		var timer *adaptiveWriter
-		if timed != nil {
-			timer = aw
+		var timer *watcher
+		if x != nil && x.group != nil {
+			timer = x
 		}
 		g.enter(vars, timer)
 		defer g.leave(vars)
 	}
-	switch {
-	case aw != nil:
-		return h.serveAdaptive(w, r, next, aw, o, adapt, timed)
-	case o != nil:
-		return h.serveOutcome(o, r, next)
+	if x != nil {
+		return x.serve(r, next)
 	}
 	return next.ServeHTTP(w, r)
 }
 
-// limit decides r and answers it unless it may pass: collecting a store
-// request per limit, one decision for all of them, then the answer.
-func (h *Handler) limit(w http.ResponseWriter, r *http.Request, s *scratch) (pass bool, err error) {
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if answered, err := h.collect(w, r, repl, s); answered {
-		h.reportShadow(r, s, false)
-		return false, err
-	}
-	if len(s.reqs) == 0 {
-		h.reportShadow(r, s, false)
-		return true, nil
-	}
-	allowed, store, err := h.decide(w, r, s)
-	s.store = store
-	h.reportShadow(r, s, err == nil)
-	switch {
-	case err != nil:
-		return false, unlessAnswered(err)
-	case len(s.reqs) == 0: // the backend failed and no limit decides locally
-		return true, nil
-	}
-	return h.answer(w, r, repl, s, allowed, store)
-}
-
 // collect appends to s a store request for each limit of each zone r
-// matches. It answers the request itself (answered) when an enforcing zone
-// refuses it before anything is counted: its deny list, a key that
-// "missing deny" requires, a cost that cannot be read, or a matcher that
-// fails. A shadow zone's refusals are noted in s instead.
-func (h *Handler) collect(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch) (answered bool, err error) {
+// matches. It returns the refusal of an enforcing zone that refuses the
+// request before anything is counted: its deny list, a key that "missing
+// deny" requires, or a cost that cannot be read; and the error of a
+// matcher that fails. A shadow zone's refusals are noted in s instead.
+func (h *Handler) collect(r *http.Request, repl *caddy.Replacer, s *requestState) (*refusal, error) {
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
 			if err != nil {
-				return true, err
+				return nil, err
 			}
 			if !ok {
 				continue
@@ -139,30 +198,31 @@ func (h *Handler) collect(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 		}
 		switch listed, err := z.listed(r); {
 		case err != nil:
-			return true, err
+			return nil, err
 		case listed == listDeny && z.Shadow:
 			// Noted, and limited like any other request.
 			s.note(shadowListed, z, nil, nil)
 		case listed == listDeny:
-			return true, h.refuse(w, r, refusal{reason: reasonDenylisted, zone: z, retryAfter: -1})
+			return s.refuse(refusal{reason: reasonDenylisted, zone: z, retryAfter: -1}), nil
 		case listed == listAllow:
 			continue
 		}
 		for _, l := range z.keyed {
-			if answered, err := h.collectLimit(w, r, repl, s, l); answered {
-				return true, err
+			if f := h.collectLimit(r, repl, s, l); f != nil {
+				return f, nil
 			}
 		}
 	}
-	return false, nil
+	return nil, nil
 }
 
-// collectLimit appends the store request of limit l, unless l skips r.
-func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch, l *Limit) (answered bool, err error) {
+// collectLimit appends the store request of limit l, unless l skips r or
+// refuses it.
+func (h *Handler) collectLimit(r *http.Request, repl *caddy.Replacer, s *requestState, l *Limit) *refusal {
 	if l.tiers != nil {
 		tier, empty := l.tiers.pick(r, repl)
 		if empty {
-			l.warnEmpty(h.logger, repl, l.tiers.earlier, "tier")
+			l.warnEmpty(h.logger, repl, l.tiers.byHandler, "tier")
 		}
 		l = tier
 	}
@@ -176,7 +236,7 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 		l.metrics.missing(l.Missing)
 		switch {
 		case l.Missing == MissingSkip && errors.Is(err, keys.ErrAbsent):
-			return false, nil
+			return nil
 		case l.Missing == MissingSkip:
 			// Only an absent value is skipped. A value given twice,
 			// a body that cannot be read or a value a normalizer
@@ -186,7 +246,7 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 		case l.Missing == MissingDeny && z.Shadow:
 			s.note(shadowMissingKey, z, l, err)
 		case l.Missing == MissingDeny:
-			return true, h.refuse(w, r, refusal{reason: reasonMissingKey, zone: z, limit: l, retryAfter: -1, detail: err})
+			return s.refuse(refusal{reason: reasonMissingKey, zone: z, limit: l, retryAfter: -1, detail: err})
 		}
 	}
 	if l.adapt != nil {
@@ -195,7 +255,7 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 	if l.conc != nil || l.shared != nil {
 		s.conc = append(s.conc, concReq{l, key})
 		if l.concOnly() {
-			return false, nil
+			return nil
 		}
 	}
 	cost, err := l.Cost.eval(r, repl, s.body)
@@ -204,39 +264,39 @@ func (h *Handler) collectLimit(w http.ResponseWriter, r *http.Request, repl *cad
 			// Nothing can be counted for the request: it is noted and
 			// this limit is left out of the decision.
 			s.note(shadowBadCost, z, l, err)
-			return false, nil
+			return nil
 		}
-		return true, h.refuse(w, r, refusal{reason: reasonBadCost, zone: z, limit: l, retryAfter: -1, detail: err})
+		return s.refuse(refusal{reason: reasonBadCost, zone: z, limit: l, retryAfter: -1, detail: err})
 	}
 	// An estimate below the floor takes the floor (cost_min).
 	cost = max(cost, l.CostMin)
 	s.reqs = append(s.reqs, l.request(key, cost))
 	s.limits = append(s.limits, l)
-	return false, nil
+	return nil
 }
 
-// decide asks the store for one decision on every request in s, filling
-// s.out; when the backend is unavailable, the limits' fail policies decide
-// instead (and s keeps only the limits the local store decided). It
-// returns the store that decided.
-func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *scratch) (allowed bool, store backend.Store, err error) {
+// decideStore asks the store for one decision on every request in s, filling
+// s.out, s.allowed and s.store (the store that decided); when the backend
+// is unavailable, the limits' fail policies decide instead (and s keeps
+// only the limits the local store decided). It returns the refusal of a
+// limit that fails closed.
+func (h *Handler) decideStore(r *http.Request, s *requestState) (*refusal, error) {
 	s.out = slices.Grow(s.out[:0], len(s.reqs))[:len(s.reqs)]
 	var start int64
 	if !h.DisableMetrics || h.budgets {
 		start = h.now()
 	}
 	s.at = start
-	store = h.store
-	allowed, err = store.Decide(r.Context(), s.reqs, s.out)
+	allowed, err := h.store.Decide(r.Context(), s.reqs, s.out)
 	if err == nil && allowed && h.fleet != nil {
-		allowed = h.fleet.check(r.Context(), store, s.limits, s.reqs, s.out, h.now())
+		allowed = h.fleet.check(r.Context(), h.store, s.limits, s.reqs, s.out, h.now())
 	}
+	s.allowed, s.store = allowed, h.store
 	if err != nil {
-		reqs, limits, out, ok, err := h.failover(w, r, s.reqs, s.limits, s.out, fmt.Errorf("rate_limit: %w", err))
-		if err != nil {
-			return false, nil, err
+		if f, err := h.failover(r, s, fmt.Errorf("rate_limit: %w", err)); f != nil || err != nil {
+			s.store = nil
+			return f, err
 		}
-		s.reqs, s.limits, s.out, allowed, store = reqs, limits, out, ok, h.local
 	}
 	if !h.DisableMetrics {
 		elapsed := float64(h.now()-start) / 1e9
@@ -244,26 +304,7 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *scratch) (al
 			l.metrics.observe(elapsed)
 		}
 	}
-	return allowed, store, nil
-}
-
-// answer responds to a decided request: every limit's decision is known
-// here (s.limits[i] got s.out[i]), whether the request is allowed or not.
-// It reports whether the request may be handed on.
-func (h *Handler) answer(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, s *scratch, allowed bool, store backend.Store) (pass bool, err error) {
-	if !allowed {
-		return false, h.deny(w, r, repl, s)
-	}
-	if i := tightest(s.limits, s.out); i >= 0 {
-		setPlaceholders(repl, s.limits[i], s.out[i])
-	}
-	if h.headers {
-		writeHeaders(w, s.limits, s.reqs, s.out)
-	}
-	if err := h.wait(r, store, s.limits, s.reqs, s.out); err != nil {
-		return false, err
-	}
-	return true, nil
+	return nil, nil
 }
 
 // What a shadow zone would have refused a request for.
@@ -284,14 +325,15 @@ type shadowNote struct {
 	err  error
 }
 
-func (s *scratch) note(kind shadowKind, z *Zone, l *Limit, err error) {
+func (s *requestState) note(kind shadowKind, z *Zone, l *Limit, err error) {
 	s.shadow = append(s.shadow, shadowNote{kind: kind, zone: z, l: l, err: err})
 }
 
 // reportShadow logs and counts, in one place, what the request's shadow
 // zones would have refused: noted while collecting (a deny list, a missing
-// key, a bad cost) and, once the request is decided, a rate exceeded.
-func (h *Handler) reportShadow(r *http.Request, s *scratch, decided bool) {
+// key, a bad cost), then emptied, and, once the request is decided, a rate
+// exceeded.
+func (h *Handler) reportShadow(r *http.Request, s *requestState, decided bool) {
 	for _, n := range s.shadow {
 		switch n.kind {
 		case shadowListed:
@@ -311,6 +353,7 @@ func (h *Handler) reportShadow(r *http.Request, s *scratch, decided bool) {
 			}
 		}
 	}
+	s.shadow = s.shadow[:0]
 	if !decided {
 		return
 	}
@@ -366,16 +409,19 @@ func (h *Handler) wait(r *http.Request, store backend.Store, limits []*Limit, re
 	}
 	fired, stop := newTimer(time.Duration(delay))
 	defer stop()
-	defer rejoinGroups(leaveGroups(r))
-	select {
-	case <-fired:
-		return nil
-	case <-r.Context().Done():
-	}
-	if err := store.Refund(context.WithoutCancel(r.Context()), reqs, out); err != nil {
-		h.logger.Error("giving back the slot of a request whose client left", zap.Error(err))
-	}
-	return caddyhttp.Error(statusClientClosed, r.Context().Err())
+	var err error
+	outsideGroups(r, func() {
+		select {
+		case <-fired:
+			return
+		case <-r.Context().Done():
+		}
+		if rerr := store.Refund(context.WithoutCancel(r.Context()), reqs, out); rerr != nil {
+			h.logger.Error("giving back the slot of a request whose client left", zap.Error(rerr))
+		}
+		err = caddyhttp.Error(statusClientClosed, r.Context().Err())
+	})
+	return err
 }
 
 func systemTimer(d time.Duration) (<-chan time.Time, func() bool) {
@@ -453,4 +499,15 @@ func remoteIP(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	return host
+}
+
+// request is the store request of key at cost: with a reservation for a
+// spend budget, whose token is drawn at random so that no two requests
+// (of any Caddy sharing the store) name one reservation.
+func (l *Limit) request(key string, cost int64) backend.Request {
+	r := backend.Request{Limit: l.handle, Key: key, Cost: cost, Shadow: l.zone.Shadow}
+	if l.budget.reserve > 0 {
+		r.Reserve, r.Token = l.budget.reserve, rand.Uint64()
+	}
+	return r
 }

@@ -527,9 +527,9 @@ func TestShadowNotesReportedWhenRefused(t *testing.T) {
 	}
 }
 
-// A request matching more limits than a pooled scratch holds at first is
-// decided whole, and the next, smaller one sees none of it.
-func TestScratchGrowsAndIsCleared(t *testing.T) {
+// A request matching more limits than a pooled request state holds at first
+// is decided whole, and the next, smaller one sees none of it.
+func TestRequestStateGrowsAndIsCleared(t *testing.T) {
 	zones := map[string]any{}
 	for i := range 12 {
 		zones[fmt.Sprintf("g_%02d", i)] = map[string]any{"key": "static", "max_events": 10, "window": "1m",

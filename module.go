@@ -144,13 +144,13 @@ type Handler struct {
 	// bodyFields are the JSON paths found in one pass over a body.
 	bodyFields *keys.BodyFields
 
-	shed     *shedGroup // nil without shed
-	shedReg  *shedReg
-	shedZone *Zone // refuses in the group's name
-	// shedDetail is the log's error of a shed request.
-	shedDetail error
-	tarpit     *tarpitState // nil without tarpit
-	fleet      *fleetMember // nil without distributed
+	shed    *shedGroup // nil without shed
+	shedReg *shedReg
+	// shedRefusal is the refusal of every shed request, in the group's
+	// name.
+	shedRefusal *refusal
+	tarpit      *tarpitState // nil without tarpit
+	fleet       *fleetMember // nil without distributed
 	// distStorage replaces the config's storage for distributed (tests).
 	distStorage certmagic.Storage
 	// tierSeries are the metric series of this config's tier versions.
@@ -279,10 +279,10 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if bodyLimitSet && !readsBody(h.zones) {
 		return fmt.Errorf("body_limit would do nothing: no key or cost reads the request body")
 	}
-	earlier := map[string]*earlierWatch{}
+	byHandler := map[string]*handlerPlaceholder{}
 	for _, z := range h.zones {
 		for _, l := range z.limits {
-			l.watchEarlier(earlier)
+			l.watchHandlerPlaceholders(byHandler)
 			if err := h.provisionOutcome(l); err != nil {
 				return err
 			}

@@ -4,13 +4,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/algorithms"
@@ -110,108 +107,6 @@ func (h *Handler) provisionSettle(l *Limit) error {
 	return nil
 }
 
-// settleNotes is what a settling writer notes as the status is written:
-// the values of the settled fields of its first limits, before a handler
-// around this one changes them on their way out.
-type settleNotes struct {
-	vals  [maxSettleNoted][]string
-	noted uint8 // which of vals were noted
-	// actual is the argument of Settle, here so that it does not escape
-	// on its own.
-	actual [1]int64
-}
-
-const maxSettleNoted = 2
-
-// settledWriter is the writer of a request with a settled limit: the
-// notes in the same allocation as the writer.
-type settledWriter struct {
-	outcomeWriter
-	notes settleNotes
-}
-
-// noteSettle notes the settled fields as the status is written.
-func (o *outcomeWriter) noteSettle(hdr http.Header) {
-	n := o.settle
-	if n == nil {
-		return
-	}
-	for i, l := range o.limits[:min(len(o.limits), maxSettleNoted)] {
-		if l.settle != nil && l.settle.field != "" {
-			n.vals[i] = hdr[l.settle.field]
-			n.noted |= 1 << i
-		}
-	}
-}
-
-// settleValues are the values of l's settle field for the i-th limit: the
-// header field as written with the status, else the trailer. A proxy puts
-// a trailer it did not declare before the body (reverse_proxy copying an
-// upstream's) under the trailer prefix; a declared one is set under its
-// own name after the body, when it was not a header at the status.
-func (o *outcomeWriter) settleValues(l *Limit, i int) []string {
-	s := l.settle
-	hdr := o.Header()
-	n := o.settle
-	noted := n != nil && i < maxSettleNoted && n.noted&(1<<i) != 0
-	var atStatus []string
-	if noted {
-		atStatus = n.vals[i]
-	} else if !s.trailerOnly {
-		atStatus = hdr[s.field]
-	}
-	if atStatus != nil && !s.trailerOnly {
-		return atStatus
-	}
-	if v := hdr[s.trailer]; v != nil {
-		return v
-	}
-	if noted && atStatus == nil {
-		return hdr[s.field]
-	}
-	return nil
-}
-
-// actual reads the real cost of the i-th limit's request, or false when
-// the response does not give one that can be trusted.
-func (o *outcomeWriter) actual(r *http.Request, l *Limit, i int) (int64, string, bool) {
-	var v string
-	if l.settle.field != "" {
-		vals := o.settleValues(l, i)
-		switch len(vals) {
-		case 0:
-			return 0, "missing", false
-		case 1:
-			v = vals[0]
-		default:
-			return 0, "given more than once", false
-		}
-	} else {
-		repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-		if repl == nil {
-			return 0, "missing", false
-		}
-		x, _ := repl.Get(l.settle.name)
-		switch x := x.(type) {
-		case nil:
-			return 0, "missing", false
-		case string:
-			v = x
-		case int:
-			v = strconv.Itoa(x)
-		case int64:
-			v = strconv.FormatInt(x, 10)
-		default:
-			v = fmt.Sprint(x)
-		}
-	}
-	n, ok := parseSettleValue(v)
-	if !ok {
-		return 0, "not a whole number from 0 to 10^15", false
-	}
-	return n, "", true
-}
-
 // parseSettleValue reads a whole number of ASCII digits (spaces around it
 // allowed), at most algorithms.MaxSettle: a sign, a fraction, an exponent,
 // a list or a number beyond any limit is not a count a limit can trust.
@@ -234,7 +129,8 @@ func parseSettleValue(v string) (int64, bool) {
 // settleCost settles the i-th limit of o at the real cost the response
 // gives, or keeps the estimate (and says so in the log, at most once a
 // minute per limit) when a successful response gives none it can trust.
-func (h *Handler) settleCost(o *outcomeWriter, r *http.Request, i, status int) {
+func (o *watcher) settleCost(r *http.Request, i, status int) {
+	h := o.h
 	l := o.limits[i]
 	if !o.out[i].Allowed {
 		return // a shadow request that was not taken
@@ -275,17 +171,4 @@ func (h *Handler) warnSettle(l *Limit, why string) {
 	h.logger.Warn("a response gave no real cost to settle: the estimate stays charged",
 		zap.String("zone", l.zone.name), zap.String("scope", l.scope), zap.String("settle", s.expr),
 		zap.String("value", why), zap.Int64("responses", s.ignored.Swap(0)))
-}
-
-// newOutcomeWriter makes the writer of watchOutcome: with the notes of
-// settled fields in the same allocation when a limit of s settles.
-func newOutcomeWriter(w http.ResponseWriter, s *scratch) *outcomeWriter {
-	for _, l := range s.limits {
-		if l.settle != nil {
-			sw := &settledWriter{outcomeWriter: outcomeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, store: s.store}}
-			sw.settle = &sw.notes
-			return &sw.outcomeWriter
-		}
-	}
-	return &outcomeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, store: s.store}
 }

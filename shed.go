@@ -206,8 +206,12 @@ func (h *Handler) provisionShed(owner any) error {
 	if !h.DisableMetrics {
 		z.refused[reasonShed] = metrics.refused.WithLabelValues(s.Group, reasonInfo[reasonShed].name)
 	}
-	h.shedZone = z
-	h.shedDetail = shedEdge(s)
+	// Made once: a shed request is refused in the group's name, from a
+	// value every shed request shares and nothing changes.
+	h.shedRefusal = &refusal{
+		reason: reasonShed, zone: z, retryAfter: retryAfterSeconds(shedRetryAfter), wait: shedRetryAfter,
+		detail: shedEdge(s),
+	}
 	return nil
 }
 
@@ -252,11 +256,14 @@ func (h *Handler) shedding(counted bool) bool {
 		sheds(g.latency.p99At(g.now()), t, h.Shed.Priority)
 }
 
-// timed tells whether the handler that counts r in its group times it:
-// only with a latency target, and only the handler that counts it, so
-// that a request nested in two handlers of its group is timed once.
-func (h *Handler) timed(counted bool) bool {
-	return h.shed != nil && h.shedReg.target > 0 && !counted
+// timedGroup is the group whose latency r is timed for by this handler,
+// or nil: only with a latency target, and only by the handler that counts
+// it, so that a request nested in two handlers of its group is timed once.
+func (h *Handler) timedGroup(counted bool) *shedGroup {
+	if h.shed != nil && h.shedReg.target > 0 && !counted {
+		return h.shed
+	}
+	return nil
 }
 
 // shedCounted returns r's vars, and whether an outer handler of h's group
@@ -272,28 +279,27 @@ func (h *Handler) shedCounted(r *http.Request) (vars map[string]any, counted boo
 }
 
 // inGroup is the group a request var of a group's names: the group, or
-// the writer that times the request for it.
+// the watcher that times the request for it.
 func inGroup(v any) *shedGroup {
 	switch v := v.(type) {
 	case *shedGroup:
 		return v
-	case *adaptiveWriter:
+	case *watcher:
 		return v.group
 	}
 	return nil
 }
 
 // enter counts an admitted request in the group until leave; timer, when
-// the request is timed for the group, is the writer timing it, which the
+// the request is timed for the group, is the watcher timing it, which the
 // request's var then holds (one map write either way). The caller holds
 // on to g: a reload cleans the handler up while its last requests are
 // still being served.
-func (g *shedGroup) enter(vars map[string]any, timer *adaptiveWriter) {
+func (g *shedGroup) enter(vars map[string]any, timer *watcher) {
 	g.inFlight.Add(1)
 	switch {
 	case vars == nil:
 	case timer != nil:
-		timer.group = g
 		vars[g.varKey] = timer
 	default:
 		vars[g.varKey] = g
@@ -309,11 +315,19 @@ func (g *shedGroup) leave(vars map[string]any) {
 	}
 }
 
+// outsideGroups runs wait, a wait that loads no upstream (a tarpit, a
+// concurrency queue, a max_delay), with r taken out of every shedding
+// group that a handler before this one counts it in: otherwise a flood of
+// waiting or held requests would raise the load and shed everyone
+// else's, and their waits would raise the groups' latency. Every wait of
+// a request goes through it.
+func outsideGroups(r *http.Request, wait func()) {
+	defer rejoinGroups(leaveGroups(r))
+	wait()
+}
+
 // leaveGroups takes r out of every shedding group that a handler before
-// this one counts it in, for a wait that loads no upstream (a tarpit, a
-// concurrency queue, a max_delay): otherwise a flood of waiting or held
-// requests would raise the load and shed everyone else's, and their
-// waits would raise the groups' latency. rejoinGroups with the vars it
+// this one counts it in (see outsideGroups); rejoinGroups with the vars it
 // returns puts r back.
 func leaveGroups(r *http.Request) map[string]any {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
@@ -321,7 +335,7 @@ func leaveGroups(r *http.Request) map[string]any {
 		if g := inGroup(v); g != nil {
 			g.inFlight.Add(-1)
 		}
-		if t, ok := v.(*adaptiveWriter); ok {
+		if t, ok := v.(*watcher); ok {
 			t.pausedAt = t.now()
 		}
 	}
@@ -333,7 +347,7 @@ func rejoinGroups(vars map[string]any) {
 		if g := inGroup(v); g != nil {
 			g.inFlight.Add(1)
 		}
-		if t, ok := v.(*adaptiveWriter); ok {
+		if t, ok := v.(*watcher); ok {
 			t.paused += t.now() - t.pausedAt
 		}
 	}
@@ -346,19 +360,10 @@ func rejoinGroups(vars map[string]any) {
 func untime(r *http.Request) {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	for _, v := range vars {
-		if t, ok := v.(*adaptiveWriter); ok {
+		if t, ok := v.(*watcher); ok {
 			t.refused = true
 		}
 	}
-}
-
-// refuseShed answers a shed request: 503 with Retry-After, through the
-// path of every refusal, in the name of the group.
-func (h *Handler) refuseShed(w http.ResponseWriter, r *http.Request) error {
-	return unlessAnswered(h.refuse(w, r, refusal{
-		reason: reasonShed, zone: h.shedZone, retryAfter: retryAfterSeconds(shedRetryAfter), wait: shedRetryAfter,
-		detail: h.shedDetail,
-	}))
 }
 
 // shedEdge is the error the log line of a shed request carries: when this

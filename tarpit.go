@@ -114,12 +114,13 @@ func (h *Handler) denies() bool {
 	return false
 }
 
-// hold delays the answer to a denied request, by between half and all of
-// the tarpit, unless the tarpit holds tarpit_max already, and returns how
-// long it held it (ns). It ends early when the client goes away or the
-// config stops serving. A held request costs what it already had, its
-// connection and this goroutine: the timer starts no goroutine of its own.
-func (h *Handler) hold(r *http.Request) int64 {
+// holdInTarpit delays the answer to a denied request, by between half and
+// all of the tarpit, unless the tarpit holds tarpit_max already, and
+// returns how long it held it (ns). It ends early when the client goes
+// away or the config stops serving. A held request costs what it already
+// had, its connection and this goroutine: the timer starts no goroutine of
+// its own. It is out of the shedding groups meanwhile.
+func (h *Handler) holdInTarpit(r *http.Request) int64 {
 	t := h.tarpit
 	if t == nil {
 		return 0
@@ -129,35 +130,39 @@ func (h *Handler) hold(r *http.Request) int64 {
 		return 0
 	}
 	start := h.now()
-	defer rejoinGroups(leaveGroups(r))
-	tarpitHeld.Inc()
-	defer func() {
-		// The gauge first: released the other way round, a request taking
-		// the freed place could count itself before this one was uncounted,
-		// and the gauge would read tarpit_max + 1.
-		tarpitHeld.Dec()
-		t.held.Add(-1)
-		tarpitHeldAll.Add(-1)
-	}()
-	random := h.jitterFn
-	if random == nil {
-		random = rand.Float64
-	}
-	// Jittered, so held scrapers are not let go, and do not come back, in
-	// one wave, and the delay does not tell a tarpit from a slow server.
-	d := time.Duration(t.delay/2 + int64(random()*float64(t.delay-t.delay/2)))
-	newTimer := h.newTimer
-	if newTimer == nil {
-		newTimer = systemTimer
-	}
-	fired, stop := newTimer(d)
-	defer stop()
-	select {
-	case <-fired:
-	case <-r.Context().Done():
-	case <-t.done:
-	}
-	return max(h.now()-start, 0)
+	var held int64
+	outsideGroups(r, func() {
+		tarpitHeld.Inc()
+		defer func() {
+			// The gauge first: released the other way round, a request
+			// taking the freed place could count itself before this one
+			// was uncounted, and the gauge would read tarpit_max + 1.
+			tarpitHeld.Dec()
+			t.held.Add(-1)
+			tarpitHeldAll.Add(-1)
+		}()
+		random := h.jitterFn
+		if random == nil {
+			random = rand.Float64
+		}
+		// Jittered, so held scrapers are not let go, and do not come back,
+		// in one wave, and the delay does not tell a tarpit from a slow
+		// server.
+		d := time.Duration(t.delay/2 + int64(random()*float64(t.delay-t.delay/2)))
+		newTimer := h.newTimer
+		if newTimer == nil {
+			newTimer = systemTimer
+		}
+		fired, stop := newTimer(d)
+		defer stop()
+		select {
+		case <-fired:
+		case <-r.Context().Done():
+		case <-t.done:
+		}
+		held = max(h.now()-start, 0)
+	})
+	return held
 }
 
 // elapse takes d (ns) off the waits of out, decided d ago: a client told

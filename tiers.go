@@ -52,11 +52,11 @@ type tierSet struct {
 	expr string // the tier template, as configured
 	// Where the value is read without Caddy's replacer (which boxes every
 	// value it returns): a request header, or a var an earlier handler set.
-	header  string // canonical header name
-	varName string
-	byName  map[string]*Limit
-	def     *Limit
-	earlier []*earlierWatch
+	header    string // canonical header name
+	varName   string
+	byName    map[string]*Limit
+	def       *Limit
+	byHandler []*handlerPlaceholder
 }
 
 // pick returns the limit of r's tier: the tier its value names, or the
@@ -296,8 +296,8 @@ func (z *Zone) addTiers(l *Limit, scope string, store backend.Store, logger *zap
 	l.keyer, l.Missing = ts.def.keyer, ts.def.Missing
 	z.keyed = append(z.keyed, l)
 	for _, ph := range tmpl.Placeholders() {
-		if setEarlier(ph) {
-			ts.earlier = append(ts.earlier, &earlierWatch{name: ph})
+		if setByHandler(ph) {
+			ts.byHandler = append(ts.byHandler, &handlerPlaceholder{name: ph})
 		}
 		if strings.HasPrefix(strings.ToLower(ph), "http.request.header.") {
 			logger.Warn("a rate limit's tier is read from a request header: any client can name its own tier unless a proxy in front of Caddy, or a handler that runs before rate_limit, sets that header",

@@ -430,8 +430,8 @@ type Limit struct {
 	zoneName, scopeName any
 	hdr                 limitHeaders
 	// Placeholders of the key and cost that an earlier handler must set.
-	keyEarlier, costEarlier []*earlierWatch
-	settle                  *settler // nil without settle
+	keyByHandler, costByHandler []*handlerPlaceholder
+	settle                      *settler // nil without settle
 }
 
 // Normalize is one normalizer of a key: its name and its options.

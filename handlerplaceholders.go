@@ -23,19 +23,19 @@ const (
 	varsPrefix = "http.vars."
 )
 
-// earlierWatch is one such placeholder of a handler, warned about at most
-// once however many limits read it.
-type earlierWatch struct {
+// handlerPlaceholder is one such placeholder of a handler, warned about at
+// most once however many limits read it.
+type handlerPlaceholder struct {
 	name   string
 	warned atomic.Bool
 }
 
-// setEarlier reports whether placeholder name is set only by a handler
+// setByHandler reports whether placeholder name is set only by a handler
 // that must run before rate_limit: one of {http.auth.*} or {http.vars.*},
 // or a name outside the namespaces Caddy and Sluice define (a map's
 // destination, another module's placeholder). Caddy's server sets
 // client_ip and trusted_proxy itself, before any handler.
-func setEarlier(name string) bool {
+func setByHandler(name string) bool {
 	switch name {
 	case varsPrefix + caddyhttp.ClientIPVarKey, varsPrefix + caddyhttp.TrustedProxyVarKey:
 		return false
@@ -43,27 +43,28 @@ func setEarlier(name string) bool {
 	return strings.HasPrefix(name, authPrefix) || strings.HasPrefix(name, varsPrefix) || !keys.Owned(name)
 }
 
-// watchEarlier finds the placeholders of l's key and cost that another
-// handler must set first, sharing one watch per placeholder through seen.
-func (l *Limit) watchEarlier(seen map[string]*earlierWatch) {
-	watch := func(names []string) []*earlierWatch {
-		var ws []*earlierWatch
+// watchHandlerPlaceholders finds the placeholders of l's key and cost that
+// another handler must set first, sharing one watch per placeholder
+// through seen.
+func (l *Limit) watchHandlerPlaceholders(seen map[string]*handlerPlaceholder) {
+	watch := func(names []string) []*handlerPlaceholder {
+		var ws []*handlerPlaceholder
 		for _, name := range names {
-			if !setEarlier(name) {
+			if !setByHandler(name) {
 				continue
 			}
 			w := seen[name]
 			if w == nil {
-				w = &earlierWatch{name: name}
+				w = &handlerPlaceholder{name: name}
 				seen[name] = w
 			}
 			ws = append(ws, w)
 		}
 		return ws
 	}
-	l.keyEarlier = watch(l.keyer.Template().Placeholders())
+	l.keyByHandler = watch(l.keyer.Template().Placeholders())
 	if l.Cost != nil {
-		l.costEarlier = watch(l.Cost.tmpl.Placeholders())
+		l.costByHandler = watch(l.Cost.tmpl.Placeholders())
 	}
 }
 
@@ -73,12 +74,12 @@ func (l *Limit) watchEarlier(seen map[string]*earlierWatch) {
 // nothing for them.
 func (l *Limit) warnUnset(logger *zap.Logger, repl *caddy.Replacer, keyMissing bool) {
 	if keyMissing {
-		l.warnEmpty(logger, repl, l.keyEarlier, "key")
+		l.warnEmpty(logger, repl, l.keyByHandler, "key")
 	}
-	l.warnEmpty(logger, repl, l.costEarlier, "cost")
+	l.warnEmpty(logger, repl, l.costByHandler, "cost")
 }
 
-func (l *Limit) warnEmpty(logger *zap.Logger, repl *caddy.Replacer, ws []*earlierWatch, part string) {
+func (l *Limit) warnEmpty(logger *zap.Logger, repl *caddy.Replacer, ws []*handlerPlaceholder, part string) {
 	for _, w := range ws {
 		if w.warned.Load() {
 			continue

@@ -179,6 +179,7 @@ func unmarshalBackend(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	        deny_match  { <matchers> }
 //	        shadow
 //	        headers     draft|legacy|both|none
+//	        near_limit  <fraction>
 //	    }
 //	    headers        draft|legacy|both|none
 //	    respond        json|problem|text
@@ -402,6 +403,22 @@ func unmarshalZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 				return nil, err
 			}
 			err = z.unmarshalContract(d, name, opt)
+		case "near_limit":
+			if err := lp.once(opt); err != nil {
+				return nil, err
+			}
+			var args []string
+			if args = d.RemainingArgs(); len(args) != 1 {
+				return nil, d.ArgErr()
+			}
+			f, perr := strconv.ParseFloat(args[0], 64)
+			if perr == nil {
+				perr = checkNearLimit(f)
+			}
+			if perr != nil || f == 0 {
+				return nil, d.Errf("zone %q: near_limit must be a fraction of the limit between 0 and 1, such as 0.8, got %q", name, args[0])
+			}
+			z.NearLimit = f
 		case "scope":
 			if !d.NextArg() {
 				return nil, d.ArgErr()

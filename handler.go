@@ -136,6 +136,13 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *requestState
 	if !s.allowed {
 		return nil, nil
 	}
+	if !h.DisableMetrics {
+		for i, l := range s.limits {
+			if s.out[i].Allowed {
+				l.metrics.near(s.out[i])
+			}
+		}
+	}
 	if i := tightest(s.limits, s.out); i >= 0 {
 		setPlaceholders(repl, s.limits[i], s.out[i])
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 )
 
@@ -26,6 +27,7 @@ type metricSet struct {
 	missing  *prometheus.CounterVec
 	failures *prometheus.CounterVec
 	refused  *prometheus.CounterVec
+	near     *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	state    stateCollector
 }
@@ -61,6 +63,10 @@ func newMetricSet() *metricSet {
 			Namespace: ns, Subsystem: sub, Name: "refused_requests_total",
 			Help: "Requests refused, by the zone that refused them and why: rate_limit_exceeded, quota_exceeded, backend_unavailable, missing_key, bad_cost, denylisted, concurrency or load_shed (whose zone label is the shedding group).",
 		}, []string{"zone", "reason"}),
+		near: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "near_limit_total",
+			Help: "Allowed requests that left their key near its limit: under 20% of it left by default (the zone's near_limit).",
+		}, []string{"zone", "scope"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "process_time_seconds",
 			Help:    "Time taken to decide a request, for each zone it matched.",
@@ -83,7 +89,7 @@ func registerMetrics(reg *prometheus.Registry, store backend.Store) error {
 	if reg == nil {
 		return nil
 	}
-	collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.refused, metrics.duration, inFlight, shedMetrics, tarpitHeld, tarpitSkipped, budgetMetrics}
+	collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.refused, metrics.near, metrics.duration, inFlight, shedMetrics, tarpitHeld, tarpitSkipped, budgetMetrics}
 	collectors = append(collectors, adaptiveCollectors...)
 	if src, ok := store.(backend.StatsReporter); ok {
 		// The collectors of several handlers are one to the registry (the
@@ -112,13 +118,17 @@ type limitMetrics struct {
 	shadowC   prometheus.Counter
 	duration  prometheus.Observer
 	missingC  map[string]prometheus.Counter
+	nearC     prometheus.Counter
+	nearLeft  float64 // the fraction of the limit left under which a key is near it
 }
 
-func newLimitMetrics(zone, scope string) limitMetrics {
+func newLimitMetrics(zone, scope string, nearLeft float64) limitMetrics {
 	return limitMetrics{
 		requests:  metrics.requests.WithLabelValues(zone, scope, ""),
 		declinedC: metrics.declined.WithLabelValues(zone, scope, ""),
 		shadowC:   metrics.shadow.WithLabelValues(zone, scope),
+		nearC:     metrics.near.WithLabelValues(zone, scope),
+		nearLeft:  nearLeft,
 		duration:  metrics.duration.WithLabelValues(zone, scope, ""),
 		missingC: map[string]prometheus.Counter{
 			"shared": metrics.missing.WithLabelValues(zone, scope, "shared"),
@@ -144,6 +154,14 @@ func (m limitMetrics) observe(seconds float64) {
 func (m limitMetrics) declined() {
 	if m.declinedC != nil {
 		m.declinedC.Inc()
+	}
+}
+
+// near counts an allowed decision that left its key under the near-limit
+// fraction of the limit.
+func (m limitMetrics) near(res algorithms.Result) {
+	if m.nearC != nil && res.Limit > 0 && float64(res.Remaining) < m.nearLeft*float64(res.Limit) {
+		m.nearC.Inc()
 	}
 }
 

@@ -296,7 +296,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		}
 		for _, z := range h.zones {
 			for _, l := range z.limits {
-				l.metrics = newLimitMetrics(z.name, l.scope)
+				l.metrics = newLimitMetrics(z.name, l.scope, z.nearLeft())
 				if l.tier != "" {
 					h.tierSeries = append(h.tierSeries, retainTierSeries(z.name, l.scope))
 				}

@@ -27,7 +27,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
-		collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.duration, metrics.state, metrics.refused, shedMetrics, tarpitHeld, tarpitSkipped, inFlight, budgetMetrics}
+		collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.near, metrics.listed, metrics.missing, metrics.failures, metrics.duration, metrics.state, metrics.refused, shedMetrics, tarpitHeld, tarpitSkipped, inFlight, budgetMetrics}
 		for _, c := range append(collectors, adaptiveCollectors...) {
 			c.Describe(ch)
 		}

@@ -248,7 +248,7 @@ func (h *Handler) releaseTierSeries() {
 		labels := prometheus.Labels{"zone": k[0], "scope": k[1]}
 		for _, v := range []interface {
 			DeletePartialMatch(prometheus.Labels) int
-		}{metrics.requests, metrics.declined, metrics.shadow, metrics.missing, metrics.failures, metrics.duration, inFlight} {
+		}{metrics.requests, metrics.declined, metrics.shadow, metrics.missing, metrics.failures, metrics.near, metrics.duration, inFlight} {
 			v.DeletePartialMatch(labels)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
+	"math"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -65,6 +66,14 @@ type Zone struct {
 	// deny, but never deny one (nor refuse one for its deny list, a missing
 	// key or a bad cost): for trying a limit on live traffic first.
 	Shadow bool `json:"shadow,omitempty"`
+
+	// NearLimit is the fraction of a limit used from which an allowed
+	// request counts in caddy_rate_limit_near_limit_total: with 0.8, a
+	// request that leaves its key under 20% of the limit (the bucket's
+	// size for the bucket algorithms) is near it. The counter shows a limit
+	// about to bite before anyone is refused. Between 0 and 1, exclusive;
+	// default 0.8. It applies to the zone's own limit and to its scopes.
+	NearLimit float64 `json:"near_limit,omitempty"`
 
 	// Headers overrides the handler's headers option for this zone: "none"
 	// keeps its numbers out of every response (a login or OTP zone, whose
@@ -461,6 +470,9 @@ var spoofable = []string{"x-forwarded-for", "x-real-ip", "forwarded", "true-clie
 
 func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, logger *zap.Logger) error {
 	z.name = name
+	if err := checkNearLimit(z.NearLimit); err != nil {
+		return err
+	}
 	var err error
 	if z.allowNets, err = keys.ParseCIDRs(z.Allow); err != nil {
 		return fmt.Errorf("allow: %v", err)
@@ -822,3 +834,25 @@ func burstOrMax(alg string, maxDelay caddy.Duration) string {
 }
 
 func validScopeName(s string) bool { return s != "" && !strings.ContainsAny(s, "/{}") }
+
+// DefaultNearLimit is the fraction of a limit used from which an allowed
+// request counts as near the limit, when a zone does not set near_limit.
+const DefaultNearLimit = 0.8
+
+// checkNearLimit refuses a near_limit that is not a fraction strictly
+// between 0 and 1 (0 is unset: the default).
+func checkNearLimit(f float64) error {
+	if f == 0 || (f > 0 && f < 1) {
+		return nil
+	}
+	return fmt.Errorf("near_limit must be a fraction of the limit between 0 and 1, such as 0.8, got %v", f)
+}
+
+// nearLeft is the fraction of a limit left under which an allowed request
+// is near the limit. It is rounded to nine digits so that a ratio written
+// in decimals compares as written: 1 - 0.7 is 0.30000000000000004 in
+// floats, which would count a key left with exactly 30%.
+func (z *Zone) nearLeft() float64 {
+	f := cmp.Or(z.NearLimit, DefaultNearLimit)
+	return math.Round((1-f)*1e9) / 1e9
+}

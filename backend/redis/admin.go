@@ -52,7 +52,7 @@ func (s *Store) runAdmin(ctx context.Context, mode string, items []item) *goredi
 	args := s.header(mode)
 	for i := range items {
 		keys[i] = items[i].key
-		args = itemArgs(args, &items[i], "0", "")
+		args = itemArgs(args, &items[i], decideCounted, "")
 	}
 	a := append([]any{"evalsha", adminScript.Hash(), len(keys)}, toAny(keys)...)
 	cmd := goredis.NewCmd(ctx, append(a, args...)...)
@@ -85,7 +85,7 @@ func (s *Store) Inspect(ctx context.Context, l backend.Limit, key string) (algor
 	one.cost = 1
 	items := []item{it, one}
 	results := make([]algorithms.Result, 2)
-	if _, err := parseDecision(s.runAdmin(ctx, "p", items), false, []int{0, 1}, items, results); err != nil {
+	if _, err := parseDecision(s.runAdmin(ctx, modePeek, items), false, []int{0, 1}, items, results); err != nil {
 		return algorithms.Usage{}, fmt.Errorf("redis backend: inspect: %w", err)
 	}
 	u := algorithms.Usage{Limit: results[0].Limit, Remaining: results[0].Remaining, ResetAfter: results[0].ResetAfter}
@@ -129,7 +129,7 @@ func (s *Store) Grant(ctx context.Context, l backend.Limit, key string, units in
 		return algorithms.Usage{}, err
 	}
 	s.forget(it)
-	err = s.runAdmin(ctx, "g", []item{it}).Err()
+	err = s.runAdmin(ctx, modeGrant, []item{it}).Err()
 	s.forget(it)
 	if err != nil && err != goredis.Nil {
 		return algorithms.Usage{}, fmt.Errorf("redis backend: grant: %w", err)

@@ -12,17 +12,18 @@ import (
 	"github.com/sluicehq/sluice/backend"
 )
 
-//go:embed admin.lua
+//go:embed lua/admin.lua
 var adminLua string
 
-// adminMarker is where decide.lua takes the admin modes.
+// adminMarker is where the script (lua/14-decide.lua) takes the admin
+// modes.
 const adminMarker = "-- ADMIN MODES: the admin script (admin.lua) is inserted here.\n"
 
-// adminSource is decide.lua with the operator's modes (peek, grant): a
+// adminSource is the script with the operator's modes (peek, grant): a
 // script of its own, so the script every request runs stays as it is.
 var adminSource = func() string {
 	if !strings.Contains(scriptSource, adminMarker) {
-		panic("redis backend: decide.lua lost the line where admin.lua goes: " + adminMarker)
+		panic("redis backend: the script lost the line where admin.lua goes: " + adminMarker)
 	}
 	return strings.Replace(scriptSource, adminMarker, adminLua, 1)
 }()

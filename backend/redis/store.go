@@ -8,7 +8,6 @@ package redis
 import (
 	"cmp"
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -23,14 +22,6 @@ import (
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 )
-
-//go:embed decide.lua
-var scriptSource string
-
-// script is loaded into Redis on first use and run by its SHA1 (EVALSHA);
-// after NOSCRIPT (a restart, a failover, SCRIPT FLUSH) the full source is
-// sent once (EVAL), which caches it again.
-var script = goredis.NewScript(scriptSource)
 
 // DefaultTimeout bounds each call to Redis when Options.Timeout is zero.
 const DefaultTimeout = 100 * time.Millisecond

@@ -25,7 +25,7 @@ var adminSource = func() string {
 	if !strings.Contains(scriptSource, adminMarker) {
 		panic("redis backend: the script lost the line where admin.lua goes: " + adminMarker)
 	}
-	return strings.Replace(scriptSource, adminMarker, adminLua, 1)
+	return strings.Replace(scriptSource, adminMarker, protocol.Inline(adminLua), 1)
 }()
 
 var adminScript = goredis.NewScript(adminSource)

@@ -5,7 +5,7 @@ import "github.com/sluicehq/sluice/algorithms"
 // The protocol between the store and its script: every mode, kind, argument
 // position and reply position the two exchange is named here, once. The Go
 // side builds each script call and reads each reply through these names;
-// the script reads the same names from lua/protocol.lua, which is
+// the script reads the same names from lua/00-protocol.lua, which is
 // generated from this file's constants (modeDecide here is MODE_DECIDE
 // there) by
 //
@@ -83,7 +83,7 @@ const (
 	// kindCounter is sliding_window_counter: a window's start and the
 	// counts of it and of the window before.
 	kindCounter = 'c'
-	// kindLog is sliding_window: a log of events (lua/slidinglog.lua).
+	// kindLog is sliding_window: a log of events (lua/07-slidinglog.lua).
 	kindLog = 'l'
 	// kindLockout is the letter, in place of the kind, of a key's lock-out
 	// record: it has the state's hash tag, so the script that decides the

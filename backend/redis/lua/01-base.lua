@@ -2,50 +2,17 @@
 -- The math is the Go package algorithms, line for line; docs/redis.md says
 -- why every number below is exact in Lua's doubles.
 --
--- KEYS[i]   the state of one (zone, scope, key).
--- ARGV[1]   "d" decide, "u" decide for an undo, "r" refund, "x" undo,
---           "m" decide many requests, each on its own (see the end),
---           "k" commit and "e" release reservations (SPEND BUDGETS),
---           "s" settle a real cost (SETTLE, near the end).
--- ARGV[2,3] "" and "" to read the clock with TIME; tests pass seconds and
---           nanoseconds instead so that Redis and the memory store see the
---           same instants.
--- ARGV[4]   milliseconds added to every expiry (0 in production; tests with
---           an injected clock keep keys past their idle time, which is
---           harmless: an idle state decides like a fresh one).
--- Then F arguments per key, from ARGV[5 + (i-1)*F]:
---   kind   b bucket (token bucket, GCRA, leaky meter), q leaky queue,
---          w fixed window, c sliding window counter, l sliding log
---   p1     the rate parameter: interval T (b, q) or window W (w, c, l), ns;
---          a calendar window's adds its boundaries (CALENDAR WINDOWS); an
---          adaptive bucket's or queue's is "T/R", deciding with interval T
---          while its states stay written under the registered R (a.param):
---          a state is a time, which a change of max_events keeps as it is
---   p2     burst (b), max_delay (q) or limit (w, c, l)
---   cost   units, already summed over repeated keys and capped by the caller
---   x1     decide: "1" for a shadow request; refund: the decision's time
---   x2     refund: the decision's delay (q); settle: the real cost;
---          decide: "" or a reservation, commit, release and undo: its
---          token (see SPEND BUDGETS)
---   lin    the lineage of the zone's policy history in the calling process
---   gen    the generation of the calling process's current policy
---   hist   the policy changes "at,gen,param;..." oldest first (may be "")
---   from   "" or, for a zone whose kind of state changed, "pos|kind,p1,p2,
---          at,until;...": the kinds it may carry usage from, newest first,
---          when the change was and until when their keys may live, and pos
---          the place of the kind letter in the key
---   lk     "" or, for a limit with lockout, "pos|step,step,...": the
---          lock-out steps in ns and the place of the kind letter in the
---          key (see LOCK-OUTS)
+-- The script is the files lua/NN-*.lua joined in name order (script.go):
+-- the protocol's names (00-protocol.lua, generated from protocol.go: the
+-- modes, kinds, arguments and replies), then this part (the call's clock
+-- and the numbers every part uses), each algorithm, each feature, and the
+-- dispatch on the mode (17-main.lua).
 --
--- Reply (decide): now seconds, now nanoseconds, 1 if the request may
--- proceed, then per key: allowed, limit, remaining, retry_after,
--- reset_after, delay, and the time the event was logged at minus now (the
--- sliding log; 0 for the others). Mode "u" adds per key the value before,
--- its expiry in ms (PTTL) and the value written ("" when none). Refund and
--- undo reply {}.
+-- The functions of each algorithm are made only when a call needs them
+-- (libM, libB, libW, libC, libL): a script's functions are closures made
+-- anew on every call, and making all of them costs more than a whole
+-- decision.
 
-local F = 11
 local E9 = 1000000000
 local E6 = 1000000
 local P52 = 4503599627370496
@@ -55,17 +22,17 @@ local P53 = 9007199254740992
 -- idle and reads as a fresh one.
 local FAR = 9000000
 
-local mode = ARGV[1]
+local mode = ARGV[ARG_MODE]
 local NS, NN
-if ARGV[2] ~= '' then
-	NS = tonumber(ARGV[2])
-	NN = tonumber(ARGV[3])
+if ARGV[ARG_NOW_SECONDS] ~= CLOCK_SERVER then
+	NS = tonumber(ARGV[ARG_NOW_SECONDS])
+	NN = tonumber(ARGV[ARG_NOW_NANOS])
 else
 	local t = redis.call('TIME')
 	NS = tonumber(t[1])
 	NN = tonumber(t[2]) * 1000
 end
-local EXTRA = tonumber(ARGV[4])
+local EXTRA = tonumber(ARGV[ARG_EXPIRY_EXTRA])
 -- Times are nanoseconds relative to the start of the current second, NS.
 local now = NN
 
@@ -91,3 +58,30 @@ local function px(idle)
 	return ms
 end
 
+-- rel reads an absolute time (decimal nanoseconds); nil when it is more
+-- than FAR seconds from now.
+local function rel(s)
+	local n = #s
+	local sec, ns = 0, tonumber(s)
+	if n > 9 then
+		sec = tonumber(sub(s, 1, n - 9))
+		ns = tonumber(sub(s, n - 8))
+	end
+	local d = sec - NS
+	if d < -FAR or d > FAR then return nil end
+	return d * E9 + ns
+end
+
+-- abs writes t as absolute decimal nanoseconds.
+local function abs(t)
+	local sec = floor(t / E9)
+	local ns = t - sec * E9
+	if ns < 0 then
+		sec = sec - 1; ns = ns + E9
+	elseif ns >= E9 then
+		sec = sec + 1; ns = ns - E9
+	end
+	sec = NS + sec
+	if sec == 0 then return string.format('%d', ns) end
+	return string.format('%d%09d', sec, ns)
+end

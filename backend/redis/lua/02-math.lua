@@ -1,12 +1,12 @@
+------------------------------------------------------------------------
+-- Exact integer arithmetic past 2^53 in Lua's doubles (libM): products
+-- over quotients, and times modulo a window aligned to the epoch.
+
 -- muldiv is floor(a*b/c) and the remainder, exactly, for integers
 -- 0 <= a, b < 2^53 and 1 <= c <= 2^52, by binary long multiplication with
 -- the running quotient and remainder (r < c keeps 2r and r + b mod c below
 -- 2^53). A quotient above most (default 2^52, below 2^53) saturates to P53
 -- (remainder -1).
--- The functions of each algorithm are made only when a call needs them:
--- a script's functions are closures made anew on every call, and making
--- all of them costs more than a whole decision.
-
 local Mlib
 local function libM()
 	if Mlib then return Mlib end
@@ -88,54 +88,6 @@ local function libM()
 		return m
 	end
 
-	-- rel reads an absolute time (decimal nanoseconds); nil when it is more
 	Mlib = {muldiv = muldiv, muldivceil = muldivceil, absmod = absmod}
 	return Mlib
 end
-
--- than FAR seconds from now.
-local function rel(s)
-	local n = #s
-	local sec, ns = 0, tonumber(s)
-	if n > 9 then
-		sec = tonumber(sub(s, 1, n - 9))
-		ns = tonumber(sub(s, n - 8))
-	end
-	local d = sec - NS
-	if d < -FAR or d > FAR then return nil end
-	return d * E9 + ns
-end
-
--- abs writes t as absolute decimal nanoseconds.
-local function abs(t)
-	local sec = floor(t / E9)
-	local ns = t - sec * E9
-	if ns < 0 then
-		sec = sec - 1; ns = ns + E9
-	elseif ns >= E9 then
-		sec = sec + 1; ns = ns - E9
-	end
-	sec = NS + sec
-	if sec == 0 then return string.format('%d', ns) end
-	return string.format('%d%09d', sec, ns)
-end
-
--- counted is the part the window algorithms share (algorithms.counted).
--- Result: {allowed, limit, remaining, retry, reset, delay}; done.
-local function counted(limit, used, cost, reset)
-	local r = {0, limit, limit - used, 0, reset, 0}
-	if r[3] < 0 then r[3] = 0 end
-	if cost == 0 then
-		r[1] = 1
-		return r, true
-	elseif cost > limit then
-		r[4] = -1
-		return r, true
-	elseif used + cost <= limit then
-		r[1] = 1
-		r[3] = limit - used - cost
-		return r, true
-	end
-	return r, false
-end
-

@@ -1,6 +1,27 @@
 ------------------------------------------------------------------------
 -- Fixed window: {start, count} (start nil: a fresh key).
 
+-- counted is the part the window algorithms share (algorithms.counted).
+-- Result: {allowed, limit, remaining, retry, reset, delay}, a key's values
+-- in a decision's reply (KEY_REPLY_ALLOWED to KEY_REPLY_DELAY), as every
+-- algorithm's decide returns them; done.
+local function counted(limit, used, cost, reset)
+	local r = {0, limit, limit - used, 0, reset, 0}
+	if r[KEY_REPLY_REMAINING] < 0 then r[KEY_REPLY_REMAINING] = 0 end
+	if cost == 0 then
+		r[KEY_REPLY_ALLOWED] = 1
+		return r, true
+	elseif cost > limit then
+		r[KEY_REPLY_RETRY] = -1
+		return r, true
+	elseif used + cost <= limit then
+		r[KEY_REPLY_ALLOWED] = 1
+		r[KEY_REPLY_REMAINING] = limit - used - cost
+		return r, true
+	end
+	return r, false
+end
+
 local Wlib
 local function libW()
 	if Wlib then return Wlib end
@@ -19,7 +40,7 @@ local function libW()
 		local reset = stop
 		if count == 0 and cost == 0 then reset = 0 end
 		local r, done = counted(limit, count, cost, reset)
-		if not done then r[4] = stop end
+		if not done then r[KEY_REPLY_RETRY] = stop end
 		return r
 	end
 

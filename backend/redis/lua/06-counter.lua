@@ -53,9 +53,9 @@ local function libC()
 			if not retry then
 				retry = c.start + W + firstFit(W, c.curr, limit - cost) - now
 			end
-			r[4] = retry
-		elseif r[1] == 1 and cost > 0 then
-			r[5] = c.start + 2 * W - now
+			r[KEY_REPLY_RETRY] = retry
+		elseif r[KEY_REPLY_ALLOWED] == 1 and cost > 0 then
+			r[KEY_REPLY_RESET] = c.start + 2 * W - now
 		end
 		return r
 	end

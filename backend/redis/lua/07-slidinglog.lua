@@ -167,7 +167,7 @@ local function libL()
 	local function logLoad(key)
 		local hdr = redis.call('GETRANGE', key, 0, HDR - 1)
 		if #hdr < HDR then
-			if sub(hdr, 1, 1) == 'm' then return nil, redis.call('GET', key) end
+			if sub(hdr, 1, 1) == 'm' then return nil, redis.call('GET', key) end -- a forwarding mark (09-kinds.lua)
 			return nil
 		end
 		local base, sum, wide, tombs, head, n = struct.unpack('<ddBBI4I4', hdr)
@@ -215,7 +215,7 @@ local function libL()
 		end
 		local r, done = counted(limit, count, cost, reset)
 		if done then
-			if r[1] == 1 and cost > 0 and r[5] < W then r[5] = W end
+			if r[KEY_REPLY_ALLOWED] == 1 and cost > 0 and r[KEY_REPLY_RESET] < W then r[KEY_REPLY_RESET] = W end
 			return r
 		end
 		-- Wait until enough of the oldest units leave: need <= count, as a
@@ -223,7 +223,7 @@ local function libL()
 		local need = count + cost - limit
 		local i = l.h + need
 		if l.wide == 2 then i = logSearch(l, logPrefix(l, l.h) + need) end
-		r[4] = logEvent(l, i) + W - now
+		r[KEY_REPLY_RETRY] = logEvent(l, i) + W - now
 		return r
 	end
 

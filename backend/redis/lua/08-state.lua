@@ -8,9 +8,9 @@ local function parse(kind, raw)
 	local f1, f2, f3, f4, f5, f6 = string.match(raw, '^([^:]*):?([^:]*):?([^:]*):?([^:]*):?([^:]*):?([^:]*)')
 	local t = rel(f1)
 	if not t then return nil end
-	if kind == 'b' or kind == 'q' then
+	if kind == KIND_BUCKET or kind == KIND_QUEUE then
 		return {tat = t}, tonumber(f2), f3 ~= '' and f3 or nil, tonumber(f4) or 0
-	elseif kind == 'w' then
+	elseif kind == KIND_WINDOW then
 		return {start = t, count = tonumber(f2)}, tonumber(f3), f4 ~= '' and f4 or nil, tonumber(f5) or 0
 	end
 	return {start = t, prev = tonumber(f2), curr = tonumber(f3)}, tonumber(f4), f5 ~= '' and f5 or nil, tonumber(f6) or 0
@@ -30,8 +30,8 @@ end
 
 -- most bounds a bucket's debt (change.most in zones.go).
 local function rebase(kind, s, at, old, new, most)
-	if kind == 'b' or kind == 'q' then return libB().rebase(s, at, old, new, most) end
-	if kind == 'w' then return libW().rebase(s, at, old, new) end
+	if kind == KIND_BUCKET or kind == KIND_QUEUE then return libB().rebase(s, at, old, new, most) end
+	if kind == KIND_WINDOW then return libW().rebase(s, at, old, new) end
 	return libC().rebase(s, at, old, new)
 end
 
@@ -41,13 +41,13 @@ end
 -- instance of the fleet, or before a restart) is rebased from its own rate
 -- to the current one now.
 local function load(kind, key, param, p2, lin, gen, hist)
-	if kind == 'l' then
+	if kind == KIND_LOG then
 		local l, moved = libL().load(key)
 		return l or {}, l ~= nil, moved
 	end
 	local raw = redis.call('GET', key)
 	if not raw then return {}, false end
-	if sub(raw, 1, 1) == 'm' then return {}, false, raw end
+	if sub(raw, 1, 1) == 'm' then return {}, false, raw end -- a forwarding mark (09-kinds.lua)
 	local s, kp, kl, kg = parse(kind, raw)
 	if not s then return {}, true end
 	if kl == nil or kl == lin then
@@ -69,7 +69,7 @@ local function load(kind, key, param, p2, lin, gen, hist)
 		-- max_delay (p2) + the queue's size in intervals, past 2^52 for a
 		-- 30-day window.
 		local most = P52
-		if kind == 'q' then most = max(P52, p2 + (floordiv(p2, param) + 1) * param) end
+		if kind == KIND_QUEUE then most = max(P52, p2 + (floordiv(p2, param) + 1) * param) end
 		s = rebase(kind, s, now, kp, param, most)
 	end
 	return s, true
@@ -105,12 +105,12 @@ end
 local function store(kind, key, s, param, lin, gen, p1, cal)
 	local v, idle
 	local meta = metaOf(param, lin, gen)
-	if kind == 'b' or kind == 'q' then
+	if kind == KIND_BUCKET or kind == KIND_QUEUE then
 		if s.tat then
 			idle = s.tat
 			v = abs(s.tat) .. meta
 		end
-	elseif kind == 'w' then
+	elseif kind == KIND_WINDOW then
 		-- A window emptied by refunds is kept to its end: after a change
 		-- of window length its start may lie off the new grid, and the
 		-- algorithm keeps such a start (it ends the window).

@@ -2,15 +2,22 @@
 -- A change of kind of state (algorithms/usage.go, line for line). The
 -- first decision of a key under the new kind reads the key of the kind it
 -- replaced (same hash tag, same slot), writes the new kind's state from
--- its usage, and leaves a forwarding mark in the old key ("m" then the new
--- kind, its p1, p2 and the place of the kind letter), under the old key's
--- expiry: a request of a config still on the old kind decides by the new
--- state, and a zone that comes back to the old kind reads the mark as
+-- its usage, and leaves a forwarding mark in the old key ("m" then the
+-- new kind, its p1, p2 and the place of the kind letter), under the old
+-- key's expiry: a request of a config still on the old kind decides by the
+-- new state, and a zone that comes back to the old kind reads the mark as
 -- absent and translates again.
 
+-- letterOf is the letter of a kind in the key: a queue keeps a bucket's
+-- state.
+local function letterOf(kind)
+	if kind == KIND_QUEUE then return KIND_BUCKET end
+	return kind
+end
+
+-- keyOf is key with the kind letter at pos replaced by kind's.
 local function keyOf(key, pos, kind)
-	if kind == 'q' then kind = 'b' end
-	return sub(key, 1, pos - 1) .. kind .. sub(key, pos + 1)
+	return sub(key, 1, pos - 1) .. letterOf(kind) .. sub(key, pos + 1)
 end
 
 local froms = {}
@@ -21,17 +28,17 @@ local function fromList(spec)
 	v = {pos = tonumber(pos), has = {}}
 	for k, p1, p2, at, untl in string.gmatch(rest, '(%a),(%d+),(%d+),(%d+),(%d+)') do
 		v[#v + 1] = {kind = k, p1 = tonumber(p1), p2 = tonumber(p2), at = at, untl = untl}
-		v.has[keyOf('b', 1, k)] = true
+		v.has[letterOf(k)] = true
 	end
 	froms[spec] = v
 	return v
 end
 
 local function decideBy(kind, s, p1, p2, cost)
-	if kind == 'b' then return libB().decide(s, p1, p2, cost) end
-	if kind == 'q' then return libB().qdecide(s, p1, p2, cost) end
-	if kind == 'w' then return libW().decide(s, p1, p2, cost) end
-	if kind == 'c' then return libC().decide(s, p1, p2, cost) end
+	if kind == KIND_BUCKET then return libB().decide(s, p1, p2, cost) end
+	if kind == KIND_QUEUE then return libB().qdecide(s, p1, p2, cost) end
+	if kind == KIND_WINDOW then return libW().decide(s, p1, p2, cost) end
+	if kind == KIND_COUNTER then return libC().decide(s, p1, p2, cost) end
 	return libL().decide(s, p1, p2, cost)
 end
 
@@ -39,10 +46,10 @@ end
 -- room and the reset; one of a unit, when there is no room, the wait.
 local function usage(kind, s, p1, p2)
 	local r = decideBy(kind, s, p1, p2, 0)
-	local u = {limit = r[2], remaining = r[3], retry = 0, reset = r[5]}
+	local u = {limit = r[KEY_REPLY_LIMIT], remaining = r[KEY_REPLY_REMAINING], retry = 0, reset = r[KEY_REPLY_RESET]}
 	if u.remaining == 0 then
 		local d = decideBy(kind, s, p1, p2, 1)
-		if d[1] == 0 then u.retry = d[4] end
+		if d[KEY_REPLY_ALLOWED] == 0 then u.retry = d[KEY_REPLY_RETRY] end
 	end
 	return u
 end
@@ -59,7 +66,7 @@ end
 -- now; a log is written at once, at t.
 local function fromUsage(kind, u, p1, p2, key)
 	local s = {}
-	if kind == 'b' then
+	if kind == KIND_BUCKET then
 		local used = p2 - share(u, p2)
 		if used > 0 then
 			local cap = p2 * p1
@@ -68,7 +75,7 @@ local function fromUsage(kind, u, p1, p2, key)
 			if debt > P52 then debt = P52 end
 			s = {tat = now + debt}
 		end
-	elseif kind == 'q' then
+	elseif kind == KIND_QUEUE then
 		local size = floordiv(p2, p1) + 1
 		local free = share(u, size)
 		if free < size then
@@ -78,10 +85,10 @@ local function fromUsage(kind, u, p1, p2, key)
 				s = {tat = now + p2 + max(u.retry, 1)}
 			end
 		end
-	elseif kind == 'w' then
+	elseif kind == KIND_WINDOW then
 		local used = p2 - share(u, p2)
 		if used > 0 then s = {start = now - libM().absmod(now, p1), count = used} end
-	elseif kind == 'c' then
+	elseif kind == KIND_COUNTER then
 		local used = p2 - share(u, p2)
 		if used > 0 then
 			s = {start = now - libM().absmod(now, p1), prev = 0, curr = used}
@@ -146,8 +153,8 @@ local function loadItem(a)
 	if exists or a.from == '' and not moved then return s end
 	if moved then
 		local k, p1, p2, pos = string.match(moved, '^m(%a):(%d+):(%d+):(%d+)')
-		local kc = keyOf('b', 1, k or a.kind)
-		if kc ~= keyOf('b', 1, a.kind) and not (a.from ~= '' and fromList(a.from).has[kc]) then
+		local kc = letterOf(k or a.kind)
+		if kc ~= letterOf(a.kind) and not (a.from ~= '' and fromList(a.from).has[kc]) then
 			a.kind, a.p1, a.p2 = k, tonumber(p1), tonumber(p2)
 			a.param = a.p1
 			a.key = keyOf(a.key, tonumber(pos), k)

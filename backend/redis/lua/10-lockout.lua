@@ -3,11 +3,12 @@
 -- locked out: every request of it is denied until the lock-out ends,
 -- whatever its state says; denied again by its limit after a lock-out, it
 -- serves the next step (the last one repeats). The record is a key of its
--- own, the state's key with the kind letter replaced by 'o' (the same hash
--- tag, one record whatever the algorithm), holding "<end, absolute
--- ns>:<level>" and expiring when its level is forgotten: a full longest
--- step after the end of its lock-out. It is read and written in the call
--- that decides, so every instance of a fleet sees a lock-out at once.
+-- own, the state's key with the kind letter replaced by KIND_LOCKOUT (the
+-- same hash tag, one record whatever the algorithm), holding "<end,
+-- absolute ns>:<level>" and expiring when its level is forgotten: a full
+-- longest step after the end of its lock-out. It is read and written in
+-- the call that decides, so every instance of a fleet sees a lock-out at
+-- once.
 
 local lockoutSpecs = {}
 local function lockoutOf(spec)
@@ -25,7 +26,7 @@ end
 -- its end is out of the exact range: long forgotten).
 local function lockRead(a)
 	local lo = lockoutOf(a.lk)
-	local rec = {key = keyOf(a.key, lo.pos, 'o'), lo = lo, level = 0}
+	local rec = {key = keyOf(a.key, lo.pos, KIND_LOCKOUT), lo = lo, level = 0}
 	local v = redis.call('GET', rec.key)
 	if v then
 		local u, l = string.match(v, '^(%d+):(%d+)$')
@@ -41,11 +42,11 @@ end
 local function lockedOut(rec, r)
 	if rec.level > 0 and rec.untl > now then
 		local wait = rec.untl - now
-		r[1] = 0
-		r[3] = 0
-		r[4] = wait
-		r[5] = wait
-		r[6] = 0
+		r[KEY_REPLY_ALLOWED] = 0
+		r[KEY_REPLY_REMAINING] = 0
+		r[KEY_REPLY_RETRY] = wait
+		r[KEY_REPLY_RESET] = wait
+		r[KEY_REPLY_DELAY] = 0
 		rec.locked = true
 	end
 	return r
@@ -55,7 +56,7 @@ end
 -- locked out already or r can never pass (backend.Lockout.Escalate), and
 -- reports whether it did.
 local function lockOut(rec, r)
-	if rec.locked or r[1] ~= 0 or r[4] == -1 then return false end
+	if rec.locked or r[KEY_REPLY_ALLOWED] ~= 0 or r[KEY_REPLY_RETRY] == -1 then return false end
 	local lo = rec.lo
 	local level = 1
 	if rec.level > 0 and now - rec.untl < lo.longest then
@@ -64,10 +65,10 @@ local function lockOut(rec, r)
 	end
 	local untl = now + lo.steps[level]
 	redis.call('SET', rec.key, abs(untl) .. ':' .. level, 'PX', px(untl + lo.longest))
-	r[3] = 0
-	r[4] = untl - now
-	r[5] = r[4]
-	r[6] = 0
+	r[KEY_REPLY_REMAINING] = 0
+	r[KEY_REPLY_RETRY] = untl - now
+	r[KEY_REPLY_RESET] = r[KEY_REPLY_RETRY]
+	r[KEY_REPLY_DELAY] = 0
 	return true
 end
 

@@ -1,3 +1,6 @@
+------------------------------------------------------------------------
+-- Refunds (MODE_REFUND), and the refunds of the features that give back.
+
 -- refundOne gives back what a granted decision took from the key of a.
 local function refundOne(a)
 	local key = a.key
@@ -11,15 +14,15 @@ local function refundOne(a)
 	end
 	local at = rel(x1) or -P53
 	local k = a.kind
-	if k == 'l' then
+	if k == KIND_LOG then
 		libL().refund(s, a.cost, at, key, a.p1)
 	elseif exists then
 		local r
-		if k == 'b' then
+		if k == KIND_BUCKET then
 			r = libB().refund(s, a.p1, a.cost, till)
-		elseif k == 'q' then
+		elseif k == KIND_QUEUE then
 			r = libB().qrefund(s, a.p1, a.cost, at, tonumber(a.x2))
-		elseif k == 'w' then
+		elseif k == KIND_WINDOW then
 			r = libW().refund(s, a.p1, a.cost, at, a.cal)
 		else
 			r = libC().refund(s, a.p1, a.cost, at)

@@ -1,12 +1,13 @@
 ------------------------------------------------------------------------
 -- SPEND BUDGETS: reservations (backend/redis/budget.go). A decision whose
 -- x2 is "<ttl ms>:t<token>" reserves the units it takes: the member
--- "t<token>:<time of the decision, ns>:<cost>" of the sorted set <key>:R,
--- scored by its deadline in ms. Committing removes the member; releasing
--- removes it and, only if it was there, refunds the units; a member past
--- its deadline is released by the next decision of the key, so the
--- reservation of a Caddy that died comes back with no Caddy left to give
--- it back. The set lives as long as the state it holds units of.
+-- "t<token>:<time of the decision, ns>:<cost>" of the sorted set at the
+-- state's key and RESERVATIONS_SUFFIX, scored by its deadline in ms.
+-- Committing removes the member; releasing removes it and, only if it was
+-- there, refunds the units; a member past its deadline is released by the
+-- next decision of the key, so the reservation of a Caddy that died comes
+-- back with no Caddy left to give it back. The set lives as long as the
+-- state it holds units of.
 
 local function nowMs()
 	return NS * 1000 + floordiv(NN, E6)
@@ -18,7 +19,7 @@ end
 
 -- expireDue releases the reservations of a's key whose deadline passed.
 local function expireDue(a)
-	local rk = a.key .. ':R'
+	local rk = a.key .. RESERVATIONS_SUFFIX
 	local t = nowMs()
 	local due = redis.call('ZRANGEBYSCORE', rk, '-inf', t)
 	if #due == 0 then return end
@@ -37,9 +38,9 @@ local function holdReservations(args, results)
 	for i = 1, #args do
 		local a = args[i]
 		local ttl, tok = string.match(a.x2, '^(%d+):(t%d+)$')
-		if ttl and results[i][1] == 1 and a.cost > 0 then
+		if ttl and results[i][KEY_REPLY_ALLOWED] == 1 and a.cost > 0 then
 			ttl = tonumber(ttl)
-			local rk = a.key .. ':R'
+			local rk = a.key .. RESERVATIONS_SUFFIX
 			redis.call('ZADD', rk, nowMs() + ttl, member(tok, abs(now), a.cost))
 			local keep = max(redis.call('PTTL', a.key), redis.call('PTTL', rk), ttl) + EXTRA
 			redis.call('PEXPIRE', rk, keep)
@@ -52,25 +53,25 @@ end
 local function capRetry(args, results, out, o)
 	for i = 1, #args do
 		local a, r = args[i], results[i]
-		if r[1] == 0 and r[4] > 0 and string.find(a.x2, ':t', 1, true) then
-			local first = redis.call('ZRANGE', a.key .. ':R', 0, 0, 'WITHSCORES')
+		if r[KEY_REPLY_ALLOWED] == 0 and r[KEY_REPLY_RETRY] > 0 and string.find(a.x2, ':t', 1, true) then
+			local first = redis.call('ZRANGE', a.key .. RESERVATIONS_SUFFIX, 0, 0, 'WITHSCORES')
 			if first[2] then
 				local w = (tonumber(first[2]) - NS * 1000) * E6 - NN
 				if w < 1 then w = 1 end
-				if w < r[4] then
-					r[4] = w
-					out[o + 1 + (i - 1) * 7 + 4] = w
+				if w < r[KEY_REPLY_RETRY] then
+					r[KEY_REPLY_RETRY] = w
+					out[o + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES + KEY_REPLY_RETRY] = w
 				end
 			end
 		end
 	end
 end
 
--- settleOne commits (mode k) or releases (mode e) the reservation of a:
--- x1 is the decision's time, x2 its token. An undo (mode x) of a
--- reserving decision drops its reservation the same way.
+-- settleOne commits (MODE_COMMIT) or releases (MODE_RELEASE) the
+-- reservation of a: x1 is the decision's time, x2 its token. An undo
+-- (MODE_UNDO) of a reserving decision drops its reservation the same way.
 local function settleOne(a, release)
-	if redis.call('ZREM', a.key .. ':R', member(a.x2, a.x1, a.cost)) == 1 and release then
+	if redis.call('ZREM', a.key .. RESERVATIONS_SUFFIX, member(a.x2, a.x1, a.cost)) == 1 and release then
 		refundOne(a)
 	end
 end

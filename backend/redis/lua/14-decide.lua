@@ -1,7 +1,9 @@
+------------------------------------------------------------------------
+-- Deciding one request: every key, all or nothing.
 
 -- decideKeys decides the keys of one request, all or nothing, and writes
--- the reply from out[o + 1] on: 1 if the request may proceed, then 7
--- values per key; with undo, then 3 more per key (see the top).
+-- the decision from out[o + 1] on: DECISION_ALLOWED, then KEY_REPLY_VALUES
+-- values per key; with undo, then UNDO_VALUES more per key.
 local function decideKeys(args, undo, out, o)
 	local n = #args
 	local states = {}
@@ -11,7 +13,7 @@ local function decideKeys(args, undo, out, o)
 		if string.find(a.x2, ':t', 1, true) then expireDue(a) end
 		states[i] = loadItem(a)
 		-- (A log is given back by its refund, which is exact: no copy.)
-		if undo and a.kind ~= 'l' then
+		if undo and a.kind ~= KIND_LOG then
 			before[i] = {redis.call('GET', a.key) or '', redis.call('PTTL', a.key)}
 		elseif undo then
 			before[i] = {'', 0}
@@ -21,18 +23,18 @@ local function decideKeys(args, undo, out, o)
 	local results = {}
 	local recs -- LOCK-OUTS: the records of the keys of limits with lockout
 	local allowed = true
-	out[o + 1] = 1
+	out[o + DECISION_ALLOWED] = 1
 	for i = 1, n do
 		local a, s = args[i], states[i]
 		local k = a.kind
 		local r
-		if k == 'b' then
+		if k == KIND_BUCKET then
 			r = libB().decide(s, a.p1, a.p2, a.cost)
-		elseif k == 'q' then
+		elseif k == KIND_QUEUE then
 			r = libB().qdecide(s, a.p1, a.p2, a.cost)
-		elseif k == 'w' then
+		elseif k == KIND_WINDOW then
 			r = libW().decide(s, a.p1, a.p2, a.cost, a.cal)
-		elseif k == 'c' then
+		elseif k == KIND_COUNTER then
 			r = libC().decide(s, a.p1, a.p2, a.cost)
 		else
 			r = libL().decide(s, a.p1, a.p2, a.cost)
@@ -43,13 +45,13 @@ local function decideKeys(args, undo, out, o)
 			r = lockedOut(recs[i], r)
 		end
 		results[i] = r
-		if r[1] == 0 and a.x1 ~= '1' then allowed = false end
-		local b = o + 1 + (i - 1) * 7
-		for j = 1, 6 do out[b + j] = r[j] end
-		out[b + 7] = 0
+		if r[KEY_REPLY_ALLOWED] == 0 and a.x1 ~= DECIDE_SHADOW then allowed = false end
+		local b = o + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES
+		for j = KEY_REPLY_ALLOWED, KEY_REPLY_DELAY do out[b + j] = r[j] end
+		out[b + KEY_REPLY_LOGGED] = 0
 	end
 	if not allowed then
-		out[o + 1] = 0
+		out[o + DECISION_ALLOWED] = 0
 		capRetry(args, results, out, o)
 	end
 
@@ -60,28 +62,28 @@ local function decideKeys(args, undo, out, o)
 	if recs and not allowed then
 		for i = 1, n do
 			local r = results[i]
-			if recs[i] and args[i].x1 ~= '1' and lockOut(recs[i], r) then
-				local b = o + 1 + (i - 1) * 7
-				for j = 1, 6 do out[b + j] = r[j] end
+			if recs[i] and args[i].x1 ~= DECIDE_SHADOW and lockOut(recs[i], r) then
+				local b = o + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES
+				for j = KEY_REPLY_ALLOWED, KEY_REPLY_DELAY do out[b + j] = r[j] end
 			end
 		end
 	end
 
 	for i = 1, n do
 		local a, s, key = args[i], states[i], args[i].key
-		if not allowed or results[i][1] == 0 or a.cost == 0 then
-			if a.kind == 'l' then libL().keep(s, key) end
+		if not allowed or results[i][KEY_REPLY_ALLOWED] == 0 or a.cost == 0 then
+			if a.kind == KIND_LOG then libL().keep(s, key) end
 		else
 			local k = a.kind
-			if k == 'l' then
+			if k == KIND_LOG then
 				local t = libL().take(s, a.p1, a.cost, key)
 				-- A clock that stepped back logs the event at the newest
 				-- time; the caller needs that time to give the event back.
-				out[o + 1 + i * 7] = t - now
+				out[o + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES + KEY_REPLY_LOGGED] = t - now
 			else
-				if k == 'b' or k == 'q' then
+				if k == KIND_BUCKET or k == KIND_QUEUE then
 					s = libB().take(s, a.p1, a.cost)
-				elseif k == 'w' then
+				elseif k == KIND_WINDOW then
 					s = libW().take(s, a.p1, a.cost, a.cal)
 				else
 					s = libC().take(s, a.p1, a.cost)
@@ -93,26 +95,15 @@ local function decideKeys(args, undo, out, o)
 	if allowed then holdReservations(args, results) end
 	if undo then
 		for i = 1, n do
-			local b = before[i]
+			local b = before[i] -- the value and its expiry
 			local new = ''
-			if allowed and results[i][1] == 1 and args[i].cost > 0 and args[i].kind ~= 'l' then
+			if allowed and results[i][KEY_REPLY_ALLOWED] == 1 and args[i].cost > 0 and args[i].kind ~= KIND_LOG then
 				new = redis.call('GET', args[i].key) or ''
 			end
-			local u = o + 1 + n * 7 + (i - 1) * 3
-			out[u + 1] = b[1]
-			out[u + 2] = b[2]
-			out[u + 3] = new
+			local u = o + DECISION_HEAD_VALUES + n * KEY_REPLY_VALUES + (i - 1) * UNDO_VALUES
+			out[u + UNDO_BEFORE] = b[1]
+			out[u + UNDO_EXPIRY] = b[2]
+			out[u + UNDO_AFTER] = new
 		end
 	end
-end
-
--- Many requests ('m'): each is decided on its own, all or nothing over its
--- own keys, in the order given, as if each were a call of its own at the
--- same instant. After the header, each request is the number of its keys
--- then their arguments; KEYS holds the requests' keys in the same order.
--- The reply is the clock, then per request its decision as in mode 'd'
--- (without the clock), or an error message alone: a request that fails
--- (its arguments or its keys, read or decided) does not fail the others.
-local function decideRequest(k0, o, n, out, at)
-	decideKeys(readArgs(k0, o, n), false, out, at)
 end

@@ -2,8 +2,8 @@
 // (state, now, cost, policy). Nothing here reads a clock, locks or does I/O:
 // the memory store calls these functions under its own locks with its own
 // time. The Redis backend runs the same math as a Lua script inside Redis
-// (decide.lua), and its differential test holds it to these functions, field
-// by field, on the same requests at the same instants.
+// (backend/redis/lua), and its differential test holds it to these
+// functions, field by field, on the same requests at the same instants.
 //
 // Times and durations are int64 nanoseconds. A zero state is always a fresh
 // key, so a store may drop any state whose IdleAt has passed.

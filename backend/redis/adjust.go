@@ -73,7 +73,7 @@ func withLimit(c *zoneConf, n int64) (*zoneConf, error) {
 		a.policy.Limit = n
 		a.p2 = strconv.FormatInt(n, 10)
 	}
-	a.boxed[1], a.boxed[2] = a.p1, a.p2
+	a.boxed[keyArgP1-1], a.boxed[keyArgP2-1] = a.p1, a.p2
 	return &a, nil
 }
 

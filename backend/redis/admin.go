@@ -12,19 +12,20 @@ import (
 	"github.com/sluicehq/sluice/backend"
 )
 
-//go:embed admin.lua
+//go:embed lua/admin.lua
 var adminLua string
 
-// adminMarker is where decide.lua takes the admin modes.
+// adminMarker is where the script (lua/14-decide.lua) takes the admin
+// modes.
 const adminMarker = "-- ADMIN MODES: the admin script (admin.lua) is inserted here.\n"
 
-// adminSource is decide.lua with the operator's modes (peek, grant): a
+// adminSource is the script with the operator's modes (peek, grant): a
 // script of its own, so the script every request runs stays as it is.
 var adminSource = func() string {
 	if !strings.Contains(scriptSource, adminMarker) {
-		panic("redis backend: decide.lua lost the line where admin.lua goes: " + adminMarker)
+		panic("redis backend: the script lost the line where admin.lua goes: " + adminMarker)
 	}
-	return strings.Replace(scriptSource, adminMarker, adminLua, 1)
+	return strings.Replace(scriptSource, adminMarker, protocol.Inline(adminLua), 1)
 }()
 
 var adminScript = goredis.NewScript(adminSource)
@@ -52,7 +53,7 @@ func (s *Store) runAdmin(ctx context.Context, mode string, items []item) *goredi
 	args := s.header(mode)
 	for i := range items {
 		keys[i] = items[i].key
-		args = itemArgs(args, &items[i], "0", "")
+		args = itemArgs(args, &items[i], decideCounted, "")
 	}
 	a := append([]any{"evalsha", adminScript.Hash(), len(keys)}, toAny(keys)...)
 	cmd := goredis.NewCmd(ctx, append(a, args...)...)
@@ -85,7 +86,7 @@ func (s *Store) Inspect(ctx context.Context, l backend.Limit, key string) (algor
 	one.cost = 1
 	items := []item{it, one}
 	results := make([]algorithms.Result, 2)
-	if _, err := parseDecision(s.runAdmin(ctx, "p", items), false, []int{0, 1}, items, results); err != nil {
+	if _, err := parseDecision(s.runAdmin(ctx, modePeek, items), false, []int{0, 1}, items, results); err != nil {
 		return algorithms.Usage{}, fmt.Errorf("redis backend: inspect: %w", err)
 	}
 	u := algorithms.Usage{Limit: results[0].Limit, Remaining: results[0].Remaining, ResetAfter: results[0].ResetAfter}
@@ -129,7 +130,7 @@ func (s *Store) Grant(ctx context.Context, l backend.Limit, key string, units in
 		return algorithms.Usage{}, err
 	}
 	s.forget(it)
-	err = s.runAdmin(ctx, "g", []item{it}).Err()
+	err = s.runAdmin(ctx, modeGrant, []item{it}).Err()
 	s.forget(it)
 	if err != nil && err != goredis.Nil {
 		return algorithms.Usage{}, fmt.Errorf("redis backend: grant: %w", err)

@@ -11,7 +11,7 @@ import (
 	"github.com/sluicehq/sluice/algorithms"
 )
 
-// Concurrent decisions are gathered into one script call (mode m) that
+// Concurrent decisions are gathered into one script call (modeMany) that
 // decides each request on its own: the call's fixed cost (EVALSHA, TIME,
 // the script's set-up, a round trip) is paid once per batch. The batching
 // is a group commit, with no timer: a decision that finds fewer than
@@ -36,8 +36,8 @@ const maxInFlight = 2
 // them.
 var (
 	scriptHash any = script.Hash()
-	realArg    any = "0"
-	shadowArg  any = "1"
+	countedArg any = decideCounted
+	shadowArg  any = decideShadow
 )
 
 // argsPool holds the argument slices of batch calls.
@@ -232,11 +232,11 @@ func (b *batcher) send(batch []*pending) {
 			args = append(args, p.items[i].key)
 		}
 	}
-	args = append(args, s.header("m")...)
+	args = append(args, s.header(modeMany)...)
 	for _, p := range live {
 		args = append(args, len(p.items))
 		for i := range p.items {
-			x1 := realArg
+			x1 := countedArg
 			if p.items[i].shadow {
 				x1 = shadowArg
 			}
@@ -257,7 +257,7 @@ func (b *batcher) send(batch []*pending) {
 	}
 }
 
-// parseBatch reads a mode m reply into each request's results.
+// parseBatch reads a modeMany reply into each request's results.
 func parseBatch(cmd *goredis.Cmd, live []*pending) error {
 	vals, err := cmd.Slice()
 	if err != nil {
@@ -273,16 +273,14 @@ func parseBatch(cmd *goredis.Cmd, live []*pending) error {
 		}
 		return v, nil
 	}
-	s, err := num(0)
-	if err != nil {
-		return err
+	var clock [replyClockValues]int64
+	for i := range clock {
+		if clock[i], err = num(i); err != nil {
+			return err
+		}
 	}
-	ns, err := num(1)
-	if err != nil {
-		return err
-	}
-	at := s*1e9 + ns
-	o := 2
+	at := replyClock(clock[:])
+	o := replyClockValues
 	for _, p := range live {
 		if o >= len(vals) {
 			return fmt.Errorf("script answered %d values for %d requests", len(vals), len(live))
@@ -294,8 +292,8 @@ func parseBatch(cmd *goredis.Cmd, live []*pending) error {
 			o++
 			continue
 		}
-		var small [1 + 7*4]int64 // up to four keys without an allocation
-		n := 1 + 7*len(p.items)
+		var small [decisionHeadValues + keyReplyValues*4]int64 // up to four keys without an allocation
+		n := decisionLen(len(p.items))
 		var v []int64
 		if n <= len(small) {
 			v = small[:n]
@@ -308,14 +306,9 @@ func parseBatch(cmd *goredis.Cmd, live []*pending) error {
 			}
 		}
 		o += len(v)
-		p.allowed = v[0] == 1
+		p.allowed = v[decisionAllowed-1] == 1
 		for i := range p.items {
-			r := v[1+7*i:]
-			p.results[i] = algorithms.Result{
-				Allowed: r[0] == 1, Limit: r[1], Remaining: r[2],
-				RetryAfter: r[3], ResetAfter: r[4], Delay: r[5], At: at,
-			}
-			p.items[i].logged = at + r[6]
+			p.results[i], p.items[i].logged = keyResult(v, i, at)
 		}
 	}
 	if o != len(vals) {

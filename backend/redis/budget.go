@@ -80,9 +80,9 @@ func (s *Store) SettleReservations(ctx context.Context, reqs []backend.Request, 
 	if len(which) == 0 {
 		return nil
 	}
-	mode := "e"
+	mode := modeRelease
 	if commit {
-		mode = "k"
+		mode = modeCommit
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()

@@ -15,8 +15,8 @@ import (
 // address limited by several zones) lives in one Redis Cluster slot, and
 // such a request is decided by one script call, atomically. So do the keys
 // beside a state, which the script reaches from the state's key: its
-// lock-out record (the kind letter replaced by 'o'), a budget's
-// reservations (the state's key and ":R") and the key of another kind of
+// lock-out record (the kind letter replaced by kindLockout), a budget's
+// reservations (the state's key and reservationsSuffix) and the key of another kind of
 // state that a change of algorithm carries usage from.
 
 // DefaultKeyPrefix starts every key Sluice writes when Options.KeyPrefix is
@@ -66,8 +66,8 @@ func clientKey(zp, key string) string {
 func (z *zone) stateKey(key string) string { return clientKey(z.prefix, key) }
 
 // reservationsKey is the key of the open reservations of a spend budget
-// whose state is at state (decide.lua builds it the same way).
-func reservationsKey(state string) string { return state + ":R" }
+// whose state is at state (the script builds it the same way).
+func reservationsKey(state string) string { return state + reservationsSuffix }
 
 // checkKeyPrefix refuses a prefix that would break the hash tags: a { in
 // it starts the tag, which must then close within the prefix around

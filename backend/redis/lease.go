@@ -132,9 +132,18 @@ func (l *leaser) register(cfg backend.LimitConfig, h backend.Limit, redisID stri
 	return &leasedLimit{Limit: h, pool: pool}, nil
 }
 
+// stepKind is how a step is served.
+type stepKind uint8
+
+const (
+	stepAsked stepKind = iota + 1 // by Redis, as asked
+	stepHeld                      // from units held
+	stepTake                      // by a take: units held, and more asked of Redis
+)
+
 // step is how one request of a decision is served.
 type step struct {
-	kind  byte // 'd' by Redis as asked, 'l' from units held, 't' by a take
+	kind  stepKind
 	e     *lease
 	pool  *leasePool
 	had   int64 // units held that a take spends first
@@ -169,10 +178,10 @@ func (l *leaser) decide(ctx context.Context, reqs []backend.Request, out []algor
 	for i, r := range reqs {
 		idx[i] = -1
 		switch steps[i].kind {
-		case 'd':
+		case stepAsked:
 			idx[i] = len(sub)
 			sub = append(sub, backend.Request{Limit: steps[i].inner, Key: r.Key, Cost: r.Cost, Shadow: r.Shadow})
-		case 't':
+		case stepTake:
 			idx[i] = len(sub)
 			sub = append(sub, backend.Request{Limit: steps[i].inner, Key: r.Key, Cost: steps[i].take})
 		}
@@ -197,7 +206,7 @@ func (l *leaser) decide(ctx context.Context, reqs []backend.Request, out []algor
 	takeDenied := false
 	now := l.now()
 	for i := range reqs {
-		if s := steps[i]; s.kind == 't' && !subOut[idx[i]].Allowed {
+		if s := steps[i]; s.kind == stepTake && !subOut[idx[i]].Allowed {
 			takeDenied = true
 			s.pool.mu.Lock()
 			s.e.noTake = now + max(subOut[idx[i]].RetryAfter, 0)
@@ -250,10 +259,10 @@ func (l *leaser) reserve(reqs []backend.Request, steps []step) <-chan struct{} {
 	for i, r := range reqs {
 		ll, ok := r.Limit.(*leasedLimit)
 		if !ok {
-			steps[i] = step{kind: 'd', inner: r.Limit}
+			steps[i] = step{kind: stepAsked, inner: r.Limit}
 			continue
 		}
-		steps[i] = step{kind: 'd', inner: ll.Limit}
+		steps[i] = step{kind: stepAsked, inner: ll.Limit}
 		p := ll.pool
 		if r.Shadow || r.Cost < 0 || r.Cost > p.n || sameKeyBefore(reqs, i) {
 			continue // decided by Redis as asked
@@ -271,11 +280,11 @@ func (l *leaser) reserve(reqs []backend.Request, steps []step) <-chan struct{} {
 		}
 		switch {
 		case e != nil && r.Cost == 0 && now < e.expires:
-			steps[i] = step{kind: 'l', e: e, pool: p, inner: ll.Limit}
+			steps[i] = step{kind: stepHeld, e: e, pool: p, inner: ll.Limit}
 		case r.Cost == 0:
 		case e != nil && e.units >= r.Cost:
 			e.units -= r.Cost
-			steps[i] = step{kind: 'l', e: e, pool: p, inner: ll.Limit}
+			steps[i] = step{kind: stepHeld, e: e, pool: p, inner: ll.Limit}
 		case e != nil && now < e.noTake:
 			steps[i].e, steps[i].pool = e, p // decided by Redis; reports the units held
 		default:
@@ -289,7 +298,7 @@ func (l *leaser) reserve(reqs []backend.Request, steps []step) <-chan struct{} {
 				e = &lease{}
 				p.keys[r.Key] = e
 			}
-			steps[i] = step{kind: 't', e: e, pool: p, had: e.units, take: p.n - e.units, inner: ll.Limit}
+			steps[i] = step{kind: stepTake, e: e, pool: p, had: e.units, take: p.n - e.units, inner: ll.Limit}
 			e.units = 0
 			e.taking = make(chan struct{})
 		}
@@ -315,11 +324,11 @@ func (l *leaser) release(reqs []backend.Request, steps []step) {
 	for i := range steps {
 		s := &steps[i]
 		switch s.kind {
-		case 'l':
+		case stepHeld:
 			s.pool.mu.Lock()
 			s.e.units += max(reqs[i].Cost, 0)
 			s.pool.mu.Unlock()
-		case 't':
+		case stepTake:
 			s.pool.mu.Lock()
 			s.e.units = s.had
 			close(s.e.taking)
@@ -348,13 +357,13 @@ func (l *leaser) commit(reqs []backend.Request, steps []step, out, subOut []algo
 	for i := range reqs {
 		s := &steps[i]
 		switch s.kind {
-		case 'd':
+		case stepAsked:
 			out[i] = s.withHeld(subOut[idx[i]])
-		case 'l':
+		case stepHeld:
 			s.pool.mu.Lock()
 			out[i] = l.report(s.e, now)
 			s.pool.mu.Unlock()
-		case 't':
+		case stepTake:
 			r := subOut[idx[i]]
 			s.pool.mu.Lock()
 			e := s.e

@@ -13,15 +13,6 @@ import (
 	"github.com/sluicehq/sluice/backend"
 )
 
-// kindLockout is the letter, in place of the kind of state, of a key's
-// lock-out record: "<prefix><zone>/<scope>/o{<key>}". It has the state's
-// hash tag, so the script that decides the key reads and writes it in the
-// same call (and on a cluster, the same slot); and one record serves
-// whatever the algorithm, so a reload that changes it keeps lock-outs.
-// The record is "<end of the lock-out, Unix ns>:<level>" and expires when
-// its level is forgotten (the end plus the longest step).
-const kindLockout = 'o'
-
 // lockoutTrust is how long the over-limit cache answers a lock-out's
 // denial without asking Redis. A lock-out may last a day, and an operator
 // who lifts it (a reset through another instance's admin API) must not be

@@ -11,7 +11,7 @@ import (
 )
 
 // Settle settles each request at its real cost (backend.Settler): one
-// script call (mode s) per slot, each key settled in turn, as in the
+// script call (modeSettle) per slot, each key settled in turn, as in the
 // memory store.
 func (s *Store) Settle(ctx context.Context, reqs []backend.Request, granted []algorithms.Result, actual []int64) error {
 	items := make([]item, 0, len(reqs))
@@ -37,7 +37,7 @@ func (s *Store) Settle(ctx context.Context, reqs []backend.Request, granted []al
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	return s.runEach(ctx, "s", "settle", items, func(i int) (string, string) { return xs[i][0], xs[i][1] })
+	return s.runEach(ctx, modeSettle, "settle", items, func(i int) (string, string) { return xs[i][0], xs[i][1] })
 }
 
 // Settle settles through the breaker (backend.Settler), in Redis itself

@@ -71,9 +71,6 @@ var (
 	slotRenew   = goredis.NewScript(slotRenewSource)
 )
 
-// kindSlots is the kind letter of a slot set in the key layout.
-const kindSlots = 's'
-
 // MinSlotTTL and MaxSlotTTL bound a slot's TTL: renewed every third of it,
 // a TTL under a second would cost Redis a call per slot several times a
 // second; one over an hour would keep a dead instance's slots longer than

@@ -8,7 +8,6 @@ package redis
 import (
 	"cmp"
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -23,14 +22,6 @@ import (
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 )
-
-//go:embed decide.lua
-var scriptSource string
-
-// script is loaded into Redis on first use and run by its SHA1 (EVALSHA);
-// after NOSCRIPT (a restart, a failover, SCRIPT FLUSH) the full source is
-// sent once (EVAL), which caches it again.
-var script = goredis.NewScript(scriptSource)
 
 // DefaultTimeout bounds each call to Redis when Options.Timeout is zero.
 const DefaultTimeout = 100 * time.Millisecond
@@ -352,48 +343,60 @@ func (s *Store) oneSlot(items []item) bool {
 	return true
 }
 
-// header is the script's first arguments: the mode, the clock (empty for
-// the server's TIME) and the expiry extension.
+// header is the script's first arguments (headerArgs): the mode, the
+// clock (clockServer for the server's TIME) and the expiry extension.
 func (s *Store) header(mode string) []any {
+	h := make([]any, headerArgs)
+	h[argMode-1] = mode
 	if s.opts.now == nil {
-		return []any{mode, "", "", "0"}
+		h[argNowSeconds-1], h[argNowNanos-1], h[argExpiryExtra-1] = clockServer, clockServer, "0"
+		return h
 	}
 	now := s.now()
-	return []any{mode, strconv.FormatInt(now/1e9, 10), strconv.FormatInt(now%1e9, 10), strconv.FormatInt(s.opts.ttlExtra, 10)}
+	h[argNowSeconds-1] = strconv.FormatInt(now/1e9, 10)
+	h[argNowNanos-1] = strconv.FormatInt(now%1e9, 10)
+	h[argExpiryExtra-1] = strconv.FormatInt(s.opts.ttlExtra, 10)
+	return h
 }
 
 // prepare makes each group's script call in mode: the header, then each
 // item's arguments, with the two that depend on the mode from xs; an undo
-// (mode x) adds what each item's decision wrote.
+// (modeUndo) adds what each item's decision wrote.
 func (s *Store) prepare(ctx context.Context, mode string, gs []group, items []item, xs func(i int) (string, string)) {
 	hdr := s.header(mode)
 	for g := range gs {
 		keys := make([]string, len(gs[g].items))
-		args := append(make([]any, 0, len(hdr)+13*len(keys)), hdr...)
+		args := append(make([]any, 0, len(hdr)+(keyArgs+undoValues)*len(keys)), hdr...)
 		for k, i := range gs[g].items {
 			keys[k] = items[i].key
 			x1, x2 := xs(i)
 			args = itemArgs(args, &items[i], x1, x2)
 		}
-		if mode == "x" {
+		if mode == modeUndo {
 			for _, i := range gs[g].items {
-				args = append(args, items[i].before, strconv.FormatInt(items[i].ttl, 10), items[i].after)
+				var u [undoValues]any
+				u[undoBefore-1] = items[i].before
+				u[undoExpiry-1] = strconv.FormatInt(items[i].ttl, 10)
+				u[undoAfter-1] = items[i].after
+				args = append(args, u[:]...)
 			}
 		}
 		gs[g].cmd = evalCmd(ctx, keys, args)
 	}
 }
 
-// itemArgs appends one item's script arguments. The cost goes as an int64,
-// which go-redis writes as the same decimal bulk string without the
-// allocation of formatting and boxing a string.
+// itemArgs appends one item's script arguments (keyArgs): the zone's,
+// boxed once, and the request's. The cost goes as an int64, which go-redis
+// writes as the same decimal bulk string without the allocation of
+// formatting and boxing a string.
 func itemArgs(args []any, it *item, x1, x2 any) []any {
-	c := &it.conf.boxed
-	p1 := c[1]
+	a := it.conf.boxed
 	if it.p1 != nil {
-		p1 = it.p1
+		a[keyArgP1-1] = it.p1
 	}
-	return append(args, c[0], p1, c[2], it.cost, x1, x2, c[3], c[4], c[5], c[6], c[7])
+	a[keyArgCost-1] = it.cost
+	a[keyArgX1-1], a[keyArgX2-1] = x1, x2
+	return append(args, a[:]...)
 }
 
 // Decide answers reqs all or nothing (backend.Store). On a cluster, keys
@@ -488,21 +491,21 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 // pipeline when there are several.
 func (s *Store) decideGroups(ctx context.Context, gs []group, items []item, results []algorithms.Result) (bool, error) {
 	// Several calls may have to be taken back: ask for what that needs.
-	mode := "d"
+	mode := modeDecide
 	if len(gs) > 1 {
-		mode = "u"
+		mode = modeDecideUndoable
 	}
 	s.prepare(ctx, mode, gs, items, func(i int) (string, string) {
 		if items[i].shadow {
-			return "1", items[i].resv
+			return decideShadow, items[i].resv
 		}
-		return "0", items[i].resv
+		return decideCounted, items[i].resv
 	})
 	runErr := s.run(ctx, gs)
 	allowed := true
 	var failed error
 	for g := range gs {
-		ok, err := parseDecision(gs[g].cmd, mode == "u", gs[g].items, items, results)
+		ok, err := parseDecision(gs[g].cmd, mode == modeDecideUndoable, gs[g].items, items, results)
 		if err != nil {
 			failed = err
 			continue
@@ -523,10 +526,10 @@ func parseDecision(cmd *goredis.Cmd, undo bool, which []int, items []item, resul
 	if err != nil {
 		return false, err
 	}
-	n := 3 + 7*len(which)
+	n := replyClockValues + decisionLen(len(which))
 	want := n
 	if undo {
-		want += 3 * len(which)
+		want += undoValues * len(which)
 	}
 	if len(vals) != want {
 		return false, fmt.Errorf("script answered %d values for %d keys", len(vals), len(which))
@@ -539,22 +542,18 @@ func parseDecision(cmd *goredis.Cmd, undo bool, which []int, items []item, resul
 		}
 		num[i] = v
 	}
-	at := num[0]*1e9 + num[1]
+	at := replyClock(num)
+	d := num[replyClockValues:]
 	for k, i := range which {
-		v := num[3+7*k:]
-		results[i] = algorithms.Result{
-			Allowed: v[0] == 1, Limit: v[1], Remaining: v[2],
-			RetryAfter: v[3], ResetAfter: v[4], Delay: v[5], At: at,
-		}
-		items[i].logged = at + v[6]
+		results[i], items[i].logged = keyResult(d, k, at)
 		if undo {
-			u := vals[n+3*k:]
-			items[i].before, _ = u[0].(string)
-			items[i].ttl, _ = u[1].(int64)
-			items[i].after, _ = u[2].(string)
+			u := vals[n+undoValues*k:]
+			items[i].before, _ = u[undoBefore-1].(string)
+			items[i].ttl, _ = u[undoExpiry-1].(int64)
+			items[i].after, _ = u[undoAfter-1].(string)
 		}
 	}
-	return num[2] == 1, nil
+	return d[decisionAllowed-1] == 1, nil
 }
 
 // giveBack takes back what the groups that allowed took, when another
@@ -586,14 +585,14 @@ func (s *Store) giveBack(ctx context.Context, items []item, results []algorithms
 	for _, i := range taken {
 		granted[i].At = items[i].logged
 	}
-	if err := s.refund(ctx, "x", items, taken, granted); err != nil {
+	if err := s.refund(ctx, modeUndo, items, taken, granted); err != nil {
 		s.drops.failed("undo", err)
 	}
 }
 
 // Refund gives back what an allowed Decide of the same requests took
 // (backend.Store). Each key is refunded in turn, as in the memory store; a
-// reservation is released instead (mode e), so that its expiry does not
+// reservation is released instead (modeRelease), so that its expiry does not
 // give its units back a second time.
 func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []algorithms.Result) error {
 	items := make([]item, 0, len(reqs))
@@ -622,16 +621,16 @@ func (s *Store) Refund(ctx context.Context, reqs []backend.Request, granted []al
 	defer cancel()
 	var err error
 	if len(reserved) > 0 {
-		err = s.refund(ctx, "e", items, reserved, results)
+		err = s.refund(ctx, modeRelease, items, reserved, results)
 	}
 	if len(plain) > 0 {
-		err = cmp.Or(s.refund(ctx, "r", items, plain, results), err)
+		err = cmp.Or(s.refund(ctx, modeRefund, items, plain, results), err)
 	}
 	return err
 }
 
-// refund runs the refund (mode r) or undo (mode x) script for
-// items[which], with the decisions that granted them.
+// refund runs the script in mode (modeRefund, modeUndo, modeCommit or
+// modeRelease) for items[which], with the decisions that granted them.
 func (s *Store) refund(ctx context.Context, mode string, items []item, which []int, granted []algorithms.Result) error {
 	sub := make([]item, len(which))
 	for k, i := range which {
@@ -642,7 +641,7 @@ func (s *Store) refund(ctx context.Context, mode string, items []item, which []i
 		if sub[i].token != "" {
 			return strconv.FormatInt(r.At, 10), sub[i].token
 		}
-		if mode == "r" {
+		if mode == modeRefund {
 			return refundAt(sub[i], r), strconv.FormatInt(r.Delay, 10)
 		}
 		return strconv.FormatInt(r.At, 10), strconv.FormatInt(r.Delay, 10)

@@ -409,7 +409,7 @@ func TestAtMostOnce(t *testing.T) {
 	defer viaProxy2.Close()
 	conf := z.(*zone).st.conf.Load()
 	it := item{key: z.(*zone).prefix + "k}", conf: conf, cost: 1}
-	args := itemArgs([]any{"d", "", "", "0"}, &it, "0", "")
+	args := itemArgs((&Store{}).header(modeDecide), &it, decideCounted, "")
 	if err := script.Run(ctx, viaProxy2, []string{it.key}, args...).Err(); err != nil {
 		t.Fatalf("go-redis's retry should have hidden the lost answer: %v", err)
 	}

@@ -34,16 +34,6 @@ const maxCost int64 = 1 << 52
 // oldest change it is told about onwards.
 const historyLen = 32
 
-// Script kinds of state. Token bucket, GCRA and the leaky bucket share the
-// bucket state (b; q is the leaky bucket's queue mode, same state).
-const (
-	kindBucket  = 'b'
-	kindQueue   = 'q'
-	kindWindow  = 'w'
-	kindCounter = 'c'
-	kindLog     = 'l'
-)
-
 // zoneStates keeps each zone's policy history across config reloads, the
 // way the memory store keeps its tables: a reload registers the new policy
 // before the old config lets go, and the change is recorded with its time
@@ -110,9 +100,10 @@ type zoneConf struct {
 	from   string // the script's from argument
 	lk     string // the script's lk argument: "" without lockout
 	steps  backend.Lockout
-	// boxed holds kind, p1, p2 and lin, gen, hist, from, lk as script
-	// arguments, boxed once: boxing them per call allocated each.
-	boxed [8]any
+	// boxed holds the zone's script arguments at their places (keyArgKind,
+	// keyArgP1, ...; the request's, keyArgCost, keyArgX1 and keyArgX2, are
+	// left nil), boxed once: boxing them per call allocated each.
+	boxed [keyArgs]any
 
 	genN    int64
 	maxDebt int64 // the zone's maxDebt when this conf was made
@@ -343,7 +334,11 @@ func (z *zoneState) apply(r *registration, now int64) {
 	next.hist = h.String()
 	next.from = fromArg(z.from)
 	next.lk, next.steps = r.lk, r.lockout
-	next.boxed = [8]any{next.kind, next.p1, next.p2, next.lin, next.gen, next.hist, next.from, next.lk}
+	next.boxed[keyArgKind-1] = next.kind
+	next.boxed[keyArgP1-1], next.boxed[keyArgP2-1] = next.p1, next.p2
+	next.boxed[keyArgLineage-1], next.boxed[keyArgGeneration-1] = next.lin, next.gen
+	next.boxed[keyArgHistory-1], next.boxed[keyArgFrom-1] = next.hist, next.from
+	next.boxed[keyArgLockout-1] = next.lk
 	if r.cal != nil && kind == kindWindow {
 		next.cal = &calendarArg{cal: r.cal, w: next.p1}
 	}

@@ -1,18 +1,18 @@
--- Sluice: an operator's operations on keys, inserted into decide.lua where
--- it marks them (after every key is loaded and decided, before anything
+-- Sluice: an operator's operations on keys, inserted into the script
+-- (lua/14-decide.lua) where it marks them (after every key is loaded and decided, before anything
 -- is written), so that they read and store states with its functions.
 -- It runs inside decideKeys: a `return` here ends that request's decision
 -- before its writes, and the script replies the decision made so far.
 -- Modes:
---   'p' peek: replies as a decision does, writing nothing (the same key
+--   MODE_PEEK: replies as a decision does, writing nothing (the same key
 --       is sent with cost 0 for its state, and cost 1 for its retry time).
---   'g' grant: gives each key cost units back, whatever took them, never
+--   MODE_GRANT: gives each key cost units back, whatever took them, never
 --       more than it holds (algorithms/grant.go, line for line).
 -- Reset needs no script: it deletes the key.
 
 -- A peek is a decision that writes nothing: the states are loaded and
 -- decided above, and nothing is stored.
-if mode == 'p' then return out end
+if mode == MODE_PEEK then return out end
 
 -- grantCounter takes units out of the current window's count, then lowers
 -- the previous window's count until its weighted share is that much
@@ -56,17 +56,17 @@ end
 
 -- A grant reads the states loaded (and rebased) above; a key that does
 -- not exist has nothing to give back.
-if mode == 'g' then
+if mode == MODE_GRANT then
 	for i = 1, n do
-		local a, key, s = args[i], KEYS[i], states[i]
+		local a, key, s = args[i], args[i].key, states[i]
 		local k = a.kind
-		if k == 'l' then
+		if k == KIND_LOG then
 			grantLog(s, a.cost, key, a.p1)
 		elseif next(s) ~= nil then
 			local r
-			if k == 'b' or k == 'q' then
+			if k == KIND_BUCKET or k == KIND_QUEUE then
 				r = libB().refund(s, a.p1, a.cost)
-			elseif k == 'w' then
+			elseif k == KIND_WINDOW then
 				-- As a refund of a request taken in the window the key is
 				-- in, even if the clock stepped back out of it.
 				r = libW().refund(s, a.p1, a.cost, P53, a.cal)

@@ -1,0 +1,449 @@
+------------------------------------------------------------------------
+-- Sliding log: one string. A header ('<ddBBI4I4', 26 bytes): the base
+-- second, the units the live events hold, the format, a byte older
+-- versions set when some events were given back, the number of events
+-- pruned (they stay in the string until it is compacted) and the number of
+-- events. Then the events, oldest first, each with its time in ns after the
+-- base second (double).
+--   Format 0, every event one unit: the time alone (8 bytes). A denied
+--   request's retry time is the time of the need-th live event: one read.
+--   Format 2, units that vary or an event given back: the time (an event
+--   given back is marked by writing -time-1), its units (uint32) and the
+--   node of a Fenwick tree over the units of events 1..n (double: the units
+--   of events i-lowbit(i)+1..i, given-back ones counting 0). The event at
+--   which enough units leave the window is found by descending the tree,
+--   and an event is given back by updating the nodes above it: O(log n)
+--   reads and writes however the costs were chosen, where walking the
+--   events one by one let a client who chooses costs (many tiny events,
+--   then a large one) make every denied call read the whole log.
+--   Format 1 (units per event, found by walking) is only read, from logs
+--   older versions wrote: they are rewritten in format 2 when loaded.
+-- A decision reads the header and the few events it needs (GETRANGE), logs
+-- an event by writing past the last one and rewrites the header in place
+-- (SETRANGE): the whole string is rewritten only when its pruned part
+-- outgrows the live part (amortized O(1) per event logged).
+
+local Llib
+local function libL()
+	if Llib then return Llib end
+	local HDR = 26
+	local CH = 32 -- events per read
+	local STRIDE = {[0] = 8, [1] = 12, [2] = 20}
+	local FENMAX = 140737488355328 -- 2^47
+
+	local function lowbit(i)
+		local b = 1
+		while i % (b + b) == 0 do b = b + b end
+		return b
+	end
+
+	-- logEvent returns event i's time and units (0: given back).
+	local function logEvent(l, i)
+		local c = floor((i - 1) / CH)
+		local s = l.chunks[c]
+		if not s then
+			local from = HDR + c * CH * l.stride
+			s = redis.call('GETRANGE', l.key, from, from + CH * l.stride - 1)
+			l.chunks[c] = s
+		end
+		local pos = (i - 1 - c * CH) * l.stride + 1
+		local off = struct.unpack('<d', s, pos)
+		local u = 1
+		if l.wide ~= 0 then u = struct.unpack('<I4', s, pos + 8) end
+		if off < 0 then return l.base - off - 1, 0 end
+		return l.base + off, u
+	end
+
+	-- logFen reads node i of a format-2 log's tree, through the chunks
+	-- already read, or on its own (a descent touches one node per chunk).
+	local function logFen(l, i)
+		local v = l.fens[i]
+		if v then return v end
+		local c = floor((i - 1) / CH)
+		local s = l.chunks[c]
+		if s then
+			v = struct.unpack('<d', s, (i - 1 - c * CH) * 20 + 13)
+		else
+			local from = HDR + (i - 1) * 20 + 12
+			v = struct.unpack('<d', redis.call('GETRANGE', l.key, from, from + 7))
+		end
+		l.fens[i] = v
+		return v
+	end
+
+	-- logFenSub takes units out of event i in the tree: the nodes above it.
+	local function logFenSub(l, key, i, units)
+		while i <= l.n do
+			local f = logFen(l, i) - units
+			l.fens[i] = f
+			redis.call('SETRANGE', key, HDR + (i - 1) * 20 + 12, struct.pack('<d', f))
+			i = i + lowbit(i)
+		end
+	end
+
+	-- logPrefix is the units of events 1..i, given-back ones counting 0.
+	local function logPrefix(l, i)
+		local s = 0
+		while i > 0 do
+			s = s + logFen(l, i)
+			i = i - lowbit(i)
+		end
+		return s
+	end
+
+	-- logSearch is the first event i (of 1..n) with logPrefix(i) >= target;
+	-- the nodes are never negative, so the tree can be descended.
+	local function logSearch(l, target)
+		local pos, step = 0, 1
+		while step * 2 <= l.n do step = step * 2 end
+		while step >= 1 do
+			local j = pos + step
+			if j <= l.n then
+				local f = logFen(l, j)
+				if f < target then
+					pos = j
+					target = target - f
+				end
+			end
+			step = step / 2
+		end
+		return pos + 1
+	end
+
+	local function logHeader(l)
+		return struct.pack('<ddBBI4I4', NS + l.base / E9, l.sum, l.wide, 0, l.h, l.n)
+	end
+
+	-- logRewrite writes the live events of l, and the event (t, u) when t
+	-- is given, as a new string in format fmt whose base is the second of
+	-- its oldest event, and returns it loaded; nil (the key deleted) when
+	-- no event is left.
+	local function logRewrite(l, fmt, t, u)
+		local times, units = {}, {}
+		local sum = 0
+		local base
+		if l.n then
+			for i = l.h + 1, l.n do
+				local at, k = logEvent(l, i)
+				if k > 0 then
+					if not base then base = floor(at / E9) * E9 end
+					times[#times + 1] = at
+					units[#units + 1] = k
+					sum = sum + k
+				end
+			end
+		end
+		if t then
+			if not base then base = floor(t / E9) * E9 end
+			times[#times + 1] = t
+			units[#units + 1] = u
+			sum = sum + u
+		end
+		local m = #times
+		if m == 0 then
+			redis.call('DEL', l.key)
+			return nil
+		end
+		local parts = {}
+		if fmt == 2 then
+			local fen = {}
+			for i = 1, m do fen[i] = units[i] end
+			for i = 1, m do
+				local j = i + lowbit(i)
+				if j <= m then fen[j] = fen[j] + fen[i] end
+			end
+			for i = 1, m do parts[i] = struct.pack('<dI4d', times[i] - base, units[i], fen[i]) end
+		else
+			for i = 1, m do parts[i] = struct.pack('<d', times[i] - base) end
+		end
+		local nl = {key = l.key, base = base, sum = sum, wide = fmt, h = 0, h0 = 0, n = m,
+			stride = STRIDE[fmt], chunks = {}, fens = {}}
+		redis.call('SET', l.key, logHeader(nl) .. table.concat(parts))
+		return nl
+	end
+
+	-- logLoad reads key's header: nil when there is no log (or only one
+	-- so old that every event has left every window).
+	local function logLoad(key)
+		local hdr = redis.call('GETRANGE', key, 0, HDR - 1)
+		if #hdr < HDR then
+			if sub(hdr, 1, 1) == 'm' then return nil, redis.call('GET', key) end -- a forwarding mark (09-kinds.lua)
+			return nil
+		end
+		local base, sum, wide, tombs, head, n = struct.unpack('<ddBBI4I4', hdr)
+		local d = base - NS
+		if d < -FAR or d > FAR then return nil end
+		local l = {key = key, base = d * E9, sum = sum, wide = wide,
+			h = head, h0 = head, n = n, stride = STRIDE[wide], chunks = {}, fens = {}}
+		if wide == 1 or (wide == 0 and tombs == 1) then
+			-- An older version's log, whose retry time was found by walking.
+			return logRewrite(l, 2)
+		end
+		return l
+	end
+
+	-- logNewest is the time of the newest event not given back, or nil
+	-- (a format-2 log keeps its last event live: O(1)).
+	local function logNewest(l)
+		for i = l.n, l.h + 1, -1 do
+			local t, u = logEvent(l, i)
+			if u > 0 then return t end
+		end
+		return nil
+	end
+
+	-- logPrune drops (logically) the events with at + W <= now, and the
+	-- events given back at the head. Each event is pruned once: amortized
+	-- O(1) per event logged.
+	local function logPrune(l, W)
+		while l.h < l.n do
+			local t, u = logEvent(l, l.h + 1)
+			if u > 0 and t + W > now then break end
+			l.sum = l.sum - u
+			l.h = l.h + 1
+		end
+	end
+
+	local function logDecide(l, W, limit, cost)
+		local count = 0
+		local reset = 0
+		if l.n then
+			logPrune(l, W)
+			count = l.sum
+			local t = logNewest(l)
+			if t and t + W > now then reset = t + W - now end
+		end
+		local r, done = counted(limit, count, cost, reset)
+		if done then
+			if r[KEY_REPLY_ALLOWED] == 1 and cost > 0 and r[KEY_REPLY_RESET] < W then r[KEY_REPLY_RESET] = W end
+			return r
+		end
+		-- Wait until enough of the oldest units leave: need <= count, as a
+		-- cost above the limit is done above.
+		local need = count + cost - limit
+		local i = l.h + need
+		if l.wide == 2 then i = logSearch(l, logPrefix(l, l.h) + need) end
+		r[KEY_REPLY_RETRY] = logEvent(l, i) + W - now
+		return r
+	end
+
+	-- logTake logs cost units at now (at the newest event's time if the
+	-- clock stepped back) and returns that time.
+	local function logTake(l, W, cost, key)
+		local t = now
+		if not l.n then
+			l = {key = key}
+		else
+			logPrune(l, W)
+			local newest = logNewest(l)
+			if newest and newest > t then t = newest end
+		end
+		local fmt = l.wide or 0
+		if cost ~= 1 then fmt = 2 end
+		local live = (l.n or 0) - (l.h or 0)
+		local fits = l.n and fmt == l.wide and t - l.base < P52
+		local small = fits and fmt == 0 and live * 8 <= 4096
+		local rec
+		if small then
+			-- A log of up to 4 KB is copied whole, without its pruned events: a
+			-- string appended to grows its allocation ahead of use.
+			local tail = redis.call('GETRANGE', key, HDR + l.h * 8, -1)
+			l.sum = l.sum + cost
+			l.n = live + 1
+			l.h = 0
+			redis.call('SET', key, logHeader(l) .. tail .. struct.pack('<d', t - l.base))
+		elseif fits and l.h <= live and fmt == 0 then
+			rec = struct.pack('<d', t - l.base)
+		elseif fits and l.h <= live then
+			-- Node i holds event i and the nodes below it that it covers.
+			local i = l.n + 1
+			local f = cost
+			local j, stop = i - 1, i - lowbit(i)
+			while j > stop do
+				f = f + logFen(l, j)
+				j = j - lowbit(j)
+			end
+			-- Nodes of at most 2^47 keep every prefix sum (at most 32
+			-- nodes) exact; a rewrite makes the nodes cover the live
+			-- events alone, at most the limit (below 2^32).
+			if f <= FENMAX then rec = struct.pack('<dI4d', t - l.base, cost, f) end
+		end
+		if rec then
+			-- Written at its place, not appended: a format-2 string may
+			-- hold given-back events past the last one.
+			redis.call('SETRANGE', key, HDR + l.n * l.stride, rec)
+			l.sum = l.sum + cost
+			l.n = l.n + 1
+			redis.call('SETRANGE', key, 0, logHeader(l))
+		elseif not small then
+			logRewrite(l, fmt, t, cost)
+		end
+		redis.call('PEXPIRE', key, px(t + W))
+		return t
+	end
+
+	-- logKeep writes back what a decision pruned without taking: the memory
+	-- store's log drops those events, and a later, longer window must not
+	-- see them again.
+	local function logKeep(l, key)
+		if not l.n or l.h == l.h0 then return end
+		if not logNewest(l) then
+			redis.call('DEL', key)
+			return
+		end
+		redis.call('SETRANGE', key, 0, logHeader(l))
+	end
+
+	-- logFind is the newest live event of cost units logged at time at
+	-- (refunds and settles). Times never decrease along a format-2 log (an
+	-- event is logged at or after the last one, which is live), so it is
+	-- found by bisection.
+	local function logFind(l, cost, at)
+		local lo, hi = l.h + 1, l.n
+		if lo > hi or logEvent(l, lo) > at then return nil end
+		while lo < hi do
+			local mid = floor((lo + hi + 1) / 2)
+			if logEvent(l, mid) <= at then lo = mid else hi = mid - 1 end
+		end
+		for i = lo, l.h + 1, -1 do
+			local t, u = logEvent(l, i)
+			if t < at then return nil end
+			if u == cost then return i end
+		end
+		return nil
+	end
+
+	-- logRefund gives back the event the granted decision logged: cost
+	-- units at time at, the newest such event; events of other requests
+	-- are never touched.
+	local function logRefund(l, cost, at, key, W)
+		if not l.n or cost <= 0 then return end
+		-- Events that left the window go first, as in a decision, and
+		-- stay gone (logKeep) even when the event is not found.
+		logPrune(l, W)
+		if l.wide ~= 2 then
+			l = logRewrite(l, 2)
+			if not l then return end
+		end
+		local i = logFind(l, cost, at)
+		if not i then
+			logKeep(l, key)
+			return
+		end
+		local t = logEvent(l, i)
+		l.sum = l.sum - cost
+		if i == l.n then
+			-- The last event goes, and the given-back ones before it:
+			-- the last event stays live.
+			l.n = i - 1
+			while l.n > l.h and select(2, logEvent(l, l.n)) == 0 do l.n = l.n - 1 end
+		else
+			redis.call('SETRANGE', key, HDR + (i - 1) * 20, struct.pack('<d', -(t - l.base) - 1))
+			logFenSub(l, key, i, cost)
+		end
+		l.chunks = {}
+		if l.n == l.h then
+			redis.call('DEL', key)
+			return
+		end
+		redis.call('SETRANGE', key, 0, logHeader(l))
+		redis.call('PEXPIRE', key, px(logNewest(l) + W))
+	end
+	-- logGrant gives back the newest live units (an operator's grant,
+	-- algorithms.SlidingLog.Grant): events given back whole are cut off
+	-- the end, and an event holding more units than are left to give
+	-- keeps the rest. Giving back every live unit deletes the log.
+	local function logGrant(l, units, key, W)
+		if not l.n then return end
+		logPrune(l, W)
+		if units >= l.sum then
+			redis.call('DEL', key)
+			return
+		end
+		if l.wide == 0 then
+			-- Events of one unit: the newest units events go.
+			l.n = l.n - units
+			l.sum = l.sum - units
+			redis.call('SET', key, logHeader(l) .. redis.call('GETRANGE', key, HDR, HDR + l.n * 8 - 1))
+		else
+			while units > 0 do
+				local t, u = logEvent(l, l.n)
+				if u > units then
+					local pos = HDR + (l.n - 1) * 20
+					redis.call('SETRANGE', key, pos + 8, struct.pack('<I4', u - units))
+					logFenSub(l, key, l.n, units)
+					l.sum = l.sum - units
+					units = 0
+				else
+					-- The last event is live (given-back ones are cut off
+					-- with it): cut it and those before it.
+					l.sum = l.sum - u
+					units = units - u
+					l.n = l.n - 1
+					while l.n > l.h and select(2, logEvent(l, l.n)) == 0 do l.n = l.n - 1 end
+				end
+			end
+			redis.call('SETRANGE', key, 0, logHeader(l))
+		end
+		l.chunks = {}
+		redis.call('PEXPIRE', key, px(logNewest(l) + W))
+	end
+
+	-- SETTLE (sliding log): algorithms.SlidingLog.Settle, for settle.go.
+	-- logSettle rewrites the units of the event a granted decision logged
+	-- (est units at time at) to act, giving it back at 0; when the event
+	-- has left the window, the extra is logged now. The log holds at most
+	-- 2^32 - 1 units.
+	local function logSettle(l, est, act, at, key, W)
+		if act == est then return end
+		local room = 4294967295
+		if l.n then
+			-- Pruned for good, as the memory store's log is.
+			logPrune(l, W)
+			logKeep(l, key)
+			l.h0 = l.h
+			if not logNewest(l) then l = {} end
+		end
+		if l.n then room = max(room - l.sum, 0) end
+		if act == 0 then
+			logRefund(l, est, at, key, W)
+			return
+		end
+		local i
+		if l.n and est > 0 then
+			if l.wide ~= 2 then l = logRewrite(l, 2) or {} end
+			if l.n then i = logFind(l, est, at) end
+		end
+		if not i then
+			local extra = act - est
+			if extra > room then extra = room end
+			if extra > 0 then logTake(l, W, extra, key) end
+			return
+		end
+		local u = act
+		if u > est + room then u = est + room end
+		if u == est then return end
+		redis.call('SETRANGE', key, HDR + (i - 1) * 20 + 8, struct.pack('<I4', u))
+		logFenSub(l, key, i, est - u)
+		l.sum = l.sum + u - est
+		redis.call('SETRANGE', key, 0, logHeader(l))
+		l.chunks = {}
+		-- Nodes past 2^47 would make prefix sums inexact: a rewrite makes
+		-- them cover the live events alone.
+		local j = i
+		while j <= l.n do
+			if l.fens[j] > FENMAX then
+				l = logRewrite(l, 2)
+				redis.call('PEXPIRE', key, px(logNewest(l) + W))
+				return
+			end
+			j = j + lowbit(j)
+		end
+	end
+	-- END SETTLE (sliding log)
+
+	Llib = {load = logLoad, decide = logDecide, take = logTake, keep = logKeep, refund = logRefund, grant = logGrant, rewrite = logRewrite}
+	Llib.settle = logSettle -- SETTLE
+	return Llib
+end
+

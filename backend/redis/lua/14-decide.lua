@@ -1,0 +1,109 @@
+------------------------------------------------------------------------
+-- Deciding one request: every key, all or nothing.
+
+-- decideKeys decides the keys of one request, all or nothing, and writes
+-- the decision from out[o + 1] on: DECISION_ALLOWED, then KEY_REPLY_VALUES
+-- values per key; with undo, then UNDO_VALUES more per key.
+local function decideKeys(args, undo, out, o)
+	local n = #args
+	local states = {}
+	local before = {}
+	for i = 1, n do
+		local a = args[i]
+		if string.find(a.x2, ':t', 1, true) then expireDue(a) end
+		states[i] = loadItem(a)
+		-- (A log is given back by its refund, which is exact: no copy.)
+		if undo and a.kind ~= KIND_LOG then
+			before[i] = {redis.call('GET', a.key) or '', redis.call('PTTL', a.key)}
+		elseif undo then
+			before[i] = {'', 0}
+		end
+	end
+
+	local results = {}
+	local recs -- LOCK-OUTS: the records of the keys of limits with lockout
+	local allowed = true
+	out[o + DECISION_ALLOWED] = 1
+	for i = 1, n do
+		local a, s = args[i], states[i]
+		local k = a.kind
+		local r
+		if k == KIND_BUCKET then
+			r = libB().decide(s, a.p1, a.p2, a.cost)
+		elseif k == KIND_QUEUE then
+			r = libB().qdecide(s, a.p1, a.p2, a.cost)
+		elseif k == KIND_WINDOW then
+			r = libW().decide(s, a.p1, a.p2, a.cost, a.cal)
+		elseif k == KIND_COUNTER then
+			r = libC().decide(s, a.p1, a.p2, a.cost)
+		else
+			r = libL().decide(s, a.p1, a.p2, a.cost)
+		end
+		if a.lk ~= '' then -- LOCK-OUTS
+			recs = recs or {}
+			recs[i] = lockRead(a)
+			r = lockedOut(recs[i], r)
+		end
+		results[i] = r
+		if r[KEY_REPLY_ALLOWED] == 0 and a.x1 ~= DECIDE_SHADOW then allowed = false end
+		local b = o + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES
+		for j = KEY_REPLY_ALLOWED, KEY_REPLY_DELAY do out[b + j] = r[j] end
+		out[b + KEY_REPLY_LOGGED] = 0
+	end
+	if not allowed then
+		out[o + DECISION_ALLOWED] = 0
+		capRetry(args, results, out, o)
+	end
+
+	-- ADMIN MODES: the admin script (admin.lua) is inserted here.
+
+	-- LOCK-OUTS: a key its limit denied (not a shadow request's) is locked
+	-- out in the call that denied it.
+	if recs and not allowed then
+		for i = 1, n do
+			local r = results[i]
+			if recs[i] and args[i].x1 ~= DECIDE_SHADOW and lockOut(recs[i], r) then
+				local b = o + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES
+				for j = KEY_REPLY_ALLOWED, KEY_REPLY_DELAY do out[b + j] = r[j] end
+			end
+		end
+	end
+
+	for i = 1, n do
+		local a, s, key = args[i], states[i], args[i].key
+		if not allowed or results[i][KEY_REPLY_ALLOWED] == 0 or a.cost == 0 then
+			if a.kind == KIND_LOG then libL().keep(s, key) end
+		else
+			local k = a.kind
+			if k == KIND_LOG then
+				local t = libL().take(s, a.p1, a.cost, key)
+				-- A clock that stepped back logs the event at the newest
+				-- time; the caller needs that time to give the event back.
+				out[o + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES + KEY_REPLY_LOGGED] = t - now
+			else
+				if k == KIND_BUCKET or k == KIND_QUEUE then
+					s = libB().take(s, a.p1, a.cost)
+				elseif k == KIND_WINDOW then
+					s = libW().take(s, a.p1, a.cost, a.cal)
+				else
+					s = libC().take(s, a.p1, a.cost)
+				end
+				store(k, key, s, a.param, a.lin, a.gen, a.p1, a.cal)
+			end
+		end
+	end
+	if allowed then holdReservations(args, results) end
+	if undo then
+		for i = 1, n do
+			local b = before[i] -- the value and its expiry
+			local new = ''
+			if allowed and results[i][KEY_REPLY_ALLOWED] == 1 and args[i].cost > 0 and args[i].kind ~= KIND_LOG then
+				new = redis.call('GET', args[i].key) or ''
+			end
+			local u = o + DECISION_HEAD_VALUES + n * KEY_REPLY_VALUES + (i - 1) * UNDO_VALUES
+			out[u + UNDO_BEFORE] = b[1]
+			out[u + UNDO_EXPIRY] = b[2]
+			out[u + UNDO_AFTER] = new
+		end
+	end
+end

@@ -13,7 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/sluicehq/sluice/algorithms"
-	"github.com/sluicehq/sluice/keys"
+	"github.com/sluicehq/sluice/internal/keys"
 )
 
 // Cost is the units one request consumes: a whole number, or a placeholder

@@ -13,7 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/sluicehq/sluice/keys"
+	"github.com/sluicehq/sluice/internal/keys"
 )
 
 // A placeholder cost: absent costs 1; given twice or unreadable is an

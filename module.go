@@ -21,7 +21,7 @@ import (
 	// The stores register themselves as backend modules.
 	_ "github.com/sluicehq/sluice/backend/memory"
 	_ "github.com/sluicehq/sluice/backend/redis"
-	"github.com/sluicehq/sluice/keys"
+	"github.com/sluicehq/sluice/internal/keys"
 	// The shuffle_shard load-balancing policy ships with the handler.
 	_ "github.com/sluicehq/sluice/shard"
 )

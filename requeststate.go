@@ -5,7 +5,7 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
-	"github.com/sluicehq/sluice/keys"
+	"github.com/sluicehq/sluice/internal/keys"
 )
 
 // requestState is one request's working memory while it is decided: a

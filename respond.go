@@ -11,7 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/sluicehq/sluice/keys"
+	"github.com/sluicehq/sluice/internal/keys"
 )
 
 // Values of the respond option: who writes the body of a refusal.

@@ -18,7 +18,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sluicehq/sluice/algorithms"
-	"github.com/sluicehq/sluice/keys"
+	"github.com/sluicehq/sluice/internal/keys"
 )
 
 // refuseRecorded runs respond for f under a handler answering with

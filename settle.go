@@ -12,7 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
-	"github.com/sluicehq/sluice/keys"
+	"github.com/sluicehq/sluice/internal/keys"
 )
 
 // settler reads a limit's real cost from the response: a response header

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -234,6 +235,8 @@ func (b *batcher) send(batch []*pending) {
 	}
 	args = append(args, s.header(modeMany)...)
 	for _, p := range live {
+		// Room for the request's key count (manyCountArgs) and its items.
+		args = slices.Grow(args, manyCountArgs+len(p.items)*keyArgs)
 		args = append(args, len(p.items))
 		for i := range p.items {
 			x1 := countedArg

@@ -237,6 +237,5 @@ tsv=docs/img/peers.tsv
 		echo
 	done
 } >"$tsv"
-go run ./bench/chart -in "$tsv" -out docs/img
 head -1 "$tsv"
-grep -v '^#' "$tsv" | column -t -s $'\t'
+go run ./bench/chart -in "$tsv" -out docs/img -md

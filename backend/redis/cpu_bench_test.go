@@ -22,8 +22,8 @@ import (
 // user and system time, so the sockets' work too), cmd_µs/decision the
 // script calls' alone (INFO commandstats). Both are CPU time, which other
 // load on the machine does not inflate. SLUICE_BENCH_REDIS=host:port runs
-// it against that server instead of the test's own, to compare two
-// versions of the script on one server:
+// it against that server instead of the test's own, which
+// bench/redis-cpu.sh does to compare two versions on one server:
 //
 //	go test -run '^$' -bench RedisCPU -benchtime 20000x ./backend/redis/
 func BenchmarkRedisCPU(b *testing.B) {

@@ -382,7 +382,7 @@ func releaseGaps(t *testing.T, bodies []string) []int64 {
 // fleetACL is the least a Redis 6+ ACL user needs, as docs/redis.md
 // gives it: its keys, the script calls, and the commands the script and
 // the client's connection set-up run.
-const fleetACL = "on >fleet-user-pass ~sluice:* resetchannels -@all +evalsha +eval +time +get +set +getrange +setrange +append +pexpire +pttl +del +client|setname"
+const fleetACL = "on >fleet-user-pass ~sluice:* resetchannels -@all +fcall +function|load +evalsha +eval +time +get +set +getrange +setrange +append +pexpire +pttl +del +client|setname"
 
 // A fleet logs in as an ACL user with only those rights, the credentials
 // read from the environment, and shares its limits.

@@ -207,7 +207,7 @@ func TestRedisPolicyUnreadableSaidOnce(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: redis.Addr})
 	defer c.Close()
 	// The rights docs/redis.md names for a least-privileged user.
-	acl := strings.Fields("SETUSER sluice on >a-long-random-password ~mem:* resetchannels -@all +evalsha +eval +time +get +set +getrange +setrange +append +pexpire +pttl +del +client|setname")
+	acl := strings.Fields("SETUSER sluice on >a-long-random-password ~mem:* resetchannels -@all +fcall +function|load +evalsha +eval +time +get +set +getrange +setrange +append +pexpire +pttl +del +client|setname")
 	args := []any{"ACL"}
 	for _, a := range acl {
 		args = append(args, a)

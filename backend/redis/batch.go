@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -32,14 +31,6 @@ const maxBatch = 64
 // flight at once: the next batch is encoded and written while Redis runs
 // the previous one.
 const maxInFlight = 2
-
-// Script arguments boxed once, so that building a call does not allocate
-// them.
-var (
-	scriptHash any = script.Hash()
-	countedArg any = decideCounted
-	shadowArg  any = decideShadow
-)
 
 // argsPool holds the argument slices of batch calls.
 var argsPool = sync.Pool{New: func() any { return new([]any) }}
@@ -214,40 +205,17 @@ func (b *batcher) send(batch []*pending) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	s := b.s
-	nkeys := 0
-	for _, p := range live {
-		nkeys += len(p.items)
-	}
 	// The call's arguments are built in one slice, taken from a pool
-	// and given back once the reply is read: EVALSHA, the keys, the
-	// header, then each request's item count and items.
+	// and given back once the reply is read (manyCmd says what they are).
 	buf := argsPool.Get().(*[]any)
 	defer func() {
 		clear(*buf)
 		*buf = (*buf)[:0]
 		argsPool.Put(buf)
 	}()
-	args := append((*buf)[:0], "evalsha", scriptHash, nkeys)
-	for _, p := range live {
-		for i := range p.items {
-			args = append(args, p.items[i].key)
-		}
-	}
-	args = append(args, s.header(modeMany)...)
-	for _, p := range live {
-		// Room for the request's key count (manyCountArgs) and its items.
-		args = slices.Grow(args, manyCountArgs+len(p.items)*keyArgs)
-		args = append(args, len(p.items))
-		for i := range p.items {
-			x1 := countedArg
-			if p.items[i].shadow {
-				x1 = shadowArg
-			}
-			args = itemArgs(args, &p.items[i], x1, p.items[i].resv)
-		}
-	}
+	cmd, args := s.manyCmd(ctx, live, *buf)
 	*buf = args
-	gs := []group{{cmd: goredis.NewCmd(ctx, args...)}}
+	gs := []group{{cmd: cmd}}
 	err := s.run(ctx, gs)
 	if err == nil {
 		err = parseBatch(gs[0].cmd, live)

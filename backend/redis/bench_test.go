@@ -26,7 +26,7 @@ func commandStats(b testing.TB, c *goredis.Client) (calls, usec float64) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, name := range []string{"evalsha", "eval"} {
+	for _, name := range []string{"fcall", "evalsha", "eval"} {
 		m := regexp.MustCompile(`cmdstat_` + name + `:calls=(\d+),usec=(\d+)`).FindStringSubmatch(info)
 		if m != nil {
 			n, _ := strconv.ParseFloat(m[1], 64)

@@ -105,8 +105,8 @@ var serverCodes = map[string]bool{
 // repliedAlone classifies an error reply (or the message the batch script
 // caught for one request) by its code. A script's error comes in three
 // forms: the code of the command that failed in it ("WRONGTYPE …"), a Lua
-// error of the script ("ERR user_script:12: attempt to …", without "ERR "
-// when caught), and, before Redis 7, either one inside "ERR Error running
+// error of the script ("ERR user_script:12: attempt to …", or
+// user_function run as a Function, without "ERR " when caught), and, before Redis 7, either one inside "ERR Error running
 // script (call to f_…): @user_script:12: …".
 func repliedAlone(msg string) bool {
 	msg = strings.TrimPrefix(msg, "-")
@@ -142,7 +142,8 @@ func scriptFailedAlone(msg string) bool {
 }
 
 // isScriptPlace reports whether msg starts with the place of a Lua error
-// in the script: "user_script:12:" or "@user_script:12:".
+// in the script: "user_script:12:" or "@user_script:12:" ("user_function"
+// for the script loaded as a Function).
 func isScriptPlace(msg string) bool {
 	place, _, ok := strings.Cut(msg, ": ")
 	if !ok {
@@ -150,6 +151,9 @@ func isScriptPlace(msg string) bool {
 	}
 	place = strings.TrimPrefix(place, "@")
 	line, ok := strings.CutPrefix(place, "user_script:")
+	if !ok {
+		line, ok = strings.CutPrefix(place, "user_function:") // the script loaded as a Function
+	}
 	if !ok || line == "" {
 		return false
 	}

@@ -149,7 +149,7 @@ var poisons = []struct {
 	{"another type", "WRONGTYPE", func(c goredis.UniversalClient, key string) error {
 		return c.HSet(context.Background(), key, "f", "1").Err()
 	}},
-	{"corrupt state", "user_script:", func(c goredis.UniversalClient, key string) error {
+	{"corrupt state", "user_function:", func(c goredis.UniversalClient, key string) error {
 		return c.Set(context.Background(), key, strconv.FormatInt(time.Now().Add(time.Hour).UnixNano(), 10)+":x", time.Hour).Err()
 	}},
 }
@@ -209,6 +209,8 @@ func TestFailedAlone(t *testing.T) {
 		{"go-redis's cross-slot error", goredis.ErrCrossSlot, true},
 		{"Lua error", reply("ERR user_script:1: attempt to perform arithmetic on local 'x' (a nil value) script: 104a, on @user_script:1."), true},
 		{"Lua error, caught in a batch", reply("user_script:1227: attempt to compare nil with number"), true},
+		{"Lua error of the Function", reply("ERR user_function:270: attempt to perform arithmetic on local 'd' (a nil value) script: sluice_48, on @user_function:270."), true},
+		{"Lua error of the Function, caught in a batch", reply("user_function:270: attempt to perform arithmetic on local 'd' (a nil value)"), true},
 		{"error() of the script", reply("ERR user_script:333: calendar window: the clock of Redis and of the Caddy that called differ by more than a window script: 800a, on @user_script:333."), true},
 		{"Redis 6 key of another type", reply("ERR Error running script (call to f_d3c2): @user_script:1: WRONGTYPE Operation against a key holding the wrong kind of value"), true},
 		{"Redis 6 Lua error", reply("ERR Error running script (call to f_104a): @user_script:1: user_script:1: attempt to perform arithmetic on a nil value"), true},

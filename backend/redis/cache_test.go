@@ -21,7 +21,7 @@ import (
 type callCounter struct{ n atomic.Int64 }
 
 func (c *callCounter) count(cmd goredis.Cmder) {
-	if n := cmd.Name(); n == "evalsha" || n == "eval" {
+	if n := cmd.Name(); n == "fcall" || n == "evalsha" || n == "eval" {
 		c.n.Add(1)
 	}
 }

@@ -19,7 +19,7 @@ func TestLeaseRedis(t *testing.T) {
 	raw := `{"addresses": ["` + addr + `"], "key_prefix": "` + prefix + `", "timeout": "10s"}`
 	cfg := backend.LimitConfig{Name: "leased", Algorithm: algorithms.NameTokenBucket, Policy: policy(1000, time.Hour), Lease: 10}
 	ctx := context.Background()
-	calls := func() float64 { return commandCalls(t, standaloneClient(t))["evalsha"][0] }
+	calls := func() float64 { return commandCalls(t, standaloneClient(t))["script"][0] }
 	// left asks Redis, without a lease, what the key has left.
 	left := func() int64 {
 		t.Helper()

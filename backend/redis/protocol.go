@@ -14,11 +14,12 @@ import "github.com/sluicehq/sluice/algorithms"
 // and TestProtocolLuaIsCurrent (internal/luagen) fails when the committed
 // file is stale.
 //
-// A call is EVALSHA <sha> <number of keys> KEYS... ARGV...: KEYS are the
-// states it reads and writes, one per (zone, scope, key); ARGV is the
-// header (argMode to argExpiryExtra), then keyArgs arguments per key, in
-// the order of KEYS (mode modeMany puts each request's key count before
-// its keys' arguments; mode modeUndo adds undoValues per key at the end).
+// A call is FCALL <function> <number of keys> KEYS... ARGV... (EVALSHA
+// <sha> on a server without Functions, script.go): KEYS are the states it
+// reads and writes, one per (zone, scope, key); ARGV is the header
+// (argMode to argExpiryExtra), then keyArgs arguments per key, in the
+// order of KEYS (mode modeMany sends a table of zones and refers to it,
+// manyZonesArgs; mode modeUndo adds undoValues per key at the end).
 // Positions are Lua's, from 1: ARGV[argMode] is the mode; a key's
 // arguments are ARGV[o + keyArgKind] to ARGV[o + keyArgLockout], o being
 // the arguments before them.
@@ -187,10 +188,41 @@ const (
 	decideCounted = "0"
 )
 
-// manyCountArgs is, in mode modeMany, the arguments before each request's
-// keys' arguments: its number of keys. KEYS holds the requests' keys in
-// the same order.
-const manyCountArgs = 1
+// Mode modeMany sends each zone's arguments once per call: after the
+// header, the number of zones (manyZonesArgs), then zoneArgs arguments per
+// zone, the table the keys refer to; then, per request, its number of keys
+// (manyCountArgs) and manyKeyArgs arguments per key. KEYS holds the
+// requests' keys in the same order. A zone is a zoneConf and a p1: a
+// calendar window's p1 is the caller's (keyArgP1).
+const (
+	manyZonesArgs = 1
+	manyCountArgs = 1
+)
+
+// One zone's arguments in mode modeMany: the zone's arguments of
+// keyArgKind to keyArgLockout, the request's left out.
+const (
+	zoneArgKind       = 1
+	zoneArgP1         = 2
+	zoneArgP2         = 3
+	zoneArgLineage    = 4
+	zoneArgGeneration = 5
+	zoneArgHistory    = 6
+	zoneArgFrom       = 7
+	zoneArgLockout    = 8
+	zoneArgs          = 8
+)
+
+// One key's arguments in mode modeMany: its zone, the place of its zone
+// in the table from 1, and the request's arguments (keyArgCost, keyArgX1,
+// keyArgX2).
+const (
+	manyKeyZone = 1
+	manyKeyCost = 2
+	manyKeyX1   = 3
+	manyKeyX2   = 4
+	manyKeyArgs = 4
+)
 
 // The reply of a decision (modeDecide, modeDecideUndoable, modePeek): the
 // clock, then the decision. modeMany replies the clock, then per request

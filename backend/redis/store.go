@@ -71,6 +71,9 @@ type Store struct {
 	opts    Options
 	cache   *overCache             // nil when off
 	batch   *goredis.AutoPipeliner // only with Options.pipeline; closed with the client
+	// noFunctions is set once the server refused Functions: the script
+	// runs by EVALSHA (script.go).
+	noFunctions atomic.Bool
 	// batchers gathers concurrent decisions into script calls: one per
 	// hash slot on a cluster, else one (slot 0). Empty with NoBatch.
 	batchers sync.Map // uint16 → *batcher
@@ -381,7 +384,7 @@ func (s *Store) prepare(ctx context.Context, mode string, gs []group, items []it
 				args = append(args, u[:]...)
 			}
 		}
-		gs[g].cmd = evalCmd(ctx, keys, args)
+		gs[g].cmd = s.scriptCmd(ctx, keys, args)
 	}
 }
 
@@ -694,9 +697,11 @@ type once struct{ *goredis.Cmd }
 
 func (once) NoRetry() bool { return true }
 
-func evalCmd(ctx context.Context, keys []string, args []any) *goredis.Cmd {
+// scriptCmd is the script call of keys and args.
+func (s *Store) scriptCmd(ctx context.Context, keys []string, args []any) *goredis.Cmd {
 	a := make([]any, 0, 3+len(keys)+len(args))
-	a = append(a, "evalsha", script.Hash(), len(keys))
+	verb, id := s.callHead()
+	a = append(a, verb, id, len(keys))
 	for _, k := range keys {
 		a = append(a, k)
 	}
@@ -705,8 +710,9 @@ func evalCmd(ctx context.Context, keys []string, args []any) *goredis.Cmd {
 }
 
 // run sends the groups' script calls: one call alone, several in one
-// pipeline. A call refused with NOSCRIPT did not run, so it is sent again
-// with the source.
+// pipeline. A call that did not run for want of the function or the
+// script is sent again (again), each time for another reason: at most
+// FCALL, then EVALSHA, then EVAL.
 func (s *Store) run(ctx context.Context, gs []group) error {
 	if len(gs) == 1 && s.batch != nil {
 		// The call rides the next batch written to the connection;
@@ -717,38 +723,51 @@ func (s *Store) run(ctx context.Context, gs []group) error {
 			gs[0].cmd.SetErr(err)
 			return err
 		}
-	} else if len(gs) == 1 {
-		_ = s.client.Process(ctx, once{gs[0].cmd})
 	} else {
-		pipe := s.client.Pipeline()
+		s.send(ctx, gs, nil)
+	}
+	for range 3 {
+		var again []int
+		for g := range gs {
+			ok, err := s.again(ctx, gs[g].cmd)
+			if err != nil {
+				gs[g].cmd.SetErr(err)
+			}
+			if ok {
+				gs[g].cmd = goredis.NewCmd(ctx, gs[g].cmd.Args()...)
+				again = append(again, g)
+			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		s.send(ctx, gs, again)
+	}
+	return nil
+}
+
+// send sends the calls of gs (those of which, when not nil), one alone
+// or several in a pipeline; each call holds its reply or error.
+func (s *Store) send(ctx context.Context, gs []group, which []int) {
+	if which == nil && len(gs) == 1 || len(which) == 1 {
+		g := 0
+		if which != nil {
+			g = which[0]
+		}
+		_ = s.client.Process(ctx, once{gs[g].cmd})
+		return
+	}
+	pipe := s.client.Pipeline()
+	if which == nil {
 		for g := range gs {
 			_ = pipe.Process(ctx, once{gs[g].cmd})
 		}
-		_, _ = pipe.Exec(ctx)
-	}
-	var again []int
-	for g := range gs {
-		if goredis.HasErrorPrefix(gs[g].cmd.Err(), "NOSCRIPT") {
-			again = append(again, g)
+	} else {
+		for _, g := range which {
+			_ = pipe.Process(ctx, once{gs[g].cmd})
 		}
 	}
-	if len(again) == 0 {
-		return nil
-	}
-	for _, g := range again {
-		a := gs[g].cmd.Args()
-		a[0], a[1] = "eval", scriptSource
-		gs[g].cmd = goredis.NewCmd(ctx, a...)
-	}
-	if len(again) == 1 {
-		return s.client.Process(ctx, once{gs[again[0]].cmd})
-	}
-	pipe := s.client.Pipeline()
-	for _, g := range again {
-		_ = pipe.Process(ctx, once{gs[g].cmd})
-	}
-	_, err := pipe.Exec(ctx)
-	return err
+	_, _ = pipe.Exec(ctx)
 }
 
 func mulU(a, b int64) (hi, lo uint64) { return bits.Mul64(uint64(a), uint64(b)) }

@@ -328,7 +328,7 @@ func (p *dropProxy) serve(c net.Conn) {
 		for {
 			n, err := c.Read(buf)
 			if n > 0 {
-				if strings.Contains(strings.ToLower(string(buf[:n])), "eval") {
+				if req := strings.ToLower(string(buf[:n])); strings.Contains(req, "eval") || strings.Contains(req, "fcall") {
 					sent.Store(true)
 				}
 				if _, err := s.Write(buf[:n]); err != nil {
@@ -369,6 +369,9 @@ func TestAtMostOnce(t *testing.T) {
 	ctx := context.Background()
 	direct := standaloneClient(t)
 	if err := script.Load(ctx, direct).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := direct.Do(ctx, "function", "load", "replace", functionSource).Err(); err != nil {
 		t.Fatal(err)
 	}
 	remaining := func(s *Store, z backend.Limit) int64 {

@@ -157,10 +157,35 @@ local DECIDE_SHADOW = "1"
 -- DECIDE_COUNTED marks a request that is denied when a key denies it.
 local DECIDE_COUNTED = "0"
 
--- MANY_COUNT_ARGS is, in mode MODE_MANY, the arguments before each request's
--- keys' arguments: its number of keys. KEYS holds the requests' keys in
--- the same order.
+-- Mode MODE_MANY sends each zone's arguments once per call: after the
+-- header, the number of zones (MANY_ZONES_ARGS), then ZONE_ARGS arguments per
+-- zone, the table the keys refer to; then, per request, its number of keys
+-- (MANY_COUNT_ARGS) and MANY_KEY_ARGS arguments per key. KEYS holds the
+-- requests' keys in the same order. A zone is a zoneConf and a p1: a
+-- calendar window's p1 is the caller's (KEY_ARG_P1).
+local MANY_ZONES_ARGS = 1
 local MANY_COUNT_ARGS = 1
+
+-- One zone's arguments in mode MODE_MANY: the zone's arguments of
+-- KEY_ARG_KIND to KEY_ARG_LOCKOUT, the request's left out.
+local ZONE_ARG_KIND = 1
+local ZONE_ARG_P1 = 2
+local ZONE_ARG_P2 = 3
+local ZONE_ARG_LINEAGE = 4
+local ZONE_ARG_GENERATION = 5
+local ZONE_ARG_HISTORY = 6
+local ZONE_ARG_FROM = 7
+local ZONE_ARG_LOCKOUT = 8
+local ZONE_ARGS = 8
+
+-- One key's arguments in mode MODE_MANY: its zone, the place of its zone
+-- in the table from 1, and the request's arguments (KEY_ARG_COST, KEY_ARG_X1,
+-- KEY_ARG_X2).
+local MANY_KEY_ZONE = 1
+local MANY_KEY_COST = 2
+local MANY_KEY_X1 = 3
+local MANY_KEY_X2 = 4
+local MANY_KEY_ARGS = 4
 
 -- The reply of a decision (MODE_DECIDE, MODE_DECIDE_UNDOABLE, MODE_PEEK): the
 -- clock, then the decision. MODE_MANY replies the clock, then per request

@@ -9,9 +9,9 @@
 -- dispatch on the mode (17-main.lua).
 --
 -- The functions of each algorithm are made only when a call needs them
--- (libM, libB, libW, libC, libL): a script's functions are closures made
--- anew on every call, and making all of them costs more than a whole
--- decision.
+-- (libM, libB, libW, libC, libL): run by EVALSHA, a script's functions are
+-- closures made anew on every call, and making all of them costs more than
+-- a whole decision; loaded as a Function, they are made once.
 
 local E9 = 1000000000
 local E6 = 1000000
@@ -22,23 +22,16 @@ local P53 = 9007199254740992
 -- idle and reads as a fresh one.
 local FAR = 9000000
 
-local mode = ARGV[ARG_MODE]
-local NS, NN
-if ARGV[ARG_NOW_SECONDS] ~= CLOCK_SERVER then
-	NS = tonumber(ARGV[ARG_NOW_SECONDS])
-	NN = tonumber(ARGV[ARG_NOW_NANOS])
-else
-	local t = redis.call('TIME')
-	NS = tonumber(t[1])
-	NN = tonumber(t[2]) * 1000
-end
-local EXTRA = tonumber(ARGV[ARG_EXPIRY_EXTRA])
+-- What a call gives, set when it starts (17-main.lua): the script is
+-- loaded once as a Redis Function (or run whole by EVALSHA on a server
+-- without them), so its functions are made once, and read these.
+local KEYS, ARGV, mode, NS, NN, EXTRA
 -- Times are nanoseconds relative to the start of the current second, NS.
-local now = NN
+local now
 
-local floor = math.floor
-local max = math.max
-local sub = string.sub
+-- A Function's library is loaded without the standard library: these
+-- are set by the call too.
+local floor, max, sub
 
 -- floordiv is floor(x/d) for integers 0 <= x <= 2^52, 1 <= d <= 2^52.
 local function floordiv(x, d)

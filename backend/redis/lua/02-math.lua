@@ -7,6 +7,9 @@
 -- the running quotient and remainder (r < c keeps 2r and r + b mod c below
 -- 2^53). A quotient above most (default 2^52, below 2^53) saturates to P53
 -- (remainder -1).
+-- basemod is absmod's base per window length: the current second's, so a
+-- call starts it afresh (17-main.lua).
+local basemod
 local Mlib
 local function libM()
 	if Mlib then return Mlib end
@@ -67,7 +70,6 @@ local function libM()
 	end
 
 	-- absmod is (the absolute time of t) mod w: epoch-aligned windows.
-	local basemod = {}
 	local function absmod(t, w)
 		local b = basemod[w]
 		if not b then

@@ -18,9 +18,11 @@
 --   then a large one) make every denied call read the whole log.
 --   Format 1 (units per event, found by walking) is only read, from logs
 --   older versions wrote: they are rewritten in format 2 when loaded.
--- A decision reads the header and the few events it needs (GETRANGE), logs
--- an event by writing past the last one and rewrites the header in place
--- (SETRANGE): the whole string is rewritten only when its pruned part
+-- A decision reads the header with the first PRE bytes of events, all of
+-- a small log, and the few other events it needs (GETRANGE); it logs an
+-- event in a log of up to 4 KB by writing it whole (SET ... PX), and in a
+-- larger one by writing past the last event and rewriting the header in
+-- place (SETRANGE): the whole string is rewritten only when its pruned part
 -- outgrows the live part (amortized O(1) per event logged).
 
 local Llib
@@ -28,6 +30,7 @@ local function libL()
 	if Llib then return Llib end
 	local HDR = 26
 	local CH = 32 -- events per read
+	local PRE = 1024 -- bytes of events read with the header
 	local STRIDE = {[0] = 8, [1] = 12, [2] = 20}
 	local FENMAX = 140737488355328 -- 2^47
 
@@ -39,14 +42,20 @@ local function libL()
 
 	-- logEvent returns event i's time and units (0: given back).
 	local function logEvent(l, i)
-		local c = floor((i - 1) / CH)
-		local s = l.chunks[c]
-		if not s then
-			local from = HDR + c * CH * l.stride
-			s = redis.call('GETRANGE', l.key, from, from + CH * l.stride - 1)
-			l.chunks[c] = s
+		local s, pos
+		local at = HDR + (i - 1) * l.stride
+		if at + l.stride <= #l.pre then
+			s, pos = l.pre, at + 1
+		else
+			local c = floor((i - 1) / CH)
+			s = l.chunks[c]
+			if not s then
+				local from = HDR + c * CH * l.stride
+				s = redis.call('GETRANGE', l.key, from, from + CH * l.stride - 1)
+				l.chunks[c] = s
+			end
+			pos = (i - 1 - c * CH) * l.stride + 1
 		end
-		local pos = (i - 1 - c * CH) * l.stride + 1
 		local off = struct.unpack('<d', s, pos)
 		local u = 1
 		if l.wide ~= 0 then u = struct.unpack('<I4', s, pos + 8) end
@@ -61,7 +70,10 @@ local function libL()
 		if v then return v end
 		local c = floor((i - 1) / CH)
 		local s = l.chunks[c]
-		if s then
+		local at = HDR + (i - 1) * 20 + 12
+		if at + 8 <= #l.pre then
+			v = struct.unpack('<d', l.pre, at + 1)
+		elseif s then
 			v = struct.unpack('<d', s, (i - 1 - c * CH) * 20 + 13)
 		else
 			local from = HDR + (i - 1) * 20 + 12
@@ -157,7 +169,7 @@ local function libL()
 			for i = 1, m do parts[i] = struct.pack('<d', times[i] - base) end
 		end
 		local nl = {key = l.key, base = base, sum = sum, wide = fmt, h = 0, h0 = 0, n = m,
-			stride = STRIDE[fmt], chunks = {}, fens = {}}
+			stride = STRIDE[fmt], chunks = {}, fens = {}, pre = ''}
 		redis.call('SET', l.key, logHeader(nl) .. table.concat(parts))
 		return nl
 	end
@@ -165,7 +177,7 @@ local function libL()
 	-- logLoad reads key's header: nil when there is no log (or only one
 	-- so old that every event has left every window).
 	local function logLoad(key)
-		local hdr = redis.call('GETRANGE', key, 0, HDR - 1)
+		local hdr = redis.call('GETRANGE', key, 0, HDR + PRE - 1)
 		if #hdr < HDR then
 			if sub(hdr, 1, 1) == 'm' then return nil, redis.call('GET', key) end -- a forwarding mark (09-kinds.lua)
 			return nil
@@ -174,7 +186,9 @@ local function libL()
 		local d = base - NS
 		if d < -FAR or d > FAR then return nil end
 		local l = {key = key, base = d * E9, sum = sum, wide = wide,
-			h = head, h0 = head, n = n, stride = STRIDE[wide], chunks = {}, fens = {}}
+			h = head, h0 = head, n = n, stride = STRIDE[wide], chunks = {}, fens = {}, pre = hdr}
+		-- The whole string when it is shorter than what was asked.
+		if #hdr < HDR + PRE then l.whole = hdr end
 		if wide == 1 or (wide == 0 and tombs == 1) then
 			-- An older version's log, whose retry time was found by walking.
 			return logRewrite(l, 2)
@@ -232,7 +246,7 @@ local function libL()
 	local function logTake(l, W, cost, key)
 		local t = now
 		if not l.n then
-			l = {key = key}
+			l = {key = key, pre = ''}
 		else
 			logPrune(l, W)
 			local newest = logNewest(l)
@@ -247,11 +261,17 @@ local function libL()
 		if small then
 			-- A log of up to 4 KB is copied whole, without its pruned events: a
 			-- string appended to grows its allocation ahead of use.
-			local tail = redis.call('GETRANGE', key, HDR + l.h * 8, -1)
+			local tail
+			if l.whole then
+				tail = sub(l.whole, HDR + l.h * 8 + 1)
+			else
+				tail = redis.call('GETRANGE', key, HDR + l.h * 8, -1)
+			end
 			l.sum = l.sum + cost
 			l.n = live + 1
 			l.h = 0
-			redis.call('SET', key, logHeader(l) .. tail .. struct.pack('<d', t - l.base))
+			redis.call('SET', key, logHeader(l) .. tail .. struct.pack('<d', t - l.base), 'PX', px(t + W))
+			return t
 		elseif fits and l.h <= live and fmt == 0 then
 			rec = struct.pack('<d', t - l.base)
 		elseif fits and l.h <= live then
@@ -341,7 +361,7 @@ local function libL()
 			redis.call('SETRANGE', key, HDR + (i - 1) * 20, struct.pack('<d', -(t - l.base) - 1))
 			logFenSub(l, key, i, cost)
 		end
-		l.chunks = {}
+		l.chunks, l.pre = {}, ''
 		if l.n == l.h then
 			redis.call('DEL', key)
 			return
@@ -385,7 +405,7 @@ local function libL()
 			end
 			redis.call('SETRANGE', key, 0, logHeader(l))
 		end
-		l.chunks = {}
+		l.chunks, l.pre = {}, ''
 		redis.call('PEXPIRE', key, px(logNewest(l) + W))
 	end
 
@@ -427,7 +447,7 @@ local function libL()
 		logFenSub(l, key, i, est - u)
 		l.sum = l.sum + u - est
 		redis.call('SETRANGE', key, 0, logHeader(l))
-		l.chunks = {}
+		l.chunks, l.pre = {}, ''
 		-- Nodes past 2^47 would make prefix sums inexact: a rewrite makes
 		-- them cover the live events alone.
 		local j = i

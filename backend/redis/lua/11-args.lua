@@ -1,13 +1,24 @@
 ------------------------------------------------------------------------
 -- A key's arguments (KEY_ARG_KIND to KEY_ARG_LOCKOUT, 00-protocol.lua).
 
+-- p1Arg reads a p1 that is not a number into a.p1 (and a.param): an
+-- adjusted bucket's "T/R", or a calendar window's.
+local function p1Arg(a, raw)
+	local t, r = string.match(raw, '^(%d+)/(%d+)$')
+	if t then
+		a.p1, a.param = tonumber(t), tonumber(r)
+	else
+		calArg(a, raw)
+	end
+end
+
 -- readArgs reads the arguments of n keys, KEYS[k0 + 1 .. k0 + n], from
 -- ARGV[o0 + 1] on, KEY_ARGS per key.
 local function readArgs(k0, o0, n)
 	local args = {}
 	for i = 1, n do
 		local o = o0 + (i - 1) * KEY_ARGS
-		args[i] = {
+		local a = {
 			key = KEYS[k0 + i],
 			kind = ARGV[o + KEY_ARG_KIND],
 			p1 = tonumber(ARGV[o + KEY_ARG_P1]),
@@ -21,18 +32,29 @@ local function readArgs(k0, o0, n)
 			from = ARGV[o + KEY_ARG_FROM],
 			lk = ARGV[o + KEY_ARG_LOCKOUT],
 		}
-		local a = args[i]
-		if not a.p1 then
-			-- An adjusted bucket's "T/R", or a calendar window's.
-			local t, r = string.match(ARGV[o + KEY_ARG_P1], '^(%d+)/(%d+)$')
-			if t then
-				a.p1, a.param = tonumber(t), tonumber(r)
-			else
-				calArg(a, ARGV[o + KEY_ARG_P1])
-			end
-		end
+		if not a.p1 then p1Arg(a, ARGV[o + KEY_ARG_P1]) end
 		a.param = a.param or a.p1
+		args[i] = a
 	end
 	return args
 end
 
+-- zoneArgs reads the zone at ARGV[o + 1] on (MODE_MANY, ZONE_ARGS
+-- arguments) as the metatable of its keys' arguments: a key's table holds
+-- what is its own (key, cost, x1, x2, and what a decision changes) and
+-- reads the rest from the zone's, read once per call.
+local function zoneArgs(o)
+	local z = {
+		kind = ARGV[o + ZONE_ARG_KIND],
+		p1 = tonumber(ARGV[o + ZONE_ARG_P1]),
+		p2 = tonumber(ARGV[o + ZONE_ARG_P2]),
+		lin = ARGV[o + ZONE_ARG_LINEAGE],
+		gen = tonumber(ARGV[o + ZONE_ARG_GENERATION]),
+		hist = ARGV[o + ZONE_ARG_HISTORY],
+		from = ARGV[o + ZONE_ARG_FROM],
+		lk = ARGV[o + ZONE_ARG_LOCKOUT],
+	}
+	if not z.p1 then p1Arg(z, ARGV[o + ZONE_ARG_P1]) end
+	z.param = z.param or z.p1
+	return {__index = z}
+end

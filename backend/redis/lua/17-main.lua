@@ -1,65 +1,108 @@
 ------------------------------------------------------------------------
 -- The call: what it does is its mode (ARGV[ARG_MODE], 00-protocol.lua).
 
--- MODE_MANY: each request is decided on its own, all or nothing over its
--- own keys, in the order given, as if each were a call of its own at the
--- same instant. After the header, each request is the number of its keys
--- (MANY_COUNT_ARGS) then their arguments; KEYS holds the requests' keys in
--- the same order. The reply is the clock, then per request its decision as
--- in MODE_DECIDE (without the clock), or an error message alone: a request
--- that fails (its arguments or its keys, read or decided) does not fail
--- the others.
-if mode == MODE_MANY then
-	-- Made here, not above: a function is made anew on every call.
-	local function decideRequest(k0, o, n, out, at)
-		decideKeys(readArgs(k0, o, n), false, out, at)
-	end
+-- decideMany (MODE_MANY) decides each request on its own, all or nothing
+-- over its own keys, in the order given, as if each were a call of its own
+-- at the same instant. After the header come the zones (MANY_ZONES_ARGS,
+-- then ZONE_ARGS per zone), then each request: the number of its keys
+-- (MANY_COUNT_ARGS) then MANY_KEY_ARGS per key; KEYS holds the requests'
+-- keys in the same order. The reply is the clock, then per request its
+-- decision as in MODE_DECIDE (without the clock), or an error message
+-- alone: a request that fails (its arguments or its keys, read or decided)
+-- does not fail the others.
+local function decideMany()
 	local out = {NS, NN} -- REPLY_NOW_SECONDS, REPLY_NOW_NANOS
-	local k0, o = 0, HEADER_ARGS -- the keys and arguments before a request's
+	local z0 = HEADER_ARGS + MANY_ZONES_ARGS -- the arguments before the zones'
+	local zones = {} -- read when a key first names them
+	local k0 = 0 -- the keys before the request's
+	local o = z0 + tonumber(ARGV[HEADER_ARGS + MANY_ZONES_ARGS]) * ZONE_ARGS -- its arguments
 	local last = #ARGV
-	while o < last do
-		local n = tonumber(ARGV[o + MANY_COUNT_ARGS])
-		local at = #out
-		local ok, err = pcall(decideRequest, k0, o + MANY_COUNT_ARGS, n, out, at)
-		if not ok then
-			for j = #out, at + 1, -1 do out[j] = nil end
-			if type(err) == 'table' then err = err.err end
-			out[at + 1] = tostring(err)
+	local at -- the reply's values before the request's
+	-- One pcall runs every request; after a request fails, a new one
+	-- goes on from the next.
+	local function decideFrom()
+		while o < last do
+			local n = tonumber(ARGV[o + MANY_COUNT_ARGS])
+			at = #out
+			local args = {}
+			for i = 1, n do
+				local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
+				local zi = tonumber(ARGV[b + MANY_KEY_ZONE])
+				local zone = zones[zi]
+				if not zone then
+					zone = zoneArgs(z0 + (zi - 1) * ZONE_ARGS)
+					zones[zi] = zone
+				end
+				args[i] = setmetatable({key = KEYS[k0 + i], cost = tonumber(ARGV[b + MANY_KEY_COST]),
+					x1 = ARGV[b + MANY_KEY_X1], x2 = ARGV[b + MANY_KEY_X2]}, zone)
+			end
+			decideKeys(args, false, out, at)
+			k0 = k0 + n
+			o = o + MANY_COUNT_ARGS + n * MANY_KEY_ARGS
 		end
-		k0 = k0 + n
-		o = o + MANY_COUNT_ARGS + n * KEY_ARGS
 	end
+	while true do
+		local ok, err = pcall(decideFrom)
+		if ok then return out end
+		for j = #out, at + 1, -1 do out[j] = nil end
+		if type(err) == 'table' then err = err.err end
+		out[at + 1] = tostring(err)
+		local n = tonumber(ARGV[o + MANY_COUNT_ARGS])
+		k0 = k0 + n
+		o = o + MANY_COUNT_ARGS + n * MANY_KEY_ARGS
+	end
+end
+
+-- call is one call of the script: keys and argv are its KEYS and ARGV.
+local function call(keys, argv)
+	KEYS, ARGV = keys, argv
+	floor, max, sub = math.floor, math.max, string.sub
+	mode = ARGV[ARG_MODE]
+	if ARGV[ARG_NOW_SECONDS] ~= CLOCK_SERVER then
+		NS = tonumber(ARGV[ARG_NOW_SECONDS])
+		NN = tonumber(ARGV[ARG_NOW_NANOS])
+	else
+		local t = redis.call('TIME')
+		NS = tonumber(t[1])
+		NN = tonumber(t[2]) * 1000
+	end
+	EXTRA = tonumber(ARGV[ARG_EXPIRY_EXTRA])
+	now = NN
+	-- What the parts remember within a call: some of it is relative to
+	-- the call's clock, and none may grow from call to call.
+	basemod, hists, metas, froms, lockoutSpecs = {}, {}, {}, {}, {}
+
+	if mode == MODE_MANY then return decideMany() end
+
+	local args = readArgs(0, HEADER_ARGS, #KEYS)
+
+	-- SPEND BUDGETS: commit or release reservations.
+	if mode == MODE_COMMIT or mode == MODE_RELEASE then
+		for i = 1, #args do settleOne(args[i], mode == MODE_RELEASE) end
+		return {}
+	end
+
+	-- A refund gives back each key in turn (one key may be refunded twice
+	-- in one request), so each state is read just before its refund.
+	if mode == MODE_REFUND then
+		for i = 1, #args do refundOne(args[i]) end
+		return {}
+	end
+
+	if mode == MODE_SETTLE then
+		settleKeys(args)
+		return {}
+	end
+
+	if mode == MODE_UNDO then
+		undoKeys(args)
+		return {}
+	end
+
+	-- MODE_DECIDE, or MODE_DECIDE_UNDOABLE: decide and reply what an undo
+	-- needs (the caller sends several slots' calls and may have to take
+	-- this one back). The admin script's modes decide too (lua/admin.lua).
+	local out = {NS, NN} -- REPLY_NOW_SECONDS, REPLY_NOW_NANOS
+	decideKeys(args, mode == MODE_DECIDE_UNDOABLE, out, REPLY_CLOCK_VALUES)
 	return out
 end
-
-local args = readArgs(0, HEADER_ARGS, #KEYS)
-
--- SPEND BUDGETS: commit or release reservations.
-if mode == MODE_COMMIT or mode == MODE_RELEASE then
-	for i = 1, #args do settleOne(args[i], mode == MODE_RELEASE) end
-	return {}
-end
-
--- A refund gives back each key in turn (one key may be refunded twice in
--- one request), so each state is read just before its refund.
-if mode == MODE_REFUND then
-	for i = 1, #args do refundOne(args[i]) end
-	return {}
-end
-
-if mode == MODE_SETTLE then
-	settleKeys(args)
-	return {}
-end
-
-if mode == MODE_UNDO then
-	undoKeys(args)
-	return {}
-end
-
--- MODE_DECIDE, or MODE_DECIDE_UNDOABLE: decide and reply what an undo
--- needs (the caller sends several slots' calls and may have to take this
--- one back). The admin script's modes decide too (lua/admin.lua).
-local out = {NS, NN} -- REPLY_NOW_SECONDS, REPLY_NOW_NANOS
-decideKeys(args, mode == MODE_DECIDE_UNDOABLE, out, REPLY_CLOCK_VALUES)
-return out

@@ -17,7 +17,8 @@
 # commandstats); then one key flooded at about 100x its limit and Redis
 # memory per tracked key. SLUICE_BENCH_BEFORE=<caddy binary> adds the Redis
 # configuration run with that binary ("redis_before"), for before/after
-# ratios in one run. Medians of interleaved rounds.
+# ratios in one run. Medians of interleaved rounds. E2E_FLOOD=0 skips the
+# flood and memory runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=memory
@@ -231,6 +232,9 @@ col() { awk -v c="$2" '{print $c}' "$tmp/out.$1" | median; } # name.layout, colu
 
 runs=("plain shared" "memory shared" "redis shared" "plain own" "memory own" "redis own")
 if [ -n "$before" ]; then runs+=("redis_before shared" "redis_before own"); fi
+# E2E_RUNS picks some of the runs ("name layout" pairs, comma-separated),
+# for more rounds of the ones being compared in the same time.
+[ -z "${E2E_RUNS:-}" ] || IFS=, read -ra runs <<<"$E2E_RUNS"
 # Rounds interleave the configs so that a noisy moment hits all of them.
 for round in $(seq "$rounds"); do
 	for r in "${runs[@]}"; do
@@ -251,7 +255,10 @@ printf '|---|---|---|---|---|---|---|---|\n'
 for r in "${runs[@]}"; do
 	read -r name layout <<<"$r"
 	rps=$(col "$name.$layout" 1)
-	base=$(col "plain.$layout" 1)
+	ratio=–
+	if [ -f "$tmp/out.plain.$layout" ]; then
+		ratio=$(awk -v a="$rps" -v b="$(col "plain.$layout" 1)" 'BEGIN {printf "%.2f×", a / b}')
+	fi
 	cpu=$(col "$name.$layout" 2)
 	added=–
 	if [ -f "$tmp/out.memory.$layout" ] && [ "$name" != plain ] && [ "$name" != memory ]; then
@@ -259,12 +266,12 @@ for r in "${runs[@]}"; do
 	fi
 	redis=– dpc=–
 	if [[ $name == redis* ]]; then redis=$(col "$name.$layout" 3) dpc=$(col "$name.$layout" 4); fi
-	printf '| %s | %s | %s | %.2f× | %s | %s | %s | %s |\n' "$layout" "$name" "$rps" \
-		"$(awk -v a="$rps" -v b="$base" 'BEGIN {print a / b}')" "$cpu" "$added" "$redis" "$dpc"
+	printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$layout" "$name" "$rps" "$ratio" "$cpu" "$added" "$redis" "$dpc"
 done
 echo
 [ ! -s "$tmp/notes" ] || { cat "$tmp/notes"; : >"$tmp/notes"; }
 
+[ "${E2E_FLOOD:-1}" = 1 ] || exit 0
 # Memory per token-bucket key: 10,000 keys at 10000/1d, which stay for the
 # bucket's refill time (8.6 s per request) where 1000/1m keys go in 60 ms.
 run keys_1d shared

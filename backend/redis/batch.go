@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -111,13 +112,13 @@ func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, 
 	p.ctx, p.deadline, p.items, p.results = ctx, deadline, items, results
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
-	batch := b.ready()
-	b.mu.Unlock()
-	if batch != nil {
+	if ok, alone := b.claim(); ok {
 		// This goroutine sends the queue (with its own request, unless
 		// more than maxBatch wait) rather than wake another.
-		b.send(batch)
+		b.send(b.gather(alone))
 		b.next()
+	} else {
+		b.mu.Unlock()
 	}
 	select {
 	case <-p.done: // sent by this goroutine: no timer needed
@@ -154,15 +155,31 @@ var timers = sync.Pool{New: func() any {
 	return t
 }}
 
-// ready returns the batch to send now and counts it in flight, or nil
-// when the queue waits for a call in flight to return; b.mu is held.
-// Whatever it leaves queued, a call in flight will take.
-func (b *batcher) ready() []*pending {
+// claim reports whether the queue leaves now, and counts its call in
+// flight if so; alone reports that no other call is. b.mu is held.
+// Whatever claim leaves queued, a call in flight will take.
+func (b *batcher) claim() (ok, alone bool) {
 	if len(b.queue) == 0 || b.inFlight >= maxInFlight || b.inFlight > 0 && len(b.queue) < minBatch {
-		return nil
+		return false, false
 	}
 	b.inFlight++
-	return b.take()
+	return true, b.inFlight == 1
+}
+
+// gather takes the claimed batch from the queue and unlocks b.mu. A call
+// that has Redis to itself first yields: the goroutines that can run now
+// (requests already read) queue their decisions into it, rather than
+// wait for a call of their own; with none, the yield returns at once, so
+// an idle store waits for nothing.
+func (b *batcher) gather(alone bool) []*pending {
+	if alone {
+		b.mu.Unlock()
+		runtime.Gosched()
+		b.mu.Lock()
+	}
+	batch := b.take()
+	b.mu.Unlock()
+	return batch
 }
 
 // take removes the next batch from the queue; b.mu is held.
@@ -176,23 +193,24 @@ func (b *batcher) take() []*pending {
 	return batch
 }
 
-// next is called when a call returns: what is ready to go is sent by a
-// goroutine that lives while batches are ready, so that the caller whose
+// next is called when a call returns: what may leave is sent by a
+// goroutine that lives while calls are claimed, so that the caller whose
 // call returned is not held up.
 func (b *batcher) next() {
 	b.mu.Lock()
 	b.inFlight--
-	batch := b.ready()
+	ok, alone := b.claim()
 	b.mu.Unlock()
-	if batch == nil {
+	if !ok {
 		return
 	}
 	go func() {
-		for batch != nil {
-			b.send(batch)
+		for ok {
+			b.mu.Lock()
+			b.send(b.gather(alone))
 			b.mu.Lock()
 			b.inFlight--
-			batch = b.ready()
+			ok, alone = b.claim()
 			b.mu.Unlock()
 		}
 	}()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -220,4 +221,61 @@ func TestBatchDropsRequestWhoseClientLeft(t *testing.T) {
 	if n, _ := c.Exists(context.Background(), z.(*zone).prefix+"gone}").Result(); n != 0 {
 		t.Fatal("the request whose client left was charged")
 	}
+}
+
+// While a call is in flight, fewer than minBatch decisions wait for it to
+// return rather than leave in a small call of their own; the minBatch-th
+// sends them all at once, in one call.
+func TestBatchSecondCallWaitsForMinBatch(t *testing.T) {
+	c := standaloneClient(t)
+	s := uncachedStore(t, c, 10*time.Second)
+	z := mustZone(t, s, "second", algorithms.NameTokenBucket, policy(10, time.Hour))
+	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "warm", Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	items, _, err := s.resolve([]backend.Request{{Limit: z, Key: "any"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := s.batcherFor(items)
+	b.mu.Lock()
+	b.inFlight++ // a call in flight that never returns
+	b.mu.Unlock()
+	queued := func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue)
+	}
+	calls0, _ := commandStats(t, c)
+	errs := make(chan error, minBatch)
+	decide := func(i int) {
+		go func() {
+			ok, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: strconv.Itoa(i), Cost: 1}}, make([]algorithms.Result, 1))
+			if err == nil && !ok {
+				err = errors.New("denied")
+			}
+			errs <- err
+		}()
+	}
+	for i := range minBatch - 1 {
+		decide(i)
+	}
+	// Each decision is queued before its goroutine could send it: all of
+	// them queued means none left.
+	waitQueued(t, queued, minBatch-1)
+	decide(minBatch - 1)
+	for range minBatch {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls, _ := commandStats(t, c); calls-calls0 != 1 {
+		t.Fatalf("%v script calls for %d decisions, want 1", calls-calls0, minBatch)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inFlight != 1 || len(b.queue) != 0 {
+		t.Fatalf("%d calls in flight, %d queued after the batch returned; want the one held, none", b.inFlight, len(b.queue))
+	}
+	b.inFlight--
 }

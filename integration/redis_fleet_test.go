@@ -253,6 +253,7 @@ func TestRedisFleetStandalone(t *testing.T) {
 	}
 
 	f := startFleet(t, fleetSize, cfg, "REDIS_PASSWORD="+fleetPassword)
+	window := time.Now().Truncate(10 * time.Minute)
 	for _, a := range fleetAlgorithms {
 		t.Run(a, func(t *testing.T) {
 			f.expectLimit(t, a)
@@ -272,6 +273,9 @@ func TestRedisFleetStandalone(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: redis.Addr, Password: fleetPassword})
 	defer c.Close()
 	for _, a := range fleetAlgorithms {
+		if a == "fixed_window" && !time.Now().Truncate(10*time.Minute).Equal(window) {
+			continue // its 10-minute window ended meanwhile, and its key with it
+		}
 		keys, err := c.Keys(context.Background(), prefix+"fleet_"+a+"//?{one}").Result()
 		if err != nil || len(keys) != 1 {
 			t.Fatalf("the key of %s: %v %v, want one", a, keys, err)

@@ -49,7 +49,9 @@ func TestAdaptiveSharedSlotsFollowTheController(t *testing.T) {
 // fresh key of the reloaded config gets 70 of the 100 units.
 func TestAdaptiveBucketSurvivesReload(t *testing.T) {
 	redis := redistest.Standalone(t, "")
-	for i, store := range []string{"", `"backend": {"name": "redis", "addresses": ["` + redis.Addr + `"]}, `} {
+	// A 5s timeout: on a busy machine a call may take longer than the
+	// default 100ms.
+	for i, store := range []string{"", `"backend": {"name": "redis", "addresses": ["` + redis.Addr + `"], "timeout": "5s"}, `} {
 		nw, _ := reloadBackedOff(t, `{`+store+`"rate_limits": {"adapt_bucket_reload`+strconv.Itoa(i)+`": {"key": "k", "max_events": 100, "window": "1h", "algorithm": "token_bucket", "adaptive": {"min": 10, "interval": "1s"}}}}`)
 		l := nw.zones[0].keyed[0]
 		passed := 0

@@ -15,6 +15,8 @@ import (
 	"time"
 )
 
+const caddyBinEnv = "SLUICE_TEST_CADDY"
+
 var (
 	buildOnce sync.Once
 	caddyBin  string
@@ -26,12 +28,18 @@ var (
 // ones the test build just compiled (Caddy and its standard modules, over a
 // thousand), and only the link is new. Without it, `go test -race ./...`
 // compiled Caddy a second time, without the race detector.
+//
+// SLUICE_TEST_CADDY names a binary built so already, for test processes
+// that run at once (make test): each would build its own.
 func binary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the caddy binary")
 	}
 	buildOnce.Do(func() {
+		if caddyBin = os.Getenv(caddyBinEnv); caddyBin != "" {
+			return
+		}
 		dir, err := os.MkdirTemp("", "sluice-bin")
 		if err != nil {
 			buildErr = err

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/aimd"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -35,7 +36,7 @@ func adaptiveHandler(t *testing.T, raw string, clock *int64) (*Handler, *adaptiv
 	t.Cleanup(cleanup)
 	a := h.zones[0].keyed[0].adapt
 	a.now = func() int64 { return *clock }
-	a.ctl = newAIMD(a.l.adaptCfg, a.ctl.current(), *clock)
+	a.ctl = aimd.New(a.l.adaptCfg, a.ctl.Current(), *clock)
 	return h, a
 }
 
@@ -240,7 +241,8 @@ func TestAdaptiveObservesOutcomes(t *testing.T) {
 				clock += int64(70 * time.Millisecond)
 				return slow(w, r)
 			}))
-			n, p99 := a.ctl.hist.drain()
+			d, _ := a.ctl.Decide(1 << 62) // ends the interval: its numbers are the request's
+			n, p99 := d.Requests, d.P99
 			if tt.name == "switched protocols" || tt.name == "hijacked" {
 				// A WebSocket's length is its client's, not the upstream's.
 				if n != 0 {
@@ -248,7 +250,7 @@ func TestAdaptiveObservesOutcomes(t *testing.T) {
 				}
 				return
 			}
-			if errs := a.ctl.errs.Load(); n != 1 || (errs == 1) != tt.failed {
+			if errs := d.Errors; n != 1 || (errs == 1) != tt.failed {
 				t.Fatalf("%d observations, %d errors; want 1, failed %v", n, errs, tt.failed)
 			}
 			if p99 < int64(70*time.Millisecond) || p99 > int64(75*time.Millisecond) {
@@ -442,8 +444,8 @@ func TestAdaptiveWithCountWhen(t *testing.T) {
 	if err := serve(500); err == nil {
 		t.Fatal("three 500s counted, a fourth request passed")
 	}
-	if errs := a.ctl.errs.Load(); errs != 3 {
-		t.Fatalf("%d failures observed, want 3", errs)
+	if d, _ := a.ctl.Decide(1 << 62); d.Errors != 3 {
+		t.Fatalf("%d failures observed, want 3", d.Errors)
 	}
 }
 
@@ -451,7 +453,7 @@ func TestAdaptiveWithCountWhen(t *testing.T) {
 // 100), makes its controller back off to 70 on an interval of errors, and
 // provisions cfg again, as a reload does; the first config is then
 // cleaned up. It returns the second config and the controller.
-func reloadBackedOff(t *testing.T, cfg string) (*Handler, *aimd) {
+func reloadBackedOff(t *testing.T, cfg string) (*Handler, *aimd.Controller) {
 	t.Helper()
 	old, cleanupOld, err := provisionJSON([]byte(cfg), nil)
 	if err != nil {
@@ -459,9 +461,9 @@ func reloadBackedOff(t *testing.T, cfg string) (*Handler, *aimd) {
 	}
 	ctl := old.zones[0].keyed[0].adapt.ctl
 	for range 10 {
-		ctl.observe(int64(time.Millisecond), true)
+		ctl.Observe(int64(time.Millisecond), true)
 	}
-	if d, ok := ctl.decide(monotonic() + int64(time.Hour)); !ok || d.to != 70 {
+	if d, ok := ctl.Decide(monotonic() + int64(time.Hour)); !ok || d.To != 70 {
 		t.Fatalf("decision %+v %v, want 70", d, ok)
 	}
 	nw, cleanupNew, err := provisionJSON([]byte(cfg), nil)
@@ -579,7 +581,8 @@ func TestAdaptiveLatencyLeavesOutTheClient(t *testing.T) {
 			h, a := adaptiveHandler(t, `{"handler": "rate_limit", "rate_limits": {"adapt_client_`+strings.ReplaceAll(tt.name, " ", "_")+`": {"key": "k", "concurrency": 10, "adaptive": {"interval": "1h"}}}}`, &clock)
 			r := requestWithReplacer(httptest.NewRequest("POST", "/", &slowClientBody{clock: &clock, left: 3}))
 			_ = h.ServeHTTP(slowClientWriter{httptest.NewRecorder(), &clock}, r, tt.next(&clock))
-			n, p99 := a.ctl.hist.drain()
+			d, _ := a.ctl.Decide(1 << 62) // ends the interval: its numbers are the request's
+			n, p99 := d.Requests, d.P99
 			if n != 1 || p99 < int64(70*time.Millisecond) || p99 > int64(75*time.Millisecond) {
 				t.Fatalf("%d observations, latency %v; want 1 of 70 ms (clock moved %v)", n, time.Duration(p99), time.Duration(clock))
 			}
@@ -629,5 +632,55 @@ func TestAdaptiveSeriesRemovedWithTheLastConfig(t *testing.T) {
 	cleanNew()
 	if hasAdaptiveSeries(t, "adapt_series_gone") {
 		t.Fatal("the series outlived the last config with the zone")
+	}
+}
+
+func TestAdaptiveConfigErrors(t *testing.T) {
+	ms := func(n int64) caddy.Duration { return caddy.Duration(n * int64(time.Millisecond)) }
+	for _, tc := range []struct {
+		name  string
+		a     Adaptive
+		start int64
+		want  string
+	}{
+		{"min above max", Adaptive{Min: 600, Max: 500}, 500, "min 600 is above max 500"},
+		{"start below min", Adaptive{Min: 600, Max: 900}, 500, "starts at the configured 500"},
+		{"start above max", Adaptive{Max: 400}, 500, "starts at the configured 500"},
+		{"max too large", Adaptive{Max: MaxConcurrency + 1}, 500, "max must be at most"},
+		{"negative min", Adaptive{Min: -1}, 500, "min must be at least 1"},
+		{"negative increase", Adaptive{Increase: -5}, 500, "increase must be at least 1"},
+		{"decrease 1", Adaptive{Decrease: 1}, 500, "decrease must be strictly between 0 and 1"},
+		{"decrease 1.5", Adaptive{Decrease: 1.5}, 500, "decrease must be strictly between 0 and 1"},
+		{"negative decrease", Adaptive{Decrease: -0.5}, 500, "decrease must be strictly between 0 and 1"},
+		{"interval under 1s", Adaptive{Interval: ms(500)}, 500, "interval must be from 1s to 1h"},
+		{"interval over 1h", Adaptive{Interval: caddy.Duration(2 * time.Hour)}, 500, "interval must be from 1s to 1h"},
+		{"one latency mark", Adaptive{LatencyP99Low: ms(200)}, 500, "latency_p99 needs both marks"},
+		{"latency marks reversed", Adaptive{LatencyP99Low: ms(500), LatencyP99High: ms(200)}, 500, "low mark 500ms must be below the high mark 200ms"},
+		{"latency marks equal", Adaptive{LatencyP99Low: ms(200), LatencyP99High: ms(200)}, 500, "must be below the high mark"},
+		{"negative latency", Adaptive{LatencyP99Low: ms(-1), LatencyP99High: ms(200)}, 500, "must be positive"},
+		{"error marks reversed", Adaptive{ErrorRateLow: 0.05, ErrorRateHigh: 0.01}, 500, "error_rate low mark 0.05 must be below the high mark 0.01"},
+		{"one error mark", Adaptive{ErrorRateLow: 0.05}, 500, "error_rate marks must be above 0%"},
+		{"error rate over 100%", Adaptive{ErrorRateLow: 0.5, ErrorRateHigh: 2}, 500, "at most 100%"},
+	} {
+		_, err := tc.a.config(tc.start, MaxConcurrency)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "adaptive: ") {
+			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
+		}
+	}
+	c, err := (&Adaptive{}).config(40, MaxConcurrency)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (aimd.Config{Min: 1, Max: 40, Increase: 1, Decrease: 0.7, Interval: int64(10 * time.Second), ErrLow: 0.01, ErrHigh: 0.05}); c != want {
+		t.Fatalf("defaults: %+v, want %+v", c, want)
+	}
+	worked := Adaptive{
+		Min: 50, Max: 2000, Increase: 10, Decrease: 0.7, Interval: caddy.Duration(10 * time.Second),
+		LatencyP99Low: caddy.Duration(200 * time.Millisecond), LatencyP99High: caddy.Duration(500 * time.Millisecond),
+		ErrorRateLow: 0.01, ErrorRateHigh: 0.05,
+	}
+	c, err = worked.config(500, MaxConcurrency)
+	if want := (aimd.Config{Min: 50, Max: 2000, Increase: 10, Decrease: 0.7, Interval: int64(10 * time.Second), LatLow: int64(200 * time.Millisecond), LatHigh: int64(500 * time.Millisecond), ErrLow: 0.01, ErrHigh: 0.05}); err != nil || c != want {
+		t.Fatalf("the worked example: %+v, %v; want %+v", c, err, want)
 	}
 }

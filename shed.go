@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice/internal/latency"
 )
 
 // ErrShed is the error behind a 503 answer to a request shed because the
@@ -114,7 +115,7 @@ type shedGroup struct {
 	varKey string
 	// latency is the group's, like the count, so that it outlives a
 	// reload. It is fed only while a config sets a target.
-	latency latencyWindow
+	latency latency.Window
 	now     func() int64
 
 	mu   sync.Mutex
@@ -252,8 +253,8 @@ func (h *Handler) shedding(counted bool) bool {
 	// to date), one that does is brought up to date first, so that a p99
 	// from before a quiet spell cannot shed anything.
 	t := h.shedReg.target
-	return t > 0 && sheds(g.latency.p99.Load(), t, h.Shed.Priority) &&
-		sheds(g.latency.p99At(g.now()), t, h.Shed.Priority)
+	return t > 0 && sheds(g.latency.Last(), t, h.Shed.Priority) &&
+		sheds(g.latency.P99At(g.now()), t, h.Shed.Priority)
 }
 
 // timedGroup is the group whose latency r is timed for by this handler,
@@ -418,7 +419,7 @@ func (c shedCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(newest.capacity), g.name)
 		}
 		if newest.target > 0 {
-			ch <- prometheus.MustNewConstMetric(c.p99, prometheus.GaugeValue, float64(g.latency.p99At(g.now()))/1e9, g.name)
+			ch <- prometheus.MustNewConstMetric(c.p99, prometheus.GaugeValue, float64(g.latency.P99At(g.now()))/1e9, g.name)
 			ch <- prometheus.MustNewConstMetric(c.target, prometheus.GaugeValue, float64(newest.target)/1e9, g.name)
 		}
 		return true

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/latency"
 )
 
 // The shedding rule, priority > 5 − (load − 0.8) × 10, at the loads around
@@ -385,6 +386,12 @@ func TestLeaveAndRejoinGroups(t *testing.T) {
 
 const ms = int64(time.Millisecond)
 
+// windowCount is how many latencies the window holds at now.
+func windowCount(w *latency.Window, now int64) int64 {
+	n, _ := w.Sum(now)
+	return n
+}
+
 // The rule on latency alone, as the request count's: at a p99 of 1.1 ×
 // the target, priorities 3 and 4 are shed and 0 to 2 kept; at 0.9 ×,
 // nothing. In floats, 220ms ÷ 200ms makes priority 2 shed.
@@ -397,12 +404,12 @@ func TestShedLatencyRule(t *testing.T) {
 		{0, [5]bool{}},
 		{180 * ms, [5]bool{}}, // 0.9
 		{180*ms + 1, [5]bool{false, false, false, false, true}},
-		{200 * ms, [5]bool{false, false, false, false, true}},                // 1.0
-		{220 * ms, [5]bool{false, false, false, true, true}},                 // 1.1
-		{220*ms + 1, [5]bool{false, false, true, true, true}},                // just above
-		{240 * ms, [5]bool{false, false, true, true, true}},                  // 1.2
-		{260*ms + 1, [5]bool{false, true, true, true, true}},                 // above 1.3
-		{histUpper(histBuckets - 1), [5]bool{false, true, true, true, true}}, // the top bucket
+		{200 * ms, [5]bool{false, false, false, false, true}},                        // 1.0
+		{220 * ms, [5]bool{false, false, false, true, true}},                         // 1.1
+		{220*ms + 1, [5]bool{false, false, true, true, true}},                        // just above
+		{240 * ms, [5]bool{false, false, true, true, true}},                          // 1.2
+		{260*ms + 1, [5]bool{false, true, true, true, true}},                         // above 1.3
+		{latency.Upper(latency.Buckets - 1), [5]bool{false, true, true, true, true}}, // the top bucket
 	}
 	for _, tt := range tests {
 		for p, want := range tt.shed {
@@ -415,7 +422,7 @@ func TestShedLatencyRule(t *testing.T) {
 		t.Fatal("the float rule no longer misjudges 1.1: this test shows less")
 	}
 	// The largest target and p99 do not overflow.
-	if !sheds(histUpper(histBuckets-1), int64(maxShedLatencyTarget), 1) || sheds(0, int64(maxShedLatencyTarget), 4) {
+	if !sheds(latency.Upper(latency.Buckets-1), int64(maxShedLatencyTarget), 1) || sheds(0, int64(maxShedLatencyTarget), 4) {
 		t.Fatal("the rule overflows at the bounds")
 	}
 }
@@ -452,21 +459,21 @@ func TestShedLoadIsTheGreaterRatio(t *testing.T) {
 		}
 	}
 	check("idle", false, false)
-	// p99 within the 200ms-wide buckets near 220ms: histUpper rounds up,
+	// p99 within the 200ms-wide buckets near 220ms: latency.Upper rounds up,
 	// so record a value whose bucket's upper bound is at most 220ms.
 	lat := latencyAt(t, 200*ms, 220*ms)
 	for range 100 {
-		g.latency.add(lat, clock)
+		g.latency.Add(lat, clock)
 	}
-	clock += int64(latencyRefresh)
-	g.latency.p99At(clock) // as the next request to finish does
+	clock += int64(latency.Refresh)
+	g.latency.P99At(clock) // as the next request to finish does
 	check("p99 1.1, 0 in flight", true, false)
 	g.inFlight.Store(12) // load 1.2 by count
 	check("p99 1.1, 12 in flight", true, true)
 	g.inFlight.Store(0)
 	// A quiet spell: nothing finishes, and the check itself finds the
 	// slow requests gone from the window.
-	clock += int64(latencyWindowSpan)
+	clock += int64(latency.WindowSpan)
 	check("after the window", false, false)
 	g.inFlight.Store(11)
 	check("fast, 11 in flight", true, false)
@@ -477,9 +484,9 @@ func TestShedLoadIsTheGreaterRatio(t *testing.T) {
 	if only.shedding(false) {
 		t.Fatal("a group without a capacity shed on its requests in flight")
 	}
-	only.shed.latency.add(latencyAt(t, 190*ms, 200*ms), clock)
-	clock += int64(latencyRefresh)
-	only.shed.latency.p99At(clock) // as the next request to finish does
+	only.shed.latency.Add(latencyAt(t, 190*ms, 200*ms), clock)
+	clock += int64(latency.Refresh)
+	only.shed.latency.P99At(clock) // as the next request to finish does
 	if !only.shedding(false) {
 		t.Fatal("a group without a capacity did not shed priority 4 at a p99 above 0.9")
 	}
@@ -490,7 +497,7 @@ func TestShedLoadIsTheGreaterRatio(t *testing.T) {
 func latencyAt(t *testing.T, lo, hi int64) int64 {
 	t.Helper()
 	for ns := hi; ns > lo; ns -= 1000 {
-		if up := histUpper(histBucket(uint64(ns) / 1000)); up > lo && up <= hi {
+		if up := latency.Upper(latency.Bucket(uint64(ns) / 1000)); up > lo && up <= hi {
 			return up
 		}
 	}
@@ -527,8 +534,8 @@ func TestShedLatencyTiming(t *testing.T) {
 	g := outer.shed
 	at := func(what string, n int64, p99 int64) {
 		t.Helper()
-		clock += int64(latencyRefresh)
-		if got, p := windowCount(&g.latency, clock), g.latency.p99At(clock); got != n || (n > 0 && (p < p99 || p > p99*17/16)) {
+		clock += int64(latency.Refresh)
+		if got, p := windowCount(&g.latency, clock), g.latency.P99At(clock); got != n || (n > 0 && (p < p99 || p > p99*17/16)) {
 			t.Fatalf("%s: %d latencies, p99 %s; want %d, %s", what, got, time.Duration(p), n, time.Duration(p99))
 		}
 	}
@@ -601,8 +608,8 @@ func TestShedLatencyTwoGroups(t *testing.T) {
 	})); err != nil {
 		t.Fatal(err)
 	}
-	clock += int64(latencyRefresh)
-	pa, pb := a.shed.latency.p99At(clock), b.shed.latency.p99At(clock)
+	clock += int64(latency.Refresh)
+	pa, pb := a.shed.latency.P99At(clock), b.shed.latency.P99At(clock)
 	if pa < 50*ms || pa > 54*ms || pb < 40*ms || pb > 43*ms {
 		t.Fatalf("p99 %s and %s, want about 50ms (10 + 40) and 40ms", time.Duration(pa), time.Duration(pb))
 	}
@@ -613,7 +620,7 @@ func TestShedLatencyTwoGroups(t *testing.T) {
 func TestShedLatencySurvivesReload(t *testing.T) {
 	clock := int64(600 * time.Second)
 	old := latencyShed(t, "unit_lat_reload", 10, 3, &clock)
-	old.shed.latency.add(latencyAt(t, 200*ms, 220*ms), clock)
+	old.shed.latency.Add(latencyAt(t, 200*ms, 220*ms), clock)
 	next, cleanup, err := provisionJSON([]byte(`{"shed": {"group": "unit_lat_reload", "capacity": 10, "latency_target": "200ms", "priority": 3}}`), backend.SystemNow)
 	if err != nil {
 		t.Fatal(err)
@@ -624,8 +631,8 @@ func TestShedLatencySurvivesReload(t *testing.T) {
 	if next.shed != g {
 		t.Fatal("the new config has a group of its own")
 	}
-	clock += int64(latencyRefresh)
-	g.latency.p99At(clock) // as the next request to finish does
+	clock += int64(latency.Refresh)
+	g.latency.P99At(clock) // as the next request to finish does
 	if !next.shedding(false) {
 		t.Fatal("the new config does not shed on the old config's latency")
 	}
@@ -748,15 +755,15 @@ func BenchmarkShedLatency(b *testing.B) {
 	}
 	// Working out the p99 of a full window, done at most every 100 ms.
 	b.Run("refresh", func(b *testing.B) {
-		var w latencyWindow
+		var w latency.Window
 		now := int64(100 * time.Second)
 		for i := range int64(10000) {
-			w.add(i*ms/10, now+i*ms)
+			w.Add(i*ms/10, now+i*ms)
 		}
 		now += 10000*ms - 1
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, p99 := w.sum(now); p99 == 0 {
+			if _, p99 := w.Sum(now); p99 == 0 {
 				b.Fatal("empty")
 			}
 		}

@@ -222,8 +222,8 @@ func (x *watcher) observe(r *http.Request, err error, start, end int64, timedBod
 		a.observe(latency, failed, end)
 	}
 	if g := x.group; g != nil && !x.refused {
-		g.latency.add(max(latency-x.paused, 0), end)
-		g.latency.p99At(end) // up to date for the checks that read it without the clock
+		g.latency.Add(max(latency-x.paused, 0), end)
+		g.latency.P99At(end) // up to date for the checks that read it without the clock
 	}
 }
 

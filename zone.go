@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/aimd"
 	"github.com/sluicehq/sluice/internal/keys"
 )
 
@@ -433,7 +434,7 @@ type Limit struct {
 	base     string         // a tier's scope as configured, without the tier
 	budget   limitBudget    // charge_when and align (budget.go)
 	adapt    *adaptiveLimit // nil unless adaptive
-	adaptCfg aimdConfig
+	adaptCfg aimd.Config
 	// The zone and scope names as placeholder values, converted once:
 	// converting a string to an interface value allocates.
 	zoneName, scopeName any
@@ -654,7 +655,7 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	if err := z.checkLockoutShadow(l); err != nil {
 		return err
 	}
-	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Lockout: l.lockoutSteps(), MostEvents: l.adaptCfg.max, Owner: owner, Calendar: l.budget.cal}
+	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Lockout: l.lockoutSteps(), MostEvents: l.adaptCfg.Max, Owner: owner, Calendar: l.budget.cal}
 	l.handle, err = store.Register(l.cfg)
 	if err != nil {
 		return err

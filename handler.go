@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/internal/keys"
+	"github.com/sluicehq/sluice/internal/tarpit"
 )
 
 // ErrRateLimited is the error behind every 429 answer; {http.error.message}
@@ -160,7 +161,7 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *requestState
 func (h *Handler) hold(r *http.Request, s *requestState) (*refusal, error) {
 	if !s.allowed {
 		if held := h.holdInTarpit(r); held > 0 {
-			elapse(s.out, held)
+			tarpit.Elapse(s.out, held)
 		}
 		return h.deny(r, s), nil
 	}

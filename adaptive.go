@@ -208,11 +208,11 @@ func (l *Limit) checkAdaptive(alg string) error {
 	}
 	switch {
 	case l.tiered():
-		return errAdaptiveTiers
+		return optionErr("adaptive", errAdaptiveTiers)
 	case l.Concurrency != 0 && !l.concOnly():
-		return fmt.Errorf("adaptive: the limit has both a rate and a concurrency, and adapts one number: put the concurrency (or the rate) in a scope of its own")
+		return optionErrorf("adaptive", "adaptive: the limit has both a rate and a concurrency, and adapts one number: put the concurrency (or the rate) in a scope of its own")
 	case l.Lease != 0:
-		return fmt.Errorf("adaptive: a lease takes units in advance under the limit of the moment: remove lease or adaptive")
+		return optionErrorf("adaptive", "adaptive: a lease takes units in advance under the limit of the moment: remove lease or adaptive")
 	}
 	start, most := l.Concurrency, int64(MaxConcurrency)
 	if l.Concurrency == 0 {
@@ -223,10 +223,10 @@ func (l *Limit) checkAdaptive(alg string) error {
 	}
 	cfg, err := a.config(start, most)
 	if err != nil {
-		return err
+		return optionErr("adaptive", err)
 	}
 	if cost := l.constantCost(); l.Concurrency == 0 && cost > cfg.Min {
-		return fmt.Errorf("adaptive: min %d is below the cost %d of every request: at min, none would pass", cfg.Min, cost)
+		return optionErrorf("adaptive", "adaptive: min %d is below the cost %d of every request: at min, none would pass", cfg.Min, cost)
 	}
 	if l.Concurrency == 0 && algorithms.KindOf(alg) == algorithms.KindBucket {
 		// The burst moves with the rate: both ends must make a policy the
@@ -235,10 +235,10 @@ func (l *Limit) checkAdaptive(alg string) error {
 		for _, n := range []int64{cfg.Min, cfg.Max} {
 			p := algorithms.Adapted(alg, l.policy(), n)
 			if err := p.Validate(); err != nil {
-				return fmt.Errorf("adaptive: at %d events per window (burst %d): %w", n, p.Burst, err)
+				return optionErrorf("adaptive", "adaptive: at %d events per window (burst %d): %w", n, p.Burst, err)
 			}
 			if r := algorithms.NewBucketAlgorithm(alg, p).Decide(algorithms.Bucket{}, 0, l.constantCost()); r.RetryAfter == algorithms.Never {
-				return fmt.Errorf("adaptive: at min %d the bucket holds %d (burst × min ÷ max_events), below the cost %d of every request: none would pass", n, r.Limit, l.constantCost())
+				return optionErrorf("adaptive", "adaptive: at min %d the bucket holds %d (burst × min ÷ max_events), below the cost %d of every request: none would pass", n, r.Limit, l.constantCost())
 			}
 		}
 	}

@@ -57,19 +57,19 @@ func (l *Limit) concOnly() bool {
 func (l *Limit) checkConc() error {
 	switch {
 	case l.Concurrency < 0 || l.Concurrency > MaxConcurrency:
-		return fmt.Errorf("concurrency must be from 1 to %d, got %d", MaxConcurrency, l.Concurrency)
+		return optionErrorf("concurrency", "concurrency must be from 1 to %d, got %d", MaxConcurrency, l.Concurrency)
 	case l.Queue < 0 || l.Queue > MaxQueue:
-		return fmt.Errorf("queue must be from 0 to 1h, got %s", time.Duration(l.Queue))
+		return optionErrorf("queue", "queue must be from 0 to 1h, got %s", time.Duration(l.Queue))
 	case l.Queue != 0 && l.Concurrency == 0:
-		return fmt.Errorf("queue would do nothing without concurrency: set concurrency, or use max_delay to queue for a rate")
+		return optionErrorf("queue", "queue would do nothing without concurrency: set concurrency, or use max_delay to queue for a rate")
 	case l.QueueMax < 0 || l.QueueMax > MaxConcurrency:
-		return fmt.Errorf("queue_max must be from 1 to %d, got %d", MaxConcurrency, l.QueueMax)
+		return optionErrorf("queue_max", "queue_max must be from 1 to %d, got %d", MaxConcurrency, l.QueueMax)
 	case l.QueueMax != 0 && l.Queue == 0:
-		return fmt.Errorf("queue_max would do nothing without queue: a request beyond the concurrency is refused at once already")
+		return optionErrorf("queue_max", "queue_max would do nothing without queue: a request beyond the concurrency is refused at once already")
 	case l.SlotTTL != 0 && l.Concurrency == 0:
-		return fmt.Errorf("slot_ttl would do nothing without concurrency")
+		return optionErrorf("slot_ttl", "slot_ttl would do nothing without concurrency")
 	case l.SlotTTL != 0 && (l.SlotTTL < MinSlotTTL || l.SlotTTL > MaxSlotTTL):
-		return fmt.Errorf("slot_ttl must be from 1s to 1h, got %s", time.Duration(l.SlotTTL))
+		return optionErrorf("slot_ttl", "slot_ttl must be from 1s to 1h, got %s", time.Duration(l.SlotTTL))
 	}
 	if !l.concOnly() {
 		return nil
@@ -79,7 +79,7 @@ func (l *Limit) checkConc() error {
 		option{l.Cost != nil, "cost"}, option{l.MaxKeys != 0, "max_keys"}, option{l.Lease != 0, "lease"},
 		option{l.CountWhen != nil, "count_when"}, option{l.ResetWhen != nil, "reset_when"},
 	); len(unused) > 0 {
-		return fmt.Errorf("%s would do nothing on a limit of concurrency alone: add a rate (max_events and window), or remove %s", strings.Join(unused, ", "), itOrThem(unused))
+		return optionErrorf(unused[0], "%s would do nothing on a limit of concurrency alone: add a rate (max_events and window), or remove %s", strings.Join(unused, ", "), itOrThem(unused))
 	}
 	return nil
 }

@@ -295,20 +295,20 @@ func (l *Limit) provisionAdaptive(logger *zap.Logger) error {
 	case l.shared != nil:
 		// Each instance moves the cap it sends with its own acquires, from
 		// what its own requests meet; the set of slots is the fleet's.
-		slots, ok := l.shared.slots.(backend.AdjustableSlots)
+		slots, ok := l.shared.Slots().(backend.AdjustableSlots)
 		if !ok {
 			return fmt.Errorf("adaptive: this backend cannot change the concurrency of its shared slots while the limit runs")
 		}
 		a.set = func(n int64) error {
 			if l.conc != nil { // the local cap while Redis is away
-				l.conc.setMax(n)
+				l.conc.SetMax(n)
 			}
 			err := slots.SetLimit(n)
-			l.shared.wakeAll()
+			l.shared.WakeAll()
 			return err
 		}
 	case l.conc != nil:
-		a.set = func(n int64) error { l.conc.setMax(n); return nil }
+		a.set = func(n int64) error { l.conc.SetMax(n); return nil }
 	default:
 		start = l.MaxEvents
 		if h, ok := l.handle.(backend.Adjustable); !ok || !h.CanAdjust() {

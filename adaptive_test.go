@@ -143,61 +143,6 @@ func TestParseRatio(t *testing.T) {
 	}
 }
 
-// Raised, a concurrency cap hands the new slots to the waiters in line at
-// once; lowered, it takes no slot from a request in flight, and a freed
-// slot above the new cap goes back to the pool, not to the next waiter.
-func TestConcurrencySetMax(t *testing.T) {
-	c := testLimiter(2, time.Minute)
-	a, _ := c.take("k")
-	b, _ := c.take("k")
-	timer := &manualTimer{fire: make(chan time.Time)}
-	k1, w1 := c.take("k")
-	k2, w2 := c.take("k")
-	k3, w3 := c.take("k")
-	if w1 == nil || w2 == nil || w3 == nil {
-		t.Fatal("a third request got a slot of two")
-	}
-	done := make(chan int, 3)
-	for i, kw := range []struct {
-		k *concKey
-		w *concWaiter
-	}{{k1, w1}, {k2, w2}, {k3, w3}} {
-		go func() {
-			if err := c.await(context.Background(), kw.k, kw.w, timer.newTimer); err != nil {
-				t.Errorf("waiter %d: %v", i, err)
-			}
-			done <- i
-		}()
-	}
-	c.setMax(4)
-	// The first two in line get the new slots; their goroutines may then
-	// report in either order.
-	if got := []int{<-done, <-done}; min(got[0], got[1]) != 0 || max(got[0], got[1]) != 1 {
-		t.Fatalf("waiters %v got the new slots, want 0 and 1", got)
-	}
-	// 4 in flight, one waiting; the cap falls to 2.
-	c.setMax(2)
-	c.release(a) // 3 in flight: still above the cap, the waiter waits
-	select {
-	case i := <-done:
-		t.Fatalf("waiter %d got a slot above the lowered cap", i)
-	default:
-	}
-	c.release(b) // 2 in flight, at the cap: the waiter still waits
-	select {
-	case i := <-done:
-		t.Fatalf("waiter %d got a slot at the lowered cap", i)
-	default:
-	}
-	c.release(k1) // 1 in flight: the slot goes to the waiter
-	if i := <-done; i != 2 {
-		t.Fatalf("waiter %d, want 2", i)
-	}
-	if _, w := c.take("k"); w == nil {
-		t.Fatal("a newcomer got a slot with 2 of 2 in flight")
-	}
-}
-
 // nextFunc is a handler after rate_limit.
 type nextFunc func(http.ResponseWriter, *http.Request) error
 
@@ -281,14 +226,14 @@ func TestAdaptiveConcurrencyFollowsErrors(t *testing.T) {
 		serve(status)
 	}
 	interval(500, 10*time.Second)
-	if got := a.l.conc.max.Load(); got != 70 {
+	if got := a.l.conc.Max(); got != 70 {
 		t.Fatalf("after an interval of 500s: cap %d, want 70", got)
 	}
 	if got := gaugeValue(t, adaptiveLimitG.WithLabelValues("adapt_conc_errs", "")); got != 70 {
 		t.Fatalf("gauge %v, want 70", got)
 	}
 	interval(200, 20*time.Second)
-	if got := a.l.conc.max.Load(); got != 75 {
+	if got := a.l.conc.Max(); got != 75 {
 		t.Fatalf("after a clean interval: cap %d, want 75", got)
 	}
 }
@@ -481,7 +426,7 @@ func reloadBackedOff(t *testing.T, cfg string) (*Handler, *aimd.Controller) {
 func TestAdaptiveSurvivesReload(t *testing.T) {
 	const cfg = `{"rate_limits": {"adapt_reload": {"key": "k", "concurrency": 100, "adaptive": {"min": 10, "interval": "1s"}}}}`
 	nw, ctl := reloadBackedOff(t, cfg)
-	if got := nw.zones[0].keyed[0].conc.max.Load(); got != 70 {
+	if got := nw.zones[0].keyed[0].conc.Max(); got != 70 {
 		t.Fatalf("the reloaded config's cap is %d, want 70", got)
 	}
 	if nw.zones[0].keyed[0].adapt.ctl != ctl {
@@ -492,7 +437,7 @@ func TestAdaptiveSurvivesReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cleanupChanged()
-	if got := changed.zones[0].keyed[0].conc.max.Load(); got != 100 {
+	if got := changed.zones[0].keyed[0].conc.Max(); got != 100 {
 		t.Fatalf("with other settings the cap is %d, want the configured 100", got)
 	}
 }

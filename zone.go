@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/internal/aimd"
+	"github.com/sluicehq/sluice/internal/conc"
 	"github.com/sluicehq/sluice/internal/keys"
 )
 
@@ -421,8 +422,8 @@ type Limit struct {
 	cfg       backend.LimitConfig // as registered with the store
 	local     backend.Limit       // the in-process fallback of a "local" limit
 	failC     prometheus.Counter
-	conc      *concLimiter // nil without concurrency; with shared slots, the "local" fallback
-	shared    *sharedConc  // slots shared through the backend (Redis)
+	conc      *conc.Local  // nil without concurrency; with shared slots, the "local" fallback
+	shared    *conc.Shared // slots shared through the backend (Redis)
 	// The answer of a denial by this limit, made at provision.
 	denyStatus int
 	denyErr    error

@@ -175,12 +175,14 @@ func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp
 	if g := h.shed; g != nil && !counted {
 		// Counted only once admitted: a request refused or held in a
 		// tarpit loads nothing behind this handler.
-		var timer *watcher
+		// The request's var marks it counted: the watcher when it times
+		// the request for the group, else the group.
 		if x != nil && x.group != nil {
-			timer = x
+			g.Enter(vars, x)
+		} else {
+			g.Enter(vars, g)
 		}
-		g.enter(vars, timer)
-		defer g.leave(vars)
+		defer g.Exit(vars)
 	}
 	if x != nil {
 		return x.serve(r, next)

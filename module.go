@@ -23,6 +23,7 @@ import (
 	_ "github.com/sluicehq/sluice/backend/redis"
 	"github.com/sluicehq/sluice/internal/keys"
 	// The shuffle_shard load-balancing policy ships with the handler.
+	"github.com/sluicehq/sluice/internal/shed"
 	"github.com/sluicehq/sluice/internal/tarpit"
 	_ "github.com/sluicehq/sluice/shard"
 )
@@ -145,8 +146,8 @@ type Handler struct {
 	// bodyFields are the JSON paths found in one pass over a body.
 	bodyFields *keys.BodyFields
 
-	shed    *shedGroup // nil without shed
-	shedReg *shedReg
+	shed    *shed.Group // nil without shed
+	shedReg *shed.Reg
 	// shedRefusal is the refusal of every shed request, in the group's
 	// name.
 	shedRefusal *refusal

@@ -60,7 +60,7 @@ func TestTarpitHolds(t *testing.T) {
 	if got := testutil.ToFloat64(tarpitHeld) - held0; got != 2 {
 		t.Fatalf("held gauge %v, want 2", got)
 	}
-	if n := u.h.shed.inFlight.Load(); n != 0 {
+	if n := u.h.shed.InFlight.Load(); n != 0 {
 		t.Fatalf("%d in flight for load shedding while only denials are held", n)
 	}
 	// Full: the third denial is answered at once.
@@ -109,8 +109,8 @@ func TestTarpitOnlyDenials(t *testing.T) {
 	if a := u.serve(context.Background(), nil); !a.passed {
 		t.Fatalf("admitted request: %d", a.code)
 	}
-	u.h.shed.inFlight.Store(1000)
-	defer u.h.shed.inFlight.Store(0)
+	u.h.shed.InFlight.Store(1000)
+	defer u.h.shed.InFlight.Store(0)
 	u.h.Shed.Priority = 4
 	if a := u.serve(context.Background(), nil); a.code != http.StatusServiceUnavailable {
 		t.Fatalf("shed request: %d", a.code)
@@ -197,7 +197,7 @@ func TestTarpitHeldLeavesOuterGroup(t *testing.T) {
 	go func() {
 		done <- outer.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 			err := inner.h.ServeHTTP(w, r, okHandler)
-			after = g.inFlight.Load()
+			after = g.InFlight.Load()
 			return err
 		}))
 	}()
@@ -207,14 +207,14 @@ func TestTarpitHeldLeavesOuterGroup(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the denial was not held")
 	}
-	if n := g.inFlight.Load(); n != 0 {
+	if n := g.InFlight.Load(); n != 0 {
 		t.Fatalf("%d in flight in the outer group while the denial is held, want 0", n)
 	}
 	ft.fire <- time.Time{}
 	if err := <-done; err == nil {
 		t.Fatal("the denial passed")
 	}
-	if after != 1 || g.inFlight.Load() != 0 {
-		t.Fatalf("in flight %d once the hold ended (want 1, the outer handler's), %d after (want 0)", after, g.inFlight.Load())
+	if after != 1 || g.InFlight.Load() != 0 {
+		t.Fatalf("in flight %d once the hold ended (want 1, the outer handler's), %d after (want 0)", after, g.InFlight.Load())
 	}
 }

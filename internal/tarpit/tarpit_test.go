@@ -35,11 +35,15 @@ func TestTake(t *testing.T) {
 	defer SetCeiling(saved)
 	a, b := New(int64(time.Second), 2), New(int64(time.Second), 5)
 	SetCeiling(HeldAll() + 3)
-	if !a.Take() || !a.Take() || a.Take() {
-		t.Fatal("a tarpit of max 2 did not hold exactly 2")
+	for i, want := range []bool{true, true, false} {
+		if got := a.Take(); got != want {
+			t.Fatalf("take %d of a tarpit of max 2: %v, want %v", i+1, got, want)
+		}
 	}
-	if !b.Take() || b.Take() {
-		t.Fatal("the ceiling of 3 did not bound two tarpits")
+	for i, want := range []bool{true, false} {
+		if got := b.Take(); got != want {
+			t.Fatalf("take %d under a ceiling of 3 with 2 held: %v, want %v", i+1, got, want)
+		}
 	}
 	if a.Held() != 2 || b.Held() != 1 {
 		t.Fatalf("held %d and %d, want 2 and 1", a.Held(), b.Held())

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/aimd"
 )
 
 // Adaptive makes a limit follow the health of what it protects: every
@@ -94,55 +95,55 @@ const (
 // config checks a and returns the controller's settings for a limit
 // configured at start, whose largest accepted value is most. Errors name
 // the field as the config writes it.
-func (a *Adaptive) config(start, most int64) (aimdConfig, error) {
-	c := aimdConfig{
-		min: a.Min, max: a.Max, increase: a.Increase, decrease: a.Decrease,
-		interval: int64(a.Interval), latLow: int64(a.LatencyP99Low), latHigh: int64(a.LatencyP99High),
-		errLow: a.ErrorRateLow, errHigh: a.ErrorRateHigh,
+func (a *Adaptive) config(start, most int64) (aimd.Config, error) {
+	c := aimd.Config{
+		Min: a.Min, Max: a.Max, Increase: a.Increase, Decrease: a.Decrease,
+		Interval: int64(a.Interval), LatLow: int64(a.LatencyP99Low), LatHigh: int64(a.LatencyP99High),
+		ErrLow: a.ErrorRateLow, ErrHigh: a.ErrorRateHigh,
 	}
-	if c.min == 0 {
-		c.min = 1
+	if c.Min == 0 {
+		c.Min = 1
 	}
-	if c.max == 0 {
-		c.max = start
+	if c.Max == 0 {
+		c.Max = start
 	}
-	if c.increase == 0 {
-		c.increase = 1
+	if c.Increase == 0 {
+		c.Increase = 1
 	}
-	if c.decrease == 0 {
-		c.decrease = defaultAdaptiveDecrease
+	if c.Decrease == 0 {
+		c.Decrease = defaultAdaptiveDecrease
 	}
-	if c.interval == 0 {
-		c.interval = int64(defaultAdaptiveInterval)
+	if c.Interval == 0 {
+		c.Interval = int64(defaultAdaptiveInterval)
 	}
-	if c.errLow == 0 && c.errHigh == 0 {
-		c.errLow, c.errHigh = defaultErrorRateLow, defaultErrorRateHigh
+	if c.ErrLow == 0 && c.ErrHigh == 0 {
+		c.ErrLow, c.ErrHigh = defaultErrorRateLow, defaultErrorRateHigh
 	}
 	switch {
-	case c.min < 1:
-		return c, fmt.Errorf("adaptive: min must be at least 1, got %d", c.min)
-	case c.max > most:
-		return c, fmt.Errorf("adaptive: max must be at most %d, got %d", most, c.max)
-	case c.min > c.max:
-		return c, fmt.Errorf("adaptive: min %d is above max %d", c.min, c.max)
-	case start < c.min || start > c.max:
-		return c, fmt.Errorf("adaptive: the limit starts at the configured %d, which must be within min %d and max %d", start, c.min, c.max)
-	case c.increase < 1:
-		return c, fmt.Errorf("adaptive: increase must be at least 1, got %d", c.increase)
-	case math.IsNaN(c.decrease) || c.decrease <= 0 || c.decrease >= 1:
-		return c, fmt.Errorf("adaptive: decrease must be strictly between 0 and 1, got %v", c.decrease)
-	case c.interval < int64(minAdaptiveInterval) || c.interval > int64(maxAdaptiveInterval):
-		return c, fmt.Errorf("adaptive: interval must be from 1s to 1h, got %s", time.Duration(c.interval))
-	case (c.latLow == 0) != (c.latHigh == 0):
-		return c, fmt.Errorf("adaptive: latency_p99 needs both marks, low and high (got %s and %s)", time.Duration(c.latLow), time.Duration(c.latHigh))
-	case c.latLow < 0 || c.latHigh < 0:
-		return c, fmt.Errorf("adaptive: latency_p99 marks must be positive, got %s and %s", time.Duration(c.latLow), time.Duration(c.latHigh))
-	case c.latHigh > 0 && c.latLow >= c.latHigh:
-		return c, fmt.Errorf("adaptive: latency_p99 low mark %s must be below the high mark %s", time.Duration(c.latLow), time.Duration(c.latHigh))
-	case !(c.errLow > 0 && c.errLow <= 1) || !(c.errHigh > 0 && c.errHigh <= 1):
-		return c, fmt.Errorf("adaptive: error_rate marks must be above 0%% and at most 100%%, got %v and %v", c.errLow, c.errHigh)
-	case c.errLow >= c.errHigh:
-		return c, fmt.Errorf("adaptive: error_rate low mark %v must be below the high mark %v", c.errLow, c.errHigh)
+	case c.Min < 1:
+		return c, fmt.Errorf("adaptive: min must be at least 1, got %d", c.Min)
+	case c.Max > most:
+		return c, fmt.Errorf("adaptive: max must be at most %d, got %d", most, c.Max)
+	case c.Min > c.Max:
+		return c, fmt.Errorf("adaptive: min %d is above max %d", c.Min, c.Max)
+	case start < c.Min || start > c.Max:
+		return c, fmt.Errorf("adaptive: the limit starts at the configured %d, which must be within min %d and max %d", start, c.Min, c.Max)
+	case c.Increase < 1:
+		return c, fmt.Errorf("adaptive: increase must be at least 1, got %d", c.Increase)
+	case math.IsNaN(c.Decrease) || c.Decrease <= 0 || c.Decrease >= 1:
+		return c, fmt.Errorf("adaptive: decrease must be strictly between 0 and 1, got %v", c.Decrease)
+	case c.Interval < int64(minAdaptiveInterval) || c.Interval > int64(maxAdaptiveInterval):
+		return c, fmt.Errorf("adaptive: interval must be from 1s to 1h, got %s", time.Duration(c.Interval))
+	case (c.LatLow == 0) != (c.LatHigh == 0):
+		return c, fmt.Errorf("adaptive: latency_p99 needs both marks, low and high (got %s and %s)", time.Duration(c.LatLow), time.Duration(c.LatHigh))
+	case c.LatLow < 0 || c.LatHigh < 0:
+		return c, fmt.Errorf("adaptive: latency_p99 marks must be positive, got %s and %s", time.Duration(c.LatLow), time.Duration(c.LatHigh))
+	case c.LatHigh > 0 && c.LatLow >= c.LatHigh:
+		return c, fmt.Errorf("adaptive: latency_p99 low mark %s must be below the high mark %s", time.Duration(c.LatLow), time.Duration(c.LatHigh))
+	case !(c.ErrLow > 0 && c.ErrLow <= 1) || !(c.ErrHigh > 0 && c.ErrHigh <= 1):
+		return c, fmt.Errorf("adaptive: error_rate marks must be above 0%% and at most 100%%, got %v and %v", c.ErrLow, c.ErrHigh)
+	case c.ErrLow >= c.ErrHigh:
+		return c, fmt.Errorf("adaptive: error_rate low mark %v must be below the high mark %v", c.ErrLow, c.ErrHigh)
 	}
 	return c, nil
 }
@@ -207,11 +208,11 @@ func (l *Limit) checkAdaptive(alg string) error {
 	}
 	switch {
 	case l.tiered():
-		return errAdaptiveTiers
+		return optionErr("adaptive", errAdaptiveTiers)
 	case l.Concurrency != 0 && !l.concOnly():
-		return fmt.Errorf("adaptive: the limit has both a rate and a concurrency, and adapts one number: put the concurrency (or the rate) in a scope of its own")
+		return optionErrorf("adaptive", "adaptive: the limit has both a rate and a concurrency, and adapts one number: put the concurrency (or the rate) in a scope of its own")
 	case l.Lease != 0:
-		return fmt.Errorf("adaptive: a lease takes units in advance under the limit of the moment: remove lease or adaptive")
+		return optionErrorf("adaptive", "adaptive: a lease takes units in advance under the limit of the moment: remove lease or adaptive")
 	}
 	start, most := l.Concurrency, int64(MaxConcurrency)
 	if l.Concurrency == 0 {
@@ -222,22 +223,22 @@ func (l *Limit) checkAdaptive(alg string) error {
 	}
 	cfg, err := a.config(start, most)
 	if err != nil {
-		return err
+		return optionErr("adaptive", err)
 	}
-	if cost := l.constantCost(); l.Concurrency == 0 && cost > cfg.min {
-		return fmt.Errorf("adaptive: min %d is below the cost %d of every request: at min, none would pass", cfg.min, cost)
+	if cost := l.constantCost(); l.Concurrency == 0 && cost > cfg.Min {
+		return optionErrorf("adaptive", "adaptive: min %d is below the cost %d of every request: at min, none would pass", cfg.Min, cost)
 	}
 	if l.Concurrency == 0 && algorithms.KindOf(alg) == algorithms.KindBucket {
 		// The burst moves with the rate: both ends must make a policy the
 		// algorithm takes (a burst past its bound at max, a burst × interval
 		// too long at min).
-		for _, n := range []int64{cfg.min, cfg.max} {
+		for _, n := range []int64{cfg.Min, cfg.Max} {
 			p := algorithms.Adapted(alg, l.policy(), n)
 			if err := p.Validate(); err != nil {
-				return fmt.Errorf("adaptive: at %d events per window (burst %d): %w", n, p.Burst, err)
+				return optionErrorf("adaptive", "adaptive: at %d events per window (burst %d): %w", n, p.Burst, err)
 			}
 			if r := algorithms.NewBucketAlgorithm(alg, p).Decide(algorithms.Bucket{}, 0, l.constantCost()); r.RetryAfter == algorithms.Never {
-				return fmt.Errorf("adaptive: at min %d the bucket holds %d (burst × min ÷ max_events), below the cost %d of every request: none would pass", n, r.Limit, l.constantCost())
+				return optionErrorf("adaptive", "adaptive: at min %d the bucket holds %d (burst × min ÷ max_events), below the cost %d of every request: none would pass", n, r.Limit, l.constantCost())
 			}
 		}
 	}
@@ -249,7 +250,7 @@ func (l *Limit) checkAdaptive(alg string) error {
 // go.
 type adaptiveLimit struct {
 	l    *Limit
-	ctl  *aimd
+	ctl  *aimd.Controller
 	key  adaptiveKey
 	set  func(int64) error
 	now  func() int64
@@ -273,11 +274,8 @@ type adaptiveKey struct {
 	zone, scope string
 	conc        bool
 	start       int64
-	cfg         aimdConfig
+	cfg         aimd.Config
 }
-
-// Destruct lets the pool drop the controller.
-func (*aimd) Destruct() error { return nil }
 
 // provisionAdaptive gives l its controller, once its slots or its store
 // handle exist: the one a running config shares, or a new one at the
@@ -297,20 +295,20 @@ func (l *Limit) provisionAdaptive(logger *zap.Logger) error {
 	case l.shared != nil:
 		// Each instance moves the cap it sends with its own acquires, from
 		// what its own requests meet; the set of slots is the fleet's.
-		slots, ok := l.shared.slots.(backend.AdjustableSlots)
+		slots, ok := l.shared.Slots().(backend.AdjustableSlots)
 		if !ok {
 			return fmt.Errorf("adaptive: this backend cannot change the concurrency of its shared slots while the limit runs")
 		}
 		a.set = func(n int64) error {
 			if l.conc != nil { // the local cap while Redis is away
-				l.conc.setMax(n)
+				l.conc.SetMax(n)
 			}
 			err := slots.SetLimit(n)
-			l.shared.wakeAll()
+			l.shared.WakeAll()
 			return err
 		}
 	case l.conc != nil:
-		a.set = func(n int64) error { l.conc.setMax(n); return nil }
+		a.set = func(n int64) error { l.conc.SetMax(n); return nil }
 	default:
 		start = l.MaxEvents
 		if h, ok := l.handle.(backend.Adjustable); !ok || !h.CanAdjust() {
@@ -320,18 +318,18 @@ func (l *Limit) provisionAdaptive(logger *zap.Logger) error {
 	}
 	a.key = adaptiveKey{zone: l.zone.name, scope: l.scope, conc: l.Concurrency != 0, start: start, cfg: l.adaptCfg}
 	v, _, err := adaptiveStates.LoadOrNew(a.key, func() (caddy.Destructor, error) {
-		return newAIMD(l.adaptCfg, start, monotonic()), nil
+		return aimd.New(l.adaptCfg, start, monotonic()), nil
 	})
 	if err != nil {
 		return err
 	}
-	a.ctl = v.(*aimd)
+	a.ctl = v.(*aimd.Controller)
 	l.adapt = a
 	countAdaptiveSeries(l.zone.name, l.scope, 1)
 	a.applied.Store(start)
 	a.lim.Set(float64(start))
 	a.apply()
-	adaptiveMinG.WithLabelValues(l.zone.name, l.scope).Set(float64(l.adaptCfg.min))
+	adaptiveMinG.WithLabelValues(l.zone.name, l.scope).Set(float64(l.adaptCfg.Min))
 	return nil
 }
 
@@ -381,25 +379,25 @@ func (a *adaptiveLimit) applyLocal() error {
 // (during a reload) may have moved it: each config applies the current
 // limit to its own slots or store handle on its next request.
 func (a *adaptiveLimit) observe(latency int64, failed bool, now int64) {
-	a.ctl.observe(latency, failed)
-	if d, ok := a.ctl.decide(now); ok {
+	a.ctl.Observe(latency, failed)
+	if d, ok := a.ctl.Decide(now); ok {
 		a.report(d)
 	}
-	if a.ctl.current() != a.applied.Load() {
+	if a.ctl.Current() != a.applied.Load() {
 		a.apply()
 	}
 }
 
 // report publishes an interval's numbers, and logs a change.
-func (a *adaptiveLimit) report(d decision) {
-	if d.requests > 0 {
-		a.p99.Set(float64(d.p99) / 1e9)
-		a.errs.Set(float64(d.errors) / float64(d.requests))
+func (a *adaptiveLimit) report(d aimd.Decision) {
+	if d.Requests > 0 {
+		a.p99.Set(float64(d.P99) / 1e9)
+		a.errs.Set(float64(d.Errors) / float64(d.Requests))
 	}
-	if d.to != d.from {
+	if d.To != d.From {
 		a.log.Info("adaptive limit changed", zap.String("zone", a.l.zone.name), zap.String("scope", a.l.scope),
-			zap.Int64("from", d.from), zap.Int64("to", d.to), zap.Int64("requests", d.requests),
-			zap.Duration("latency_p99", time.Duration(d.p99)), zap.Int64("errors", d.errors))
+			zap.Int64("from", d.From), zap.Int64("to", d.To), zap.Int64("requests", d.Requests),
+			zap.Duration("latency_p99", time.Duration(d.P99)), zap.Int64("errors", d.Errors))
 	}
 }
 
@@ -407,7 +405,7 @@ func (a *adaptiveLimit) report(d decision) {
 func (a *adaptiveLimit) apply() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	n := a.ctl.current()
+	n := a.ctl.Current()
 	if n == a.applied.Load() {
 		return
 	}
@@ -542,10 +540,10 @@ func (a *adaptiveLimit) info() *adaptiveInfo {
 		return nil
 	}
 	c := a.l.adaptCfg
-	in := &adaptiveInfo{Limit: a.ctl.current(), Min: c.min, Max: c.max, Interval: time.Duration(c.interval).String()}
-	if d := a.ctl.last.Load(); d != nil {
-		in.Requests, in.LatencyP99 = d.requests, float64(d.p99)/1e9
-		in.ErrorRate = float64(d.errors) / float64(d.requests)
+	in := &adaptiveInfo{Limit: a.ctl.Current(), Min: c.Min, Max: c.Max, Interval: time.Duration(c.Interval).String()}
+	if d := a.ctl.Last(); d != nil {
+		in.Requests, in.LatencyP99 = d.Requests, float64(d.P99)/1e9
+		in.ErrorRate = float64(d.Errors) / float64(d.Requests)
 	}
 	return in
 }

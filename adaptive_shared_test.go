@@ -24,14 +24,14 @@ func TestAdaptiveSharedSlotsFollowTheController(t *testing.T) {
 	if l.shared == nil || l.adapt == nil || l.adapt.ctl != ctl {
 		t.Fatal("the limit is not an adaptive limit on shared slots")
 	}
-	if got := l.conc.max.Load(); got != 70 {
+	if got := l.conc.Max(); got != 70 {
 		t.Fatalf("the local fallback's cap is %d, want 70", got)
 	}
 	// The shared cap is what Redis is sent: 70 slots of the key are
 	// granted, the 71st is not.
 	ctx := context.Background()
 	for i := range 71 {
-		id, err := l.shared.slots.Acquire(ctx, "k")
+		id, err := l.shared.Slots().Acquire(ctx, "k")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,7 +39,7 @@ func TestAdaptiveSharedSlotsFollowTheController(t *testing.T) {
 			t.Fatalf("acquire %d: got %q, want a slot for the first 70 only", i+1, id)
 		}
 		if id != "" {
-			defer func() { _ = l.shared.slots.Release(ctx, "k", id) }()
+			defer func() { _ = l.shared.Slots().Release(ctx, "k", id) }()
 		}
 	}
 }

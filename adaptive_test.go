@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/aimd"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -35,7 +36,7 @@ func adaptiveHandler(t *testing.T, raw string, clock *int64) (*Handler, *adaptiv
 	t.Cleanup(cleanup)
 	a := h.zones[0].keyed[0].adapt
 	a.now = func() int64 { return *clock }
-	a.ctl = newAIMD(a.l.adaptCfg, a.ctl.current(), *clock)
+	a.ctl = aimd.New(a.l.adaptCfg, a.ctl.Current(), *clock)
 	return h, a
 }
 
@@ -142,61 +143,6 @@ func TestParseRatio(t *testing.T) {
 	}
 }
 
-// Raised, a concurrency cap hands the new slots to the waiters in line at
-// once; lowered, it takes no slot from a request in flight, and a freed
-// slot above the new cap goes back to the pool, not to the next waiter.
-func TestConcurrencySetMax(t *testing.T) {
-	c := testLimiter(2, time.Minute)
-	a, _ := c.take("k")
-	b, _ := c.take("k")
-	timer := &manualTimer{fire: make(chan time.Time)}
-	k1, w1 := c.take("k")
-	k2, w2 := c.take("k")
-	k3, w3 := c.take("k")
-	if w1 == nil || w2 == nil || w3 == nil {
-		t.Fatal("a third request got a slot of two")
-	}
-	done := make(chan int, 3)
-	for i, kw := range []struct {
-		k *concKey
-		w *concWaiter
-	}{{k1, w1}, {k2, w2}, {k3, w3}} {
-		go func() {
-			if err := c.await(context.Background(), kw.k, kw.w, timer.newTimer); err != nil {
-				t.Errorf("waiter %d: %v", i, err)
-			}
-			done <- i
-		}()
-	}
-	c.setMax(4)
-	// The first two in line get the new slots; their goroutines may then
-	// report in either order.
-	if got := []int{<-done, <-done}; min(got[0], got[1]) != 0 || max(got[0], got[1]) != 1 {
-		t.Fatalf("waiters %v got the new slots, want 0 and 1", got)
-	}
-	// 4 in flight, one waiting; the cap falls to 2.
-	c.setMax(2)
-	c.release(a) // 3 in flight: still above the cap, the waiter waits
-	select {
-	case i := <-done:
-		t.Fatalf("waiter %d got a slot above the lowered cap", i)
-	default:
-	}
-	c.release(b) // 2 in flight, at the cap: the waiter still waits
-	select {
-	case i := <-done:
-		t.Fatalf("waiter %d got a slot at the lowered cap", i)
-	default:
-	}
-	c.release(k1) // 1 in flight: the slot goes to the waiter
-	if i := <-done; i != 2 {
-		t.Fatalf("waiter %d, want 2", i)
-	}
-	if _, w := c.take("k"); w == nil {
-		t.Fatal("a newcomer got a slot with 2 of 2 in flight")
-	}
-}
-
 // nextFunc is a handler after rate_limit.
 type nextFunc func(http.ResponseWriter, *http.Request) error
 
@@ -240,7 +186,8 @@ func TestAdaptiveObservesOutcomes(t *testing.T) {
 				clock += int64(70 * time.Millisecond)
 				return slow(w, r)
 			}))
-			n, p99 := a.ctl.hist.drain()
+			d, _ := a.ctl.Decide(1 << 62) // ends the interval: its numbers are the request's
+			n, p99 := d.Requests, d.P99
 			if tt.name == "switched protocols" || tt.name == "hijacked" {
 				// A WebSocket's length is its client's, not the upstream's.
 				if n != 0 {
@@ -248,7 +195,7 @@ func TestAdaptiveObservesOutcomes(t *testing.T) {
 				}
 				return
 			}
-			if errs := a.ctl.errs.Load(); n != 1 || (errs == 1) != tt.failed {
+			if errs := d.Errors; n != 1 || (errs == 1) != tt.failed {
 				t.Fatalf("%d observations, %d errors; want 1, failed %v", n, errs, tt.failed)
 			}
 			if p99 < int64(70*time.Millisecond) || p99 > int64(75*time.Millisecond) {
@@ -279,14 +226,14 @@ func TestAdaptiveConcurrencyFollowsErrors(t *testing.T) {
 		serve(status)
 	}
 	interval(500, 10*time.Second)
-	if got := a.l.conc.max.Load(); got != 70 {
+	if got := a.l.conc.Max(); got != 70 {
 		t.Fatalf("after an interval of 500s: cap %d, want 70", got)
 	}
 	if got := gaugeValue(t, adaptiveLimitG.WithLabelValues("adapt_conc_errs", "")); got != 70 {
 		t.Fatalf("gauge %v, want 70", got)
 	}
 	interval(200, 20*time.Second)
-	if got := a.l.conc.max.Load(); got != 75 {
+	if got := a.l.conc.Max(); got != 75 {
 		t.Fatalf("after a clean interval: cap %d, want 75", got)
 	}
 }
@@ -442,8 +389,8 @@ func TestAdaptiveWithCountWhen(t *testing.T) {
 	if err := serve(500); err == nil {
 		t.Fatal("three 500s counted, a fourth request passed")
 	}
-	if errs := a.ctl.errs.Load(); errs != 3 {
-		t.Fatalf("%d failures observed, want 3", errs)
+	if d, _ := a.ctl.Decide(1 << 62); d.Errors != 3 {
+		t.Fatalf("%d failures observed, want 3", d.Errors)
 	}
 }
 
@@ -451,7 +398,7 @@ func TestAdaptiveWithCountWhen(t *testing.T) {
 // 100), makes its controller back off to 70 on an interval of errors, and
 // provisions cfg again, as a reload does; the first config is then
 // cleaned up. It returns the second config and the controller.
-func reloadBackedOff(t *testing.T, cfg string) (*Handler, *aimd) {
+func reloadBackedOff(t *testing.T, cfg string) (*Handler, *aimd.Controller) {
 	t.Helper()
 	old, cleanupOld, err := provisionJSON([]byte(cfg), nil)
 	if err != nil {
@@ -459,9 +406,9 @@ func reloadBackedOff(t *testing.T, cfg string) (*Handler, *aimd) {
 	}
 	ctl := old.zones[0].keyed[0].adapt.ctl
 	for range 10 {
-		ctl.observe(int64(time.Millisecond), true)
+		ctl.Observe(int64(time.Millisecond), true)
 	}
-	if d, ok := ctl.decide(monotonic() + int64(time.Hour)); !ok || d.to != 70 {
+	if d, ok := ctl.Decide(monotonic() + int64(time.Hour)); !ok || d.To != 70 {
 		t.Fatalf("decision %+v %v, want 70", d, ok)
 	}
 	nw, cleanupNew, err := provisionJSON([]byte(cfg), nil)
@@ -479,7 +426,7 @@ func reloadBackedOff(t *testing.T, cfg string) (*Handler, *aimd) {
 func TestAdaptiveSurvivesReload(t *testing.T) {
 	const cfg = `{"rate_limits": {"adapt_reload": {"key": "k", "concurrency": 100, "adaptive": {"min": 10, "interval": "1s"}}}}`
 	nw, ctl := reloadBackedOff(t, cfg)
-	if got := nw.zones[0].keyed[0].conc.max.Load(); got != 70 {
+	if got := nw.zones[0].keyed[0].conc.Max(); got != 70 {
 		t.Fatalf("the reloaded config's cap is %d, want 70", got)
 	}
 	if nw.zones[0].keyed[0].adapt.ctl != ctl {
@@ -490,7 +437,7 @@ func TestAdaptiveSurvivesReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cleanupChanged()
-	if got := changed.zones[0].keyed[0].conc.max.Load(); got != 100 {
+	if got := changed.zones[0].keyed[0].conc.Max(); got != 100 {
 		t.Fatalf("with other settings the cap is %d, want the configured 100", got)
 	}
 }
@@ -579,7 +526,8 @@ func TestAdaptiveLatencyLeavesOutTheClient(t *testing.T) {
 			h, a := adaptiveHandler(t, `{"handler": "rate_limit", "rate_limits": {"adapt_client_`+strings.ReplaceAll(tt.name, " ", "_")+`": {"key": "k", "concurrency": 10, "adaptive": {"interval": "1h"}}}}`, &clock)
 			r := requestWithReplacer(httptest.NewRequest("POST", "/", &slowClientBody{clock: &clock, left: 3}))
 			_ = h.ServeHTTP(slowClientWriter{httptest.NewRecorder(), &clock}, r, tt.next(&clock))
-			n, p99 := a.ctl.hist.drain()
+			d, _ := a.ctl.Decide(1 << 62) // ends the interval: its numbers are the request's
+			n, p99 := d.Requests, d.P99
 			if n != 1 || p99 < int64(70*time.Millisecond) || p99 > int64(75*time.Millisecond) {
 				t.Fatalf("%d observations, latency %v; want 1 of 70 ms (clock moved %v)", n, time.Duration(p99), time.Duration(clock))
 			}
@@ -629,5 +577,55 @@ func TestAdaptiveSeriesRemovedWithTheLastConfig(t *testing.T) {
 	cleanNew()
 	if hasAdaptiveSeries(t, "adapt_series_gone") {
 		t.Fatal("the series outlived the last config with the zone")
+	}
+}
+
+func TestAdaptiveConfigErrors(t *testing.T) {
+	ms := func(n int64) caddy.Duration { return caddy.Duration(n * int64(time.Millisecond)) }
+	for _, tc := range []struct {
+		name  string
+		a     Adaptive
+		start int64
+		want  string
+	}{
+		{"min above max", Adaptive{Min: 600, Max: 500}, 500, "min 600 is above max 500"},
+		{"start below min", Adaptive{Min: 600, Max: 900}, 500, "starts at the configured 500"},
+		{"start above max", Adaptive{Max: 400}, 500, "starts at the configured 500"},
+		{"max too large", Adaptive{Max: MaxConcurrency + 1}, 500, "max must be at most"},
+		{"negative min", Adaptive{Min: -1}, 500, "min must be at least 1"},
+		{"negative increase", Adaptive{Increase: -5}, 500, "increase must be at least 1"},
+		{"decrease 1", Adaptive{Decrease: 1}, 500, "decrease must be strictly between 0 and 1"},
+		{"decrease 1.5", Adaptive{Decrease: 1.5}, 500, "decrease must be strictly between 0 and 1"},
+		{"negative decrease", Adaptive{Decrease: -0.5}, 500, "decrease must be strictly between 0 and 1"},
+		{"interval under 1s", Adaptive{Interval: ms(500)}, 500, "interval must be from 1s to 1h"},
+		{"interval over 1h", Adaptive{Interval: caddy.Duration(2 * time.Hour)}, 500, "interval must be from 1s to 1h"},
+		{"one latency mark", Adaptive{LatencyP99Low: ms(200)}, 500, "latency_p99 needs both marks"},
+		{"latency marks reversed", Adaptive{LatencyP99Low: ms(500), LatencyP99High: ms(200)}, 500, "low mark 500ms must be below the high mark 200ms"},
+		{"latency marks equal", Adaptive{LatencyP99Low: ms(200), LatencyP99High: ms(200)}, 500, "must be below the high mark"},
+		{"negative latency", Adaptive{LatencyP99Low: ms(-1), LatencyP99High: ms(200)}, 500, "must be positive"},
+		{"error marks reversed", Adaptive{ErrorRateLow: 0.05, ErrorRateHigh: 0.01}, 500, "error_rate low mark 0.05 must be below the high mark 0.01"},
+		{"one error mark", Adaptive{ErrorRateLow: 0.05}, 500, "error_rate marks must be above 0%"},
+		{"error rate over 100%", Adaptive{ErrorRateLow: 0.5, ErrorRateHigh: 2}, 500, "at most 100%"},
+	} {
+		_, err := tc.a.config(tc.start, MaxConcurrency)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "adaptive: ") {
+			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
+		}
+	}
+	c, err := (&Adaptive{}).config(40, MaxConcurrency)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (aimd.Config{Min: 1, Max: 40, Increase: 1, Decrease: 0.7, Interval: int64(10 * time.Second), ErrLow: 0.01, ErrHigh: 0.05}); c != want {
+		t.Fatalf("defaults: %+v, want %+v", c, want)
+	}
+	worked := Adaptive{
+		Min: 50, Max: 2000, Increase: 10, Decrease: 0.7, Interval: caddy.Duration(10 * time.Second),
+		LatencyP99Low: caddy.Duration(200 * time.Millisecond), LatencyP99High: caddy.Duration(500 * time.Millisecond),
+		ErrorRateLow: 0.01, ErrorRateHigh: 0.05,
+	}
+	c, err = worked.config(500, MaxConcurrency)
+	if want := (aimd.Config{Min: 50, Max: 2000, Increase: 10, Decrease: 0.7, Interval: int64(10 * time.Second), LatLow: int64(200 * time.Millisecond), LatHigh: int64(500 * time.Millisecond), ErrLow: 0.01, ErrHigh: 0.05}); err != nil || c != want {
+		t.Fatalf("the worked example: %+v, %v; want %+v", c, err, want)
 	}
 }

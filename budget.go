@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -51,7 +50,7 @@ func (l *Limit) defaultFail() string {
 func (l *Limit) checkBudget(alg string) error {
 	if l.Align != "" || l.Timezone != "" {
 		if l.concOnly() {
-			return fmt.Errorf("align and timezone need a rate with algorithm fixed_window")
+			return optionErrorf("align", "align and timezone need a rate with algorithm fixed_window")
 		}
 		if err := algorithms.CheckAlign(l.Align, l.Timezone, alg, l.policy()); err != nil {
 			return err
@@ -59,23 +58,23 @@ func (l *Limit) checkBudget(alg string) error {
 	}
 	if l.ChargeWhen == nil {
 		if l.ReservationTTL != 0 {
-			return fmt.Errorf("reservation_ttl applies only with charge_when")
+			return optionErrorf("reservation_ttl", "reservation_ttl applies only with charge_when")
 		}
 		return nil
 	}
 	switch ttl := time.Duration(l.ReservationTTL); {
 	case l.concOnly():
-		return fmt.Errorf("charge_when needs a rate (rate <n>/<window>)")
+		return optionErrorf("charge_when", "charge_when needs a rate (rate <n>/<window>)")
 	case l.CountWhen != nil || l.ResetWhen != nil:
-		return fmt.Errorf("charge_when cannot be used with count_when or reset_when on one limit: a spend budget commits or releases each unit by the response itself")
+		return optionErrorf("charge_when", "charge_when cannot be used with count_when or reset_when on one limit: a spend budget commits or releases each unit by the response itself")
 	case l.Settle != "":
-		return fmt.Errorf("charge_when cannot be used with settle yet: a reservation is committed or released whole, and settling a part of it is not built")
+		return optionErrorf("charge_when", "charge_when cannot be used with settle yet: a reservation is committed or released whole, and settling a part of it is not built")
 	case l.Lease > 0:
-		return fmt.Errorf("charge_when cannot be used with lease: units spent locally from a lease are not reservations the store can release")
+		return optionErrorf("charge_when", "charge_when cannot be used with lease: units spent locally from a lease are not reservations the store can release")
 	case l.MaxDelay > 0:
-		return fmt.Errorf("charge_when cannot be used with max_delay: a queued request's slot is spent once it leaves the queue")
+		return optionErrorf("charge_when", "charge_when cannot be used with max_delay: a queued request's slot is spent once it leaves the queue")
 	case ttl != 0 && (ttl < minReservationTTL || ttl > maxReservationTTL):
-		return fmt.Errorf("reservation_ttl must be from %v to %v, got %v", minReservationTTL, maxReservationTTL, ttl)
+		return optionErrorf("reservation_ttl", "reservation_ttl must be from %v to %v, got %v", minReservationTTL, maxReservationTTL, ttl)
 	}
 	return nil
 }

@@ -479,7 +479,7 @@ func newLimitParser(d *caddyfile.Dispenser, where string, l *Limit) *limitParser
 
 // errAt is an error about the limit, at a line of the block.
 func (p *limitParser) errAt(line int, format string, args ...any) error {
-	return fmt.Errorf("%s: %s, at %s:%d", p.where, fmt.Sprintf(format, args...), p.d.File(), line)
+	return &optionError{File: p.d.File(), Line: line, Err: fmt.Errorf("%s: %s", p.where, fmt.Sprintf(format, args...))}
 }
 
 // once rejects a repeated option.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/sluicehq/sluice/internal/report"
 	"github.com/spf13/cobra"
 )
 
@@ -309,7 +310,7 @@ func runReport(w io.Writer, f caddycmd.Flags) error {
 	if err != nil {
 		return fmt.Errorf("reading the metrics: %v", err)
 	}
-	rows, start, err := parseReport(scrape)
+	rows, start, err := report.Parse(scrape)
 	if err != nil {
 		return err
 	}
@@ -322,7 +323,7 @@ func runReport(w io.Writer, f caddycmd.Flags) error {
 	if u, err := url.Parse(src); addr == "" && err == nil && u.Host != "" {
 		addr = u.Host
 	}
-	return writeReport(w, rows, shadowZones(addr), start, time.Now(), f.Duration("min-age"))
+	return report.Write(w, rows, shadowZones(addr), start, time.Now(), f.Duration("min-age"))
 }
 
 // shadowZones asks the admin API at addr which zones are shadow zones; nil

@@ -2,14 +2,11 @@ package sluice
 
 import (
 	"cmp"
-	"container/list"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -18,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/conc"
 )
 
 // ErrConcurrency is the error behind a 503 answer to a request refused
@@ -57,19 +55,19 @@ func (l *Limit) concOnly() bool {
 func (l *Limit) checkConc() error {
 	switch {
 	case l.Concurrency < 0 || l.Concurrency > MaxConcurrency:
-		return fmt.Errorf("concurrency must be from 1 to %d, got %d", MaxConcurrency, l.Concurrency)
+		return optionErrorf("concurrency", "concurrency must be from 1 to %d, got %d", MaxConcurrency, l.Concurrency)
 	case l.Queue < 0 || l.Queue > MaxQueue:
-		return fmt.Errorf("queue must be from 0 to 1h, got %s", time.Duration(l.Queue))
+		return optionErrorf("queue", "queue must be from 0 to 1h, got %s", time.Duration(l.Queue))
 	case l.Queue != 0 && l.Concurrency == 0:
-		return fmt.Errorf("queue would do nothing without concurrency: set concurrency, or use max_delay to queue for a rate")
+		return optionErrorf("queue", "queue would do nothing without concurrency: set concurrency, or use max_delay to queue for a rate")
 	case l.QueueMax < 0 || l.QueueMax > MaxConcurrency:
-		return fmt.Errorf("queue_max must be from 1 to %d, got %d", MaxConcurrency, l.QueueMax)
+		return optionErrorf("queue_max", "queue_max must be from 1 to %d, got %d", MaxConcurrency, l.QueueMax)
 	case l.QueueMax != 0 && l.Queue == 0:
-		return fmt.Errorf("queue_max would do nothing without queue: a request beyond the concurrency is refused at once already")
+		return optionErrorf("queue_max", "queue_max would do nothing without queue: a request beyond the concurrency is refused at once already")
 	case l.SlotTTL != 0 && l.Concurrency == 0:
-		return fmt.Errorf("slot_ttl would do nothing without concurrency")
+		return optionErrorf("slot_ttl", "slot_ttl would do nothing without concurrency")
 	case l.SlotTTL != 0 && (l.SlotTTL < MinSlotTTL || l.SlotTTL > MaxSlotTTL):
-		return fmt.Errorf("slot_ttl must be from 1s to 1h, got %s", time.Duration(l.SlotTTL))
+		return optionErrorf("slot_ttl", "slot_ttl must be from 1s to 1h, got %s", time.Duration(l.SlotTTL))
 	}
 	if !l.concOnly() {
 		return nil
@@ -79,7 +77,7 @@ func (l *Limit) checkConc() error {
 		option{l.Cost != nil, "cost"}, option{l.MaxKeys != 0, "max_keys"}, option{l.Lease != 0, "lease"},
 		option{l.CountWhen != nil, "count_when"}, option{l.ResetWhen != nil, "reset_when"},
 	); len(unused) > 0 {
-		return fmt.Errorf("%s would do nothing on a limit of concurrency alone: add a rate (max_events and window), or remove %s", strings.Join(unused, ", "), itOrThem(unused))
+		return optionErrorf(unused[0], "%s would do nothing on a limit of concurrency alone: add a rate (max_events and window), or remove %s", strings.Join(unused, ", "), itOrThem(unused))
 	}
 	return nil
 }
@@ -99,8 +97,7 @@ func (l *Limit) provisionConc(store backend.Store, logger *zap.Logger) error {
 		if l.SlotTTL != 0 {
 			return fmt.Errorf("slot_ttl: on the memory backend a slot is held in this process and freed by its own request, it never needs to expire: remove slot_ttl")
 		}
-		l.conc = newConcLimiter(l.Concurrency, time.Duration(l.Queue), gauge)
-		l.conc.queueMax = l.QueueMax
+		l.conc = conc.NewLocal(l.Concurrency, time.Duration(l.Queue), l.QueueMax, gauge)
 		return nil
 	}
 	ss, ok := store.(backend.SlotStore)
@@ -112,135 +109,12 @@ func (l *Limit) provisionConc(store backend.Store, logger *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("concurrency: %w", err)
 	}
-	l.shared = newSharedConc(slots, time.Duration(l.Queue), l.QueueMax, gauge, logger)
+	l.shared = conc.NewShared(slots, time.Duration(l.Queue), l.QueueMax, gauge, logger)
 	if l.Fail == FailLocal {
 		// While Redis is away, each instance caps its own requests.
-		l.conc = newConcLimiter(l.Concurrency, time.Duration(l.Queue), gauge)
-		l.conc.queueMax = l.QueueMax
+		l.conc = conc.NewLocal(l.Concurrency, time.Duration(l.Queue), l.QueueMax, gauge)
 	}
 	return nil
-}
-
-// concLimiter caps the requests of each key in flight at once. A key's
-// entry lives only while it has a request in flight, so a flood of new
-// keys costs memory only for the requests actually being served.
-type concLimiter struct {
-	max      atomic.Int64 // changes while it runs when the limit is adaptive
-	queue    time.Duration
-	queueMax int64 // most waiters of a key; 0: no cap
-	gauge    prometheus.Gauge
-
-	mu   sync.Mutex
-	keys map[string]*concKey
-}
-
-// concKey is one key's requests in flight and its line of waiters. A
-// waiter is in line only while every slot is taken: a freed slot goes to
-// the first waiter, in order of arrival, never back to the pool.
-type concKey struct {
-	key      string
-	inFlight int64
-	waiters  list.List // of *concWaiter
-}
-
-type concWaiter struct {
-	ready   chan struct{} // closed when a slot is handed to the waiter
-	elem    *list.Element
-	granted bool // under the limiter's lock
-}
-
-func newConcLimiter(limit int64, queue time.Duration, gauge prometheus.Gauge) *concLimiter {
-	c := &concLimiter{queue: queue, gauge: gauge, keys: make(map[string]*concKey)}
-	c.max.Store(limit)
-	return c
-}
-
-// take takes a slot of key: it returns the key's entry holding the slot,
-// or the entry and a waiter in its line (await the slot), or nothing when
-// every slot is taken and the limit has no queue.
-func (c *concLimiter) take(key string) (*concKey, *concWaiter) {
-	c.mu.Lock()
-	k := c.keys[key]
-	if k == nil {
-		k = &concKey{key: key}
-		c.keys[key] = k
-	}
-	if k.inFlight < c.max.Load() {
-		k.inFlight++
-		c.mu.Unlock()
-		c.gauge.Inc()
-		return k, nil
-	}
-	if c.queue <= 0 || c.queueMax > 0 && int64(k.waiters.Len()) >= c.queueMax {
-		c.mu.Unlock()
-		return nil, nil
-	}
-	w := &concWaiter{ready: make(chan struct{})}
-	w.elem = k.waiters.PushBack(w)
-	c.mu.Unlock()
-	return k, w
-}
-
-// errQueueTimeout is await's answer when no slot came within the queue's
-// timeout.
-var errQueueTimeout = errors.New("no slot within the queue's timeout")
-
-// await waits for the slot w is in line for, until the queue's timeout or
-// ctx ends. It returns nil when w holds the slot; otherwise w has left the
-// line, holding nothing.
-func (c *concLimiter) await(ctx context.Context, k *concKey, w *concWaiter, newTimer func(time.Duration) (<-chan time.Time, func() bool)) error {
-	fired, stop := newTimer(c.queue)
-	defer stop()
-	var err error
-	select {
-	case <-w.ready:
-		return nil
-	case <-fired:
-		err = errQueueTimeout
-	case <-ctx.Done():
-		err = ctx.Err()
-	}
-	c.mu.Lock()
-	if !w.granted {
-		k.waiters.Remove(w.elem)
-		c.mu.Unlock()
-		return err
-	}
-	c.mu.Unlock()
-	// The slot came as the wait ended: a request whose time ran out
-	// takes it, one whose client left passes it on.
-	if err == errQueueTimeout {
-		return nil
-	}
-	c.release(k)
-	return err
-}
-
-// release frees a slot of k: to the first waiter in line, or to the pool,
-// dropping the key once nothing of it is in flight. A slot above a cap
-// that was lowered meanwhile goes back to the pool.
-func (c *concLimiter) release(k *concKey) {
-	c.mu.Lock()
-	if e := k.waiters.Front(); e != nil && k.inFlight <= c.max.Load() {
-		w := k.waiters.Remove(e).(*concWaiter)
-		w.granted = true
-		close(w.ready)
-		c.mu.Unlock()
-		return
-	}
-	k.inFlight--
-	if k.inFlight == 0 {
-		delete(c.keys, k.key)
-	}
-	c.mu.Unlock()
-	c.gauge.Dec()
-}
-
-// size is the number of keys tracked.
-func (c *concLimiter) size() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.keys)
 }
 
 // concReq is one concurrency limit a request must get a slot of.
@@ -256,10 +130,10 @@ type heldSlots struct {
 }
 
 type heldSlot struct {
-	c *concLimiter
-	k *concKey
+	c *conc.Local
+	k *conc.Key
 	// A slot shared through the backend: its limit, key and id.
-	sh      *sharedConc
+	sh      *conc.Shared
 	key, id string
 }
 
@@ -269,9 +143,9 @@ func (h *heldSlots) release() {
 	}
 	for _, s := range h.slots {
 		if s.sh != nil {
-			s.sh.release(s.key, s.id)
+			s.sh.Release(s.key, s.id)
 		} else {
-			s.c.release(s.k)
+			s.c.Release(s.k)
 		}
 	}
 }
@@ -300,7 +174,7 @@ func (h *Handler) acquire(r *http.Request, s *requestState) (*heldSlots, *refusa
 		h.refundRate(r, s)
 		l := cr.l
 		switch {
-		case err == errQueueTimeout:
+		case err == conc.ErrQueueTimeout:
 			wait := max(time.Duration(l.Queue), time.Second)
 			return nil, s.refuse(refusal{
 				reason: reasonConcurrency, zone: l.zone, limit: l, key: cr.key,
@@ -332,8 +206,8 @@ func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Durat
 	if sh := l.shared; sh != nil {
 		var id string
 		var err error
-		take := func() { id, err = sh.take(r.Context(), cr.key, newTimer) }
-		if sh.queue > 0 {
+		take := func() { id, err = sh.Take(r.Context(), cr.key, newTimer) }
+		if sh.Queue() > 0 {
 			outsideGroups(r, take) // it may wait in line: not in flight meanwhile
 		} else {
 			take()
@@ -359,15 +233,15 @@ func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Durat
 		h.warnFailure("rate limit backend unavailable: a concurrency limit that fails local counts this instance's own slots", r, []*Limit{l}, err)
 	}
 	c := l.conc
-	k, wt := c.take(cr.key)
+	k, wt := c.Take(cr.key)
 	switch {
 	case k == nil:
-		return heldSlot{}, errQueueTimeout
+		return heldSlot{}, conc.ErrQueueTimeout
 	case wt != nil:
 		// A request waiting for its slot is not in flight: it must not
 		// load the shedding groups it is counted in meanwhile.
 		var err error
-		outsideGroups(r, func() { err = c.await(r.Context(), k, wt, newTimer) })
+		outsideGroups(r, func() { err = c.Await(r.Context(), k, wt, newTimer) })
 		if err != nil {
 			return heldSlot{}, err
 		}
@@ -384,29 +258,4 @@ func (h *Handler) refundRate(r *http.Request, s *requestState) {
 	if err := s.store.Refund(context.WithoutCancel(r.Context()), s.reqs, s.out); err != nil {
 		h.logger.Error("giving back the rate units of a request refused for concurrency", zap.Error(err))
 	}
-}
-
-// setMax changes the cap while requests are in flight. Raised, the keys'
-// waiters get the new slots at once, in order; lowered, the requests in
-// flight keep their slots, and a freed slot goes back to the pool until
-// its key is under the new cap.
-func (c *concLimiter) setMax(n int64) {
-	c.mu.Lock()
-	c.max.Store(n)
-	granted := 0
-	for _, k := range c.keys {
-		for k.inFlight < n {
-			e := k.waiters.Front()
-			if e == nil {
-				break
-			}
-			w := k.waiters.Remove(e).(*concWaiter)
-			w.granted = true
-			k.inFlight++
-			close(w.ready)
-			granted++
-		}
-	}
-	c.mu.Unlock()
-	c.gauge.Add(float64(granted))
 }

@@ -64,7 +64,7 @@ func ParseCost(s string) (*Cost, error) {
 
 func (c *Cost) validate() error {
 	if c.expr == "" && c.n < 0 {
-		return fmt.Errorf("cost must be at least 0, got %d", c.n)
+		return optionErrorf("cost", "cost must be at least 0, got %d", c.n)
 	}
 	return nil
 }
@@ -177,14 +177,14 @@ func (l *Limit) checkCostMin(alg string) error {
 	case n == 0:
 		return nil
 	case n < 0:
-		return fmt.Errorf("cost_min must be at least 1, got %d", n)
+		return optionErrorf("cost_min", "cost_min must be at least 1, got %d", n)
 	case l.Cost == nil || l.Cost.expr == "":
-		return fmt.Errorf("cost_min applies to a cost read from the request (a placeholder, or a sum with one): a constant cost is what every request takes")
+		return optionErrorf("cost_min", "cost_min applies to a cost read from the request (a placeholder, or a sum with one): a constant cost is what every request takes")
 	case alg == "":
-		return fmt.Errorf("cost_min needs a rate (rate <n>/<window>)")
+		return optionErrorf("cost_min", "cost_min needs a rate (rate <n>/<window>)")
 	}
 	if most := algorithms.MaxCost(alg, l.policy()); l.CostMin > most {
-		return fmt.Errorf("cost_min %d can never pass: the limit holds at most %d units (raise %s)", l.CostMin, most, burstOrMax(alg, l.MaxDelay))
+		return optionErrorf("cost_min", "cost_min %d can never pass: the limit holds at most %d units (raise %s)", l.CostMin, most, burstOrMax(alg, l.MaxDelay))
 	}
 	return nil
 }

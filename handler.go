@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 	"github.com/sluicehq/sluice/internal/keys"
+	"github.com/sluicehq/sluice/internal/tarpit"
 )
 
 // ErrRateLimited is the error behind every 429 answer; {http.error.message}
@@ -160,7 +161,7 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *requestState
 func (h *Handler) hold(r *http.Request, s *requestState) (*refusal, error) {
 	if !s.allowed {
 		if held := h.holdInTarpit(r); held > 0 {
-			elapse(s.out, held)
+			tarpit.Elapse(s.out, held)
 		}
 		return h.deny(r, s), nil
 	}
@@ -174,12 +175,14 @@ func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp
 	if g := h.shed; g != nil && !counted {
 		// Counted only once admitted: a request refused or held in a
 		// tarpit loads nothing behind this handler.
-		var timer *watcher
+		// The request's var marks it counted: the watcher when it times
+		// the request for the group, else the group.
 		if x != nil && x.group != nil {
-			timer = x
+			g.Enter(vars, x)
+		} else {
+			g.Enter(vars, g)
 		}
-		g.enter(vars, timer)
-		defer g.leave(vars)
+		defer g.Exit(vars)
 	}
 	if x != nil {
 		return x.serve(r, next)

@@ -23,33 +23,33 @@ func (l *Limit) checkLease(alg string) error {
 	case n == 0:
 		return nil
 	case n < 0:
-		return fmt.Errorf("lease must be at least 2, got %d", n)
+		return optionErrorf("lease", "lease must be at least 2, got %d", n)
 	case n == 1:
-		return fmt.Errorf("lease 1 takes one unit per call, as no lease does: remove it, or lease at least 2")
+		return optionErrorf("lease", "lease 1 takes one unit per call, as no lease does: remove it, or lease at least 2")
 	case n > l.MaxEvents/leaseShare:
-		return fmt.Errorf("lease %d is more than 1%% of rate %s (%d): the fleet could admit %d more per instance; lower lease or raise max_events",
+		return optionErrorf("lease", "lease %d is more than 1%% of rate %s (%d): the fleet could admit %d more per instance; lower lease or raise max_events",
 			n, rateText(l.MaxEvents, time.Duration(l.Window)), l.MaxEvents/leaseShare, n)
 	case algorithms.UsesBurst(alg) && l.Burst > 0 && n > l.Burst:
-		return fmt.Errorf("lease %d is more than burst %d: the bucket never holds that many units at once", n, l.Burst)
+		return optionErrorf("lease", "lease %d is more than burst %d: the bucket never holds that many units at once", n, l.Burst)
 	case l.Cost != nil && l.Cost.expr == "" && l.Cost.n > n:
-		return fmt.Errorf("lease %d is less than cost %d: every request would go to the backend; raise lease or remove it", n, l.Cost.n)
+		return optionErrorf("lease", "lease %d is less than cost %d: every request would go to the backend; raise lease or remove it", n, l.Cost.n)
 	case l.CostMin > n:
-		return fmt.Errorf("lease %d is less than cost_min %d: every request would go to the backend; raise lease or remove it", n, l.CostMin)
+		return optionErrorf("lease", "lease %d is less than cost_min %d: every request would go to the backend; raise lease or remove it", n, l.CostMin)
 	case alg == algorithms.NameLeakyBucket:
-		return fmt.Errorf("lease: a leaky_bucket lets requests out one interval apart, which units spent locally from a lease would not: use token_bucket or gcra")
+		return optionErrorf("lease", "lease: a leaky_bucket lets requests out one interval apart, which units spent locally from a lease would not: use token_bucket or gcra")
 	case l.Fail == FailClosed:
-		return fmt.Errorf("lease: a limit that fails closed promises never to admit unchecked, which spending leased units locally does: remove lease or fail closed")
+		return optionErrorf("lease", "lease: a limit that fails closed promises never to admit unchecked, which spending leased units locally does: remove lease or fail closed")
 	case l.Hash != "":
-		return fmt.Errorf("lease: a hashed key is an identity worth protecting (login, one-time code), where every attempt counts: remove lease")
+		return optionErrorf("lease", "lease: a hashed key is an identity worth protecting (login, one-time code), where every attempt counts: remove lease")
 	}
 	for _, norm := range l.Normalize {
 		switch norm.Name {
 		case keys.NormEmail, keys.NormPhone, keys.NormCredentials:
-			return fmt.Errorf("lease: a key normalized as %s is an account identifier (login, one-time code), where every attempt counts: remove lease", norm.Name)
+			return optionErrorf("lease", "lease: a key normalized as %s is an account identifier (login, one-time code), where every attempt counts: remove lease", norm.Name)
 		}
 	}
 	if t, err := keys.ParseTemplate(l.Key); err == nil && (t.NeedsBody() || readsWholeBody(t)) {
-		return fmt.Errorf("lease: a key read from the request body is an account identifier (login, one-time code), where every attempt counts: remove lease")
+		return optionErrorf("lease", "lease: a key read from the request body is an account identifier (login, one-time code), where every attempt counts: remove lease")
 	}
 	return nil
 }

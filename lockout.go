@@ -29,15 +29,15 @@ func (l *Limit) checkLockout() error {
 	}
 	switch {
 	case len(l.Lockout) == 0:
-		return fmt.Errorf("lockout: give at least one step, such as lockout 1m 5m 24h")
+		return optionErrorf("lockout", "lockout: give at least one step, such as lockout 1m 5m 24h")
 	case l.concOnly():
-		return fmt.Errorf("lockout needs a rate to be denied by: a concurrency cap alone refuses requests for being in flight, not for being too many")
+		return optionErrorf("lockout", "lockout needs a rate to be denied by: a concurrency cap alone refuses requests for being in flight, not for being too many")
 	case l.MaxDelay > 0:
-		return fmt.Errorf("lockout cannot be used with max_delay: a queue makes requests wait for their turn instead of denying them, and a lock-out would punish a client for the queue being full")
+		return optionErrorf("lockout", "lockout cannot be used with max_delay: a queue makes requests wait for their turn instead of denying them, and a lock-out would punish a client for the queue being full")
 	case l.Lease > 0:
-		return fmt.Errorf("lockout cannot be used with lease: units spent locally from a lease are denied by one instance alone, which would lock the key out on that instance only")
+		return optionErrorf("lockout", "lockout cannot be used with lease: units spent locally from a lease are denied by one instance alone, which would lock the key out on that instance only")
 	}
-	return l.lockoutSteps().Check()
+	return optionErr("lockout", l.lockoutSteps().Check())
 }
 
 // checkLockoutShadow refuses lockout in a shadow zone: a shadow zone never

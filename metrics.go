@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/shed"
 )
 
 // The collectors are made once and registered into the registry of every
@@ -89,7 +90,7 @@ func registerMetrics(reg *prometheus.Registry, store backend.Store) error {
 	if reg == nil {
 		return nil
 	}
-	collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.refused, metrics.near, metrics.duration, inFlight, shedMetrics, tarpitHeld, tarpitSkipped, budgetMetrics}
+	collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.listed, metrics.missing, metrics.failures, metrics.refused, metrics.near, metrics.duration, inFlight, shed.Metrics, tarpitHeld, tarpitSkipped, budgetMetrics}
 	collectors = append(collectors, adaptiveCollectors...)
 	if src, ok := store.(backend.StatsReporter); ok {
 		// The collectors of several handlers are one to the registry (the

@@ -23,6 +23,8 @@ import (
 	_ "github.com/sluicehq/sluice/backend/redis"
 	"github.com/sluicehq/sluice/internal/keys"
 	// The shuffle_shard load-balancing policy ships with the handler.
+	"github.com/sluicehq/sluice/internal/shed"
+	"github.com/sluicehq/sluice/internal/tarpit"
 	_ "github.com/sluicehq/sluice/shard"
 )
 
@@ -144,13 +146,13 @@ type Handler struct {
 	// bodyFields are the JSON paths found in one pass over a body.
 	bodyFields *keys.BodyFields
 
-	shed    *shedGroup // nil without shed
-	shedReg *shedReg
+	shed    *shed.Group // nil without shed
+	shedReg *shed.Reg
 	// shedRefusal is the refusal of every shed request, in the group's
 	// name.
 	shedRefusal *refusal
-	tarpit      *tarpitState // nil without tarpit
-	fleet       *fleetMember // nil without distributed
+	tarpit      *tarpit.Tarpit // nil without tarpit
+	fleet       *fleetMember   // nil without distributed
 	// distStorage replaces the config's storage for distributed (tests).
 	distStorage certmagic.Storage
 	// tierSeries are the metric series of this config's tier versions.
@@ -368,7 +370,7 @@ func (h *Handler) Cleanup() error {
 	h.unpublish()
 	h.releaseTierSeries()
 	h.cleanupShed()
-	h.tarpit.stop()
+	h.tarpit.Stop()
 	if h.fleet != nil {
 		h.fleet.leave()
 	}

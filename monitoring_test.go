@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/backend/memory"
+	"github.com/sluicehq/sluice/internal/shed"
 )
 
 // exportedMetrics returns the names of every series the handler's
@@ -27,7 +28,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
-		collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.near, metrics.listed, metrics.missing, metrics.failures, metrics.duration, metrics.state, metrics.refused, shedMetrics, tarpitHeld, tarpitSkipped, inFlight, budgetMetrics}
+		collectors := []prometheus.Collector{metrics.requests, metrics.declined, metrics.shadow, metrics.near, metrics.listed, metrics.missing, metrics.failures, metrics.duration, metrics.state, metrics.refused, shed.Metrics, tarpitHeld, tarpitSkipped, inFlight, budgetMetrics}
 		for _, c := range append(collectors, adaptiveCollectors...) {
 			c.Describe(ch)
 		}

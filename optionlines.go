@@ -2,10 +2,59 @@ package sluice
 
 import (
 	"errors"
-	"strings"
+	"fmt"
 
 	"github.com/sluicehq/sluice/algorithms"
 )
+
+// optionError is a config error about one option. The checks that know
+// which option is at fault say so (Option, as the JSON names it); the
+// Caddyfile adapter, which still knows the line each option came from,
+// adds File and Line. Its message is Err's, followed by the place when
+// there is one.
+type optionError struct {
+	Option string
+	File   string
+	Line   int
+	Err    error
+}
+
+func (e *optionError) Error() string {
+	if e.Line == 0 {
+		return e.Err.Error()
+	}
+	return fmt.Sprintf("%v, at %s:%d", e.Err, e.File, e.Line)
+}
+
+func (e *optionError) Unwrap() error { return e.Err }
+
+// optionErrorf is an error about opt.
+func optionErrorf(opt, format string, args ...any) error {
+	return &optionError{Option: opt, Err: fmt.Errorf(format, args...)}
+}
+
+// optionErr is err, about opt; nil when err is nil.
+func optionErr(opt string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &optionError{Option: opt, Err: err}
+}
+
+// optionOf is the option a check error is about: the outermost one that
+// names it (a tier's error inside the tiers table is about tiers); ""
+// when none does.
+func optionOf(err error) string {
+	var oe *optionError
+	if errors.As(err, &oe) {
+		return oe.Option
+	}
+	var fe *algorithms.FieldError
+	if errors.As(err, &fe) {
+		return fe.Field
+	}
+	return ""
+}
 
 // optionLines are the Caddyfile options that may set what a limit's check
 // names, so that its error points at the line that set the value: a
@@ -31,18 +80,4 @@ func (p *limitParser) optionLine(err error) int {
 		}
 	}
 	return p.line
-}
-
-// optionOf is the option a check error is about. The checks name the
-// option as users write it, first: "burst must be at least 1",
-// "normalize[0]: …", "hash: …".
-func optionOf(err error) string {
-	if errors.Is(err, algorithms.ErrUnknown) {
-		return "algorithm"
-	}
-	msg := err.Error()
-	if i := strings.IndexAny(msg, " [:,"); i >= 0 {
-		msg = msg[:i]
-	}
-	return msg
 }

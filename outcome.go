@@ -111,21 +111,21 @@ func (l *Limit) checkOutcome() error {
 		case m.rm == nil:
 			continue
 		case m.rm.StatusCode == nil && len(m.rm.Headers) == 0:
-			return fmt.Errorf("%s: give a status or a header to match, or every response would match", m.opt)
+			return optionErrorf(m.opt, "%s: give a status or a header to match, or every response would match", m.opt)
 		case m.rm.StatusCode != nil && len(m.rm.StatusCode) == 0:
-			return fmt.Errorf("%s: status needs at least one code", m.opt)
+			return optionErrorf(m.opt, "%s: status needs at least one code", m.opt)
 		}
 		for _, c := range m.rm.StatusCode {
 			if (c < 1 || c > 5) && (c < 100 || c > 599) {
-				return fmt.Errorf("%s: status %d is neither a code from 100 to 599 nor a class from 1xx to 5xx", m.opt, c)
+				return optionErrorf(m.opt, "%s: status %d is neither a code from 100 to 599 nor a class from 1xx to 5xx", m.opt, c)
 			}
 		}
 	}
 	if l.Lease > 0 && (l.CountWhen != nil || l.ResetWhen != nil) {
-		return fmt.Errorf("count_when and reset_when cannot be used with lease: units spent locally from a lease are not the shared state the response would give back or clear")
+		return optionErrorf("count_when", "count_when and reset_when cannot be used with lease: units spent locally from a lease are not the shared state the response would give back or clear")
 	}
 	if l.CountWhen != nil && l.MaxDelay > 0 {
-		return fmt.Errorf("count_when cannot be used with max_delay: a queued request's slot is spent once it leaves the queue, and cannot be given back")
+		return optionErrorf("count_when", "count_when cannot be used with max_delay: a queued request's slot is spent once it leaves the queue, and cannot be given back")
 	}
 	return nil
 }

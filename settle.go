@@ -82,15 +82,15 @@ func (l *Limit) checkSettle(alg string) error {
 	}
 	s, err := parseSettle(l.Settle)
 	if err != nil {
-		return err
+		return optionErr("settle", err)
 	}
 	switch {
 	case l.concOnly():
-		return fmt.Errorf("settle needs a rate (max_events and window): a limit of concurrency alone has no cost to settle")
+		return optionErrorf("settle", "settle needs a rate (max_events and window): a limit of concurrency alone has no cost to settle")
 	case l.Lease > 0 && alg == algorithms.NameSlidingWindow:
-		return fmt.Errorf("settle cannot be used with lease on a sliding_window: a request spent from a lease has no event of its own in the shared log to settle (use token_bucket, gcra or a window counter, or remove lease)")
+		return optionErrorf("settle", "settle cannot be used with lease on a sliding_window: a request spent from a lease has no event of its own in the shared log to settle (use token_bucket, gcra or a window counter, or remove lease)")
 	case l.MaxDelay > 0:
-		return fmt.Errorf("settle cannot be used with max_delay: a queued request's slot is spent once it leaves the queue")
+		return optionErrorf("settle", "settle cannot be used with max_delay: a queued request's slot is spent once it leaves the queue")
 	}
 	l.settle = s
 	return nil

@@ -6,15 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/internal/shed"
 )
 
 // ErrShed is the error behind a 503 answer to a request shed because the
@@ -102,61 +100,6 @@ func (s *Shed) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// shedGroup is the state one group's handlers share: the requests in
-// flight, the latency of those that finished, and each config's capacity
-// and target for the metrics.
-type shedGroup struct {
-	name     string
-	inFlight atomic.Int64
-	// varKey names the request var that marks a request this group
-	// counts, so that a handler nested in another of the same group (a
-	// site-wide one and a route's) does not count it again.
-	varKey string
-	// latency is the group's, like the count, so that it outlives a
-	// reload. It is fed only while a config sets a target.
-	latency latencyWindow
-	now     func() int64
-
-	mu   sync.Mutex
-	regs []*shedReg // oldest first
-}
-
-// shedReg is one handler's use of a group.
-type shedReg struct {
-	owner    any // the config
-	capacity int64
-	target   int64 // ns; 0 without a latency target
-}
-
-func (*shedGroup) Destruct() error { return nil }
-
-// shedGroups holds every group some running config uses. A group's
-// requests in flight outlive a reload: requests still served under the
-// old config count against the new one.
-var shedGroups = caddy.NewUsagePool()
-
-// sheds reports whether a request of the given priority is refused at a
-// load of used ÷ capacity: requests in flight for a capacity, or a p99
-// latency for a target (both in ns: at most an hour for the target, and
-// the histogram's top bucket, under 2^47, for the p99, so nothing
-// overflows). It is the rule
-// priority > 5 − (used/capacity − 0.8) × 10 multiplied through by
-// capacity, in integers: in floats, (1.1 − 0.8) × 10 is
-// 3.0000000000000004, which would shed priority 2 at a load of exactly
-// 1.1. The load being the greater of two ratios, a request is shed when
-// either ratio alone sheds it. No allocation, no lock, no store call.
-func sheds(used, capacity int64, priority int) bool {
-	return priority > 0 && int64(priority)*capacity+10*used > 13*capacity
-}
-
-// Bounds of a latency target: below a millisecond the histogram's
-// microsecond steps and the clock's cost are a large part of it; above an
-// hour no request is an answer anyone waits for.
-const (
-	minShedLatencyTarget = time.Millisecond
-	maxShedLatencyTarget = time.Hour
-)
-
 // provisionShed checks h.Shed and joins its group; owner is the config
 // being provisioned.
 func (h *Handler) provisionShed(owner any) error {
@@ -171,36 +114,16 @@ func (h *Handler) provisionShed(owner any) error {
 		return fmt.Errorf("shed %q: capacity is required (or latency_target, to shed on latency alone)", s.Group)
 	case s.Capacity < 0 || s.Capacity > MaxConcurrency:
 		return fmt.Errorf("shed %q: capacity must be from 1 to %d, got %d", s.Group, MaxConcurrency, s.Capacity)
-	case s.LatencyTarget != 0 && (s.LatencyTarget < caddy.Duration(minShedLatencyTarget) || s.LatencyTarget > caddy.Duration(maxShedLatencyTarget)):
-		return fmt.Errorf("shed %q: latency_target must be from %s to %s, got %s", s.Group, minShedLatencyTarget, maxShedLatencyTarget, time.Duration(s.LatencyTarget))
+	case s.LatencyTarget != 0 && (s.LatencyTarget < caddy.Duration(shed.MinLatencyTarget) || s.LatencyTarget > caddy.Duration(shed.MaxLatencyTarget)):
+		return fmt.Errorf("shed %q: latency_target must be from %s to %s, got %s", s.Group, shed.MinLatencyTarget, shed.MaxLatencyTarget, time.Duration(s.LatencyTarget))
 	case s.Priority < 0 || s.Priority > MaxShedPriority:
 		return fmt.Errorf("shed %q: priority must be from 0 (never shed) to %d (shed first), got %d", s.Group, MaxShedPriority, s.Priority)
 	}
-	v, _ := shedGroups.LoadOrStore(s.Group, &shedGroup{name: s.Group, varKey: "rate_limit.shed." + s.Group, now: monotonic})
-	g := v.(*shedGroup)
-	target := int64(s.LatencyTarget)
-	g.mu.Lock()
-	for _, o := range g.regs {
-		if owner == nil || o.owner != owner {
-			continue
-		}
-		var err error
-		switch {
-		case o.capacity != s.Capacity:
-			err = fmt.Errorf("shed %q: capacity given twice in this config, %d and %d: handlers of one group share one count, so give them the same capacity", s.Group, o.capacity, s.Capacity)
-		case o.target != target:
-			err = fmt.Errorf("shed %q: latency_target given twice in this config, %s and %s: handlers of one group share one latency, so give them the same target", s.Group, time.Duration(o.target), time.Duration(target))
-		}
-		if err != nil {
-			g.mu.Unlock()
-			_, _ = shedGroups.Delete(s.Group)
-			return err
-		}
+	g, reg, err := shed.Join(s.Group, owner, s.Capacity, int64(s.LatencyTarget), monotonic)
+	if err != nil {
+		return err
 	}
-	h.shedReg = &shedReg{owner: owner, capacity: s.Capacity, target: target}
-	g.regs = append(g.regs, h.shedReg)
-	g.mu.Unlock()
-	h.shed = g
+	h.shed, h.shedReg = g, reg
 	z := &Zone{name: s.Group, status: http.StatusServiceUnavailable, nameValue: s.Group}
 	z.errs[reasonShed] = caddyhttp.HandlerError{StatusCode: http.StatusServiceUnavailable, Err: ErrShed}
 	if !h.DisableMetrics {
@@ -210,57 +133,31 @@ func (h *Handler) provisionShed(owner any) error {
 	// value every shed request shares and nothing changes.
 	h.shedRefusal = &refusal{
 		reason: reasonShed, zone: z, retryAfter: retryAfterSeconds(shedRetryAfter), wait: shedRetryAfter,
-		detail: shedEdge(s),
+		detail: shed.Edge(s.Group, s.Capacity, s.Priority),
 	}
 	return nil
 }
 
 // cleanupShed leaves the group; the last handler to leave drops it.
 func (h *Handler) cleanupShed() {
-	g := h.shed
-	if g == nil {
-		return
+	if h.shed != nil {
+		h.shed.Leave(h.shedReg)
+		h.shed = nil
 	}
-	g.mu.Lock()
-	if i := slices.Index(g.regs, h.shedReg); i >= 0 {
-		g.regs = slices.Delete(g.regs, i, i+1)
-	}
-	g.mu.Unlock()
-	_, _ = shedGroups.Delete(g.name)
-	h.shed = nil
 }
 
 // shedding reports whether r must be shed now, before anything else is
 // decided: a shed request takes no unit from any rate limit. counted
-// tells that a handler r passed through before counts it already: the
-// load is the others' requests in flight, so r is taken out of it.
-// Priority 0 is never shed, so it reads neither the count nor the clock.
+// tells that a handler r passed through before counts it already.
 func (h *Handler) shedding(counted bool) bool {
-	g := h.shed
-	if g == nil || h.Shed.Priority == 0 {
-		return false
-	}
-	n := g.inFlight.Load()
-	if counted {
-		n--
-	}
-	if c := h.Shed.Capacity; c > 0 && sheds(n, c, h.Shed.Priority) {
-		return true
-	}
-	// The p99 read without the clock is the last worked out: one that
-	// does not shed the request stands (requests that finish bring it up
-	// to date), one that does is brought up to date first, so that a p99
-	// from before a quiet spell cannot shed anything.
-	t := h.shedReg.target
-	return t > 0 && sheds(g.latency.p99.Load(), t, h.Shed.Priority) &&
-		sheds(g.latency.p99At(g.now()), t, h.Shed.Priority)
+	return h.shed != nil && h.shed.Shedding(h.shedReg, h.Shed.Priority, counted)
 }
 
 // timedGroup is the group whose latency r is timed for by this handler,
 // or nil: only with a latency target, and only by the handler that counts
 // it, so that a request nested in two handlers of its group is timed once.
-func (h *Handler) timedGroup(counted bool) *shedGroup {
-	if h.shed != nil && h.shedReg.target > 0 && !counted {
+func (h *Handler) timedGroup(counted bool) *shed.Group {
+	if h.shed != nil && h.shedReg.Target > 0 && !counted {
 		return h.shed
 	}
 	return nil
@@ -275,44 +172,19 @@ func (h *Handler) shedCounted(r *http.Request) (vars map[string]any, counted boo
 		return nil, false
 	}
 	vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	return vars, inGroup(vars[h.shed.varKey]) == h.shed
+	return vars, inGroup(vars[h.shed.VarKey]) == h.shed
 }
 
 // inGroup is the group a request var of a group's names: the group, or
 // the watcher that times the request for it.
-func inGroup(v any) *shedGroup {
+func inGroup(v any) *shed.Group {
 	switch v := v.(type) {
-	case *shedGroup:
+	case *shed.Group:
 		return v
 	case *watcher:
 		return v.group
 	}
 	return nil
-}
-
-// enter counts an admitted request in the group until leave; timer, when
-// the request is timed for the group, is the watcher timing it, which the
-// request's var then holds (one map write either way). The caller holds
-// on to g: a reload cleans the handler up while its last requests are
-// still being served.
-func (g *shedGroup) enter(vars map[string]any, timer *watcher) {
-	g.inFlight.Add(1)
-	switch {
-	case vars == nil:
-	case timer != nil:
-		vars[g.varKey] = timer
-	default:
-		vars[g.varKey] = g
-	}
-}
-
-func (g *shedGroup) leave(vars map[string]any) {
-	g.inFlight.Add(-1)
-	if vars != nil {
-		// An error route served after this handler returns is a request
-		// of its own for the group.
-		delete(vars, g.varKey)
-	}
 }
 
 // outsideGroups runs wait, a wait that loads no upstream (a tarpit, a
@@ -333,7 +205,7 @@ func leaveGroups(r *http.Request) map[string]any {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	for _, v := range vars {
 		if g := inGroup(v); g != nil {
-			g.inFlight.Add(-1)
+			g.InFlight.Add(-1)
 		}
 		if t, ok := v.(*watcher); ok {
 			t.pausedAt = t.now()
@@ -345,7 +217,7 @@ func leaveGroups(r *http.Request) map[string]any {
 func rejoinGroups(vars map[string]any) {
 	for _, v := range vars {
 		if g := inGroup(v); g != nil {
-			g.inFlight.Add(1)
+			g.InFlight.Add(1)
 		}
 		if t, ok := v.(*watcher); ok {
 			t.paused += t.now() - t.pausedAt
@@ -364,65 +236,6 @@ func untime(r *http.Request) {
 			t.refused = true
 		}
 	}
-}
-
-// shedEdge is the error the log line of a shed request carries: when this
-// handler's priority is shed. Made once, so a shed request allocates
-// nothing for it.
-func shedEdge(s *Shed) error {
-	// Shed when 10 × in flight > (13 − priority) × capacity.
-	edge := (13 - int64(s.Priority)) * s.Capacity
-	return fmt.Errorf("priority %d is shed while more than %d requests are in flight in group %q (load above %.1f of capacity %d)",
-		s.Priority, edge/10, s.Group, float64(13-s.Priority)/10, s.Capacity)
-}
-
-// shedCollector reports each group's requests in flight, capacity,
-// latency and target at scrape time, so that counting a request costs two
-// atomic adds and no metric update.
-type shedCollector struct {
-	inFlight, capacity, p99, target *prometheus.Desc
-}
-
-var shedMetrics = shedCollector{
-	inFlight: prometheus.NewDesc("caddy_rate_limit_shed_in_flight_requests",
-		"Requests in flight in a load shedding group, counted by every handler that names it.", []string{"group"}, nil),
-	capacity: prometheus.NewDesc("caddy_rate_limit_shed_capacity_requests",
-		"The capacity of a load shedding group: requests in flight at a load of 1.0 (the newest config's).", []string{"group"}, nil),
-	p99: prometheus.NewDesc("caddy_rate_limit_shed_latency_p99_seconds",
-		"The 99th percentile latency of a load shedding group's requests that finished in the last 8 to 10 seconds (0 without any), for a group with a latency target.", []string{"group"}, nil),
-	target: prometheus.NewDesc("caddy_rate_limit_shed_latency_target_seconds",
-		"The latency target of a load shedding group: its p99 latency at a load of 1.0 (the newest config's).", []string{"group"}, nil),
-}
-
-func (c shedCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.inFlight
-	ch <- c.capacity
-	ch <- c.p99
-	ch <- c.target
-}
-
-func (c shedCollector) Collect(ch chan<- prometheus.Metric) {
-	shedGroups.Range(func(_, v any) bool {
-		g := v.(*shedGroup)
-		g.mu.Lock()
-		var newest shedReg
-		if n := len(g.regs); n > 0 {
-			newest = *g.regs[n-1]
-		}
-		g.mu.Unlock()
-		if newest.capacity == 0 && newest.target == 0 {
-			return true // every handler left
-		}
-		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(g.inFlight.Load()), g.name)
-		if newest.capacity > 0 {
-			ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(newest.capacity), g.name)
-		}
-		if newest.target > 0 {
-			ch <- prometheus.MustNewConstMetric(c.p99, prometheus.GaugeValue, float64(g.latency.p99At(g.now()))/1e9, g.name)
-			ch <- prometheus.MustNewConstMetric(c.target, prometheus.GaugeValue, float64(newest.target)/1e9, g.name)
-		}
-		return true
-	})
 }
 
 // unmarshalShed reads

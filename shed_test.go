@@ -15,72 +15,9 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/latency"
+	"github.com/sluicehq/sluice/internal/shed"
 )
-
-// The shedding rule, priority > 5 − (load − 0.8) × 10, at the loads around
-// each priority's edge. At a load of 1.1 the threshold is 3 and priorities
-// above 2 are refused; priority 0 is never refused.
-func TestShedRule(t *testing.T) {
-	tests := []struct {
-		inFlight, capacity int64
-		shed               [MaxShedPriority + 1]bool // by priority 0…4
-	}{
-		{0, 10, [5]bool{}},
-		{8, 10, [5]bool{}}, // load 0.8: threshold 0
-		{9, 10, [5]bool{}}, // 0.9: threshold 1, priority > 4
-		{10, 10, [5]bool{false, false, false, false, true}},   // 1.0: threshold 2
-		{11, 10, [5]bool{false, false, false, true, true}},    // 1.1: threshold 3
-		{12, 10, [5]bool{false, false, true, true, true}},     // 1.2: threshold 4
-		{13, 10, [5]bool{false, true, true, true, true}},      // 1.3: threshold 5
-		{15, 10, [5]bool{false, true, true, true, true}},      // 1.5: threshold 7
-		{1 << 40, 10, [5]bool{false, true, true, true, true}}, // far beyond
-		// The edges in a larger group: one request more or less.
-		{900, 1000, [5]bool{}},
-		{901, 1000, [5]bool{false, false, false, false, true}},
-		{1100, 1000, [5]bool{false, false, false, true, true}},
-		{1101, 1000, [5]bool{false, false, true, true, true}},
-		{1200, 1000, [5]bool{false, false, true, true, true}},
-		{1201, 1000, [5]bool{false, true, true, true, true}},
-		{1, 1, [5]bool{false, false, false, false, true}},
-	}
-	for _, tt := range tests {
-		for p, want := range tt.shed {
-			if got := sheds(tt.inFlight, tt.capacity, p); got != want {
-				t.Errorf("%d in flight of %d, priority %d: shed %v, want %v", tt.inFlight, tt.capacity, p, got, want)
-			}
-		}
-	}
-}
-
-// The rule written in floats, as it reads, sheds priority 2 at a load of
-// exactly 1.1: (1.1 − 0.8) × 10 is 3.0000000000000004 in float64. The
-// integer form keeps the threshold at 3.
-func TestShedRuleIsExactAtTheEdges(t *testing.T) {
-	floatSheds := func(inFlight, capacity int64, priority int) bool {
-		load := float64(inFlight) / float64(capacity)
-		if load < 0.8 {
-			return false
-		}
-		return float64(priority) > 5-(load-0.8)*10
-	}
-	if !floatSheds(11, 10, 2) {
-		t.Fatal("the float rule no longer misjudges 1.1: this test shows nothing")
-	}
-	if sheds(11, 10, 2) {
-		t.Fatal("priority 2 shed at load 1.1")
-	}
-	// Everywhere else the two agree.
-	for capacity := int64(1); capacity <= 50; capacity++ {
-		for inFlight := int64(0); inFlight <= 2*capacity; inFlight++ {
-			for p := range MaxShedPriority + 1 {
-				edge := 10*inFlight-8*capacity == int64(5-p)*capacity // the threshold lands on p
-				if got, f := sheds(inFlight, capacity, p), floatSheds(inFlight, capacity, p) && p > 0; got != f && !edge {
-					t.Errorf("%d/%d priority %d: integer rule %v, float rule %v", inFlight, capacity, p, got, f)
-				}
-			}
-		}
-	}
-}
 
 func shedConfig(group string, capacity int64, priority int) string {
 	return fmt.Sprintf(`{"shed": {"group": %q, "capacity": %d, "priority": %d},
@@ -97,7 +34,7 @@ func TestShedHandler(t *testing.T) {
 		t.Fatal("two handlers of one group do not share it")
 	}
 	g := low.h.shed
-	g.inFlight.Store(11) // load 1.1
+	g.InFlight.Store(11) // load 1.1
 	a := low.serve(context.Background(), nil)
 	if a.passed || a.code != http.StatusServiceUnavailable || a.header.Get("Retry-After") != "1" {
 		t.Fatalf("priority 3 at load 1.1: passed %v, %d, Retry-After %q; want 503, 1", a.passed, a.code, a.header.Get("Retry-After"))
@@ -112,18 +49,18 @@ func TestShedHandler(t *testing.T) {
 		t.Fatal("a shed request was decided by the store")
 	}
 	var during int64
-	r := serveNext(high.h, func() { during = g.inFlight.Load() })
-	if r != http.StatusOK || during != 12 || g.inFlight.Load() != 11 {
-		t.Fatalf("priority 2 at load 1.1: %d, in flight %d while served (want 12), %d after (want 11)", r, during, g.inFlight.Load())
+	r := serveNext(high.h, func() { during = g.InFlight.Load() })
+	if r != http.StatusOK || during != 12 || g.InFlight.Load() != 11 {
+		t.Fatalf("priority 2 at load 1.1: %d, in flight %d while served (want 12), %d after (want 11)", r, during, g.InFlight.Load())
 	}
-	g.inFlight.Store(9)
+	g.InFlight.Store(9)
 	if a := low.serve(context.Background(), nil); !a.passed {
 		t.Fatalf("priority 3 at load 0.9 got %d", a.code)
 	}
-	if g.inFlight.Load() != 9 {
-		t.Fatalf("in flight %d after a request, want 9 again", g.inFlight.Load())
+	if g.InFlight.Load() != 9 {
+		t.Fatalf("in flight %d after a request, want 9 again", g.InFlight.Load())
 	}
-	g.inFlight.Store(0)
+	g.InFlight.Store(0)
 }
 
 // A request that passes through two handlers of one group (a site-wide
@@ -133,8 +70,8 @@ func TestShedNestedHandlersCountOnce(t *testing.T) {
 	outer := newUnitHandler(t, shedConfig("unit_shed_nested", 10, 0), byZone(nil))
 	inner := newUnitHandler(t, shedConfig("unit_shed_nested", 10, 3), byZone(nil))
 	g := outer.h.shed
-	defer g.inFlight.Store(0)
-	g.inFlight.Store(10) // load 1.0 before the request: priority 3 passes
+	defer g.InFlight.Store(0)
+	g.InFlight.Store(10) // load 1.0 before the request: priority 3 passes
 	var during int64
 	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
 	r.RemoteAddr = "192.0.2.7:4242"
@@ -142,21 +79,21 @@ func TestShedNestedHandlersCountOnce(t *testing.T) {
 	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
 	err := outer.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		return inner.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
-			during = g.inFlight.Load()
+			during = g.InFlight.Load()
 			return nil
 		}))
 	}))
 	if err != nil {
 		t.Fatalf("priority 3 at load 1.0 behind a handler of its own group: %v", err)
 	}
-	if during != 11 || g.inFlight.Load() != 10 {
-		t.Fatalf("in flight %d while served (want 11: counted once), %d after (want 10)", during, g.inFlight.Load())
+	if during != 11 || g.InFlight.Load() != 10 {
+		t.Fatalf("in flight %d while served (want 11: counted once), %d after (want 10)", during, g.InFlight.Load())
 	}
 	vars := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	if _, ok := vars[g.varKey]; ok {
+	if _, ok := vars[g.VarKey]; ok {
 		t.Fatal("the request is still marked as counted once its handlers returned")
 	}
-	g.inFlight.Store(11) // load 1.1 without the request: priority 3 is shed
+	g.InFlight.Store(11) // load 1.1 without the request: priority 3 is shed
 	if code := serveNext(inner.h, func() {}); code != http.StatusServiceUnavailable {
 		t.Fatalf("priority 3 at load 1.1: %d, want 503", code)
 	}
@@ -260,7 +197,7 @@ func TestShedTarpitProvisionErrors(t *testing.T) {
 		})
 	}
 	for _, group := range []string{"p_a", "p_lat"} {
-		if _, ok := shedGroups.References(group); ok {
+		if shed.Registered(group) {
 			t.Fatalf("a refused config left its group %q behind", group)
 		}
 	}
@@ -275,7 +212,7 @@ func BenchmarkShed(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(cleanup)
-	h.shed.inFlight.Store(900) // load 0.9: admitted, the arithmetic done
+	h.shed.InFlight.Store(900) // load 0.9: admitted, the arithmetic done
 	b.Run("check", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -291,8 +228,8 @@ func BenchmarkShed(b *testing.B) {
 				if h.shedding(false) {
 					b.Fatal("shed")
 				}
-				h.shed.inFlight.Add(1)
-				h.shed.inFlight.Add(-1)
+				h.shed.InFlight.Add(1)
+				h.shed.InFlight.Add(-1)
 			}
 		})
 	})
@@ -321,8 +258,8 @@ func BenchmarkShed(b *testing.B) {
 		}
 	})
 	b.Run("serve_shed", func(b *testing.B) {
-		h.shed.inFlight.Store(1500)
-		defer h.shed.inFlight.Store(900)
+		h.shed.InFlight.Store(1500)
+		defer h.shed.InFlight.Store(900)
 		w, r := benchRequest(b, "http://example.com/", "192.0.2.7:4242")
 		fresh := freshReplacer(r)
 		b.ReportAllocs()
@@ -364,60 +301,31 @@ func TestLeaveAndRejoinGroups(t *testing.T) {
 	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
 	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), httptest.NewRecorder(), &caddyhttp.Server{})
 	vars := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	a.enter(vars, nil)
-	b.enter(vars, nil)
-	other.inFlight.Add(3)
-	defer other.inFlight.Add(-3)
+	a.Enter(vars, a)
+	b.Enter(vars, b)
+	other.InFlight.Add(3)
+	defer other.InFlight.Add(-3)
 	paused := leaveGroups(r)
-	if a.inFlight.Load() != 0 || b.inFlight.Load() != 0 || other.inFlight.Load() != 3 {
-		t.Fatalf("while waiting: %d, %d, %d; want 0, 0 and the other group's 3", a.inFlight.Load(), b.inFlight.Load(), other.inFlight.Load())
+	if a.InFlight.Load() != 0 || b.InFlight.Load() != 0 || other.InFlight.Load() != 3 {
+		t.Fatalf("while waiting: %d, %d, %d; want 0, 0 and the other group's 3", a.InFlight.Load(), b.InFlight.Load(), other.InFlight.Load())
 	}
 	rejoinGroups(paused)
-	if a.inFlight.Load() != 1 || b.inFlight.Load() != 1 {
-		t.Fatalf("after the wait: %d, %d; want 1, 1", a.inFlight.Load(), b.inFlight.Load())
+	if a.InFlight.Load() != 1 || b.InFlight.Load() != 1 {
+		t.Fatalf("after the wait: %d, %d; want 1, 1", a.InFlight.Load(), b.InFlight.Load())
 	}
-	a.leave(vars)
-	b.leave(vars)
-	if len(leaveGroups(r)) != len(vars) || a.inFlight.Load() != 0 {
+	a.Exit(vars)
+	b.Exit(vars)
+	if len(leaveGroups(r)) != len(vars) || a.InFlight.Load() != 0 {
 		t.Fatal("a request no group counts any more left a group")
 	}
 }
 
 const ms = int64(time.Millisecond)
 
-// The rule on latency alone, as the request count's: at a p99 of 1.1 ×
-// the target, priorities 3 and 4 are shed and 0 to 2 kept; at 0.9 ×,
-// nothing. In floats, 220ms ÷ 200ms makes priority 2 shed.
-func TestShedLatencyRule(t *testing.T) {
-	target := 200 * ms
-	tests := []struct {
-		p99  int64
-		shed [MaxShedPriority + 1]bool
-	}{
-		{0, [5]bool{}},
-		{180 * ms, [5]bool{}}, // 0.9
-		{180*ms + 1, [5]bool{false, false, false, false, true}},
-		{200 * ms, [5]bool{false, false, false, false, true}},                // 1.0
-		{220 * ms, [5]bool{false, false, false, true, true}},                 // 1.1
-		{220*ms + 1, [5]bool{false, false, true, true, true}},                // just above
-		{240 * ms, [5]bool{false, false, true, true, true}},                  // 1.2
-		{260*ms + 1, [5]bool{false, true, true, true, true}},                 // above 1.3
-		{histUpper(histBuckets - 1), [5]bool{false, true, true, true, true}}, // the top bucket
-	}
-	for _, tt := range tests {
-		for p, want := range tt.shed {
-			if got := sheds(tt.p99, target, p); got != want {
-				t.Errorf("p99 %s for %s, priority %d: shed %v, want %v", time.Duration(tt.p99), time.Duration(target), p, got, want)
-			}
-		}
-	}
-	if load := float64(220*ms) / float64(target); !(2 > 5-(load-0.8)*10) {
-		t.Fatal("the float rule no longer misjudges 1.1: this test shows less")
-	}
-	// The largest target and p99 do not overflow.
-	if !sheds(histUpper(histBuckets-1), int64(maxShedLatencyTarget), 1) || sheds(0, int64(maxShedLatencyTarget), 4) {
-		t.Fatal("the rule overflows at the bounds")
-	}
+// windowCount is how many latencies the window holds at now.
+func windowCount(w *latency.Window, now int64) int64 {
+	n, _ := w.Sum(now)
+	return n
 }
 
 // latencyShed is a handler of group with a latency target, a fake clock,
@@ -429,7 +337,7 @@ func latencyShed(t *testing.T, group string, capacity int64, priority int, clock
 		capField = fmt.Sprintf(`, "capacity": %d`, capacity)
 	}
 	u := newUnitHandler(t, fmt.Sprintf(`{"shed": {"group": %q, "latency_target": "200ms", "priority": %d%s}}`, group, priority, capField), byZone(nil))
-	u.h.shed.now = func() int64 { return *clock }
+	u.h.shed.Now = func() int64 { return *clock }
 	return u.h
 }
 
@@ -441,7 +349,7 @@ func TestShedLoadIsTheGreaterRatio(t *testing.T) {
 	h3 := latencyShed(t, "unit_lat_max", 10, 3, &clock)
 	h2 := latencyShed(t, "unit_lat_max", 10, 2, &clock)
 	g := h3.shed
-	defer g.inFlight.Store(0)
+	defer g.InFlight.Store(0)
 	check := func(what string, want3, want2 bool) {
 		t.Helper()
 		if got := h3.shedding(false); got != want3 {
@@ -452,34 +360,34 @@ func TestShedLoadIsTheGreaterRatio(t *testing.T) {
 		}
 	}
 	check("idle", false, false)
-	// p99 within the 200ms-wide buckets near 220ms: histUpper rounds up,
+	// p99 within the 200ms-wide buckets near 220ms: latency.Upper rounds up,
 	// so record a value whose bucket's upper bound is at most 220ms.
 	lat := latencyAt(t, 200*ms, 220*ms)
 	for range 100 {
-		g.latency.add(lat, clock)
+		g.Latency.Add(lat, clock)
 	}
-	clock += int64(latencyRefresh)
-	g.latency.p99At(clock) // as the next request to finish does
+	clock += int64(latency.Refresh)
+	g.Latency.P99At(clock) // as the next request to finish does
 	check("p99 1.1, 0 in flight", true, false)
-	g.inFlight.Store(12) // load 1.2 by count
+	g.InFlight.Store(12) // load 1.2 by count
 	check("p99 1.1, 12 in flight", true, true)
-	g.inFlight.Store(0)
+	g.InFlight.Store(0)
 	// A quiet spell: nothing finishes, and the check itself finds the
 	// slow requests gone from the window.
-	clock += int64(latencyWindowSpan)
+	clock += int64(latency.WindowSpan)
 	check("after the window", false, false)
-	g.inFlight.Store(11)
+	g.InFlight.Store(11)
 	check("fast, 11 in flight", true, false)
 
 	only := latencyShed(t, "unit_lat_only", 0, 4, &clock)
-	only.shed.inFlight.Store(1 << 20)
-	defer only.shed.inFlight.Store(0)
+	only.shed.InFlight.Store(1 << 20)
+	defer only.shed.InFlight.Store(0)
 	if only.shedding(false) {
 		t.Fatal("a group without a capacity shed on its requests in flight")
 	}
-	only.shed.latency.add(latencyAt(t, 190*ms, 200*ms), clock)
-	clock += int64(latencyRefresh)
-	only.shed.latency.p99At(clock) // as the next request to finish does
+	only.shed.Latency.Add(latencyAt(t, 190*ms, 200*ms), clock)
+	clock += int64(latency.Refresh)
+	only.shed.Latency.P99At(clock) // as the next request to finish does
 	if !only.shedding(false) {
 		t.Fatal("a group without a capacity did not shed priority 4 at a p99 above 0.9")
 	}
@@ -490,7 +398,7 @@ func TestShedLoadIsTheGreaterRatio(t *testing.T) {
 func latencyAt(t *testing.T, lo, hi int64) int64 {
 	t.Helper()
 	for ns := hi; ns > lo; ns -= 1000 {
-		if up := histUpper(histBucket(uint64(ns) / 1000)); up > lo && up <= hi {
+		if up := latency.Upper(latency.Bucket(uint64(ns) / 1000)); up > lo && up <= hi {
 			return up
 		}
 	}
@@ -527,8 +435,8 @@ func TestShedLatencyTiming(t *testing.T) {
 	g := outer.shed
 	at := func(what string, n int64, p99 int64) {
 		t.Helper()
-		clock += int64(latencyRefresh)
-		if got, p := windowCount(&g.latency, clock), g.latency.p99At(clock); got != n || (n > 0 && (p < p99 || p > p99*17/16)) {
+		clock += int64(latency.Refresh)
+		if got, p := windowCount(&g.Latency, clock), g.Latency.P99At(clock); got != n || (n > 0 && (p < p99 || p > p99*17/16)) {
 			t.Fatalf("%s: %d latencies, p99 %s; want %d, %s", what, got, time.Duration(p), n, time.Duration(p99))
 		}
 	}
@@ -549,7 +457,7 @@ func TestShedLatencyTiming(t *testing.T) {
 	}
 	at("a request through two handlers of the group", 2, 160*ms)
 	vars := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	if _, ok := vars[g.varKey]; ok {
+	if _, ok := vars[g.VarKey]; ok {
 		t.Fatal("the request is still marked as counted (and timed) once it was answered")
 	}
 
@@ -566,11 +474,11 @@ func TestShedLatencyTiming(t *testing.T) {
 
 	// Shed by the inner handler (priority 4 at 10 in flight of 10): no
 	// latency of its own.
-	g.inFlight.Store(10)
+	g.InFlight.Store(10)
 	_, err = serveTimed(t, outer, &clock, 900*ms, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		return inner.ServeHTTP(w, r, okHandler)
 	}))
-	g.inFlight.Store(0)
+	g.InFlight.Store(0)
 	if code := statusOf(err); code != http.StatusServiceUnavailable {
 		t.Fatalf("inner priority 4 at load 1.0 (plus the outer's count): %v", err)
 	}
@@ -601,8 +509,8 @@ func TestShedLatencyTwoGroups(t *testing.T) {
 	})); err != nil {
 		t.Fatal(err)
 	}
-	clock += int64(latencyRefresh)
-	pa, pb := a.shed.latency.p99At(clock), b.shed.latency.p99At(clock)
+	clock += int64(latency.Refresh)
+	pa, pb := a.shed.Latency.P99At(clock), b.shed.Latency.P99At(clock)
 	if pa < 50*ms || pa > 54*ms || pb < 40*ms || pb > 43*ms {
 		t.Fatalf("p99 %s and %s, want about 50ms (10 + 40) and 40ms", time.Duration(pa), time.Duration(pb))
 	}
@@ -613,7 +521,7 @@ func TestShedLatencyTwoGroups(t *testing.T) {
 func TestShedLatencySurvivesReload(t *testing.T) {
 	clock := int64(600 * time.Second)
 	old := latencyShed(t, "unit_lat_reload", 10, 3, &clock)
-	old.shed.latency.add(latencyAt(t, 200*ms, 220*ms), clock)
+	old.shed.Latency.Add(latencyAt(t, 200*ms, 220*ms), clock)
 	next, cleanup, err := provisionJSON([]byte(`{"shed": {"group": "unit_lat_reload", "capacity": 10, "latency_target": "200ms", "priority": 3}}`), backend.SystemNow)
 	if err != nil {
 		t.Fatal(err)
@@ -624,8 +532,8 @@ func TestShedLatencySurvivesReload(t *testing.T) {
 	if next.shed != g {
 		t.Fatal("the new config has a group of its own")
 	}
-	clock += int64(latencyRefresh)
-	g.latency.p99At(clock) // as the next request to finish does
+	clock += int64(latency.Refresh)
+	g.Latency.P99At(clock) // as the next request to finish does
 	if !next.shedding(false) {
 		t.Fatal("the new config does not shed on the old config's latency")
 	}
@@ -674,7 +582,7 @@ func TestShedLatencyConflict(t *testing.T) {
 			t.Fatalf("%s: error %v", second, err)
 		}
 	}
-	if _, ok := shedGroups.References("unit_lat_conflict"); ok {
+	if shed.Registered("unit_lat_conflict") {
 		t.Fatal("the refused configs left the group behind")
 	}
 }
@@ -687,7 +595,7 @@ func TestShedLatencyAllocations(t *testing.T) {
 	}
 	clock := int64(700 * time.Second)
 	h := latencyShed(t, "alloc_shed_lat", 1000, 3, &clock)
-	h.shed.now = func() int64 { clock += 10 * ms; return clock } // a refresh every ten requests
+	h.shed.Now = func() int64 { clock += 10 * ms; return clock } // a refresh every ten requests
 	w, r := benchRequest(t, "http://example.com/", "192.0.2.7:4242")
 	if n := testing.AllocsPerRun(200, func() {
 		if err := h.ServeHTTP(w, r, okHandler); err != nil {
@@ -696,7 +604,7 @@ func TestShedLatencyAllocations(t *testing.T) {
 	}); n != 0 {
 		t.Fatalf("%v allocations per admitted, timed request", n)
 	}
-	if n := windowCount(&h.shed.latency, clock); n == 0 {
+	if n := windowCount(&h.shed.Latency, clock); n == 0 {
 		t.Fatal("no latency recorded: the test measured nothing")
 	}
 }
@@ -714,7 +622,7 @@ func BenchmarkShedLatency(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		h.shed.inFlight.Store(900) // load 0.9 by count: admitted, the arithmetic done
+		h.shed.InFlight.Store(900) // load 0.9 by count: admitted, the arithmetic done
 		b.Run(tc.name+"/check", func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -743,20 +651,20 @@ func BenchmarkShedLatency(b *testing.B) {
 				}
 			})
 		})
-		h.shed.inFlight.Store(0)
+		h.shed.InFlight.Store(0)
 		cleanup()
 	}
 	// Working out the p99 of a full window, done at most every 100 ms.
 	b.Run("refresh", func(b *testing.B) {
-		var w latencyWindow
+		var w latency.Window
 		now := int64(100 * time.Second)
 		for i := range int64(10000) {
-			w.add(i*ms/10, now+i*ms)
+			w.Add(i*ms/10, now+i*ms)
 		}
 		now += 10000*ms - 1
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, p99 := w.sum(now); p99 == 0 {
+			if _, p99 := w.Sum(now); p99 == 0 {
 				b.Fatal("empty")
 			}
 		}

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -15,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/internal/tarpit"
 )
 
 // MaxTarpit is the longest a tarpit holds a denial: clients and proxies
@@ -41,32 +39,6 @@ var (
 	})
 )
 
-// Every tarpit of the process shares one ceiling: half the open-file
-// limit. Each held denial keeps a connection open, and held ones must
-// never take the descriptors that other clients' connections, upstream
-// connections and files need: with tarpit_max above the limit, one client
-// opening connections and getting denied would make Caddy refuse everyone.
-var (
-	tarpitHeldAll atomic.Int64 // denials every tarpit holds now
-	tarpitCeiling atomic.Int64 // 0: no ceiling known
-)
-
-// tarpitState is a handler's tarpit: how many denials it holds, and a
-// channel closed when the config stops serving, which lets them all go.
-type tarpitState struct {
-	delay, max int64
-	held       atomic.Int64
-	done       chan struct{}
-	once       sync.Once
-}
-
-// stop lets every held denial go, at once; further ones are not held.
-func (t *tarpitState) stop() {
-	if t != nil {
-		t.once.Do(func() { close(t.done) })
-	}
-}
-
 // provisionTarpit checks tarpit and tarpit_max, and arranges for held
 // denials to go when the server begins to shut down (a reload or a stop:
 // a graceful shutdown waits for every request, held ones included) and
@@ -84,17 +56,19 @@ func (h *Handler) provisionTarpit(ctx caddy.Context) error {
 	case !h.denies():
 		return fmt.Errorf("tarpit would do nothing: it holds the denials of a rate limit, and this handler has no zone with a rate that is not shadow (shed, concurrency and the other refusals are answered at once)")
 	}
-	t := &tarpitState{delay: int64(h.Tarpit), max: cmp.Or(h.TarpitMax, DefaultTarpitMax), done: make(chan struct{})}
+	// All tarpits together hold at most half the open-file limit: held
+	// denials must never take the descriptors other clients need.
+	t := tarpit.New(int64(h.Tarpit), cmp.Or(h.TarpitMax, DefaultTarpitMax))
 	if ceiling := openFileLimit() / 2; ceiling > 0 {
-		tarpitCeiling.Store(ceiling)
-		if t.max > ceiling {
+		tarpit.SetCeiling(ceiling)
+		if t.Max() > ceiling {
 			h.logger.Warn("tarpit_max is above half the process's open-file limit: all tarpits together hold at most that many denials, so that held connections never take the descriptors other clients need (raise the limit, e.g. LimitNOFILE, to hold more)",
-				zap.Int64("tarpit_max", t.max), zap.Int64("open_file_limit", ceiling*2), zap.Int64("held_at_most", ceiling))
+				zap.Int64("tarpit_max", t.Max()), zap.Int64("open_file_limit", ceiling*2), zap.Int64("held_at_most", ceiling))
 		}
 	}
 	h.tarpit = t
 	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok {
-		srv.RegisterOnShutdown(t.stop)
+		srv.RegisterOnShutdown(t.Stop)
 	}
 	return nil
 }
@@ -125,7 +99,7 @@ func (h *Handler) holdInTarpit(r *http.Request) int64 {
 	if t == nil {
 		return 0
 	}
-	if !t.take() {
+	if !t.Take() {
 		tarpitSkipped.Inc()
 		return 0
 	}
@@ -138,17 +112,13 @@ func (h *Handler) holdInTarpit(r *http.Request) int64 {
 			// taking the freed place could count itself before this one
 			// was uncounted, and the gauge would read tarpit_max + 1.
 			tarpitHeld.Dec()
-			t.held.Add(-1)
-			tarpitHeldAll.Add(-1)
+			t.Release()
 		}()
 		random := h.jitterFn
 		if random == nil {
 			random = rand.Float64
 		}
-		// Jittered, so held scrapers are not let go, and do not come back,
-		// in one wave, and the delay does not tell a tarpit from a slow
-		// server.
-		d := time.Duration(t.delay/2 + int64(random()*float64(t.delay-t.delay/2)))
+		d := t.Delay(random())
 		newTimer := h.newTimer
 		if newTimer == nil {
 			newTimer = systemTimer
@@ -158,42 +128,11 @@ func (h *Handler) holdInTarpit(r *http.Request) int64 {
 		select {
 		case <-fired:
 		case <-r.Context().Done():
-		case <-t.done:
+		case <-t.Done():
 		}
 		held = max(h.now()-start, 0)
 	})
 	return held
-}
-
-// elapse takes d (ns) off the waits of out, decided d ago: a client told
-// to retry in 30 s after a 10 s hold would otherwise wait 10 s too long.
-func elapse(out []algorithms.Result, d int64) {
-	for i := range out {
-		if out[i].RetryAfter != algorithms.Never {
-			out[i].RetryAfter = max(out[i].RetryAfter-d, 0)
-		}
-		out[i].ResetAfter = max(out[i].ResetAfter-d, 0)
-	}
-}
-
-// take counts one more held request, unless max are held by this
-// tarpit or the ceiling by all of them.
-func (t *tarpitState) take() bool {
-	for {
-		n := t.held.Load()
-		if n >= t.max {
-			return false
-		}
-		if t.held.CompareAndSwap(n, n+1) {
-			break
-		}
-	}
-	if c := tarpitCeiling.Load(); tarpitHeldAll.Add(1) > c && c > 0 {
-		tarpitHeldAll.Add(-1)
-		t.held.Add(-1)
-		return false
-	}
-	return true
 }
 
 // unmarshalTarpit reads `tarpit <duration>` and `tarpit_max <n>`.

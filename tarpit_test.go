@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/internal/tarpit"
 )
 
 const tarpitConfig = `{"tarpit": "4s", "tarpit_max": 2,
@@ -59,7 +60,7 @@ func TestTarpitHolds(t *testing.T) {
 	if got := testutil.ToFloat64(tarpitHeld) - held0; got != 2 {
 		t.Fatalf("held gauge %v, want 2", got)
 	}
-	if n := u.h.shed.inFlight.Load(); n != 0 {
+	if n := u.h.shed.InFlight.Load(); n != 0 {
 		t.Fatalf("%d in flight for load shedding while only denials are held", n)
 	}
 	// Full: the third denial is answered at once.
@@ -81,7 +82,7 @@ func TestTarpitHolds(t *testing.T) {
 	fourth := send(context.Background())
 	nextTimer()
 	// The config stops: everything held goes at once, and nothing more is held.
-	u.h.tarpit.stop()
+	u.h.tarpit.Stop()
 	for _, ch := range []chan answer{first, fourth} {
 		select {
 		case a := <-ch:
@@ -95,7 +96,7 @@ func TestTarpitHolds(t *testing.T) {
 	if got := testutil.ToFloat64(tarpitHeld) - held0; got != 0 {
 		t.Fatalf("held gauge %v after all were let go", got)
 	}
-	if u.h.tarpit.held.Load() != 0 {
+	if u.h.tarpit.Held() != 0 {
 		t.Fatal("the handler still counts held requests")
 	}
 }
@@ -108,8 +109,8 @@ func TestTarpitOnlyDenials(t *testing.T) {
 	if a := u.serve(context.Background(), nil); !a.passed {
 		t.Fatalf("admitted request: %d", a.code)
 	}
-	u.h.shed.inFlight.Store(1000)
-	defer u.h.shed.inFlight.Store(0)
+	u.h.shed.InFlight.Store(1000)
+	defer u.h.shed.InFlight.Store(0)
 	u.h.Shed.Priority = 4
 	if a := u.serve(context.Background(), nil); a.code != http.StatusServiceUnavailable {
 		t.Fatalf("shed request: %d", a.code)
@@ -143,27 +144,6 @@ func TestTarpitAnswerCountsFromWhenSent(t *testing.T) {
 	}
 }
 
-// A hold longer than the wait answers a wait of 0: Retry-After 1, never a
-// negative or stale number.
-func TestElapse(t *testing.T) {
-	out := []algorithms.Result{
-		{RetryAfter: int64(30 * time.Second), ResetAfter: int64(40 * time.Second)},
-		{RetryAfter: int64(5 * time.Second), ResetAfter: int64(5 * time.Second)},
-		{RetryAfter: algorithms.Never, ResetAfter: int64(time.Hour)},
-	}
-	elapse(out, int64(10*time.Second))
-	want := []algorithms.Result{
-		{RetryAfter: int64(20 * time.Second), ResetAfter: int64(30 * time.Second)},
-		{},
-		{RetryAfter: algorithms.Never, ResetAfter: int64(time.Hour - 10*time.Second)},
-	}
-	for i := range out {
-		if out[i] != want[i] {
-			t.Errorf("result %d: %+v, want %+v", i, out[i], want[i])
-		}
-	}
-}
-
 // All tarpits together hold at most the ceiling (half the open-file
 // limit), whatever each one's tarpit_max: beyond it a denial is answered
 // at once, so held connections never take every descriptor.
@@ -171,12 +151,12 @@ func TestTarpitCeiling(t *testing.T) {
 	u := newUnitHandler(t, `{"tarpit": "4s", "tarpit_max": 1000000,
 		"rate_limits": {"tp_ceiling": {"key": "static", "max_events": 10, "window": "1m"}}}`,
 		byZone(map[string]algorithms.Result{"tp_ceiling": denied(30 * time.Second)}))
-	if openFileLimit() > 0 && tarpitCeiling.Load() != openFileLimit()/2 {
-		t.Fatalf("ceiling %d, want half the open-file limit %d", tarpitCeiling.Load(), openFileLimit())
+	if openFileLimit() > 0 && tarpit.Ceiling() != openFileLimit()/2 {
+		t.Fatalf("ceiling %d, want half the open-file limit %d", tarpit.Ceiling(), openFileLimit())
 	}
-	saved := tarpitCeiling.Load()
-	defer tarpitCeiling.Store(saved)
-	tarpitCeiling.Store(tarpitHeldAll.Load() + 1)
+	saved := tarpit.Ceiling()
+	defer tarpit.SetCeiling(saved)
+	tarpit.SetCeiling(tarpit.HeldAll() + 1)
 	u.timers = make(chan *fakeTimer, 10)
 	skipped := testutil.ToFloat64(tarpitSkipped)
 	first := make(chan answer, 1)
@@ -190,12 +170,12 @@ func TestTarpitCeiling(t *testing.T) {
 	if a := u.serve(t.Context(), nil); a.code != http.StatusTooManyRequests || testutil.ToFloat64(tarpitSkipped)-skipped != 1 {
 		t.Fatalf("beyond the ceiling: %d, skipped %v; want 429 at once, counted", a.code, testutil.ToFloat64(tarpitSkipped)-skipped)
 	}
-	if u.h.tarpit.held.Load() != 1 {
-		t.Fatalf("the handler counts %d held, want 1: a denial refused by the ceiling is not held", u.h.tarpit.held.Load())
+	if u.h.tarpit.Held() != 1 {
+		t.Fatalf("the handler counts %d held, want 1: a denial refused by the ceiling is not held", u.h.tarpit.Held())
 	}
 	ft.fire <- time.Time{}
 	<-first
-	if u.h.tarpit.held.Load() != 0 {
+	if u.h.tarpit.Held() != 0 {
 		t.Fatal("the handler still counts a held request")
 	}
 }
@@ -217,7 +197,7 @@ func TestTarpitHeldLeavesOuterGroup(t *testing.T) {
 	go func() {
 		done <- outer.h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 			err := inner.h.ServeHTTP(w, r, okHandler)
-			after = g.inFlight.Load()
+			after = g.InFlight.Load()
 			return err
 		}))
 	}()
@@ -227,14 +207,14 @@ func TestTarpitHeldLeavesOuterGroup(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the denial was not held")
 	}
-	if n := g.inFlight.Load(); n != 0 {
+	if n := g.InFlight.Load(); n != 0 {
 		t.Fatalf("%d in flight in the outer group while the denial is held, want 0", n)
 	}
 	ft.fire <- time.Time{}
 	if err := <-done; err == nil {
 		t.Fatal("the denial passed")
 	}
-	if after != 1 || g.inFlight.Load() != 0 {
-		t.Fatalf("in flight %d once the hold ended (want 1, the outer handler's), %d after (want 0)", after, g.inFlight.Load())
+	if after != 1 || g.InFlight.Load() != 0 {
+		t.Fatalf("in flight %d once the hold ended (want 1, the outer handler's), %d after (want 0)", after, g.InFlight.Load())
 	}
 }

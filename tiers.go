@@ -120,62 +120,62 @@ func (l *Limit) tiered() bool {
 func (l *Limit) checkTiers() error {
 	switch {
 	case l.Tier == "":
-		return fmt.Errorf("tiers: set tier to the placeholder that names a request's tier, such as {http.request.header.X-Plan} or {http.vars.plan}")
+		return optionErrorf("tiers", "tiers: set tier to the placeholder that names a request's tier, such as {http.request.header.X-Plan} or {http.vars.plan}")
 	case len(l.Tiers) == 0:
-		return fmt.Errorf("tier: no tiers table: give the tiers and their rates")
+		return optionErrorf("tier", "tier: no tiers table: give the tiers and their rates")
 	case len(l.Tiers) > MaxTiers:
-		return fmt.Errorf("tiers: at most %d tiers, got %d", MaxTiers, len(l.Tiers))
+		return optionErrorf("tiers", "tiers: at most %d tiers, got %d", MaxTiers, len(l.Tiers))
 	}
 	tmpl, err := keys.ParseTemplate(l.Tier)
 	if err == nil {
 		err = keys.CheckTemplate(tmpl)
 	}
 	if err != nil {
-		return fmt.Errorf("tier: %v", err)
+		return optionErrorf("tier", "tier: %v", err)
 	}
 	if len(tmpl.Placeholders()) == 0 {
-		return fmt.Errorf("tier %q has no placeholder: every request would get the same tier (use one such as {http.request.header.X-Plan}, or a rate without tiers)", l.Tier)
+		return optionErrorf("tier", "tier %q has no placeholder: every request would get the same tier (use one such as {http.request.header.X-Plan}, or a rate without tiers)", l.Tier)
 	}
 	if tmpl.NeedsBody() {
-		return fmt.Errorf("tier %q reads the request body: a tier comes from a header or from a var an earlier handler sets", l.Tier)
+		return optionErrorf("tier", "tier %q reads the request body: a tier comes from a header or from a var an earlier handler sets", l.Tier)
 	}
 	if unused := setOptions(
 		option{l.MaxEvents != 0, "max_events"}, option{l.Window != 0, "window"},
 		option{l.Burst != 0, "burst"}, option{l.Concurrency != 0, "concurrency"},
 	); len(unused) > 0 {
-		return fmt.Errorf("%s would do nothing with tiers: each tier has its own rate, burst and concurrency (remove %s)", strings.Join(unused, ", "), itOrThem(unused))
+		return optionErrorf(unused[0], "%s would do nothing with tiers: each tier has its own rate, burst and concurrency (remove %s)", strings.Join(unused, ", "), itOrThem(unused))
 	}
 	if l.Lease != 0 {
 		// A lease is taken per tier: units leased under one tier stay
 		// unspent, held from the fleet, when the key changes tier.
-		return fmt.Errorf("lease cannot be used with tiers: units leased in one tier would stay held when a key changes tier")
+		return optionErrorf("lease", "lease cannot be used with tiers: units leased in one tier would stay held when a key changes tier")
 	}
 	if l.Queue != 0 {
-		return fmt.Errorf("queue cannot be used with tiers: it waits for a concurrency slot, and each tier sets its own concurrency")
+		return optionErrorf("queue", "queue cannot be used with tiers: it waits for a concurrency slot, and each tier sets its own concurrency")
 	}
 	seen := make(map[string]bool, len(l.Tiers))
 	var names []string
 	for i, t := range l.Tiers {
 		if err := checkTierName(t.Name); err != nil {
-			return fmt.Errorf("tiers[%d]: %v", i, err)
+			return optionErrorf("tiers", "tiers[%d]: %v", i, err)
 		}
 		if seen[t.Name] {
-			return fmt.Errorf("tiers: tier %q given twice", t.Name)
+			return optionErrorf("tiers", "tiers: tier %q given twice", t.Name)
 		}
 		seen[t.Name] = true
 		names = append(names, t.Name)
 		if t.MaxEvents == 0 || t.Window == 0 {
-			return fmt.Errorf("tiers: tier %q needs a rate: max_events and window (rate 60/1m)", t.Name)
+			return optionErrorf("tiers", "tiers: tier %q needs a rate: max_events and window (rate 60/1m)", t.Name)
 		}
 		if _, err := l.tierLimit(t).check(); err != nil {
-			return fmt.Errorf("tiers: tier %q: %w", t.Name, err)
+			return optionErrorf("tiers", "tiers: tier %q: %w", t.Name, err)
 		}
 	}
 	switch {
 	case l.DefaultTier == "":
-		return fmt.Errorf("tiers: no default tier: name the tier of requests whose tier is missing or unknown (default %s)", names[0])
+		return optionErrorf("tiers", "tiers: no default tier: name the tier of requests whose tier is missing or unknown (default %s)", names[0])
 	case !seen[l.DefaultTier]:
-		return fmt.Errorf("default tier %q is not in the tiers table (%s)", l.DefaultTier, strings.Join(names, ", "))
+		return optionErrorf("default_tier", "default tier %q is not in the tiers table (%s)", l.DefaultTier, strings.Join(names, ", "))
 	}
 	return nil
 }

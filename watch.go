@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/shed"
 )
 
 // watcher is the one wrapper of an admitted request's response, put in
@@ -89,7 +90,7 @@ type watcher struct {
 	// pausedAt when the current one began. refused is set when a
 	// rate_limit behind refused the request: its answer took no upstream
 	// time.
-	group            *shedGroup
+	group            *shed.Group
 	paused, pausedAt int64
 	refused          bool
 	adaptBuf         [4]*adaptiveLimit
@@ -113,7 +114,7 @@ func (c *detachedContext) Value(key any) any        { return c.parent.Value(key)
 // resets, charges or settles by the response (outcome), and neither an
 // adaptive limit nor the shedding group timed (nil unless this handler
 // times the request for its group) measures its latency.
-func (h *Handler) watch(w http.ResponseWriter, s *requestState, timed *shedGroup) *watcher {
+func (h *Handler) watch(w http.ResponseWriter, s *requestState, timed *shed.Group) *watcher {
 	if len(s.adapt) == 0 && timed == nil && !h.outcomes {
 		return nil // inlined: the usual request is not watched
 	}
@@ -122,7 +123,7 @@ func (h *Handler) watch(w http.ResponseWriter, s *requestState, timed *shedGroup
 
 // newWatcher takes a watcher from the pool for the request of h that s
 // decided.
-func newWatcher(h *Handler, w http.ResponseWriter, s *requestState, timed *shedGroup) *watcher {
+func newWatcher(h *Handler, w http.ResponseWriter, s *requestState, timed *shed.Group) *watcher {
 	latency := len(s.adapt) > 0 || timed != nil
 	outcome := h.outcomes && slices.ContainsFunc(s.limits, (*Limit).byResponse)
 	if !latency && !outcome {
@@ -137,7 +138,7 @@ func newWatcher(h *Handler, w http.ResponseWriter, s *requestState, timed *shedG
 		if len(s.adapt) > 0 {
 			x.now = s.adapt[0].now
 		} else {
-			x.now = timed.now
+			x.now = timed.Now
 		}
 	}
 	if !outcome {
@@ -222,8 +223,7 @@ func (x *watcher) observe(r *http.Request, err error, start, end int64, timedBod
 		a.observe(latency, failed, end)
 	}
 	if g := x.group; g != nil && !x.refused {
-		g.latency.add(max(latency-x.paused, 0), end)
-		g.latency.p99At(end) // up to date for the checks that read it without the clock
+		g.Observe(max(latency-x.paused, 0), end)
 	}
 }
 

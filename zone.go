@@ -17,6 +17,8 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
+	"github.com/sluicehq/sluice/internal/aimd"
+	"github.com/sluicehq/sluice/internal/conc"
 	"github.com/sluicehq/sluice/internal/keys"
 )
 
@@ -420,8 +422,8 @@ type Limit struct {
 	cfg       backend.LimitConfig // as registered with the store
 	local     backend.Limit       // the in-process fallback of a "local" limit
 	failC     prometheus.Counter
-	conc      *concLimiter // nil without concurrency; with shared slots, the "local" fallback
-	shared    *sharedConc  // slots shared through the backend (Redis)
+	conc      *conc.Local  // nil without concurrency; with shared slots, the "local" fallback
+	shared    *conc.Shared // slots shared through the backend (Redis)
 	// The answer of a denial by this limit, made at provision.
 	denyStatus int
 	denyErr    error
@@ -433,7 +435,7 @@ type Limit struct {
 	base     string         // a tier's scope as configured, without the tier
 	budget   limitBudget    // charge_when and align (budget.go)
 	adapt    *adaptiveLimit // nil unless adaptive
-	adaptCfg aimdConfig
+	adaptCfg aimd.Config
 	// The zone and scope names as placeholder values, converted once:
 	// converting a string to an interface value allocates.
 	zoneName, scopeName any
@@ -654,7 +656,7 @@ func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap
 	if err := z.checkLockoutShadow(l); err != nil {
 		return err
 	}
-	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Lockout: l.lockoutSteps(), MostEvents: l.adaptCfg.max, Owner: owner, Calendar: l.budget.cal}
+	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Lockout: l.lockoutSteps(), MostEvents: l.adaptCfg.Max, Owner: owner, Calendar: l.budget.cal}
 	l.handle, err = store.Register(l.cfg)
 	if err != nil {
 		return err
@@ -684,24 +686,24 @@ func (l *Limit) policy() algorithms.Policy {
 func (l *Limit) check() (string, error) {
 	switch {
 	case l.IPv4Prefix < 0 || l.IPv4Prefix > 32:
-		return "", fmt.Errorf("ipv4_prefix must be between 0 and 32, got %d", l.IPv4Prefix)
+		return "", optionErrorf("ipv4_prefix", "ipv4_prefix must be between 0 and 32, got %d", l.IPv4Prefix)
 	case l.IPv6Prefix < 0 || l.IPv6Prefix > 128:
-		return "", fmt.Errorf("ipv6_prefix must be between 0 and 128, got %d", l.IPv6Prefix)
+		return "", optionErrorf("ipv6_prefix", "ipv6_prefix must be between 0 and 128, got %d", l.IPv6Prefix)
 	case l.MaxKeys < 0:
-		return "", fmt.Errorf("max_keys must be at least 1, got %d", l.MaxKeys)
+		return "", optionErrorf("max_keys", "max_keys must be at least 1, got %d", l.MaxKeys)
 	case l.MaxKeys > MaxKeysLimit:
-		return "", fmt.Errorf("max_keys must be at most %d, got %d", MaxKeysLimit, l.MaxKeys)
+		return "", optionErrorf("max_keys", "max_keys must be at most %d, got %d", MaxKeysLimit, l.MaxKeys)
 	case l.Burst < 0:
-		return "", fmt.Errorf("burst must be at least 1, got %d", l.Burst)
+		return "", optionErrorf("burst", "burst must be at least 1, got %d", l.Burst)
 	case l.MaxDelay < 0:
-		return "", fmt.Errorf("max_delay must be positive, got %s", algorithms.FormatSpan(int64(l.MaxDelay)))
+		return "", optionErrorf("max_delay", "max_delay must be positive, got %s", algorithms.FormatSpan(int64(l.MaxDelay)))
 	case !validFail(l.Fail):
-		return "", fmt.Errorf("fail must be open, closed or local, got %q", l.Fail)
+		return "", optionErrorf("fail", "fail must be open, closed or local, got %q", l.Fail)
 	}
 	switch l.Missing {
 	case "", MissingShared, MissingSkip, MissingDeny:
 	default:
-		return "", fmt.Errorf("missing must be shared, skip or deny, got %q", l.Missing)
+		return "", optionErrorf("missing", "missing must be shared, skip or deny, got %q", l.Missing)
 	}
 	if err := l.checkConc(); err != nil {
 		return "", err
@@ -731,10 +733,10 @@ func (l *Limit) check() (string, error) {
 		}
 		most := algorithms.MaxCost(alg, l.policy())
 		if l.Cost.expr == "" && l.Cost.n > most {
-			return "", fmt.Errorf("cost %d can never pass: the limit holds at most %d units (raise %s)", l.Cost.n, most, burstOrMax(alg, l.MaxDelay))
+			return "", optionErrorf("cost", "cost %d can never pass: the limit holds at most %d units (raise %s)", l.Cost.n, most, burstOrMax(alg, l.MaxDelay))
 		}
 		if least := l.Cost.least(); least > most {
-			return "", fmt.Errorf("cost %q can never pass: its numbers alone add up to %d, and the limit holds at most %d units (raise %s)", l.Cost.expr, least, most, burstOrMax(alg, l.MaxDelay))
+			return "", optionErrorf("cost", "cost %q can never pass: its numbers alone add up to %d, and the limit holds at most %d units (raise %s)", l.Cost.expr, least, most, burstOrMax(alg, l.MaxDelay))
 		}
 	}
 	if err := l.checkCostMin(alg); err != nil {
@@ -742,21 +744,21 @@ func (l *Limit) check() (string, error) {
 	}
 	for i, n := range l.Normalize {
 		if _, err := keys.NewNormalizer(n.Name, n.Region, n.Aliases); err != nil {
-			return "", fmt.Errorf("normalize[%d]: %v", i, err)
+			return "", optionErrorf("normalize", "normalize[%d]: %v", i, err)
 		}
 	}
 	if l.Hash != "" && !strings.Contains(l.Hash, "{") && len(l.Hash) < minSecret {
-		return "", fmt.Errorf("hash: the secret must be at least %d bytes, got %d", minSecret, len(l.Hash))
+		return "", optionErrorf("hash", "hash: the secret must be at least %d bytes, got %d", minSecret, len(l.Hash))
 	}
 	tmpl, err := keys.ParseTemplate(l.Key)
 	if err == nil {
 		err = keys.CheckTemplate(tmpl)
 	}
 	if err != nil {
-		return "", fmt.Errorf("key: %v", err)
+		return "", optionErrorf("key", "key: %v", err)
 	}
 	if unused := l.placeholderOnly(); len(unused) > 0 && len(tmpl.Placeholders()) == 0 {
-		return "", fmt.Errorf("%s would do nothing: the key %q has no placeholder, so it is the same for every request (use a placeholder such as {http.vars.client_ip}, or remove %s)",
+		return "", optionErrorf(unused[0], "%s would do nothing: the key %q has no placeholder, so it is the same for every request (use a placeholder such as {http.vars.client_ip}, or remove %s)",
 			strings.Join(unused, ", "), l.Key, itOrThem(unused))
 	}
 	if err := l.checkLease(alg); err != nil {

@@ -66,28 +66,28 @@ func (p Policy) String() string {
 func (p Policy) Validate() error {
 	switch {
 	case p.Limit <= 0:
-		return fmt.Errorf("max_events must be at least 1, got %d", p.Limit)
+		return fieldErrorf("max_events", "max_events must be at least 1, got %d", p.Limit)
 	case p.Limit > MaxEvents:
-		return fmt.Errorf("max_events must be at most %d, got %d", MaxEvents, p.Limit)
+		return fieldErrorf("max_events", "max_events must be at most %d, got %d", MaxEvents, p.Limit)
 	case p.Window <= 0:
-		return fmt.Errorf("window must be positive, got %s", FormatSpan(p.Window))
+		return fieldErrorf("window", "window must be positive, got %s", FormatSpan(p.Window))
 	case p.Window > MaxSpan:
-		return fmt.Errorf("window must be at most %v, got %s", spanText, FormatSpan(p.Window))
+		return fieldErrorf("window", "window must be at most %v, got %s", spanText, FormatSpan(p.Window))
 	case p.Burst < 0:
-		return fmt.Errorf("burst must be at least 1, got %d", p.Burst)
+		return fieldErrorf("burst", "burst must be at least 1, got %d", p.Burst)
 	case p.Burst > MaxEvents:
-		return fmt.Errorf("burst must be at most %d, got %d", MaxEvents, p.Burst)
+		return fieldErrorf("burst", "burst must be at most %d, got %d", MaxEvents, p.Burst)
 	case p.MaxDelay < 0 || p.MaxDelay > MaxSpan:
-		return fmt.Errorf("max_delay must be between 0 and %v, got %s", spanText, FormatSpan(p.MaxDelay))
+		return fieldErrorf("max_delay", "max_delay must be between 0 and %v, got %s", spanText, FormatSpan(p.MaxDelay))
 	}
 	// The bucket algorithms store burst × interval as a time span.
 	if hi, lo := bits.Mul64(uint64(p.burst()), uint64(p.Interval())); hi != 0 || lo > uint64(MaxSpan) {
-		return fmt.Errorf("burst %d × interval %s exceeds %v: lower burst or raise max_events", p.burst(), FormatSpan(p.Interval()), spanText)
+		return fieldErrorf("burst", "burst %d × interval %s exceeds %v: lower burst or raise max_events", p.burst(), FormatSpan(p.Interval()), spanText)
 	}
 	// A queued request can wait max_delay for its slot and then hold the
 	// queue for up to one more interval per unit.
 	if p.MaxDelay > 0 && p.MaxDelay+p.Interval() > MaxSpan {
-		return fmt.Errorf("max_delay %s + interval %s exceeds %v: lower max_delay or raise max_events", FormatSpan(p.MaxDelay), FormatSpan(p.Interval()), spanText)
+		return fieldErrorf("max_delay", "max_delay %s + interval %s exceeds %v: lower max_delay or raise max_events", FormatSpan(p.MaxDelay), FormatSpan(p.Interval()), spanText)
 	}
 	return nil
 }
@@ -235,24 +235,24 @@ func Check(name string, p Policy) (string, error) {
 		known = known || n == name
 	}
 	if !known {
-		return "", fmt.Errorf("%w %q (choose one of %v)", ErrUnknown, name, Names())
+		return "", fieldErrorf("algorithm", "%w %q (choose one of %v)", ErrUnknown, name, Names())
 	}
 	if err := p.Validate(); err != nil {
 		return "", err
 	}
 	if p.Burst > 0 && !UsesBurst(name) {
-		return "", fmt.Errorf("burst does not apply to algorithm %s (only to token_bucket, gcra and leaky_bucket)", name)
+		return "", fieldErrorf("burst", "burst does not apply to algorithm %s (only to token_bucket, gcra and leaky_bucket)", name)
 	}
 	if p.MaxDelay > 0 {
 		if name != NameLeakyBucket {
-			return "", fmt.Errorf("max_delay applies only to algorithm leaky_bucket, not %s", name)
+			return "", fieldErrorf("max_delay", "max_delay applies only to algorithm leaky_bucket, not %s", name)
 		}
 		if p.Burst > 0 {
-			return "", fmt.Errorf("burst does not apply to a leaky_bucket queue: max_delay sizes the queue")
+			return "", fieldErrorf("burst", "burst does not apply to a leaky_bucket queue: max_delay sizes the queue")
 		}
 	}
 	if name == NameSlidingWindow && p.Limit > math.MaxUint32 {
-		return "", fmt.Errorf("max_events must be at most %d for sliding_window, got %d", uint32(math.MaxUint32), p.Limit)
+		return "", fieldErrorf("max_events", "max_events must be at most %d for sliding_window, got %d", uint32(math.MaxUint32), p.Limit)
 	}
 	return name, nil
 }

@@ -1,7 +1,6 @@
 package algorithms
 
 import (
-	"fmt"
 	"sync/atomic"
 	"time"
 )
@@ -37,18 +36,18 @@ type Calendar struct {
 // the IANA time zone tz ("" is UTC).
 func NewCalendar(align, tz string) (*Calendar, error) {
 	if _, ok := AlignWindow[align]; !ok {
-		return nil, fmt.Errorf("align must be hour, day or month, got %q", align)
+		return nil, fieldErrorf("align", "align must be hour, day or month, got %q", align)
 	}
 	loc := time.UTC
 	if tz == "Local" {
 		// Each server's own setting: instances of a fleet could cut
 		// different days.
-		return nil, fmt.Errorf("timezone: name the time zone (such as Asia/Dhaka) rather than Local, which depends on each server's settings")
+		return nil, fieldErrorf("timezone", "timezone: name the time zone (such as Asia/Dhaka) rather than Local, which depends on each server's settings")
 	}
 	if tz != "" {
 		var err error
 		if loc, err = time.LoadLocation(tz); err != nil {
-			return nil, fmt.Errorf("timezone: unknown time zone %q (an IANA name such as Asia/Dhaka or America/New_York)", tz)
+			return nil, fieldErrorf("timezone", "timezone: unknown time zone %q (an IANA name such as Asia/Dhaka or America/New_York)", tz)
 		}
 	}
 	return &Calendar{Align: align, Loc: loc}, nil
@@ -124,7 +123,7 @@ func clampBounds(now int64, from, to time.Time, nominal int64) (start, end int64
 func CheckAlign(align, tz, alg string, p Policy) error {
 	if align == "" {
 		if tz != "" {
-			return fmt.Errorf("timezone applies only with align (hour, day or month)")
+			return fieldErrorf("timezone", "timezone applies only with align (hour, day or month)")
 		}
 		return nil
 	}
@@ -132,11 +131,11 @@ func CheckAlign(align, tz, alg string, p Policy) error {
 		return err
 	}
 	if alg != NameFixedWindow {
-		return fmt.Errorf("align applies only to algorithm fixed_window, not %s", alg)
+		return fieldErrorf("align", "align applies only to algorithm fixed_window, not %s", alg)
 	}
 	if want := AlignWindow[align]; p.Window != want {
 		spelled := map[string]string{AlignHour: "1h", AlignDay: "1d", AlignMonth: "30d"}[align]
-		return fmt.Errorf("align %s needs a window of %s (such as rate 100/%s), got %s", align, spelled, spelled, FormatSpan(p.Window))
+		return fieldErrorf("align", "align %s needs a window of %s (such as rate 100/%s), got %s", align, spelled, spelled, FormatSpan(p.Window))
 	}
 	return nil
 }

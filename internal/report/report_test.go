@@ -1,4 +1,4 @@
-package sluice
+package report
 
 import (
 	"bytes"
@@ -34,7 +34,7 @@ process_start_time_seconds 1.7e+09
 `
 
 func TestReport(t *testing.T) {
-	rows, start, err := parseReport([]byte(scrape))
+	rows, start, err := Parse([]byte(scrape))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestReport(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
 			now := time.Unix(1_700_000_000, 0).Add(tc.age)
-			if err := writeReport(&out, rows, shadow, start, now, 7*24*time.Hour); err != nil {
+			if err := Write(&out, rows, shadow, start, now, 7*24*time.Hour); err != nil {
 				t.Fatal(err)
 			}
 			for id, want := range tc.want {
@@ -81,7 +81,7 @@ func TestReport(t *testing.T) {
 	}
 	t.Run("shadow zones unknown", func(t *testing.T) {
 		var out bytes.Buffer
-		if err := writeReport(&out, rows, nil, 0, time.Now(), time.Hour); err != nil {
+		if err := Write(&out, rows, nil, 0, time.Now(), time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		if line := reportLine(out.String(), "search", "-"); !strings.Contains(line, "shadow") || !strings.Contains(line, "watch") {
@@ -100,7 +100,7 @@ func reportLine(out, zone, scope string) string {
 }
 
 func TestReportRefusesGarbage(t *testing.T) {
-	if _, _, err := parseReport([]byte("caddy_rate_limit_requests_total{zone=\"a\" 12\n")); err == nil {
+	if _, _, err := Parse([]byte("caddy_rate_limit_requests_total{zone=\"a\" 12\n")); err == nil {
 		t.Fatal("a broken scrape was read")
 	}
 }

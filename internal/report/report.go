@@ -1,4 +1,8 @@
-package sluice
+// Package report is the logic of `caddy rate-limit report`: it reads the
+// rate limit counters of a Prometheus scrape and says, limit by limit,
+// whether it denies too much, only catches abuse, or (a shadow zone) is
+// ready to be enforced.
+package report
 
 import (
 	"bytes"
@@ -28,15 +32,15 @@ const (
 	missingRatio = 0.01
 )
 
-// reportRow is one limit's counters in a scrape.
-type reportRow struct {
+// Row is one limit's counters in a scrape.
+type Row struct {
 	zone, scope                string
 	requests, declined, shadow float64
 	missing, denyingEvictions  float64
 }
 
 // verdict is what the numbers say to do with a limit.
-func (r reportRow) verdict(shadow bool, age, minAge time.Duration) string {
+func (r Row) verdict(shadow bool, age, minAge time.Duration) string {
 	switch {
 	case r.requests == 0 && r.missing > 0:
 		// Requests refused for a missing key (missing deny) or let
@@ -65,16 +69,16 @@ func roundAge(d time.Duration) string {
 	return d.Round(time.Second).String()
 }
 
-// parseReport reads the rate limit counters of a Prometheus text scrape,
+// Parse reads the rate limit counters of a Prometheus text scrape,
 // and the process's start time (0 when absent).
-func parseReport(scrape []byte) ([]reportRow, float64, error) {
+func Parse(scrape []byte) ([]Row, float64, error) {
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(bytes.NewReader(scrape))
 	if err != nil {
 		return nil, 0, fmt.Errorf("reading the metrics: %v", err)
 	}
-	rows := map[[2]string]*reportRow{}
-	row := func(m *dto.Metric) *reportRow {
+	rows := map[[2]string]*Row{}
+	row := func(m *dto.Metric) *Row {
 		var zone, scope string
 		for _, l := range m.GetLabel() {
 			switch l.GetName() {
@@ -86,16 +90,16 @@ func parseReport(scrape []byte) ([]reportRow, float64, error) {
 		}
 		k := [2]string{zone, scope}
 		if rows[k] == nil {
-			rows[k] = &reportRow{zone: zone, scope: scope}
+			rows[k] = &Row{zone: zone, scope: scope}
 		}
 		return rows[k]
 	}
-	fields := map[string]func(*reportRow) *float64{
-		"caddy_rate_limit_requests_total":                 func(r *reportRow) *float64 { return &r.requests },
-		"caddy_rate_limit_declined_requests_total":        func(r *reportRow) *float64 { return &r.declined },
-		"caddy_rate_limit_shadow_declined_requests_total": func(r *reportRow) *float64 { return &r.shadow },
-		"caddy_rate_limit_missing_key_requests_total":     func(r *reportRow) *float64 { return &r.missing },
-		"caddy_rate_limit_denying_evictions_total":        func(r *reportRow) *float64 { return &r.denyingEvictions },
+	fields := map[string]func(*Row) *float64{
+		"caddy_rate_limit_requests_total":                 func(r *Row) *float64 { return &r.requests },
+		"caddy_rate_limit_declined_requests_total":        func(r *Row) *float64 { return &r.declined },
+		"caddy_rate_limit_shadow_declined_requests_total": func(r *Row) *float64 { return &r.shadow },
+		"caddy_rate_limit_missing_key_requests_total":     func(r *Row) *float64 { return &r.missing },
+		"caddy_rate_limit_denying_evictions_total":        func(r *Row) *float64 { return &r.denyingEvictions },
 	}
 	for name, field := range fields {
 		for _, m := range families[name].GetMetric() {
@@ -106,11 +110,11 @@ func parseReport(scrape []byte) ([]reportRow, float64, error) {
 	if f := families["process_start_time_seconds"]; f != nil && len(f.GetMetric()) > 0 {
 		start = metricValue(f.GetMetric()[0])
 	}
-	out := make([]reportRow, 0, len(rows))
+	out := make([]Row, 0, len(rows))
 	for _, r := range rows {
 		out = append(out, *r)
 	}
-	slices.SortFunc(out, func(a, b reportRow) int {
+	slices.SortFunc(out, func(a, b Row) int {
 		return strings.Compare(a.zone+"\x00"+a.scope, b.zone+"\x00"+b.scope)
 	})
 	return out, start, nil
@@ -128,12 +132,12 @@ func metricValue(m *dto.Metric) float64 {
 	return 0
 }
 
-// writeReport prints one line per limit: requests, the share denied, the
+// Write prints one line per limit: requests, the share denied, the
 // share a shadow zone would have denied, and a verdict. shadow names the
 // shadow zones (nil: unknown, then a zone is taken for a shadow zone when
 // it would have denied and never denied). The counters run since the
 // process started, at start (Unix seconds; 0: unknown).
-func writeReport(w io.Writer, rows []reportRow, shadow map[string]bool, start float64, now time.Time, minAge time.Duration) error {
+func Write(w io.Writer, rows []Row, shadow map[string]bool, start float64, now time.Time, minAge time.Duration) error {
 	var age time.Duration
 	if start > 0 {
 		age = now.Sub(time.Unix(0, int64(start*1e9)))
@@ -173,4 +177,11 @@ func percent(n, of float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.3f%%", 100*n/of)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

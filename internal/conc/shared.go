@@ -1,4 +1,4 @@
-package sluice
+package conc
 
 import (
 	"container/list"
@@ -26,14 +26,14 @@ const (
 	slotPollBudget = 1000
 )
 
-// sharedConc is a concurrency limit whose slots the backend shares with
+// Shared is a concurrency limit whose slots the backend shares with
 // every instance (backend.Slots). The requests that wait for a slot wait in
 // this instance, in a line per key: a newcomer joins the line when it is
 // not empty, and the first in line alone asks the backend, so the line
 // leaves in arrival order. Across instances no order holds: the first of
 // each instance's line asks when a slot may be free, and whichever asks
 // first gets it.
-type sharedConc struct {
+type Shared struct {
 	slots    backend.Slots
 	queue    time.Duration
 	queueMax int64
@@ -41,31 +41,39 @@ type sharedConc struct {
 	logger   *zap.Logger // sampled: while Redis is away, every release fails
 
 	mu    sync.Mutex
-	lines map[string]*list.List // of *sharedWaiter; only keys with waiters
+	lines map[string]*list.List // of *waiter; only keys with waiters
 }
 
-// sharedWaiter is a request in line. turn is closed when it becomes the
+// waiter is a request in line. turn is closed when it becomes the
 // first; wake tells the first that this instance freed a slot of its key.
-type sharedWaiter struct {
+type waiter struct {
 	turn chan struct{}
 	wake chan struct{}
 	elem *list.Element
 }
 
-func newSharedConc(slots backend.Slots, queue time.Duration, queueMax int64, gauge prometheus.Gauge, logger *zap.Logger) *sharedConc {
+// NewShared is a concurrency limit on slots, whose waiters wait up to
+// queue, at most queueMax of them per key (0: no cap).
+func NewShared(slots backend.Slots, queue time.Duration, queueMax int64, gauge prometheus.Gauge, logger *zap.Logger) *Shared {
 	if logger != nil {
 		logger = logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, time.Second, 10, 100)
 		}))
 	}
-	return &sharedConc{slots: slots, queue: queue, queueMax: queueMax, gauge: gauge, logger: logger, lines: make(map[string]*list.List)}
+	return &Shared{slots: slots, queue: queue, queueMax: queueMax, gauge: gauge, logger: logger, lines: make(map[string]*list.List)}
 }
 
-// take takes a slot of key and returns its id: at once when nobody here
+// Queue is how long a request may wait for a slot; 0: not at all.
+func (c *Shared) Queue() time.Duration { return c.queue }
+
+// Slots are the backend's slots the limit takes.
+func (c *Shared) Slots() backend.Slots { return c.slots }
+
+// Take takes a slot of key and returns its id: at once when nobody here
 // waits for the key and the backend has one free, else after waiting in
-// line (up to the queue's timeout: errQueueTimeout). A full line refuses
-// at once (errQueueTimeout too). Backend errors are returned as they are.
-func (c *sharedConc) take(ctx context.Context, key string, newTimer func(time.Duration) (<-chan time.Time, func() bool)) (string, error) {
+// line (up to the queue's timeout: ErrQueueTimeout). A full line refuses
+// at once (ErrQueueTimeout too). Backend errors are returned as they are.
+func (c *Shared) Take(ctx context.Context, key string, newTimer func(time.Duration) (<-chan time.Time, func() bool)) (string, error) {
 	c.mu.Lock()
 	line := c.lines[key]
 	c.mu.Unlock()
@@ -78,7 +86,7 @@ func (c *sharedConc) take(ctx context.Context, key string, newTimer func(time.Du
 			return id, err
 		}
 		if c.queue <= 0 {
-			return "", errQueueTimeout
+			return "", ErrQueueTimeout
 		}
 	}
 	c.mu.Lock()
@@ -89,9 +97,9 @@ func (c *sharedConc) take(ctx context.Context, key string, newTimer func(time.Du
 	}
 	if c.queueMax > 0 && int64(line.Len()) >= c.queueMax {
 		c.mu.Unlock()
-		return "", errQueueTimeout
+		return "", ErrQueueTimeout
 	}
-	w := &sharedWaiter{turn: make(chan struct{}), wake: make(chan struct{}, 1)}
+	w := &waiter{turn: make(chan struct{}), wake: make(chan struct{}, 1)}
 	w.elem = line.PushBack(w)
 	if line.Front() == w.elem {
 		close(w.turn)
@@ -106,14 +114,14 @@ func (c *sharedConc) take(ctx context.Context, key string, newTimer func(time.Du
 
 // await waits for w's turn, then asks the backend until it gets a slot,
 // the queue's timeout passes or ctx ends. w leaves the line either way.
-func (c *sharedConc) await(ctx context.Context, key string, line *list.List, w *sharedWaiter, newTimer func(time.Duration) (<-chan time.Time, func() bool)) (string, error) {
+func (c *Shared) await(ctx context.Context, key string, line *list.List, w *waiter, newTimer func(time.Duration) (<-chan time.Time, func() bool)) (string, error) {
 	defer c.leave(key, line, w)
 	fired, stop := newTimer(c.queue)
 	defer stop()
 	select {
 	case <-w.turn:
 	case <-fired:
-		return "", errQueueTimeout
+		return "", ErrQueueTimeout
 	case <-ctx.Done():
 		return "", ctx.Err()
 	}
@@ -135,7 +143,7 @@ func (c *sharedConc) await(ctx context.Context, key string, line *list.List, w *
 			c.mu.Unlock()
 			delay = min(2*delay, max(slotPollMax, time.Duration(keys)*time.Second/slotPollBudget))
 		case <-fired:
-			return "", errQueueTimeout
+			return "", ErrQueueTimeout
 		case <-ctx.Done():
 			return "", ctx.Err()
 		}
@@ -149,7 +157,7 @@ func (c *sharedConc) await(ctx context.Context, key string, line *list.List, w *
 }
 
 // leave takes w out of line; the next, when w was first, asks next.
-func (c *sharedConc) leave(key string, line *list.List, w *sharedWaiter) {
+func (c *Shared) leave(key string, line *list.List, w *waiter) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	first := line.Front() == w.elem
@@ -161,14 +169,14 @@ func (c *sharedConc) leave(key string, line *list.List, w *sharedWaiter) {
 		return
 	}
 	if first {
-		close(line.Front().Value.(*sharedWaiter).turn)
+		close(line.Front().Value.(*waiter).turn)
 	}
 }
 
-// release frees the slot id of key, and wakes the first request in this
+// Release frees the slot id of key, and wakes the first request in this
 // instance's line for the key to ask for it. When the backend cannot be
 // told, the slot expires after its TTL.
-func (c *sharedConc) release(key, id string) {
+func (c *Shared) Release(key, id string) {
 	c.gauge.Dec()
 	if err := c.slots.Release(context.Background(), key, id); err != nil && c.logger != nil {
 		c.logger.Warn("freeing a concurrency slot in the backend: tried again until it answers, or the slot expires after its slot_ttl", zap.Error(err))
@@ -177,20 +185,20 @@ func (c *sharedConc) release(key, id string) {
 	defer c.mu.Unlock()
 	if line := c.lines[key]; line != nil {
 		select {
-		case line.Front().Value.(*sharedWaiter).wake <- struct{}{}:
+		case line.Front().Value.(*waiter).wake <- struct{}{}:
 		default:
 		}
 	}
 }
 
-// wakeAll tells the first request of every line here to ask again at
+// WakeAll tells the first request of every line here to ask again at
 // once: the cap was raised, and a slot may be free for it now.
-func (c *sharedConc) wakeAll() {
+func (c *Shared) WakeAll() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, line := range c.lines {
 		select {
-		case line.Front().Value.(*sharedWaiter).wake <- struct{}{}:
+		case line.Front().Value.(*waiter).wake <- struct{}{}:
 		default:
 		}
 	}

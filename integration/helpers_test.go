@@ -347,7 +347,9 @@ func inLine() int {
 	}
 	count := 0
 	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		if strings.Contains(g, "sluice.(*concLimiter).await(") || strings.Contains(g, "sluice.(*sharedConc).await(") {
+		// The functions a request waits in for its slot, in this
+		// process and in a backend's shared slots.
+		if strings.Contains(g, "internal/conc.(*Local).Await(") || strings.Contains(g, "internal/conc.(*Shared).await(") {
 			count++
 		}
 	}

@@ -139,7 +139,7 @@ func scriptRuns(t *testing.T, c *goredis.Client) int {
 		t.Fatal(err)
 	}
 	n := 0
-	for _, m := range regexp.MustCompile(`cmdstat_eval(?:sha)?:calls=(\d+),.*failed_calls=(\d+)`).FindAllStringSubmatch(info, -1) {
+	for _, m := range regexp.MustCompile(`cmdstat_(?:eval(?:sha)?|fcall):calls=(\d+),.*failed_calls=(\d+)`).FindAllStringSubmatch(info, -1) {
 		calls, _ := strconv.Atoi(m[1])
 		failed, _ := strconv.Atoi(m[2])
 		n += calls - failed

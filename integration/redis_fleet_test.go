@@ -518,7 +518,7 @@ func scriptCalls(t *testing.T, c *goredis.Client) int {
 		t.Fatal(err)
 	}
 	n := 0
-	for _, m := range regexp.MustCompile(`cmdstat_eval(?:sha)?:calls=(\d+)`).FindAllStringSubmatch(info, -1) {
+	for _, m := range regexp.MustCompile(`cmdstat_(?:eval(?:sha)?|fcall):calls=(\d+)`).FindAllStringSubmatch(info, -1) {
 		v, _ := strconv.Atoi(m[1])
 		n += v
 	}

@@ -144,17 +144,7 @@ rpid=$!
 for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
 rcli() { redis-cli -p "$rport" "$@"; }
 # Each connection walks its own stride of 10,000 keys, one per request.
-keys=$tmp/keys.lua
-cat >"$keys" <<'LUA'
-local n = 0
-local counter = 0
-setup = function(thread) counter = counter + 1; thread:set("id", counter) end
-init = function() n = tonumber(wrk.thread:get("id") or 1) * 7919 end
-request = function()
-	n = n + 1
-	return wrk.format(nil, nil, { ["X-Key"] = "k" .. (n % 10000) })
-end
-LUA
+keys=bench/keys.lua
 zone() { # name, rate
 	echo "	rate_limit {
 		zone $1 {

@@ -59,17 +59,6 @@ taskset -c 0 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonl
 rpid=$!
 for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
 
-# Each connection walks its own stride of 10,000 keys, one per request.
-cat >"$tmp/keys.lua" <<'LUA'
-local n = 0
-local counter = 0
-setup = function(thread) counter = counter + 1; thread:set("id", counter) end
-init = function() n = tonumber(wrk.thread:get("id") or 1) * 7919 end
-request = function()
-	n = n + 1
-	return wrk.format(nil, nil, { ["X-Key"] = "k" .. (n % 10000) })
-end
-LUA
 
 caddyfile() { # name, handler block[, global options]
 	cat >"$tmp/$1.Caddyfile" <<CF
@@ -178,7 +167,7 @@ run() { # name: appends "rps cpu_us redis_us p99_ms rss_mb denied_share" to out[
 	case $1 in
 	*_denied) args+=(-H "X-Key: one") ;;
 	*_plain) ;;
-	*) args+=(-s "$tmp/keys.lua") ;;
+	*) args+=(-s bench/keys.lua) ;;
 	esac
 	local c0 r0 c1 r1
 	c0=$(ticks "${pids[@]}")

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testport"
 )
 
 const caddyBinEnv = "SLUICE_TEST_CADDY"
@@ -67,17 +69,15 @@ func runCaddy(t *testing.T, args ...string) (string, error) {
 	return string(out), err
 }
 
-// freePort is a free loopback port below the ephemeral range (see
-// freePorts).
+// freePort is a loopback port no other test process takes (see
+// internal/testport).
 func freePort(t *testing.T) int {
 	t.Helper()
-	for range 100 {
-		if p, ok := freePorts(1); ok {
-			return p
-		}
+	p, err := testport.Free(1, false)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free loopback port")
-	return 0
+	return p
 }
 
 func TestBinaryListsModule(t *testing.T) {

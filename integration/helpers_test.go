@@ -9,8 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"regexp"
@@ -26,7 +24,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	_ "github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testport"
 )
 
 // The ports of the in-process Caddy: free loopback ports picked when the
@@ -43,39 +41,16 @@ var (
 )
 
 // envPort is the port the variable name sets, or the first of n
-// consecutive free loopback ports.
+// consecutive loopback ports no other test process takes (internal/testport).
 func envPort(name string, n int) int {
 	if p, err := strconv.Atoi(os.Getenv(name)); err == nil && p > 0 && p < 65535 {
 		return p
 	}
-	for range 100 {
-		if p, ok := freePorts(n); ok {
-			return p
-		}
+	p, err := testport.Free(n, false)
+	if err != nil {
+		panic("integration: " + err.Error())
 	}
-	panic("integration: no free loopback ports")
-}
-
-// freePorts finds n consecutive free loopback ports and returns the first.
-// They are picked below the kernel's ephemeral range: a port from that
-// range (what listening on port 0 gives) is free when picked, but any
-// outgoing connection of the tests (to Redis, to Caddy itself) may take it
-// as its local port before a Caddy listens on it ("address already in
-// use").
-func freePorts(n int) (int, bool) {
-	low := redistest.EphemeralLow()
-	if low < 10000+n {
-		return 0, false
-	}
-	first := 10000 + rand.IntN(low-10000-n)
-	for p := first; p < first+n; p++ {
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			return 0, false
-		}
-		defer l.Close()
-	}
-	return first, true
+	return p
 }
 
 // withPorts rewrites a config written for the default ports (admin 2999,

@@ -15,7 +15,6 @@ package redistest
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -26,6 +25,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/testport"
 )
 
 // FlavourEnv names the environment variable that picks the server.
@@ -169,48 +170,10 @@ func StartServer(conf func(port int) string, args ...string) (*Server, error) {
 }
 
 // FreePort returns a free loopback TCP port whose cluster bus port
-// (port + 10000) is free too. Both are below the kernel's ephemeral range,
-// so that no outgoing connection of the tests takes one as its local port
-// between this check and the server's listen.
+// (port + 10000) is free too, both taken for this process alone (see
+// internal/testport).
 func FreePort() (int, error) {
-	low := EphemeralLow()
-	if low < 21000 {
-		low = 65536 // a range starting low: above it is all there is
-	}
-	for range 50 {
-		port := 10000 + rand.IntN(low-20000)
-		if port+10000 > 65535 {
-			continue
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-		if err != nil {
-			continue
-		}
-		_ = l.Close()
-		b, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
-		if err != nil {
-			continue
-		}
-		_ = b.Close()
-		return port, nil
-	}
-	return 0, fmt.Errorf("no free port pair found")
-}
-
-// EphemeralLow is the first port of the kernel's ephemeral range (Linux's
-// default when it cannot be read): ports below it are never given to
-// outgoing connections.
-func EphemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 32768
-	}
-	if f := strings.Fields(string(b)); len(f) == 2 {
-		if p, err := strconv.Atoi(f[0]); err == nil {
-			return p
-		}
-	}
-	return 32768
+	return testport.Free(1, true)
 }
 
 func waitPing(addr, password string, within time.Duration) error {

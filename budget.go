@@ -80,7 +80,7 @@ func (l *Limit) checkBudget(alg string) error {
 }
 
 // provisionBudget makes the limit's calendar and reservation life.
-func (l *Limit) provisionBudget() error {
+func (l *limit) provisionBudget() error {
 	if l.Align != "" {
 		cal, err := algorithms.NewCalendar(l.Align, l.Timezone)
 		if err != nil {
@@ -100,7 +100,7 @@ func (l *Limit) provisionBudget() error {
 // budgetDenial is the status and reason of a denial by a spend budget:
 // its own status, else its zone's, else 503 (the server's limit, not the
 // client's).
-func (l *Limit) budgetDenial() (int, reason) {
+func (l *limit) budgetDenial() (int, reason) {
 	return cmp.Or(l.Status, l.zone.Status, http.StatusServiceUnavailable), reasonBudget
 }
 

@@ -85,7 +85,7 @@ func (l *Limit) checkConc() error {
 // provisionConc makes l's slots: in this process on the memory backend,
 // shared by the fleet on a store that shares them (Redis), which must also
 // expire the slots of an instance that dies mid-request (slot_ttl).
-func (l *Limit) provisionConc(store backend.Store, logger *zap.Logger) error {
+func (l *limit) provisionConc(store backend.Store, logger *zap.Logger) error {
 	if l.Concurrency == 0 {
 		return nil
 	}
@@ -119,7 +119,7 @@ func (l *Limit) provisionConc(store backend.Store, logger *zap.Logger) error {
 
 // concReq is one concurrency limit a request must get a slot of.
 type concReq struct {
-	l   *Limit
+	l   *limit
 	key string
 }
 
@@ -227,10 +227,10 @@ func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Durat
 		case l.Fail == FailClosed:
 			return heldSlot{}, err
 		case l.Fail != FailLocal || l.conc == nil:
-			h.warnFailure("rate limit backend unavailable: a concurrency limit that fails open admits without a slot", r, []*Limit{l}, err)
+			h.warnFailure("rate limit backend unavailable: a concurrency limit that fails open admits without a slot", r, []*limit{l}, err)
 			return heldSlot{}, nil
 		}
-		h.warnFailure("rate limit backend unavailable: a concurrency limit that fails local counts this instance's own slots", r, []*Limit{l}, err)
+		h.warnFailure("rate limit backend unavailable: a concurrency limit that fails local counts this instance's own slots", r, []*limit{l}, err)
 	}
 	c := l.conc
 	k, wt := c.Take(cr.key)

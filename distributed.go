@@ -184,7 +184,7 @@ type fleet struct {
 type fleetMember struct {
 	f      *fleet
 	conf   Distributed
-	limits map[*Limit]*tracked
+	limits map[*limit]*tracked
 	logger *zap.Logger
 }
 
@@ -222,7 +222,7 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("distributed: the backend cannot report its counts")
 	}
-	m := &fleetMember{conf: *h.Distributed, limits: map[*Limit]*tracked{}, logger: h.logger}
+	m := &fleetMember{conf: *h.Distributed, limits: map[*limit]*tracked{}, logger: h.logger}
 	for _, z := range h.zones {
 		for _, l := range z.limits {
 			switch algorithms.KindOf(l.algorithm) {
@@ -670,7 +670,7 @@ func remote(others []fleetFile, t *tracked, key string, now int64) (used, wait i
 // when a request's key has fewer units left here than the others used,
 // the decision is given back to the store and turned into a denial. It
 // reports whether the request is still allowed.
-func (m *fleetMember) check(ctx context.Context, store backend.Store, limits []*Limit, reqs []backend.Request, out []algorithms.Result, now int64) bool {
+func (m *fleetMember) check(ctx context.Context, store backend.Store, limits []*limit, reqs []backend.Request, out []algorithms.Result, now int64) bool {
 	var others []fleetFile
 	if p := m.f.others.Load(); p != nil {
 		others = *p

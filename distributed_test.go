@@ -621,7 +621,7 @@ func TestDistributedCleanupWaitsForTheSync(t *testing.T) {
 				s := &stallStorage{memStorage: newMemStorage(), stall: tt.stall, entered: make(chan struct{}), release: make(chan struct{})}
 				core, logs := observer.New(zap.WarnLevel)
 				m := &fleetMember{conf: Distributed{ReadInterval: caddy.Duration(time.Hour), WriteInterval: caddy.Duration(time.Second)},
-					limits: map[*Limit]*tracked{}, logger: zap.New(core)}
+					limits: map[*limit]*tracked{}, logger: zap.New(core)}
 				f, fresh := joinFleet("stall "+t.Name(), s, "self", func() int64 { return time.Now().UnixNano() }, m)
 				if !fresh {
 					t.Fatal("joined a running fleet")

@@ -106,7 +106,7 @@ func (h *Handler) failover(r *http.Request, s *requestState, err error) (*refusa
 		if ue, ok := errors.AsType[*backend.UnavailableError](err); ok {
 			wait = ue.RetryAfter
 		}
-		l := s.limits[slices.IndexFunc(s.limits, func(l *Limit) bool { return l.Fail == FailClosed && !l.zone.Shadow })]
+		l := s.limits[slices.IndexFunc(s.limits, func(l *limit) bool { return l.Fail == FailClosed && !l.zone.Shadow })]
 		return s.refuse(refusal{reason: reasonUnavailable, zone: l.zone, limit: l, retryAfter: retryAfterSeconds(wait), wait: wait, detail: err}), nil
 	}
 	h.warnFailure("rate limit backend unavailable: applying the zones' fail policy", r, s.limits, err)
@@ -134,7 +134,7 @@ func (h *Handler) failover(r *http.Request, s *requestState, err error) (*refusa
 // warnFailure logs a request decided by the fail policies. Its fields are
 // built only when the sampler keeps the line: while a backend is down,
 // every request comes here.
-func (h *Handler) warnFailure(msg string, r *http.Request, limits []*Limit, err error) {
+func (h *Handler) warnFailure(msg string, r *http.Request, limits []*limit, err error) {
 	ce := h.denyLog.Check(zapcore.WarnLevel, msg)
 	if ce == nil {
 		return

@@ -228,7 +228,7 @@ func (h *Handler) collect(r *http.Request, repl *caddy.Replacer, s *requestState
 
 // collectLimit appends the store request of limit l, unless l skips r or
 // refuses it.
-func (h *Handler) collectLimit(r *http.Request, repl *caddy.Replacer, s *requestState, l *Limit) *refusal {
+func (h *Handler) collectLimit(r *http.Request, repl *caddy.Replacer, s *requestState, l *limit) *refusal {
 	if l.tiers != nil {
 		tier, empty := l.tiers.pick(r, repl)
 		if empty {
@@ -331,11 +331,11 @@ const (
 type shadowNote struct {
 	kind shadowKind
 	zone *Zone
-	l    *Limit // nil for the deny list, which is the zone's
+	l    *limit // nil for the deny list, which is the zone's
 	err  error
 }
 
-func (s *requestState) note(kind shadowKind, z *Zone, l *Limit, err error) {
+func (s *requestState) note(kind shadowKind, z *Zone, l *limit, err error) {
 	s.shadow = append(s.shadow, shadowNote{kind: kind, zone: z, l: l, err: err})
 }
 
@@ -403,7 +403,7 @@ const statusClientClosed = 499
 // wait holds an admitted request until its slot in every leaky_bucket
 // queue it was given one in. A client that leaves first gives back what
 // the request took, so its slot goes to the next in line.
-func (h *Handler) wait(r *http.Request, store backend.Store, limits []*Limit, reqs []backend.Request, out []algorithms.Result) error {
+func (h *Handler) wait(r *http.Request, store backend.Store, limits []*limit, reqs []backend.Request, out []algorithms.Result) error {
 	var delay int64
 	for i, l := range limits {
 		if !l.zone.Shadow {
@@ -441,7 +441,7 @@ func systemTimer(d time.Duration) (<-chan time.Time, func() bool) {
 
 // tightest is the index of the enforcing limit with the least room left,
 // whose numbers a client should go by; -1 when every zone is in shadow.
-func tightest(limits []*Limit, out []algorithms.Result) int {
+func tightest(limits []*limit, out []algorithms.Result) int {
 	best := -1
 	for i, l := range limits {
 		if l.zone.Shadow {
@@ -474,14 +474,14 @@ func retryAfterSeconds(wait time.Duration) int64 {
 // setPlaceholders sets the numbers of l's decision res. The values come
 // from tables made at provision (intValue, the limit's boxed names), so a
 // decided request allocates nothing for them in the common case.
-func setPlaceholders(repl *caddy.Replacer, l *Limit, res algorithms.Result) {
+func setPlaceholders(repl *caddy.Replacer, l *limit, res algorithms.Result) {
 	repl.Set(phZone, l.zoneName)
 	repl.Set(phLimit, intValue(res.Limit))
 	repl.Set(phRemaining, intValue(res.Remaining))
 	repl.Set(phReset, intValue((res.ResetAfter+int64(time.Second)-1)/int64(time.Second)))
 }
 
-func (h *Handler) logFields(r *http.Request, l *Limit, key string, wait int64) []zap.Field {
+func (h *Handler) logFields(r *http.Request, l *limit, key string, wait int64) []zap.Field {
 	fields := []zap.Field{
 		zap.String("zone", l.zone.name),
 		zap.Duration("wait", time.Duration(wait)),
@@ -514,7 +514,7 @@ func remoteIP(r *http.Request) string {
 // request is the store request of key at cost: with a reservation for a
 // spend budget, whose token is drawn at random so that no two requests
 // (of any Caddy sharing the store) name one reservation.
-func (l *Limit) request(key string, cost int64) backend.Request {
+func (l *limit) request(key string, cost int64) backend.Request {
 	r := backend.Request{Limit: l.handle, Key: key, Cost: cost, Shadow: l.zone.Shadow}
 	if l.budget.reserve > 0 {
 		r.Reserve, r.Token = l.budget.reserve, rand.Uint64()

@@ -156,21 +156,21 @@ const (
 type refusal struct {
 	reason reason
 	zone   *Zone
-	limit  *Limit // the limit that refused; nil when the zone did (a deny list)
+	limit  *limit // the limit that refused; nil when the zone did (a deny list)
 	// retryAfter is the Retry-After header's seconds, or -1 when waiting
 	// cannot help and none is sent.
 	retryAfter int64
 	wait       time.Duration // logged: the wait with jitter
 	key        string        // logged with log_key
 	detail     error         // logged: what exactly was wrong
-	violated   []*Limit      // the limits that denied, for problem bodies
+	violated   []*limit      // the limits that denied, for problem bodies
 	// The denying limit's numbers for placeholders: its quota, what
 	// remains and the seconds until it is full again.
 	quota, remaining, reset int64
 	// The decisions whose rate limit fields a denial carries (limits
 	// nil: none are sent). They are the request state's, which is
 	// released only once the refusal is written.
-	limits []*Limit
+	limits []*limit
 	reqs   []backend.Request
 	out    []algorithms.Result
 }
@@ -181,7 +181,7 @@ type refusalCounters [numReasons]prometheus.Counter
 
 // policyName is the limit's name in rate limit fields and problem bodies:
 // the zone, or "zone.scope".
-func (l *Limit) policyName() string {
+func (l *limit) policyName() string {
 	if l.shownScope() == "" {
 		return l.zone.name
 	}
@@ -193,7 +193,7 @@ func (l *Limit) policyName() string {
 // request can pass only once every limit allows it.
 func (h *Handler) deny(r *http.Request, s *requestState) *refusal {
 	worst := -1
-	var violated []*Limit
+	var violated []*limit
 	for i, l := range s.limits {
 		if l.zone.Shadow || s.out[i].Allowed {
 			continue
@@ -281,7 +281,7 @@ func (h *Handler) provisionContract() error {
 
 // provisionStatus prepares the answer of a denial by l: its own status (a
 // scope's), else its zone's.
-func (l *Limit) provisionStatus(zoneStatus int) error {
+func (l *limit) provisionStatus(zoneStatus int) error {
 	if err := checkStatus(l.Status); err != nil {
 		return err
 	}

@@ -130,7 +130,7 @@ var contentTypes = map[string]string{
 // path), mostly for placeholders nothing reads.
 type refusalValues struct {
 	zone  *Zone
-	limit *Limit // nil when the zone refused (deny list)
+	limit *limit // nil when the zone refused (deny list)
 	key   string
 	// The decision's numbers (a denial) and the Retry-After seconds (-1:
 	// none is sent).

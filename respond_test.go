@@ -38,12 +38,12 @@ func refuseRecorded(t *testing.T, respond, method string, f refusal) (*httptest.
 func TestRefusalPaths(t *testing.T) {
 	z := &Zone{name: "otp_send"}
 	quota := &Zone{name: "otp_send", status: 402}
-	ip := &Limit{zone: z, scope: "ip"}
+	ip := &limit{Limit: &Limit{}, zone: z, scope: "ip"}
 	secret := errors.New("key is missing: {http.request.body.json.phone}: absent")
 	// Scopes with statuses of their own: a monthly quota under a zone of
 	// 429, a 503 under a zone of 402.
-	monthly := &Limit{zone: z, scope: "monthly", Status: 402}
-	shed := &Limit{zone: quota, scope: "shed", Status: 503}
+	monthly := &limit{Limit: &Limit{Status: 402}, zone: z, scope: "monthly"}
+	shed := &limit{Limit: &Limit{Status: 503}, zone: quota, scope: "shed"}
 	if monthly.provisionStatus(429) != nil || shed.provisionStatus(402) != nil {
 		t.Fatal("provisionStatus")
 	}
@@ -152,8 +152,8 @@ func TestRefusalHeadHasNoBody(t *testing.T) {
 
 func TestProblemNamesViolatedPolicies(t *testing.T) {
 	z := &Zone{name: "login"}
-	own, ip := &Limit{zone: z}, &Limit{zone: z, scope: "ip"}
-	rec, _, _, _ := refuseRecorded(t, RespondProblem, "GET", refusal{reason: reasonRateLimited, zone: z, retryAfter: 9, violated: []*Limit{own, ip}})
+	own, ip := &limit{Limit: &Limit{}, zone: z}, &limit{Limit: &Limit{}, zone: z, scope: "ip"}
+	rec, _, _, _ := refuseRecorded(t, RespondProblem, "GET", refusal{reason: reasonRateLimited, zone: z, retryAfter: 9, violated: []*limit{own, ip}})
 	var doc struct {
 		Type     string
 		Violated []string `json:"violated-policies"`
@@ -175,7 +175,7 @@ func BenchmarkRefuse(b *testing.B) {
 			r := httptest.NewRequest("GET", "http://example.com/", nil)
 			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
 			w := headerWriter{http.Header{}}
-			f := refusal{reason: reasonRateLimited, zone: z, limit: &Limit{zone: z, scope: "ip", scopeName: "ip"}, retryAfter: 42}
+			f := refusal{reason: reasonRateLimited, zone: z, limit: &limit{Limit: &Limit{}, zone: z, scope: "ip", scopeName: "ip"}, retryAfter: 42}
 			fresh := freshReplacer(r)
 			b.ReportAllocs()
 			for b.Loop() {
@@ -232,7 +232,7 @@ func TestRefusalHeadersAreTheResponsesOwn(t *testing.T) {
 func TestRefusalPlaceholdersWinOverEarlierOnes(t *testing.T) {
 	z := &Zone{name: "login"}
 	z.nameValue = z.name
-	l := &Limit{zone: z, scope: "ip", zoneName: z.name, scopeName: "ip"}
+	l := &limit{Limit: &Limit{}, zone: z, scope: "ip", zoneName: z.name, scopeName: "ip"}
 	f := refusal{reason: reasonRateLimited, zone: z, limit: l, retryAfter: 9, key: "192.0.2.7", quota: 5, remaining: 0, reset: 5000}
 	want := map[string]string{
 		phReason: "rate_limit_exceeded", phName: "login", phScope: "ip", phRetryAfter: "9", phDenylisted: "",
@@ -242,7 +242,7 @@ func TestRefusalPlaceholdersWinOverEarlierOnes(t *testing.T) {
 		h := &Handler{Respond: RespondJSON, denyLog: zap.NewNop()}
 		repl := caddy.NewReplacer()
 		if earlier {
-			setPlaceholders(repl, &Limit{zone: &Zone{name: "api"}, zoneName: "api"}, algorithms.Result{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: int64(time.Second)})
+			setPlaceholders(repl, &limit{Limit: &Limit{}, zone: &Zone{name: "api"}, zoneName: "api"}, algorithms.Result{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: int64(time.Second)})
 			repl.Set(phKey, "stale")
 		}
 		r := httptest.NewRequest("GET", "http://example.com/", nil)

@@ -89,8 +89,8 @@ type Zone struct {
 	denyNets   []netip.Prefix
 	allowMatch caddyhttp.MatcherSets
 	denyMatch  caddyhttp.MatcherSets
-	limits     []*Limit // the zone's own (if it has a rate) and its scopes
-	keyed      []*Limit // limits plus those of concurrency alone: every key built
+	limits     []*limit // the zone's own (if it has a rate) and its scopes
+	keyed      []*limit // limits plus those of concurrency alone: every key built
 	allowC     prometheus.Counter
 	denyC      prometheus.Counter
 	status     int
@@ -411,6 +411,11 @@ type Limit struct {
 	// a rate, not both; a bucket rate's burst moves with its max_events,
 	// in proportion. Default: unset, the limit is fixed.
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
+}
+
+// limit is a provisioned Limit: its config and what it runs with.
+type limit struct {
+	*Limit
 
 	zone      *Zone
 	scope     string // "" for the zone's own limit
@@ -604,7 +609,7 @@ func loadMatchers(ctx caddy.Context, z *Zone, field string, sets *caddyhttp.Matc
 }
 
 // scoped prefixes err with the scope it is about (as configured), if any.
-func (l *Limit) scoped(err error) error {
+func (l *limit) scoped(err error) error {
 	if l.shownScope() == "" {
 		return err
 	}
@@ -612,7 +617,7 @@ func (l *Limit) scoped(err error) error {
 }
 
 // displayName names a limit in messages: the zone, or "<zone>/<scope>".
-func (l *Limit) displayName() string {
+func (l *limit) displayName() string {
 	if l.scope == "" {
 		return l.zone.name
 	}
@@ -629,13 +634,19 @@ func configID(ctx caddy.Context) any {
 	return nil
 }
 
-func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
-	if l.tiered() && l.Adaptive != nil {
+func (z *Zone) addLimit(c *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
+	if c.tiered() && c.Adaptive != nil {
 		return errAdaptiveTiers
 	}
-	if l.tiered() {
-		return z.addTiers(l, scope, store, logger, owner)
+	if c.tiered() {
+		return z.addTiers(c, scope, store, logger, owner)
 	}
+	return z.addRate(&limit{Limit: c}, scope, store, logger, owner)
+}
+
+// addRate provisions l, a limit of its own (not a tiers table), as the
+// zone's limit of scope.
+func (z *Zone) addRate(l *limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
 	l.zone, l.scope = z, scope
 	l.zoneName, l.scopeName = z.name, scope
 	if err := l.provision(logger); err != nil {
@@ -777,7 +788,7 @@ const minSecret = 16
 // state, which also keeps a key count within a 32-bit int.
 const MaxKeysLimit = 1 << 30
 
-func (l *Limit) provision(logger *zap.Logger) error {
+func (l *limit) provision(logger *zap.Logger) error {
 	alg, err := l.check()
 	if err != nil {
 		return err
@@ -785,6 +796,14 @@ func (l *Limit) provision(logger *zap.Logger) error {
 	l.Missing = cmp.Or(l.Missing, MissingShared)
 	l.Fail = cmp.Or(l.Fail, l.defaultFail())
 	l.algorithm = alg
+	if l.adaptCfg, err = l.adaptiveConfig(alg); err != nil {
+		return err
+	}
+	if l.Settle != "" {
+		if l.settle, err = parseSettle(l.Settle); err != nil {
+			return err
+		}
+	}
 	if err := l.provisionBudget(); err != nil {
 		return err
 	}

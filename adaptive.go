@@ -342,10 +342,7 @@ func (l *limit) provisionAdaptive(logger *zap.Logger) error {
 // releaseAdaptive lets go of the controllers of h's adaptive limits, those
 // of a zone that failed to provision included.
 func (h *Handler) releaseAdaptive() {
-	for _, z := range h.RateLimits {
-		if z == nil {
-			continue
-		}
+	for _, z := range h.zones {
 		for _, l := range z.keyed {
 			if a := l.adapt; a != nil && !a.released {
 				a.released = true
@@ -556,7 +553,7 @@ func (a *adaptiveLimit) info() *adaptiveInfo {
 
 // listedLimits are the limits of z the zones listing shows: its rates (a
 // tiered limit's, one per tier), then its limits of concurrency alone.
-func listedLimits(z *Zone) []*limit {
+func listedLimits(z *zone) []*limit {
 	out := slices.Clip(z.limits)
 	for _, l := range z.keyed {
 		if l.concOnly() && l.tiers == nil {

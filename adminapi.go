@@ -67,7 +67,7 @@ type zoneUses struct {
 
 // zoneUse is a running zone and the handler that holds its store.
 type zoneUse struct {
-	z *Zone
+	z *zone
 	h *Handler
 }
 
@@ -321,7 +321,7 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, zoneName, ra
 // limitsFor returns the zone's limits a key operation applies to: the
 // named scope ("" is the zone's own limit), or every limit counting the
 // zone's key.
-func (z *Zone) limitsFor(named bool, scope string) ([]*limit, error) {
+func (z *zone) limitsFor(named bool, scope string) ([]*limit, error) {
 	var out []*limit
 	for _, l := range z.limits {
 		// A scope with tiers names all of its tiers' limits.

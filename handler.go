@@ -330,12 +330,12 @@ const (
 // limits are collected.
 type shadowNote struct {
 	kind shadowKind
-	zone *Zone
+	zone *zone
 	l    *limit // nil for the deny list, which is the zone's
 	err  error
 }
 
-func (s *requestState) note(kind shadowKind, z *Zone, l *limit, err error) {
+func (s *requestState) note(kind shadowKind, z *zone, l *limit, err error) {
 	s.shadow = append(s.shadow, shadowNote{kind: kind, zone: z, l: l, err: err})
 }
 
@@ -379,7 +379,7 @@ func (h *Handler) reportShadow(r *http.Request, s *requestState, decided bool) {
 
 // collectBodyFields gathers the body fields that the zones' keys and costs
 // read, so that a body is parsed once per request for all of them.
-func collectBodyFields(zones []*Zone) *keys.BodyFields {
+func collectBodyFields(zones []*zone) *keys.BodyFields {
 	f := new(keys.BodyFields)
 	for _, z := range zones {
 		for _, l := range z.keyed {

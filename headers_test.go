@@ -18,10 +18,10 @@ import (
 
 // testLimit is a provisioned-enough limit of zone (and scope) for the
 // header code: its algorithm, policy and items.
-func testLimit(t *testing.T, zone, scope, alg string, events int64, window time.Duration, burst int64, send headerSet) *limit {
+func testLimit(t *testing.T, zoneName, scope, alg string, events int64, window time.Duration, burst int64, send headerSet) *limit {
 	t.Helper()
 	l := &limit{Limit: &Limit{MaxEvents: events, Window: caddy.Duration(window), Burst: burst, Algorithm: alg}}
-	l.zone, l.scope = &Zone{name: zone}, scope
+	l.zone, l.scope = &zone{Zone: &Zone{}, name: zoneName}, scope
 	var err error
 	if l.algorithm, err = algorithms.Check(alg, l.policy()); err != nil {
 		t.Fatal(err)
@@ -73,7 +73,7 @@ func TestPolicyItemEveryAlgorithm(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := &limit{Limit: &Limit{MaxEvents: tt.events, Window: caddy.Duration(tt.window), Burst: tt.burst, MaxDelay: caddy.Duration(tt.maxDelay), Algorithm: tt.alg}}
-			l.zone = &Zone{name: "login"}
+			l.zone = &zone{Zone: &Zone{}, name: "login"}
 			var err error
 			if l.algorithm, err = algorithms.Check(tt.alg, l.policy()); err != nil {
 				t.Fatal(err)
@@ -99,7 +99,7 @@ func TestPolicyItemEveryAlgorithm(t *testing.T) {
 
 func TestPolicyNameMustBeSendable(t *testing.T) {
 	l := &limit{Limit: &Limit{MaxEvents: 5, Window: caddy.Duration(time.Minute)}, algorithm: "sliding_window"}
-	l.zone = &Zone{name: "লগইন"}
+	l.zone = &zone{Zone: &Zone{}, name: "লগইন"}
 	if err := l.provisionHeaders(sendLegacy); err != nil {
 		t.Fatalf("legacy fields carry no name: %v", err)
 	}

@@ -43,7 +43,7 @@ func (l *Limit) checkLockout() error {
 // checkLockoutShadow refuses lockout in a shadow zone: a shadow zone never
 // denies, so no key would ever be locked out, and the operator trying the
 // limit would see nothing of what lockout does.
-func (z *Zone) checkLockoutShadow(l *limit) error {
+func (z *zone) checkLockoutShadow(l *limit) error {
 	if z.Shadow && len(l.Lockout) > 0 {
 		return fmt.Errorf("lockout: a shadow zone never denies, so it never locks a key out: remove lockout while the zone is in shadow")
 	}

@@ -130,7 +130,7 @@ type Handler struct {
 	headers  bool // some zone sends rate limit fields
 	outcomes bool // some limit counts or resets by the response
 	budgets  bool // some limit is a spend budget (charge_when)
-	zones    []*Zone
+	zones    []*zone
 	store    backend.Store
 	local    backend.Store // decides "local" limits while store is unavailable
 	logger   *zap.Logger
@@ -272,10 +272,13 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		if z == nil {
 			return fmt.Errorf("zone %q: empty definition", name)
 		}
-		if err := z.provision(ctx, name, h.store, h.logger); err != nil {
+		// In h.zones before it is provisioned, so that Cleanup finds
+		// what a zone that fails half way has taken.
+		rz := &zone{Zone: z}
+		h.zones = append(h.zones, rz)
+		if err := rz.provision(ctx, name, h.store, h.logger); err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
-		h.zones = append(h.zones, z)
 	}
 	h.bodyFields = collectBodyFields(h.zones)
 	if bodyLimitSet && !readsBody(h.zones) {
@@ -326,7 +329,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	return nil
 }
 
-func readsBody(zones []*Zone) bool {
+func readsBody(zones []*zone) bool {
 	for _, z := range zones {
 		for _, l := range z.keyed {
 			if l.keyer.NeedsBody() || l.Cost.needsBody() {

@@ -81,7 +81,7 @@ func init() {
 var minusOne any = int64(-1)
 
 // refusalStatus is the HTTP status of a refusal for reason rs by zone z.
-func (z *Zone) refusalStatus(rs reason) int {
+func (z *zone) refusalStatus(rs reason) int {
 	if s := reasonInfo[rs].status; s != 0 {
 		return s
 	}
@@ -121,7 +121,7 @@ func (f *refusal) err() error {
 // provision. Like a denial's, it carries no error ID or trace: Caddy's
 // caddyhttp.Error would cost seven allocations per refusal, under floods
 // of them, for an ID and a trace that name nothing a refusal needs.
-func (z *Zone) refusalError(rs reason) error {
+func (z *zone) refusalError(rs reason) error {
 	if e := z.errs[rs]; e != nil {
 		return e
 	}
@@ -155,7 +155,7 @@ const (
 // operator's log and metrics get.
 type refusal struct {
 	reason reason
-	zone   *Zone
+	zone   *zone
 	limit  *limit // the limit that refused; nil when the zone did (a deny list)
 	// retryAfter is the Retry-After header's seconds, or -1 when waiting
 	// cannot help and none is sent.

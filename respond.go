@@ -129,7 +129,7 @@ var contentTypes = map[string]string{
 // lock and a map write each (ten per refusal, a third of a flood's deny
 // path), mostly for placeholders nothing reads.
 type refusalValues struct {
-	zone  *Zone
+	zone  *zone
 	limit *limit // nil when the zone refused (deny list)
 	key   string
 	// The decision's numbers (a denial) and the Retry-After seconds (-1:
@@ -358,7 +358,7 @@ func appendSeconds(b []byte, n int64) []byte {
 
 // boxedName is the zone's name as the replacer holds it, boxed once at
 // provision so that a refusal does not allocate for it.
-func (z *Zone) boxedName() any {
+func (z *zone) boxedName() any {
 	if z.nameValue != nil {
 		return z.nameValue
 	}

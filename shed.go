@@ -124,7 +124,7 @@ func (h *Handler) provisionShed(owner any) error {
 		return err
 	}
 	h.shed, h.shedReg = g, reg
-	z := &Zone{name: s.Group, status: http.StatusServiceUnavailable, nameValue: s.Group}
+	z := &zone{Zone: &Zone{}, name: s.Group, status: http.StatusServiceUnavailable, nameValue: s.Group}
 	z.errs[reasonShed] = caddyhttp.HandlerError{StatusCode: http.StatusServiceUnavailable, Err: ErrShed}
 	if !h.DisableMetrics {
 		z.refused[reasonShed] = metrics.refused.WithLabelValues(s.Group, reasonInfo[reasonShed].name)

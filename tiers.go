@@ -261,7 +261,7 @@ func tierScope(scope, tier, version string) string {
 
 // addTiers registers one limit per tier of l, and puts l in the zone's
 // keyed limits to pick among them per request.
-func (z *Zone) addTiers(cfg *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
+func (z *zone) addTiers(cfg *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
 	if err := cfg.checkTiers(); err != nil {
 		return err
 	}

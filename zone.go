@@ -82,6 +82,11 @@ type Zone struct {
 	// remaining count would guide an attacker), even when other zones of
 	// the request send theirs.
 	Headers string `json:"headers,omitempty"`
+}
+
+// zone is a provisioned Zone: its config, its limits and what it runs with.
+type zone struct {
+	*Zone
 
 	name       string
 	matchers   caddyhttp.MatcherSets
@@ -109,7 +114,7 @@ const (
 
 // listed tells whether r is on the zone's deny list (which wins) or allow
 // list.
-func (z *Zone) listed(r *http.Request) (listing, error) {
+func (z *zone) listed(r *http.Request) (listing, error) {
 	if len(z.denyNets) > 0 && keys.Contains(z.denyNets, clientIP(r)) {
 		return listDeny, nil
 	}
@@ -417,7 +422,7 @@ type Limit struct {
 type limit struct {
 	*Limit
 
-	zone      *Zone
+	zone      *zone
 	scope     string // "" for the zone's own limit
 	keyer     *keys.Keyer
 	handle    backend.Limit
@@ -475,7 +480,7 @@ const (
 // from them directly lets one client pose as many.
 var spoofable = []string{"x-forwarded-for", "x-real-ip", "forwarded", "true-client-ip", "cf-connecting-ip", "x-client-ip"}
 
-func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, logger *zap.Logger) error {
+func (z *zone) provision(ctx caddy.Context, name string, store backend.Store, logger *zap.Logger) error {
 	z.name = name
 	if err := checkNearLimit(z.NearLimit); err != nil {
 		return err
@@ -488,7 +493,7 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 		return fmt.Errorf("deny: %v", err)
 	}
 	for field, sets := range map[string]*caddyhttp.MatcherSets{"MatcherSetsRaw": &z.matchers, "AllowMatchRaw": &z.allowMatch, "DenyMatchRaw": &z.denyMatch} {
-		if err := loadMatchers(ctx, z, field, sets); err != nil {
+		if err := loadMatchers(ctx, z.Zone, field, sets); err != nil {
 			return err
 		}
 	}
@@ -634,7 +639,7 @@ func configID(ctx caddy.Context) any {
 	return nil
 }
 
-func (z *Zone) addLimit(c *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
+func (z *zone) addLimit(c *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
 	if c.tiered() && c.Adaptive != nil {
 		return errAdaptiveTiers
 	}
@@ -646,7 +651,7 @@ func (z *Zone) addLimit(c *Limit, scope string, store backend.Store, logger *zap
 
 // addRate provisions l, a limit of its own (not a tiers table), as the
 // zone's limit of scope.
-func (z *Zone) addRate(l *limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
+func (z *zone) addRate(l *limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
 	l.zone, l.scope = z, scope
 	l.zoneName, l.scopeName = z.name, scope
 	if err := l.provision(logger); err != nil {

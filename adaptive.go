@@ -341,7 +341,7 @@ func (l *limit) provisionAdaptive(logger *zap.Logger) error {
 
 // releaseAdaptive lets go of the controllers of h's adaptive limits, those
 // of a zone that failed to provision included.
-func (h *Handler) releaseAdaptive() {
+func (h *plan) releaseAdaptive() {
 	for _, z := range h.zones {
 		for _, l := range z.keyed {
 			if a := l.adapt; a != nil && !a.released {

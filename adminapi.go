@@ -68,13 +68,13 @@ type zoneUses struct {
 // zoneUse is a running zone and the handler that holds its store.
 type zoneUse struct {
 	z *zone
-	h *Handler
+	h *plan
 }
 
 func (*zoneUses) Destruct() error { return nil }
 
 // publish makes the handler's zones visible to the admin API.
-func (h *Handler) publish() {
+func (h *plan) publish() {
 	for _, z := range h.zones {
 		v, _ := publishedZones.LoadOrStore(z.name, new(zoneUses))
 		u := v.(*zoneUses)
@@ -86,7 +86,7 @@ func (h *Handler) publish() {
 
 // unpublish takes the handler's zones out of the admin API; it may run
 // for a handler that failed before publishing them.
-func (h *Handler) unpublish() {
+func (h *plan) unpublish() {
 	for _, z := range h.zones {
 		v, _ := publishedZones.LoadOrStore(z.name, new(zoneUses))
 		u := v.(*zoneUses)

@@ -125,7 +125,7 @@ func appendBudgetMessage(b []byte, f *refusal) []byte {
 // reservations are left to expire rather than released, so their units
 // come back no earlier than reservation_ttl.
 type budgetHold struct {
-	h        *Handler
+	h        *plan
 	ctx      context.Context // handed on
 	cancel   context.CancelFunc
 	until    int64       // on h's clock

@@ -156,7 +156,7 @@ func (h *heldSlots) release() {
 // request was given go back, and the request is refused with 503, or with
 // 499 when its client left while it waited: it returns the slots held, or
 // the request's refusal, or that error.
-func (h *Handler) acquire(r *http.Request, s *requestState) (*heldSlots, *refusal, error) {
+func (h *plan) acquire(r *http.Request, s *requestState) (*heldSlots, *refusal, error) {
 	held := &heldSlots{slots: make([]heldSlot, 0, len(s.conc))}
 	newTimer := h.newTimer
 	if newTimer == nil {
@@ -201,7 +201,7 @@ func (h *Handler) acquire(r *http.Request, s *requestState) (*heldSlots, *refusa
 // backend that shares the slots is unavailable, the limit's fail policy
 // decides: open admits holding no slot (a zero heldSlot), local takes a
 // slot of this instance's own, closed returns the error.
-func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Duration) (<-chan time.Time, func() bool)) (heldSlot, error) {
+func (h *plan) takeSlot(r *http.Request, cr concReq, newTimer func(time.Duration) (<-chan time.Time, func() bool)) (heldSlot, error) {
 	l := cr.l
 	if sh := l.shared; sh != nil {
 		var id string
@@ -251,7 +251,7 @@ func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Durat
 
 // refundRate gives back the rate units a request was given, when a
 // concurrency limit refuses it after its rates allowed it.
-func (h *Handler) refundRate(r *http.Request, s *requestState) {
+func (h *plan) refundRate(r *http.Request, s *requestState) {
 	if len(s.reqs) == 0 || s.store == nil {
 		return
 	}

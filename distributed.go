@@ -194,10 +194,10 @@ var fleets = struct {
 }{m: map[string]*fleet{}}
 
 // provisionDistributed joins the fleet of the handler's storage.
-func (h *Handler) provisionDistributed(ctx caddy.Context) error {
+func (h *plan) provisionDistributed(ctx caddy.Context) error {
 	var storage certmagic.Storage
 	if len(h.StorageRaw) > 0 {
-		mod, err := ctx.LoadModule(h, "StorageRaw")
+		mod, err := ctx.LoadModule(h.Handler, "StorageRaw")
 		if err != nil {
 			return fmt.Errorf("storage: %v", err)
 		}

@@ -131,8 +131,7 @@ func provisionDist(t testing.TB, config string, s *memStorage, c *distClock) *un
 		t.Fatal(err)
 	}
 	ctx, cancel := caddy.NewContext(fuzzBase)
-	h.now, h.distStorage = c.get, s
-	if err := h.Provision(ctx); err != nil {
+	if err := h.provision(ctx, &plan{Handler: h, now: c.get, distStorage: s}); err != nil {
 		_ = h.Cleanup()
 		cancel()
 		t.Fatal(err)
@@ -163,7 +162,7 @@ func TestDistributedAddsOtherInstancesCounts(t *testing.T) {
 	putState(t, s, "peer-1", mholtState{Timestamp: c.ago(time.Second), Zones: map[string]map[string]mholtValue{
 		"dist_a": {"static": {Count: 7, OldestEvent: c.ago(20 * time.Second)}, "other": {Count: 10}},
 	}})
-	if err := u.h.fleet.f.read(context.Background()); err != nil {
+	if err := u.h.plan.fleet.f.read(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	ok, last := admittedOf(u, 10)
@@ -194,7 +193,7 @@ func TestDistributedPeerCountsAddUp(t *testing.T) {
 	putState(t, s, "peer-3", mholtState{Timestamp: c.ago(61 * time.Second), Zones: map[string]map[string]mholtValue{
 		"dist_a": {"static": {Count: 10}},
 	}})
-	if err := u.h.fleet.f.read(context.Background()); err != nil {
+	if err := u.h.plan.fleet.f.read(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if ok, _ := admittedOf(u, 5); ok != 2 {
@@ -208,7 +207,7 @@ func TestDistributedWritesMholtState(t *testing.T) {
 	admittedOf(u, 4)
 	c.advance(10 * time.Second)
 	admittedOf(u, 8) // 6 more pass, 2 denied
-	f := u.h.fleet.f
+	f := u.h.plan.fleet.f
 	if err := f.write(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +248,7 @@ func TestDistributedTracksAtMostMaxKeys(t *testing.T) {
 	for _, k := range []string{"a", "b", "c", "d", "e", "a"} {
 		u.serve(context.Background(), func(r *http.Request) { r.Header.Set("K", k) })
 	}
-	f := u.h.fleet.f
+	f := u.h.plan.fleet.f
 	if n := f.limits["dist_keys"].n.Load(); n != 3 {
 		t.Errorf("tracked %d keys, want max_keys 3", n)
 	}
@@ -270,7 +269,7 @@ func TestDistributedPurgeAge(t *testing.T) {
 	putState(t, s, "alive", mholtState{Timestamp: c.ago(4 * time.Minute), Zones: map[string]map[string]mholtValue{
 		"dist_p": {"static": {Count: 5}},
 	}})
-	if err := u.h.fleet.f.read(context.Background()); err != nil {
+	if err := u.h.plan.fleet.f.read(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if s.Exists(context.Background(), "rate_limit/instances/gone.rlstate") {
@@ -289,7 +288,7 @@ func TestDistributedOtherAlgorithms(t *testing.T) {
 		putState(t, s, "peer", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{
 			"dist_" + alg: {"static": {Count: 6}},
 		}})
-		u.h.fleet.f.read(context.Background())
+		u.h.plan.fleet.f.read(context.Background())
 		if ok, _ := admittedOf(u, 10); ok != 4 {
 			t.Errorf("%s: admitted %d, want 4", alg, ok)
 		}
@@ -306,12 +305,12 @@ func TestDistributedFixedWindowBoundary(t *testing.T) {
 	putState(t, s, "peer", mholtState{Timestamp: c.ago(time.Second), Zones: map[string]map[string]mholtValue{
 		"dist_fixed": {"static": {Count: 10, OldestEvent: c.ago(time.Minute)}},
 	}})
-	u.h.fleet.f.read(context.Background())
+	u.h.plan.fleet.f.read(context.Background())
 	c.advance(15 * time.Second)
 	if ok, _ := admittedOf(u, 4); ok != 4 {
 		t.Fatalf("admitted %d, want 4: the peer's window ended", ok)
 	}
-	st := u.h.fleet.f.snapshot(context.Background())
+	st := u.h.plan.fleet.f.snapshot(context.Background())
 	// Its 4 leave at the end of the window, 45 s from now.
 	if got := st.Zones["dist_fixed"]["static"]; got.Count != 4 || !got.OldestEvent.Equal(c.ago(15*time.Second)) {
 		t.Errorf("wrote %+v, want 4 dated %v", got, c.ago(15*time.Second))
@@ -337,7 +336,7 @@ func TestDistributedHostileReports(t *testing.T) {
 	putState(t, s, "negative", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{
 		"dist_a": {"static": {Count: -100}},
 	}})
-	u.h.fleet.f.read(context.Background())
+	u.h.plan.fleet.f.read(context.Background())
 	ok, last := admittedOf(u, 3)
 	if ok != 0 || last.header.Get("Retry-After") != "60" {
 		t.Errorf("admitted %d, Retry-After %q; want 0 and 60", ok, last.header.Get("Retry-After"))
@@ -380,10 +379,10 @@ func TestDistributedFleetSharedAndReleased(t *testing.T) {
 	a := provisionDist(t, distZone, s, c)
 	b := provisionDist(t, `{"rate_limits": {"dist_b": {"key": "static", "max_events": 10, "window": "1m"}},
 	"distributed": {"read_interval": "1h", "write_interval": "1h"}}`, s, c)
-	if a.h.fleet.f != b.h.fleet.f {
+	if a.h.plan.fleet.f != b.h.plan.fleet.f {
 		t.Fatal("two handlers of one storage run two syncs")
 	}
-	f := a.h.fleet.f
+	f := a.h.plan.fleet.f
 	admittedOf(a, 1)
 	admittedOf(b, 2)
 	st := f.snapshot(context.Background())
@@ -413,14 +412,14 @@ func TestDistributedReloadKeepsSyncing(t *testing.T) {
 	putState(t, s, "peer", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{
 		"dist_a": {"static": {Count: 7}},
 	}})
-	f := old.h.fleet.f
+	f := old.h.plan.fleet.f
 	if err := f.read(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	reloaded := provisionDist(t, `{"rate_limits": {"dist_a": {"key": "static", "max_events": 20, "window": "1m"}},
 	"distributed": {"read_interval": "2h", "write_interval": "2h"}}`, s, c)
 	_ = old.h.Cleanup()
-	if reloaded.h.fleet.f != f || time.Duration(f.config().ReadInterval) != 2*time.Hour {
+	if reloaded.h.plan.fleet.f != f || time.Duration(f.config().ReadInterval) != 2*time.Hour {
 		t.Fatalf("the reload did not join the running sync with its intervals: %+v", f.config())
 	}
 	if got := f.snapshot(context.Background()).Zones["dist_a"]["static"].Count; got != 3 {
@@ -440,7 +439,7 @@ func BenchmarkDistributedWrite(b *testing.B) {
 	for i := range 10000 {
 		u.serve(context.Background(), func(r *http.Request) { r.Header.Set("K", fmt.Sprintf("client-%d", i)) })
 	}
-	f := u.h.fleet.f
+	f := u.h.plan.fleet.f
 	b.ReportAllocs()
 	for b.Loop() {
 		if err := f.write(context.Background()); err != nil {
@@ -461,7 +460,7 @@ func BenchmarkDistributedRead(b *testing.B) {
 		keys[fmt.Sprintf("client-%d", i)] = mholtValue{Count: 5, OldestEvent: c.time()}
 	}
 	putState(b, s, "peer", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{"dist_a": keys}})
-	f := u.h.fleet.f
+	f := u.h.plan.fleet.f
 	b.ReportAllocs()
 	for b.Loop() {
 		if err := f.read(context.Background()); err != nil {
@@ -488,7 +487,7 @@ func TestDistributedStorageKey(t *testing.T) {
 func TestDistributedTwinInstanceID(t *testing.T) {
 	s, c := newMemStorage(), &distClock{now: fuzzStart}
 	u := provisionDist(t, distZone, s, c)
-	f := u.h.fleet.f
+	f := u.h.plan.fleet.f
 	// This instance's file from a run before this process.
 	putState(t, s, f.id, mholtState{Timestamp: c.ago(time.Second), Zones: map[string]map[string]mholtValue{
 		"dist_a": {"static": {Count: 9}},
@@ -549,14 +548,14 @@ func TestDistributedSyncErrorsLogOnce(t *testing.T) {
 func TestDistributedStaleReportsLeftOut(t *testing.T) {
 	s, c := newMemStorage(), &distClock{now: fuzzStart}
 	u := provisionDist(t, distZone, s, c)
-	f := u.h.fleet.f
+	f := u.h.plan.fleet.f
 	putState(t, s, "live", mholtState{Timestamp: c.time(), Zones: map[string]map[string]mholtValue{"dist_a": {"static": {Count: 1}}}})
 	putState(t, s, "old", mholtState{Timestamp: c.ago(2 * time.Minute), Zones: map[string]map[string]mholtValue{"dist_a": {"static": {Count: 1}}}})
 	putState(t, s, "corrupt-but-stale", mholtState{})
 	s.files[path.Join(fleetPrefix, "corrupt-but-stale"+fleetSuffix)] = []byte("not gob")
 	s.times[path.Join(fleetPrefix, "corrupt-but-stale"+fleetSuffix)] = c.ago(2 * time.Hour)
 	core, logs := observer.New(zap.ErrorLevel)
-	u.h.fleet.logger = zap.New(core)
+	u.h.plan.fleet.logger = zap.New(core)
 	if err := f.read(context.Background()); err != nil {
 		t.Fatal(err)
 	}

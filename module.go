@@ -127,6 +127,15 @@ type Handler struct {
 	// 1000000. Default: 1000 (with tarpit).
 	TarpitMax int64 `json:"tarpit_max,omitempty"`
 
+	// plan is what Provision compiled the config into, which requests
+	// run on.
+	plan *plan
+}
+
+// plan is a provisioned Handler: its config and what it runs with.
+type plan struct {
+	*Handler
+
 	headers  bool // some zone sends rate limit fields
 	outcomes bool // some limit counts or resets by the response
 	budgets  bool // some limit is a spend budget (charge_when)
@@ -210,7 +219,13 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision validates the zones and connects them to their state. When it
 // fails, Caddy calls Cleanup, which undoes every rate this provision put
 // in force, so the running config's rates stay.
-func (h *Handler) Provision(ctx caddy.Context) (err error) {
+func (h *Handler) Provision(ctx caddy.Context) error {
+	return h.provision(ctx, &plan{Handler: h})
+}
+
+// provision compiles h into p, which h then runs on. Tests give p a clock
+// (the system's when nil) and the storage distributed syncs through.
+func (h *Handler) provision(ctx caddy.Context, p *plan) (err error) {
 	// A panic here would skip that Cleanup (and, under the admin API, leave
 	// this config's rates in force): report it as a failed provision.
 	defer func() {
@@ -219,7 +234,12 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 			err = fmt.Errorf("internal error while provisioning: %v", r)
 		}
 	}()
+	// Set first: Cleanup undoes what a provision that fails half way took.
+	h.plan = p
+	return p.provision(ctx)
+}
 
+func (h *plan) provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
 	// Denials can come by the thousand per second under attack: log the
@@ -342,13 +362,13 @@ func readsBody(zones []*zone) bool {
 
 // loadStore loads the configured backend (the memory store by default) and
 // hands it the handler's clock, sweep interval and logger.
-func (h *Handler) loadStore(ctx caddy.Context) (backend.Store, error) {
+func (h *plan) loadStore(ctx caddy.Context) (backend.Store, error) {
 	var mod any
 	var err error
 	if len(h.BackendRaw) == 0 {
 		mod, err = ctx.LoadModuleByID(backend.Namespace+".memory", nil)
 	} else {
-		mod, err = ctx.LoadModule(h, "BackendRaw")
+		mod, err = ctx.LoadModule(h.Handler, "BackendRaw")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("backend: %v", err)
@@ -363,13 +383,20 @@ func (h *Handler) loadStore(ctx caddy.Context) (backend.Store, error) {
 	return store, nil
 }
 
-func (h *Handler) setup() backend.Setup {
+func (h *plan) setup() backend.Setup {
 	return backend.Setup{Now: h.now, SweepInterval: time.Duration(h.SweepInterval), Logger: h.logger}
 }
 
 // Cleanup releases the zones' state; state still used by another config
 // (the one replacing this one in a reload) stays.
 func (h *Handler) Cleanup() error {
+	if h.plan == nil {
+		return nil
+	}
+	return h.plan.cleanup()
+}
+
+func (h *plan) cleanup() error {
 	h.unpublish()
 	h.releaseTierSeries()
 	h.cleanupShed()

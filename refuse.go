@@ -191,7 +191,7 @@ func (l *limit) policyName() string {
 // deny makes the refusal of a request that an enforcing limit denied. The
 // limit reported is the one that makes the client wait longest, since the
 // request can pass only once every limit allows it.
-func (h *Handler) deny(r *http.Request, s *requestState) *refusal {
+func (h *plan) deny(r *http.Request, s *requestState) *refusal {
 	worst := -1
 	var violated []*limit
 	for i, l := range s.limits {
@@ -236,7 +236,7 @@ func (h *Handler) deny(r *http.Request, s *requestState) *refusal {
 // provisionContract checks and prepares what the handler's answers carry:
 // the rate limit fields each zone sends, the status it denies with, the
 // built-in body, and the refusal counters.
-func (h *Handler) provisionContract() error {
+func (h *plan) provisionContract() error {
 	switch h.Respond {
 	case "", RespondJSON, RespondProblem, RespondText:
 	default:

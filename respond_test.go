@@ -26,7 +26,7 @@ import (
 func refuseRecorded(t *testing.T, respond, method string, f refusal) (*httptest.ResponseRecorder, *caddy.Replacer, []observer.LoggedEntry, error) {
 	t.Helper()
 	core, logs := observer.New(zapcore.DebugLevel)
-	h := &Handler{Respond: respond, LogKey: true, denyLog: zap.New(core)}
+	h := &plan{Handler: &Handler{Respond: respond, LogKey: true}, denyLog: zap.New(core)}
 	repl := caddy.NewReplacer()
 	r := httptest.NewRequest(method, "http://example.com/otp", nil)
 	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
@@ -170,7 +170,7 @@ func BenchmarkRefuse(b *testing.B) {
 	z.nameValue = z.name
 	for _, respond := range []string{"", RespondJSON, RespondProblem, RespondText} {
 		b.Run("respond="+respond, func(b *testing.B) {
-			h := &Handler{Respond: respond, denyLog: zap.NewNop()}
+			h := &plan{Handler: &Handler{Respond: respond}, denyLog: zap.NewNop()}
 			repl := caddy.NewReplacer()
 			r := httptest.NewRequest("GET", "http://example.com/", nil)
 			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
@@ -239,7 +239,7 @@ func TestRefusalPlaceholdersWinOverEarlierOnes(t *testing.T) {
 		phKey: "192.0.2.7", phZone: "login", phLimit: "5", phRemaining: "0", phReset: "5000",
 	}
 	for _, earlier := range []bool{false, true} {
-		h := &Handler{Respond: RespondJSON, denyLog: zap.NewNop()}
+		h := &plan{Handler: &Handler{Respond: RespondJSON}, denyLog: zap.NewNop()}
 		repl := caddy.NewReplacer()
 		if earlier {
 			setPlaceholders(repl, &limit{Limit: &Limit{}, zone: &zone{Zone: &Zone{}, name: "api"}, zoneName: "api"}, algorithms.Result{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: int64(time.Second)})

@@ -94,7 +94,7 @@ func (l *Limit) checkSettle(alg string) error {
 }
 
 // provisionSettle checks that the store can settle.
-func (h *Handler) provisionSettle(l *limit) error {
+func (h *plan) provisionSettle(l *limit) error {
 	if l.settle == nil {
 		return nil
 	}
@@ -157,7 +157,7 @@ func (o *watcher) settleCost(r *http.Request, i, status int) {
 // warnSettle logs that a response gave no usable real cost, at most once
 // per settleWarnGap per limit, with how many responses were kept at their
 // estimate since the last line.
-func (h *Handler) warnSettle(l *limit, why string) {
+func (h *plan) warnSettle(l *limit, why string) {
 	s := l.settle
 	s.ignored.Add(1)
 	now := h.now()

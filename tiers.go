@@ -234,7 +234,7 @@ func retainTierSeries(zone, scope string) [2]string {
 // releaseTierSeries drops the series of h's tier versions that no running
 // config uses any more; versions the new config kept are still used, and
 // keep theirs.
-func (h *Handler) releaseTierSeries() {
+func (h *plan) releaseTierSeries() {
 	tierSeries.Lock()
 	defer tierSeries.Unlock()
 	series := h.tierSeries

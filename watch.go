@@ -39,7 +39,7 @@ import (
 // request these features let through.
 type watcher struct {
 	caddyhttp.ResponseWriterWrapper
-	h              *Handler // whose request it watches: its logger, clock and timers
+	h              *plan // whose request it watches: its logger, clock and timers
 	outcome, timed bool
 
 	// The outcome's. status is the first final status (a flush sends
@@ -114,7 +114,7 @@ func (c *detachedContext) Value(key any) any        { return c.parent.Value(key)
 // resets, charges or settles by the response (outcome), and neither an
 // adaptive limit nor the shedding group timed (nil unless this handler
 // times the request for its group) measures its latency.
-func (h *Handler) watch(w http.ResponseWriter, s *requestState, timed *shed.Group) *watcher {
+func (h *plan) watch(w http.ResponseWriter, s *requestState, timed *shed.Group) *watcher {
 	if len(s.adapt) == 0 && timed == nil && !h.outcomes {
 		return nil // inlined: the usual request is not watched
 	}
@@ -123,7 +123,7 @@ func (h *Handler) watch(w http.ResponseWriter, s *requestState, timed *shed.Grou
 
 // newWatcher takes a watcher from the pool for the request of h that s
 // decided.
-func newWatcher(h *Handler, w http.ResponseWriter, s *requestState, timed *shed.Group) *watcher {
+func newWatcher(h *plan, w http.ResponseWriter, s *requestState, timed *shed.Group) *watcher {
 	latency := len(s.adapt) > 0 || timed != nil
 	outcome := h.outcomes && slices.ContainsFunc(s.limits, (*limit).byResponse)
 	if !latency && !outcome {

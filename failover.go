@@ -43,14 +43,14 @@ func (h *plan) provisionFailover(ctx caddy.Context) error {
 			// takeSlot, with the slots of this instance as its local store.
 			if l.concOnly() && l.shared != nil {
 				h.logger.Info("rate limit zone's policy when its backend fails", zap.String("zone", z.name), zap.String("scope", l.scope), zap.String("fail", l.Fail))
-				if !h.DisableMetrics {
+				if h.metrics {
 					l.failC = metrics.failures.WithLabelValues(z.name, l.scope, l.Fail)
 				}
 			}
 		}
 		for _, l := range z.limits {
 			h.logger.Info("rate limit zone's policy when its backend fails", zap.String("zone", z.name), zap.String("scope", l.scope), zap.String("fail", l.Fail))
-			if !h.DisableMetrics {
+			if h.metrics {
 				l.failC = metrics.failures.WithLabelValues(z.name, l.scope, l.Fail)
 			}
 			if l.Fail != FailLocal {

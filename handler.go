@@ -142,7 +142,7 @@ func (h *plan) decide(w http.ResponseWriter, r *http.Request, s *requestState) (
 	if !s.allowed {
 		return nil, nil
 	}
-	if !h.DisableMetrics {
+	if h.metrics {
 		for i, l := range s.limits {
 			if s.out[i].Allowed {
 				l.metrics.near(s.out[i])
@@ -243,7 +243,7 @@ func (h *plan) collectLimit(r *http.Request, repl *caddy.Replacer, s *requestSta
 	}
 	z := l.zone
 	if s.body == nil && (l.keyer.NeedsBody() || l.Cost.needsBody()) {
-		s.body = keys.ReadBody(r, h.BodyLimit, h.bodyFields)
+		s.body = keys.ReadBody(r, h.bodyLimit, h.bodyFields)
 	}
 	key, err := l.keyer.Key(r, repl, s.body)
 	l.warnUnset(h.logger, repl, err != nil)
@@ -298,7 +298,7 @@ func (h *plan) collectLimit(r *http.Request, repl *caddy.Replacer, s *requestSta
 func (h *plan) decideStore(r *http.Request, s *requestState) (*refusal, error) {
 	s.out = slices.Grow(s.out[:0], len(s.reqs))[:len(s.reqs)]
 	var start int64
-	if !h.DisableMetrics || h.budgets {
+	if h.metrics || h.budgets {
 		start = h.now()
 	}
 	s.at = start
@@ -313,7 +313,7 @@ func (h *plan) decideStore(r *http.Request, s *requestState) (*refusal, error) {
 			return f, err
 		}
 	}
-	if !h.DisableMetrics {
+	if h.metrics {
 		elapsed := float64(h.now()-start) / 1e9
 		for _, l := range s.limits {
 			l.metrics.observe(elapsed)

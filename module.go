@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -136,6 +137,7 @@ type Handler struct {
 type plan struct {
 	*Handler
 
+	metrics  bool // metrics are on, and registered
 	headers  bool // some zone sends rate limit fields
 	outcomes bool // some limit counts or resets by the response
 	budgets  bool // some limit is a spend budget (charge_when)
@@ -152,8 +154,12 @@ type plan struct {
 	// channel and Stop unless a test sets it).
 	newTimer func(time.Duration) (<-chan time.Time, func() bool)
 
-	// bodyFields are the JSON paths found in one pass over a body.
+	// bodyFields are the JSON paths found in one pass over a body, of at
+	// most bodyLimit bytes.
 	bodyFields *keys.BodyFields
+	bodyLimit  int64
+	// sweepInterval is the config's, within the bounds the sweeper runs at.
+	sweepInterval time.Duration
 
 	shed    *shed.Group // nil without shed
 	shedReg *shed.Reg
@@ -262,16 +268,15 @@ func (h *plan) provision(ctx caddy.Context) error {
 		return fmt.Errorf("body_limit must be from 1 to %d bytes (16MiB), got %d", MaxBodyLimit, h.BodyLimit)
 	}
 	bodyLimitSet := h.BodyLimit != 0
-	if h.BodyLimit == 0 {
-		h.BodyLimit = keys.DefaultBodyLimit
-	}
-	if si := time.Duration(h.SweepInterval); si < 0 {
+	h.bodyLimit = cmp.Or(h.BodyLimit, keys.DefaultBodyLimit)
+	h.sweepInterval = time.Duration(h.SweepInterval)
+	if si := h.sweepInterval; si < 0 {
 		return fmt.Errorf("sweep_interval must be positive (0 is the default, 1m), got %s", algorithms.FormatSpan(int64(si)))
 	} else if si != 0 {
 		if in, changed := sweepInterval(si); changed {
 			h.logger.Warn("sweep_interval is taken within 1s to 24h",
 				zap.String("configured", algorithms.FormatSpan(int64(si))), zap.String("used", algorithms.FormatSpan(int64(in))))
-			h.SweepInterval = caddy.Duration(in)
+			h.sweepInterval = in
 		}
 	}
 
@@ -315,9 +320,10 @@ func (h *plan) provision(ctx caddy.Context) error {
 	}
 
 	if !h.DisableMetrics {
+		h.metrics = true
 		if err := registerMetrics(ctx.GetMetricsRegistry(), h.store); err != nil {
 			h.logger.Error("failed to register rate limit metrics; continuing without them", zap.Error(err))
-			h.DisableMetrics = true
+			h.metrics = false
 		}
 		for _, z := range h.zones {
 			for _, l := range z.limits {
@@ -384,7 +390,7 @@ func (h *plan) loadStore(ctx caddy.Context) (backend.Store, error) {
 }
 
 func (h *plan) setup() backend.Setup {
-	return backend.Setup{Now: h.now, SweepInterval: time.Duration(h.SweepInterval), Logger: h.logger}
+	return backend.Setup{Now: h.now, SweepInterval: h.sweepInterval, Logger: h.logger}
 }
 
 // Cleanup releases the zones' state; state still used by another config

@@ -270,7 +270,7 @@ func (h *plan) provisionContract() error {
 			}
 			h.headers = h.headers || send != 0
 		}
-		if !h.DisableMetrics {
+		if h.metrics {
 			for rs := range numReasons {
 				z.refused[rs] = metrics.refused.WithLabelValues(z.name, reasonInfo[rs].name)
 			}

@@ -126,7 +126,7 @@ func (h *plan) provisionShed(owner any) error {
 	h.shed, h.shedReg = g, reg
 	z := &zone{Zone: &Zone{}, name: s.Group, status: http.StatusServiceUnavailable, nameValue: s.Group}
 	z.errs[reasonShed] = caddyhttp.HandlerError{StatusCode: http.StatusServiceUnavailable, Err: ErrShed}
-	if !h.DisableMetrics {
+	if h.metrics {
 		z.refused[reasonShed] = metrics.refused.WithLabelValues(s.Group, reasonInfo[reasonShed].name)
 	}
 	// Made once: a shed request is refused in the group's name, from a

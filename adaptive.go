@@ -200,19 +200,26 @@ func countAdaptiveSeries(zone, scope string, delta int) {
 var errAdaptiveTiers = errors.New("adaptive: a tiered limit takes its rate and concurrency from each request's tier: adapt a limit without tiers")
 
 // checkAdaptive validates the adaptive block of l, whose rate (if any)
-// uses algorithm alg, and keeps the controller's settings.
+// uses algorithm alg.
 func (l *Limit) checkAdaptive(alg string) error {
+	_, err := l.adaptiveConfig(alg)
+	return err
+}
+
+// adaptiveConfig is the controller's settings of l's adaptive block (zero
+// without one), whose rate (if any) uses algorithm alg.
+func (l *Limit) adaptiveConfig(alg string) (aimd.Config, error) {
 	a := l.Adaptive
 	if a == nil {
-		return nil
+		return aimd.Config{}, nil
 	}
 	switch {
 	case l.tiered():
-		return optionErr("adaptive", errAdaptiveTiers)
+		return aimd.Config{}, optionErr("adaptive", errAdaptiveTiers)
 	case l.Concurrency != 0 && !l.concOnly():
-		return optionErrorf("adaptive", "adaptive: the limit has both a rate and a concurrency, and adapts one number: put the concurrency (or the rate) in a scope of its own")
+		return aimd.Config{}, optionErrorf("adaptive", "adaptive: the limit has both a rate and a concurrency, and adapts one number: put the concurrency (or the rate) in a scope of its own")
 	case l.Lease != 0:
-		return optionErrorf("adaptive", "adaptive: a lease takes units in advance under the limit of the moment: remove lease or adaptive")
+		return aimd.Config{}, optionErrorf("adaptive", "adaptive: a lease takes units in advance under the limit of the moment: remove lease or adaptive")
 	}
 	start, most := l.Concurrency, int64(MaxConcurrency)
 	if l.Concurrency == 0 {
@@ -223,10 +230,10 @@ func (l *Limit) checkAdaptive(alg string) error {
 	}
 	cfg, err := a.config(start, most)
 	if err != nil {
-		return optionErr("adaptive", err)
+		return aimd.Config{}, optionErr("adaptive", err)
 	}
 	if cost := l.constantCost(); l.Concurrency == 0 && cost > cfg.Min {
-		return optionErrorf("adaptive", "adaptive: min %d is below the cost %d of every request: at min, none would pass", cfg.Min, cost)
+		return aimd.Config{}, optionErrorf("adaptive", "adaptive: min %d is below the cost %d of every request: at min, none would pass", cfg.Min, cost)
 	}
 	if l.Concurrency == 0 && algorithms.KindOf(alg) == algorithms.KindBucket {
 		// The burst moves with the rate: both ends must make a policy the
@@ -235,21 +242,20 @@ func (l *Limit) checkAdaptive(alg string) error {
 		for _, n := range []int64{cfg.Min, cfg.Max} {
 			p := algorithms.Adapted(alg, l.policy(), n)
 			if err := p.Validate(); err != nil {
-				return optionErrorf("adaptive", "adaptive: at %d events per window (burst %d): %w", n, p.Burst, err)
+				return aimd.Config{}, optionErrorf("adaptive", "adaptive: at %d events per window (burst %d): %w", n, p.Burst, err)
 			}
 			if r := algorithms.NewBucketAlgorithm(alg, p).Decide(algorithms.Bucket{}, 0, l.constantCost()); r.RetryAfter == algorithms.Never {
-				return optionErrorf("adaptive", "adaptive: at min %d the bucket holds %d (burst × min ÷ max_events), below the cost %d of every request: none would pass", n, r.Limit, l.constantCost())
+				return aimd.Config{}, optionErrorf("adaptive", "adaptive: at min %d the bucket holds %d (burst × min ÷ max_events), below the cost %d of every request: none would pass", n, r.Limit, l.constantCost())
 			}
 		}
 	}
-	l.adaptCfg = cfg
-	return nil
+	return cfg, nil
 }
 
 // adaptiveLimit is a provisioned limit's controller and where its decisions
 // go.
 type adaptiveLimit struct {
-	l    *Limit
+	l    *limit
 	ctl  *aimd.Controller
 	key  adaptiveKey
 	set  func(int64) error
@@ -280,7 +286,7 @@ type adaptiveKey struct {
 // provisionAdaptive gives l its controller, once its slots or its store
 // handle exist: the one a running config shares, or a new one at the
 // configured limit.
-func (l *Limit) provisionAdaptive(logger *zap.Logger) error {
+func (l *limit) provisionAdaptive(logger *zap.Logger) error {
 	if l.Adaptive == nil {
 		return nil
 	}
@@ -335,11 +341,8 @@ func (l *Limit) provisionAdaptive(logger *zap.Logger) error {
 
 // releaseAdaptive lets go of the controllers of h's adaptive limits, those
 // of a zone that failed to provision included.
-func (h *Handler) releaseAdaptive() {
-	for _, z := range h.RateLimits {
-		if z == nil {
-			continue
-		}
+func (h *plan) releaseAdaptive() {
+	for _, z := range h.zones {
 		for _, l := range z.keyed {
 			if a := l.adapt; a != nil && !a.released {
 				a.released = true
@@ -352,7 +355,7 @@ func (h *Handler) releaseAdaptive() {
 
 // setMaxEvents sets a rate's max_events in its store and in its local
 // fallback, which decides while a shared store is unavailable.
-func (l *Limit) setMaxEvents(n int64) error {
+func (l *limit) setMaxEvents(n int64) error {
 	err := l.handle.(backend.Adjustable).SetMaxEvents(n)
 	if h, ok := l.local.(backend.Adjustable); ok && h.CanAdjust() {
 		err = errors.Join(err, h.SetMaxEvents(n))
@@ -550,7 +553,7 @@ func (a *adaptiveLimit) info() *adaptiveInfo {
 
 // listedLimits are the limits of z the zones listing shows: its rates (a
 // tiered limit's, one per tier), then its limits of concurrency alone.
-func listedLimits(z *Zone) []*Limit {
+func listedLimits(z *zone) []*limit {
 	out := slices.Clip(z.limits)
 	for _, l := range z.keyed {
 		if l.concOnly() && l.tiers == nil {

@@ -20,7 +20,7 @@ func TestAdaptiveSharedSlotsFollowTheController(t *testing.T) {
 	// taken below, ends a third of it after they are freed, long before
 	// the tests that count goroutines.
 	nw, ctl := reloadBackedOff(t, `{"backend": {"name": "redis", "addresses": ["`+redis.Addr+`"]}, "rate_limits": {"adapt_shared": {"key": "k", "concurrency": 100, "slot_ttl": "1s", "fail": "local", "adaptive": {"min": 10, "interval": "1s"}}}}`)
-	l := nw.zones[0].keyed[0]
+	l := nw.plan.zones[0].keyed[0]
 	if l.shared == nil || l.adapt == nil || l.adapt.ctl != ctl {
 		t.Fatal("the limit is not an adaptive limit on shared slots")
 	}
@@ -53,11 +53,11 @@ func TestAdaptiveBucketSurvivesReload(t *testing.T) {
 	// default 100ms.
 	for i, store := range []string{"", `"backend": {"name": "redis", "addresses": ["` + redis.Addr + `"], "timeout": "5s"}, `} {
 		nw, _ := reloadBackedOff(t, `{`+store+`"rate_limits": {"adapt_bucket_reload`+strconv.Itoa(i)+`": {"key": "k", "max_events": 100, "window": "1h", "algorithm": "token_bucket", "adaptive": {"min": 10, "interval": "1s"}}}}`)
-		l := nw.zones[0].keyed[0]
+		l := nw.plan.zones[0].keyed[0]
 		passed := 0
 		for range 150 {
 			out := make([]algorithms.Result, 1)
-			ok, err := nw.store.Decide(context.Background(), []backend.Request{{Limit: l.handle, Key: "fresh", Cost: 1}}, out)
+			ok, err := nw.plan.store.Decide(context.Background(), []backend.Request{{Limit: l.handle, Key: "fresh", Cost: 1}}, out)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -34,7 +34,7 @@ func adaptiveHandler(t *testing.T, raw string, clock *int64) (*Handler, *adaptiv
 		t.Fatal(err)
 	}
 	t.Cleanup(cleanup)
-	a := h.zones[0].keyed[0].adapt
+	a := h.plan.zones[0].keyed[0].adapt
 	a.now = func() int64 { return *clock }
 	a.ctl = aimd.New(a.l.adaptCfg, a.ctl.Current(), *clock)
 	return h, a
@@ -404,7 +404,7 @@ func reloadBackedOff(t *testing.T, cfg string) (*Handler, *aimd.Controller) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctl := old.zones[0].keyed[0].adapt.ctl
+	ctl := old.plan.zones[0].keyed[0].adapt.ctl
 	for range 10 {
 		ctl.Observe(int64(time.Millisecond), true)
 	}
@@ -426,10 +426,10 @@ func reloadBackedOff(t *testing.T, cfg string) (*Handler, *aimd.Controller) {
 func TestAdaptiveSurvivesReload(t *testing.T) {
 	const cfg = `{"rate_limits": {"adapt_reload": {"key": "k", "concurrency": 100, "adaptive": {"min": 10, "interval": "1s"}}}}`
 	nw, ctl := reloadBackedOff(t, cfg)
-	if got := nw.zones[0].keyed[0].conc.Max(); got != 70 {
+	if got := nw.plan.zones[0].keyed[0].conc.Max(); got != 70 {
 		t.Fatalf("the reloaded config's cap is %d, want 70", got)
 	}
-	if nw.zones[0].keyed[0].adapt.ctl != ctl {
+	if nw.plan.zones[0].keyed[0].adapt.ctl != ctl {
 		t.Fatal("the reloaded config has a controller of its own")
 	}
 	changed, cleanupChanged, err := provisionJSON([]byte(strings.Replace(cfg, `"min": 10`, `"min": 20`, 1)), nil)
@@ -437,7 +437,7 @@ func TestAdaptiveSurvivesReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cleanupChanged()
-	if got := changed.zones[0].keyed[0].conc.Max(); got != 100 {
+	if got := changed.plan.zones[0].keyed[0].conc.Max(); got != 100 {
 		t.Fatalf("with other settings the cap is %d, want the configured 100", got)
 	}
 }
@@ -448,9 +448,9 @@ func TestAdaptiveSurvivesReload(t *testing.T) {
 func TestAdaptiveLocalFallbackAfterReload(t *testing.T) {
 	redis := redistest.Standalone(t, "")
 	nw, _ := reloadBackedOff(t, `{"backend": {"name": "redis", "addresses": ["`+redis.Addr+`"]}, "rate_limits": {"adapt_local": {"key": "k", "max_events": 100, "window": "1h", "fail": "local", "adaptive": {"min": 10, "interval": "1s"}}}}`)
-	l := nw.zones[0].keyed[0]
+	l := nw.plan.zones[0].keyed[0]
 	out := make([]algorithms.Result, 1)
-	if _, err := nw.local.Decide(context.Background(), []backend.Request{{Limit: l.local, Key: "k", Cost: 1}}, out); err != nil || out[0].Limit != 70 {
+	if _, err := nw.plan.local.Decide(context.Background(), []backend.Request{{Limit: l.local, Key: "k", Cost: 1}}, out); err != nil || out[0].Limit != 70 {
 		t.Fatalf("the local fallback decides with %+v (%v), want a limit of 70", out[0], err)
 	}
 }

@@ -67,14 +67,14 @@ type zoneUses struct {
 
 // zoneUse is a running zone and the handler that holds its store.
 type zoneUse struct {
-	z *Zone
-	h *Handler
+	z *zone
+	h *plan
 }
 
 func (*zoneUses) Destruct() error { return nil }
 
 // publish makes the handler's zones visible to the admin API.
-func (h *Handler) publish() {
+func (h *plan) publish() {
 	for _, z := range h.zones {
 		v, _ := publishedZones.LoadOrStore(z.name, new(zoneUses))
 		u := v.(*zoneUses)
@@ -86,7 +86,7 @@ func (h *Handler) publish() {
 
 // unpublish takes the handler's zones out of the admin API; it may run
 // for a handler that failed before publishing them.
-func (h *Handler) unpublish() {
+func (h *plan) unpublish() {
 	for _, z := range h.zones {
 		v, _ := publishedZones.LoadOrStore(z.name, new(zoneUses))
 		u := v.(*zoneUses)
@@ -321,8 +321,8 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, zoneName, ra
 // limitsFor returns the zone's limits a key operation applies to: the
 // named scope ("" is the zone's own limit), or every limit counting the
 // zone's key.
-func (z *Zone) limitsFor(named bool, scope string) ([]*Limit, error) {
-	var out []*Limit
+func (z *zone) limitsFor(named bool, scope string) ([]*limit, error) {
+	var out []*limit
 	for _, l := range z.limits {
 		// A scope with tiers names all of its tiers' limits.
 		if named && (l.scope == scope || l.tier != "" && l.base == scope) || !named && l.Key == z.Key {
@@ -346,8 +346,8 @@ func (z *Zone) limitsFor(named bool, scope string) ([]*Limit, error) {
 // key together, under the empty key: with missing shared, and with missing
 // skip for values given twice or refused by a normalizer. A constant key
 // is never missing.
-func sharingMissing(limits []*Limit) []*Limit {
-	var out []*Limit
+func sharingMissing(limits []*limit) []*limit {
+	var out []*limit
 	for _, l := range limits {
 		if len(l.keyer.Template().Placeholders()) > 0 {
 			out = append(out, l)
@@ -360,7 +360,7 @@ func sharingMissing(limits []*Limit) []*Limit {
 // limit's key. A key of one placeholder takes the value; a constant key
 // takes itself; a key of several placeholders must be given in its final
 // form.
-func (l *Limit) keyOf(raw string) (string, error) {
+func (l *limit) keyOf(raw string) (string, error) {
 	names := l.keyer.Template().Placeholders()
 	switch {
 	case len(names) == 1:

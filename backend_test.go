@@ -73,9 +73,9 @@ func TestBackendModuleIsLoaded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer done()
-	store, ok := h.store.(*recordingStore)
+	store, ok := h.plan.store.(*recordingStore)
 	if !ok {
-		t.Fatalf("the handler's store is %T, want the configured module", h.store)
+		t.Fatalf("the handler's store is %T, want the configured module", h.plan.store)
 	}
 	if store.Label != "x" || store.setup.Now == nil || store.setup.Now() != now.Load() {
 		t.Fatalf("store not configured from JSON and the handler: label %q, setup %+v", store.Label, store.setup)

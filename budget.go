@@ -80,7 +80,7 @@ func (l *Limit) checkBudget(alg string) error {
 }
 
 // provisionBudget makes the limit's calendar and reservation life.
-func (l *Limit) provisionBudget() error {
+func (l *limit) provisionBudget() error {
 	if l.Align != "" {
 		cal, err := algorithms.NewCalendar(l.Align, l.Timezone)
 		if err != nil {
@@ -100,7 +100,7 @@ func (l *Limit) provisionBudget() error {
 // budgetDenial is the status and reason of a denial by a spend budget:
 // its own status, else its zone's, else 503 (the server's limit, not the
 // client's).
-func (l *Limit) budgetDenial() (int, reason) {
+func (l *limit) budgetDenial() (int, reason) {
 	return cmp.Or(l.Status, l.zone.Status, http.StatusServiceUnavailable), reasonBudget
 }
 
@@ -125,7 +125,7 @@ func appendBudgetMessage(b []byte, f *refusal) []byte {
 // reservations are left to expire rather than released, so their units
 // come back no earlier than reservation_ttl.
 type budgetHold struct {
-	h        *Handler
+	h        *plan
 	ctx      context.Context // handed on
 	cancel   context.CancelFunc
 	until    int64       // on h's clock

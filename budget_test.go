@@ -155,7 +155,7 @@ func TestBudgetClientLeftSettledByAnswer(t *testing.T) {
 			clock.Store(fuzzStart)
 			h := budgetHandler(t, "budget_left_"+strings.ReplaceAll(tc.name, " ", "_"), `"max_events": 1, "window": "24h", "charge_when": {"status_code": [2]}, "reservation_ttl": "30s"`, &clock)
 			timers := make(chan *fakeTimer, 1)
-			h.newTimer = func(d time.Duration) (<-chan time.Time, func() bool) {
+			h.plan.newTimer = func(d time.Duration) (<-chan time.Time, func() bool) {
 				ft := &fakeTimer{d: d, fire: make(chan time.Time, 1)}
 				timers <- ft
 				return ft.fire, func() bool { return !ft.stopped.Swap(true) }

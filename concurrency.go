@@ -85,7 +85,7 @@ func (l *Limit) checkConc() error {
 // provisionConc makes l's slots: in this process on the memory backend,
 // shared by the fleet on a store that shares them (Redis), which must also
 // expire the slots of an instance that dies mid-request (slot_ttl).
-func (l *Limit) provisionConc(store backend.Store, logger *zap.Logger) error {
+func (l *limit) provisionConc(store backend.Store, logger *zap.Logger) error {
 	if l.Concurrency == 0 {
 		return nil
 	}
@@ -119,7 +119,7 @@ func (l *Limit) provisionConc(store backend.Store, logger *zap.Logger) error {
 
 // concReq is one concurrency limit a request must get a slot of.
 type concReq struct {
-	l   *Limit
+	l   *limit
 	key string
 }
 
@@ -156,7 +156,7 @@ func (h *heldSlots) release() {
 // request was given go back, and the request is refused with 503, or with
 // 499 when its client left while it waited: it returns the slots held, or
 // the request's refusal, or that error.
-func (h *Handler) acquire(r *http.Request, s *requestState) (*heldSlots, *refusal, error) {
+func (h *plan) acquire(r *http.Request, s *requestState) (*heldSlots, *refusal, error) {
 	held := &heldSlots{slots: make([]heldSlot, 0, len(s.conc))}
 	newTimer := h.newTimer
 	if newTimer == nil {
@@ -201,7 +201,7 @@ func (h *Handler) acquire(r *http.Request, s *requestState) (*heldSlots, *refusa
 // backend that shares the slots is unavailable, the limit's fail policy
 // decides: open admits holding no slot (a zero heldSlot), local takes a
 // slot of this instance's own, closed returns the error.
-func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Duration) (<-chan time.Time, func() bool)) (heldSlot, error) {
+func (h *plan) takeSlot(r *http.Request, cr concReq, newTimer func(time.Duration) (<-chan time.Time, func() bool)) (heldSlot, error) {
 	l := cr.l
 	if sh := l.shared; sh != nil {
 		var id string
@@ -227,10 +227,10 @@ func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Durat
 		case l.Fail == FailClosed:
 			return heldSlot{}, err
 		case l.Fail != FailLocal || l.conc == nil:
-			h.warnFailure("rate limit backend unavailable: a concurrency limit that fails open admits without a slot", r, []*Limit{l}, err)
+			h.warnFailure("rate limit backend unavailable: a concurrency limit that fails open admits without a slot", r, []*limit{l}, err)
 			return heldSlot{}, nil
 		}
-		h.warnFailure("rate limit backend unavailable: a concurrency limit that fails local counts this instance's own slots", r, []*Limit{l}, err)
+		h.warnFailure("rate limit backend unavailable: a concurrency limit that fails local counts this instance's own slots", r, []*limit{l}, err)
 	}
 	c := l.conc
 	k, wt := c.Take(cr.key)
@@ -251,7 +251,7 @@ func (h *Handler) takeSlot(r *http.Request, cr concReq, newTimer func(time.Durat
 
 // refundRate gives back the rate units a request was given, when a
 // concurrency limit refuses it after its rates allowed it.
-func (h *Handler) refundRate(r *http.Request, s *requestState) {
+func (h *plan) refundRate(r *http.Request, s *requestState) {
 	if len(s.reqs) == 0 || s.store == nil {
 		return
 	}

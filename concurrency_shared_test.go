@@ -27,7 +27,7 @@ func TestSharedConcFailPolicies(t *testing.T) {
 	} {
 		t.Run(tc.fail, func(t *testing.T) {
 			u := newUnitHandler(t, concConfig, byZone(nil))
-			l := u.h.zones[0].limits[0]
+			l := u.h.plan.zones[0].limits[0]
 			f := conctest.NewSlots(1)
 			f.Down = true
 			l.Fail = tc.fail
@@ -57,7 +57,7 @@ func TestSharedConcFailPolicies(t *testing.T) {
 // and are freed when the request ends.
 func TestSharedConcHandler(t *testing.T) {
 	u := newUnitHandler(t, concConfig, byZone(nil))
-	l := u.h.zones[0].limits[0]
+	l := u.h.plan.zones[0].limits[0]
 	f := conctest.NewSlots(1)
 	l.shared, l.conc = testShared(f), nil
 	var inner answer
@@ -104,7 +104,7 @@ func testShared(f *conctest.Slots) *conc.Shared {
 // under its fail policy.
 func TestSharedConcFailuresCounted(t *testing.T) {
 	u := newUnitHandler(t, `{"rate_limits": {"ccf": {"key": "static", "concurrency": 1, "fail": "open"}}}`, byZone(nil))
-	l := u.h.zones[0].keyed[0]
+	l := u.h.plan.zones[0].keyed[0]
 	f := conctest.NewSlots(1)
 	f.Down = true
 	l.shared, l.conc = testShared(f), nil

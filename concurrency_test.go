@@ -17,7 +17,7 @@ const concConfig = `{"rate_limits": {
 // goes back, and the slot is freed whether next returns, errs or panics.
 func TestConcurrencyHandler(t *testing.T) {
 	u := newUnitHandler(t, concConfig, byZone(nil))
-	c := u.h.zones[0].limits[0].conc
+	c := u.h.plan.zones[0].limits[0].conc
 	serve := func(next caddyhttp.Handler) (int, http.Header, error) {
 		r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
 		w := httptest.NewRecorder()

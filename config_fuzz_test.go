@@ -145,8 +145,7 @@ func provisionJSON(raw []byte, now func() int64) (*Handler, func(), error) {
 		return nil, nil, err
 	}
 	ctx, cancel := caddy.NewContext(fuzzBase)
-	h.now = now
-	if err := h.Provision(ctx); err != nil {
+	if err := h.provision(ctx, &plan{Handler: h, now: now}); err != nil {
 		_ = h.Cleanup()
 		cancel()
 		return nil, nil, err

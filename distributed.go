@@ -68,10 +68,10 @@ type fleetMember struct {
 }
 
 // provisionDistributed joins the fleet of the handler's storage.
-func (h *Handler) provisionDistributed(ctx caddy.Context) error {
+func (h *plan) provisionDistributed(ctx caddy.Context) error {
 	var storage certmagic.Storage
 	if len(h.StorageRaw) > 0 {
-		mod, err := ctx.LoadModule(h, "StorageRaw")
+		mod, err := ctx.LoadModule(h.Handler, "StorageRaw")
 		if err != nil {
 			return fmt.Errorf("storage: %v", err)
 		}
@@ -143,7 +143,7 @@ func (m *fleetMember) leave() { m.m.Leave() }
 // when a request's key has fewer units left here than the others used,
 // the decision is given back to the store and turned into a denial. It
 // reports whether the request is still allowed.
-func (m *fleetMember) check(ctx context.Context, store backend.Store, limits []*Limit, reqs []backend.Request, out []algorithms.Result, now int64) bool {
+func (m *fleetMember) check(ctx context.Context, store backend.Store, limits []*limit, reqs []backend.Request, out []algorithms.Result, now int64) bool {
 	var v fleet.Verdict
 	for i, l := range limits {
 		if !reqs[i].Shadow {

@@ -30,8 +30,7 @@ func provisionDist(t testing.TB, config string, s *fleettest.Storage, c *distClo
 		t.Fatal(err)
 	}
 	ctx, cancel := caddy.NewContext(fuzzBase)
-	h.now, h.distStorage = c.get, s
-	if err := h.Provision(ctx); err != nil {
+	if err := h.provision(ctx, &plan{Handler: h, now: c.get, distStorage: s}); err != nil {
 		_ = h.Cleanup()
 		cancel()
 		t.Fatal(err)
@@ -53,7 +52,7 @@ func admittedOf(u *unitHandler, n int) (ok int, last answer) {
 // readPeers makes u read the other instances' files now.
 func readPeers(t testing.TB, u *unitHandler) {
 	t.Helper()
-	if err := u.h.fleet.m.Read(context.Background()); err != nil {
+	if err := u.h.plan.fleet.m.Read(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -61,7 +60,7 @@ func readPeers(t testing.TB, u *unitHandler) {
 // written writes u's counts now and returns the file.
 func written(t testing.TB, u *unitHandler, s *fleettest.Storage) fleettest.State {
 	t.Helper()
-	if err := u.h.fleet.m.Write(context.Background()); err != nil {
+	if err := u.h.plan.fleet.m.Write(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	id, err := caddy.InstanceID()

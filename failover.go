@@ -33,7 +33,7 @@ func validFail(p string) bool {
 // fail (a memory store decides in-process and cannot), and registers the
 // limits that fail "local" with an in-process memory store, so they limit
 // on their own while the backend is away.
-func (h *Handler) provisionFailover(ctx caddy.Context) error {
+func (h *plan) provisionFailover(ctx caddy.Context) error {
 	if m, ok := h.store.(caddy.Module); ok && m.CaddyModule().ID == backend.Namespace+".memory" {
 		return nil
 	}
@@ -43,14 +43,14 @@ func (h *Handler) provisionFailover(ctx caddy.Context) error {
 			// takeSlot, with the slots of this instance as its local store.
 			if l.concOnly() && l.shared != nil {
 				h.logger.Info("rate limit zone's policy when its backend fails", zap.String("zone", z.name), zap.String("scope", l.scope), zap.String("fail", l.Fail))
-				if !h.DisableMetrics {
+				if h.metrics {
 					l.failC = metrics.failures.WithLabelValues(z.name, l.scope, l.Fail)
 				}
 			}
 		}
 		for _, l := range z.limits {
 			h.logger.Info("rate limit zone's policy when its backend fails", zap.String("zone", z.name), zap.String("scope", l.scope), zap.String("fail", l.Fail))
-			if !h.DisableMetrics {
+			if h.metrics {
 				l.failC = metrics.failures.WithLabelValues(z.name, l.scope, l.Fail)
 			}
 			if l.Fail != FailLocal {
@@ -90,7 +90,7 @@ func (h *Handler) provisionFailover(ctx caddy.Context) error {
 // deny, whatever their policy. s keeps the requests and limits that the
 // local store decided (possibly none), compacted in place, with its
 // decision.
-func (h *Handler) failover(r *http.Request, s *requestState, err error) (*refusal, error) {
+func (h *plan) failover(r *http.Request, s *requestState, err error) (*refusal, error) {
 	if !errors.Is(err, backend.ErrUnavailable) {
 		return nil, caddyhttp.Error(http.StatusInternalServerError, err)
 	}
@@ -106,7 +106,7 @@ func (h *Handler) failover(r *http.Request, s *requestState, err error) (*refusa
 		if ue, ok := errors.AsType[*backend.UnavailableError](err); ok {
 			wait = ue.RetryAfter
 		}
-		l := s.limits[slices.IndexFunc(s.limits, func(l *Limit) bool { return l.Fail == FailClosed && !l.zone.Shadow })]
+		l := s.limits[slices.IndexFunc(s.limits, func(l *limit) bool { return l.Fail == FailClosed && !l.zone.Shadow })]
 		return s.refuse(refusal{reason: reasonUnavailable, zone: l.zone, limit: l, retryAfter: retryAfterSeconds(wait), wait: wait, detail: err}), nil
 	}
 	h.warnFailure("rate limit backend unavailable: applying the zones' fail policy", r, s.limits, err)
@@ -134,7 +134,7 @@ func (h *Handler) failover(r *http.Request, s *requestState, err error) (*refusa
 // warnFailure logs a request decided by the fail policies. Its fields are
 // built only when the sampler keeps the line: while a backend is down,
 // every request comes here.
-func (h *Handler) warnFailure(msg string, r *http.Request, limits []*Limit, err error) {
+func (h *plan) warnFailure(msg string, r *http.Request, limits []*limit, err error) {
 	ce := h.denyLog.Check(zapcore.WarnLevel, msg)
 	if ce == nil {
 		return

@@ -77,7 +77,7 @@ func failZones(t *testing.T, zones ...string) (*Handler, *failingStore) {
 		t.Fatal(err)
 	}
 	t.Cleanup(done)
-	return h, h.store.(*failingStore)
+	return h, h.plan.store.(*failingStore)
 }
 
 func TestFailPolicies(t *testing.T) {
@@ -163,9 +163,9 @@ func TestFailScopes(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(done)
-		return h, h.store.(*failingStore)
+		return h, h.plan.store.(*failingStore)
 	}()
-	for _, l := range h.zones[0].limits {
+	for _, l := range h.plan.zones[0].limits {
 		want := map[string]string{"inherits": FailLocal, "opens": FailOpen}[l.scope]
 		if l.Fail != want {
 			t.Fatalf("scope %q fails %q, want %q", l.scope, l.Fail, want)
@@ -186,7 +186,7 @@ func TestFailMemoryNeedsNoFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer done()
-	if h.local != nil || h.zones[0].limits[0].local != nil {
+	if h.plan.local != nil || h.plan.zones[0].limits[0].local != nil {
 		t.Fatal("a memory-backed handler made a fallback store")
 	}
 }

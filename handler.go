@@ -55,6 +55,11 @@ const (
 //
 // A refusal from any phase is written by respond, the one writer.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	return h.plan.serve(w, r, next)
+}
+
+// serve is ServeHTTP on the compiled config.
+func (h *plan) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	vars, counted := h.shedCounted(r)
 	if f := h.gate(counted); f != nil {
 		return h.respond(w, r, f)
@@ -99,7 +104,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // gate returns the refusal of a request shed for load: a shed request
 // takes no unit from any rate limit. counted tells that a handler r passed
 // through before counts it in the group already.
-func (h *Handler) gate(counted bool) *refusal {
+func (h *plan) gate(counted bool) *refusal {
 	if h.shedding(counted) {
 		return h.shedRefusal
 	}
@@ -111,7 +116,7 @@ func (h *Handler) gate(counted bool) *refusal {
 // placeholders and rate limit fields of the decision. It returns the
 // refusal of a zone that refuses r before anything is counted, or of a
 // limit that fails closed; a denial is refused once held (hold).
-func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *requestState) (*refusal, error) {
+func (h *plan) decide(w http.ResponseWriter, r *http.Request, s *requestState) (*refusal, error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if f, err := h.collect(r, repl, s); f != nil || err != nil {
 		return f, err
@@ -137,7 +142,7 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *requestState
 	if !s.allowed {
 		return nil, nil
 	}
-	if !h.DisableMetrics {
+	if h.metrics {
 		for i, l := range s.limits {
 			if s.out[i].Allowed {
 				l.metrics.near(s.out[i])
@@ -158,7 +163,7 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, s *requestState
 // the whole answer, whose waits then count from when it is sent, and a
 // denial is counted when it is given. An admitted request waits for its
 // slot in every leaky_bucket queue that gave it one.
-func (h *Handler) hold(r *http.Request, s *requestState) (*refusal, error) {
+func (h *plan) hold(r *http.Request, s *requestState) (*refusal, error) {
 	if !s.allowed {
 		if held := h.holdInTarpit(r); held > 0 {
 			tarpit.Elapse(s.out, held)
@@ -171,7 +176,7 @@ func (h *Handler) hold(r *http.Request, s *requestState) (*refusal, error) {
 // observe hands an admitted request on, counted in its shedding group
 // while it is served, through the watcher x when some feature needs its
 // response (nil when none does).
-func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, x *watcher, vars map[string]any, counted bool) error {
+func (h *plan) observe(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, x *watcher, vars map[string]any, counted bool) error {
 	if g := h.shed; g != nil && !counted {
 		// Counted only once admitted: a request refused or held in a
 		// tarpit loads nothing behind this handler.
@@ -195,7 +200,7 @@ func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp
 // request before anything is counted: its deny list, a key that "missing
 // deny" requires, or a cost that cannot be read; and the error of a
 // matcher that fails. A shadow zone's refusals are noted in s instead.
-func (h *Handler) collect(r *http.Request, repl *caddy.Replacer, s *requestState) (*refusal, error) {
+func (h *plan) collect(r *http.Request, repl *caddy.Replacer, s *requestState) (*refusal, error) {
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
@@ -228,7 +233,7 @@ func (h *Handler) collect(r *http.Request, repl *caddy.Replacer, s *requestState
 
 // collectLimit appends the store request of limit l, unless l skips r or
 // refuses it.
-func (h *Handler) collectLimit(r *http.Request, repl *caddy.Replacer, s *requestState, l *Limit) *refusal {
+func (h *plan) collectLimit(r *http.Request, repl *caddy.Replacer, s *requestState, l *limit) *refusal {
 	if l.tiers != nil {
 		tier, empty := l.tiers.pick(r, repl)
 		if empty {
@@ -238,7 +243,7 @@ func (h *Handler) collectLimit(r *http.Request, repl *caddy.Replacer, s *request
 	}
 	z := l.zone
 	if s.body == nil && (l.keyer.NeedsBody() || l.Cost.needsBody()) {
-		s.body = keys.ReadBody(r, h.BodyLimit, h.bodyFields)
+		s.body = keys.ReadBody(r, h.bodyLimit, h.bodyFields)
 	}
 	key, err := l.keyer.Key(r, repl, s.body)
 	l.warnUnset(h.logger, repl, err != nil)
@@ -290,10 +295,10 @@ func (h *Handler) collectLimit(r *http.Request, repl *caddy.Replacer, s *request
 // is unavailable, the limits' fail policies decide instead (and s keeps
 // only the limits the local store decided). It returns the refusal of a
 // limit that fails closed.
-func (h *Handler) decideStore(r *http.Request, s *requestState) (*refusal, error) {
+func (h *plan) decideStore(r *http.Request, s *requestState) (*refusal, error) {
 	s.out = slices.Grow(s.out[:0], len(s.reqs))[:len(s.reqs)]
 	var start int64
-	if !h.DisableMetrics || h.budgets {
+	if h.metrics || h.budgets {
 		start = h.now()
 	}
 	s.at = start
@@ -308,7 +313,7 @@ func (h *Handler) decideStore(r *http.Request, s *requestState) (*refusal, error
 			return f, err
 		}
 	}
-	if !h.DisableMetrics {
+	if h.metrics {
 		elapsed := float64(h.now()-start) / 1e9
 		for _, l := range s.limits {
 			l.metrics.observe(elapsed)
@@ -330,12 +335,12 @@ const (
 // limits are collected.
 type shadowNote struct {
 	kind shadowKind
-	zone *Zone
-	l    *Limit // nil for the deny list, which is the zone's
+	zone *zone
+	l    *limit // nil for the deny list, which is the zone's
 	err  error
 }
 
-func (s *requestState) note(kind shadowKind, z *Zone, l *Limit, err error) {
+func (s *requestState) note(kind shadowKind, z *zone, l *limit, err error) {
 	s.shadow = append(s.shadow, shadowNote{kind: kind, zone: z, l: l, err: err})
 }
 
@@ -343,7 +348,7 @@ func (s *requestState) note(kind shadowKind, z *Zone, l *Limit, err error) {
 // zones would have refused: noted while collecting (a deny list, a missing
 // key, a bad cost), then emptied, and, once the request is decided, a rate
 // exceeded.
-func (h *Handler) reportShadow(r *http.Request, s *requestState, decided bool) {
+func (h *plan) reportShadow(r *http.Request, s *requestState, decided bool) {
 	for _, n := range s.shadow {
 		switch n.kind {
 		case shadowListed:
@@ -379,7 +384,7 @@ func (h *Handler) reportShadow(r *http.Request, s *requestState, decided bool) {
 
 // collectBodyFields gathers the body fields that the zones' keys and costs
 // read, so that a body is parsed once per request for all of them.
-func collectBodyFields(zones []*Zone) *keys.BodyFields {
+func collectBodyFields(zones []*zone) *keys.BodyFields {
 	f := new(keys.BodyFields)
 	for _, z := range zones {
 		for _, l := range z.keyed {
@@ -403,7 +408,7 @@ const statusClientClosed = 499
 // wait holds an admitted request until its slot in every leaky_bucket
 // queue it was given one in. A client that leaves first gives back what
 // the request took, so its slot goes to the next in line.
-func (h *Handler) wait(r *http.Request, store backend.Store, limits []*Limit, reqs []backend.Request, out []algorithms.Result) error {
+func (h *plan) wait(r *http.Request, store backend.Store, limits []*limit, reqs []backend.Request, out []algorithms.Result) error {
 	var delay int64
 	for i, l := range limits {
 		if !l.zone.Shadow {
@@ -441,7 +446,7 @@ func systemTimer(d time.Duration) (<-chan time.Time, func() bool) {
 
 // tightest is the index of the enforcing limit with the least room left,
 // whose numbers a client should go by; -1 when every zone is in shadow.
-func tightest(limits []*Limit, out []algorithms.Result) int {
+func tightest(limits []*limit, out []algorithms.Result) int {
 	best := -1
 	for i, l := range limits {
 		if l.zone.Shadow {
@@ -474,14 +479,14 @@ func retryAfterSeconds(wait time.Duration) int64 {
 // setPlaceholders sets the numbers of l's decision res. The values come
 // from tables made at provision (intValue, the limit's boxed names), so a
 // decided request allocates nothing for them in the common case.
-func setPlaceholders(repl *caddy.Replacer, l *Limit, res algorithms.Result) {
+func setPlaceholders(repl *caddy.Replacer, l *limit, res algorithms.Result) {
 	repl.Set(phZone, l.zoneName)
 	repl.Set(phLimit, intValue(res.Limit))
 	repl.Set(phRemaining, intValue(res.Remaining))
 	repl.Set(phReset, intValue((res.ResetAfter+int64(time.Second)-1)/int64(time.Second)))
 }
 
-func (h *Handler) logFields(r *http.Request, l *Limit, key string, wait int64) []zap.Field {
+func (h *plan) logFields(r *http.Request, l *limit, key string, wait int64) []zap.Field {
 	fields := []zap.Field{
 		zap.String("zone", l.zone.name),
 		zap.Duration("wait", time.Duration(wait)),
@@ -514,7 +519,7 @@ func remoteIP(r *http.Request) string {
 // request is the store request of key at cost: with a reservation for a
 // spend budget, whose token is drawn at random so that no two requests
 // (of any Caddy sharing the store) name one reservation.
-func (l *Limit) request(key string, cost int64) backend.Request {
+func (l *limit) request(key string, cost int64) backend.Request {
 	r := backend.Request{Limit: l.handle, Key: key, Cost: cost, Shadow: l.zone.Shadow}
 	if l.budget.reserve > 0 {
 		r.Reserve, r.Token = l.budget.reserve, rand.Uint64()

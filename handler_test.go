@@ -223,13 +223,13 @@ func newUnitHandler(t *testing.T, config string, decide func([]backend.Request, 
 	t.Cleanup(cleanup)
 	// The limits are registered with the memory store, which Cleanup must
 	// release.
-	registered := h.store
-	t.Cleanup(func() { h.store = registered })
+	registered := h.plan.store
+	t.Cleanup(func() { h.plan.store = registered })
 	u := &unitHandler{h: h, store: &fakeStore{decide: decide}, timers: make(chan *fakeTimer, 1)}
-	h.store = u.store
+	h.plan.store = u.store
 	core, logs := observer.New(zapcore.InfoLevel)
-	h.logger, h.denyLog, u.logs = zap.New(core), zap.New(core), logs
-	h.newTimer = func(d time.Duration) (<-chan time.Time, func() bool) {
+	h.plan.logger, h.plan.denyLog, u.logs = zap.New(core), zap.New(core), logs
+	h.plan.newTimer = func(d time.Duration) (<-chan time.Time, func() bool) {
 		ft := &fakeTimer{d: d, fire: make(chan time.Time, 1)}
 		u.timers <- ft
 		return ft.fire, func() bool { return !ft.stopped.Swap(true) }
@@ -385,7 +385,7 @@ func TestJitterBounds(t *testing.T) {
 	} {
 		u := newUnitHandler(t, fmt.Sprintf(`{"jitter": %v, "rate_limits": {"u_a": {"key": "static", "max_events": 10, "window": "1m"}}}`, tt.jitter),
 			byZone(map[string]algorithms.Result{"u_a": denied(tt.wait)}))
-		u.h.jitterFn = func() float64 { return tt.random }
+		u.h.plan.jitterFn = func() float64 { return tt.random }
 		if got := u.serve(t.Context(), nil).header.Get("Retry-After"); got != tt.want {
 			t.Errorf("jitter %v of %v at %v: Retry-After %q, want %q", tt.jitter, tt.wait, tt.random, got, tt.want)
 		}

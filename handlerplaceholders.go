@@ -46,7 +46,7 @@ func setByHandler(name string) bool {
 // watchHandlerPlaceholders finds the placeholders of l's key and cost that
 // another handler must set first, sharing one watch per placeholder
 // through seen.
-func (l *Limit) watchHandlerPlaceholders(seen map[string]*handlerPlaceholder) {
+func (l *limit) watchHandlerPlaceholders(seen map[string]*handlerPlaceholder) {
 	watch := func(names []string) []*handlerPlaceholder {
 		var ws []*handlerPlaceholder
 		for _, name := range names {
@@ -72,14 +72,14 @@ func (l *Limit) watchHandlerPlaceholders(seen map[string]*handlerPlaceholder) {
 // an earlier handler must set is empty. The key's are looked at only when
 // the key could not be built (keyMissing), so a working config pays
 // nothing for them.
-func (l *Limit) warnUnset(logger *zap.Logger, repl *caddy.Replacer, keyMissing bool) {
+func (l *limit) warnUnset(logger *zap.Logger, repl *caddy.Replacer, keyMissing bool) {
 	if keyMissing {
 		l.warnEmpty(logger, repl, l.keyByHandler, "key")
 	}
 	l.warnEmpty(logger, repl, l.costByHandler, "cost")
 }
 
-func (l *Limit) warnEmpty(logger *zap.Logger, repl *caddy.Replacer, ws []*handlerPlaceholder, part string) {
+func (l *limit) warnEmpty(logger *zap.Logger, repl *caddy.Replacer, ws []*handlerPlaceholder, part string) {
 	for _, w := range ws {
 		if w.warned.Load() {
 			continue

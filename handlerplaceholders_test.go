@@ -49,7 +49,7 @@ func TestWarnsOnceForPlaceholdersSetByEarlierHandlers(t *testing.T) {
 			}
 			defer cleanup()
 			core, logs := observer.New(zapcore.WarnLevel)
-			h.logger = zap.New(core)
+			h.plan.logger = zap.New(core)
 			for i, setup := range tt.requests {
 				if got := serveWith(h, setup); !strings.HasPrefix(got, "200") {
 					t.Fatalf("request %d: %s", i+1, got)

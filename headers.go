@@ -85,7 +85,7 @@ type limitHeaders struct {
 }
 
 // provisionHeaders prepares l's items for the modes its zone sends.
-func (l *Limit) provisionHeaders(send headerSet) error {
+func (l *limit) provisionHeaders(send headerSet) error {
 	l.hdr = limitHeaders{send: send}
 	if send == 0 {
 		return nil
@@ -132,7 +132,7 @@ func secondsUp(ns int64) int64 { return (ns + int64(time.Second) - 1) / int64(ti
 // denied, on w: the policies of every enforcing limit whose zone sends
 // them, and the numbers of the one closest to denying. A zone that sends
 // none is left out of every field, even when others send them.
-func writeHeaders(w http.ResponseWriter, limits []*Limit, reqs []backend.Request, out []algorithms.Result) {
+func writeHeaders(w http.ResponseWriter, limits []*limit, reqs []backend.Request, out []algorithms.Result) {
 	var sent headerSet
 	denied, shownDenied := false, false
 	for i, l := range limits {
@@ -195,7 +195,7 @@ func writeHeaders(w http.ResponseWriter, limits []*Limit, reqs []backend.Request
 // policyField is the RateLimit-Policy value: the item of every enforcing
 // limit that sends it. One limit without a partition key has its item
 // ready from provision.
-func policyField(limits []*Limit, reqs []backend.Request) string {
+func policyField(limits []*limit, reqs []backend.Request) string {
 	only := -1
 	for i, l := range limits {
 		if l.zone.Shadow || l.hdr.send&sendDraft == 0 {
@@ -229,7 +229,7 @@ func policyField(limits []*Limit, reqs []backend.Request) string {
 // the HMAC bytes as a Byte Sequence. A key that was not hashed (a missing
 // value shared under "shared", or a key too long that was SHA-256'd) is
 // not sent.
-func appendPartitionKey(b []byte, l *Limit, key string) []byte {
+func appendPartitionKey(b []byte, l *limit, key string) []byte {
 	mac, ok := strings.CutPrefix(key, "hmac:")
 	if !l.hdr.partitioned || !ok {
 		return b
@@ -252,7 +252,7 @@ func appendPartitionKey(b []byte, l *Limit, key string) []byte {
 // denied with the longest wait, else the one with the least room left, so
 // that on a denial t is Retry-After (before jitter) whenever the limit that
 // set it is shown. -1 when none is shown.
-func reported(limits []*Limit, out []algorithms.Result, family headerSet) int {
+func reported(limits []*limit, out []algorithms.Result, family headerSet) int {
 	best := -1
 	for i, l := range limits {
 		if l.zone.Shadow || l.hdr.send&family == 0 {

@@ -18,10 +18,10 @@ import (
 
 // testLimit is a provisioned-enough limit of zone (and scope) for the
 // header code: its algorithm, policy and items.
-func testLimit(t *testing.T, zone, scope, alg string, events int64, window time.Duration, burst int64, send headerSet) *Limit {
+func testLimit(t *testing.T, zoneName, scope, alg string, events int64, window time.Duration, burst int64, send headerSet) *limit {
 	t.Helper()
-	l := &Limit{MaxEvents: events, Window: caddy.Duration(window), Burst: burst, Algorithm: alg}
-	l.zone, l.scope = &Zone{name: zone}, scope
+	l := &limit{Limit: &Limit{MaxEvents: events, Window: caddy.Duration(window), Burst: burst, Algorithm: alg}}
+	l.zone, l.scope = &zone{Zone: &Zone{}, name: zoneName}, scope
 	var err error
 	if l.algorithm, err = algorithms.Check(alg, l.policy()); err != nil {
 		t.Fatal(err)
@@ -72,8 +72,8 @@ func TestPolicyItemEveryAlgorithm(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l := &Limit{MaxEvents: tt.events, Window: caddy.Duration(tt.window), Burst: tt.burst, MaxDelay: caddy.Duration(tt.maxDelay), Algorithm: tt.alg}
-			l.zone = &Zone{name: "login"}
+			l := &limit{Limit: &Limit{MaxEvents: tt.events, Window: caddy.Duration(tt.window), Burst: tt.burst, MaxDelay: caddy.Duration(tt.maxDelay), Algorithm: tt.alg}}
+			l.zone = &zone{Zone: &Zone{}, name: "login"}
 			var err error
 			if l.algorithm, err = algorithms.Check(tt.alg, l.policy()); err != nil {
 				t.Fatal(err)
@@ -98,8 +98,8 @@ func TestPolicyItemEveryAlgorithm(t *testing.T) {
 }
 
 func TestPolicyNameMustBeSendable(t *testing.T) {
-	l := &Limit{MaxEvents: 5, Window: caddy.Duration(time.Minute), algorithm: "sliding_window"}
-	l.zone = &Zone{name: "লগইন"}
+	l := &limit{Limit: &Limit{MaxEvents: 5, Window: caddy.Duration(time.Minute)}, algorithm: "sliding_window"}
+	l.zone = &zone{Zone: &Zone{}, name: "লগইন"}
 	if err := l.provisionHeaders(sendLegacy); err != nil {
 		t.Fatalf("legacy fields carry no name: %v", err)
 	}
@@ -122,7 +122,7 @@ func TestWriteHeaders(t *testing.T) {
 	login := testLimit(t, "login", "", "sliding_window", 2, time.Minute, 0, 0)
 	shadow := testLimit(t, "try", "", "sliding_window", 1, time.Minute, 0, sendDraft|sendLegacy)
 	shadow.zone.Shadow = true
-	limits := []*Limit{api, ip, login, shadow}
+	limits := []*limit{api, ip, login, shadow}
 	reqs := make([]backend.Request, len(limits))
 	for i := range reqs {
 		reqs[i].Cost = 1
@@ -242,7 +242,7 @@ func TestWriteHeadersPartitionKey(t *testing.T) {
 		"hmac:not base64!": `"otp";r=2;t=60`,
 	} {
 		rec := httptest.NewRecorder()
-		writeHeaders(rec, []*Limit{l}, []backend.Request{{Key: key, Cost: 1}}, out)
+		writeHeaders(rec, []*limit{l}, []backend.Request{{Key: key, Cost: 1}}, out)
 		if got := exact(rec.Header(), "RateLimit"); got != want {
 			t.Errorf("key %q: RateLimit %q, want %q", key, got, want)
 		}
@@ -258,7 +258,7 @@ func TestWriteHeadersPartitionKey(t *testing.T) {
 // A request whose zones send no fields gets none, and writing the draft's
 // costs one array of value slices and the RateLimit string.
 func TestWriteHeadersAllocs(t *testing.T) {
-	limits := []*Limit{testLimit(t, "api", "", "token_bucket", 10, time.Minute, 0, sendDraft)}
+	limits := []*limit{testLimit(t, "api", "", "token_bucket", 10, time.Minute, 0, sendDraft)}
 	reqs := []backend.Request{{Key: "192.0.2.1", Cost: 1}}
 	out := []algorithms.Result{{Allowed: true, Limit: 10, Remaining: 9, ResetAfter: int64(time.Second)}}
 	h := http.Header{}

@@ -43,7 +43,7 @@ func (l *Limit) checkLockout() error {
 // checkLockoutShadow refuses lockout in a shadow zone: a shadow zone never
 // denies, so no key would ever be locked out, and the operator trying the
 // limit would see nothing of what lockout does.
-func (z *Zone) checkLockoutShadow(l *Limit) error {
+func (z *zone) checkLockoutShadow(l *limit) error {
 	if z.Shadow && len(l.Lockout) > 0 {
 		return fmt.Errorf("lockout: a shadow zone never denies, so it never locks a key out: remove lockout while the zone is in shadow")
 	}
@@ -69,7 +69,7 @@ func parseLockout(d *caddyfile.Dispenser, w string) ([]caddy.Duration, error) {
 }
 
 // lockoutState fills in st the key's lock-out in l, when l has lockout.
-func lockoutState(ctx context.Context, store backend.Store, l *Limit, key string, st *keyState) error {
+func lockoutState(ctx context.Context, store backend.Store, l *limit, key string, st *keyState) error {
 	li, ok := store.(backend.LockoutInspector)
 	if len(l.Lockout) == 0 || !ok {
 		return nil

@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -127,10 +128,20 @@ type Handler struct {
 	// 1000000. Default: 1000 (with tarpit).
 	TarpitMax int64 `json:"tarpit_max,omitempty"`
 
+	// plan is what Provision compiled the config into, which requests
+	// run on.
+	plan *plan
+}
+
+// plan is a provisioned Handler: its config and what it runs with.
+type plan struct {
+	*Handler
+
+	metrics  bool // metrics are on, and registered
 	headers  bool // some zone sends rate limit fields
 	outcomes bool // some limit counts or resets by the response
 	budgets  bool // some limit is a spend budget (charge_when)
-	zones    []*Zone
+	zones    []*zone
 	store    backend.Store
 	local    backend.Store // decides "local" limits while store is unavailable
 	logger   *zap.Logger
@@ -143,8 +154,12 @@ type Handler struct {
 	// channel and Stop unless a test sets it).
 	newTimer func(time.Duration) (<-chan time.Time, func() bool)
 
-	// bodyFields are the JSON paths found in one pass over a body.
+	// bodyFields are the JSON paths found in one pass over a body, of at
+	// most bodyLimit bytes.
 	bodyFields *keys.BodyFields
+	bodyLimit  int64
+	// sweepInterval is the config's, within the bounds the sweeper runs at.
+	sweepInterval time.Duration
 
 	shed    *shed.Group // nil without shed
 	shedReg *shed.Reg
@@ -210,7 +225,13 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision validates the zones and connects them to their state. When it
 // fails, Caddy calls Cleanup, which undoes every rate this provision put
 // in force, so the running config's rates stay.
-func (h *Handler) Provision(ctx caddy.Context) (err error) {
+func (h *Handler) Provision(ctx caddy.Context) error {
+	return h.provision(ctx, &plan{Handler: h})
+}
+
+// provision compiles h into p, which h then runs on. Tests give p a clock
+// (the system's when nil) and the storage distributed syncs through.
+func (h *Handler) provision(ctx caddy.Context, p *plan) (err error) {
 	// A panic here would skip that Cleanup (and, under the admin API, leave
 	// this config's rates in force): report it as a failed provision.
 	defer func() {
@@ -219,7 +240,12 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 			err = fmt.Errorf("internal error while provisioning: %v", r)
 		}
 	}()
+	// Set first: Cleanup undoes what a provision that fails half way took.
+	h.plan = p
+	return p.provision(ctx)
+}
 
+func (h *plan) provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
 	// Denials can come by the thousand per second under attack: log the
@@ -242,16 +268,15 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		return fmt.Errorf("body_limit must be from 1 to %d bytes (16MiB), got %d", MaxBodyLimit, h.BodyLimit)
 	}
 	bodyLimitSet := h.BodyLimit != 0
-	if h.BodyLimit == 0 {
-		h.BodyLimit = keys.DefaultBodyLimit
-	}
-	if si := time.Duration(h.SweepInterval); si < 0 {
+	h.bodyLimit = cmp.Or(h.BodyLimit, keys.DefaultBodyLimit)
+	h.sweepInterval = time.Duration(h.SweepInterval)
+	if si := h.sweepInterval; si < 0 {
 		return fmt.Errorf("sweep_interval must be positive (0 is the default, 1m), got %s", algorithms.FormatSpan(int64(si)))
 	} else if si != 0 {
 		if in, changed := sweepInterval(si); changed {
 			h.logger.Warn("sweep_interval is taken within 1s to 24h",
 				zap.String("configured", algorithms.FormatSpan(int64(si))), zap.String("used", algorithms.FormatSpan(int64(in))))
-			h.SweepInterval = caddy.Duration(in)
+			h.sweepInterval = in
 		}
 	}
 
@@ -272,10 +297,13 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		if z == nil {
 			return fmt.Errorf("zone %q: empty definition", name)
 		}
-		if err := z.provision(ctx, name, h.store, h.logger); err != nil {
+		// In h.zones before it is provisioned, so that Cleanup finds
+		// what a zone that fails half way has taken.
+		rz := &zone{Zone: z}
+		h.zones = append(h.zones, rz)
+		if err := rz.provision(ctx, name, h.store, h.logger); err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
-		h.zones = append(h.zones, z)
 	}
 	h.bodyFields = collectBodyFields(h.zones)
 	if bodyLimitSet && !readsBody(h.zones) {
@@ -292,9 +320,10 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	}
 
 	if !h.DisableMetrics {
+		h.metrics = true
 		if err := registerMetrics(ctx.GetMetricsRegistry(), h.store); err != nil {
 			h.logger.Error("failed to register rate limit metrics; continuing without them", zap.Error(err))
-			h.DisableMetrics = true
+			h.metrics = false
 		}
 		for _, z := range h.zones {
 			for _, l := range z.limits {
@@ -326,7 +355,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	return nil
 }
 
-func readsBody(zones []*Zone) bool {
+func readsBody(zones []*zone) bool {
 	for _, z := range zones {
 		for _, l := range z.keyed {
 			if l.keyer.NeedsBody() || l.Cost.needsBody() {
@@ -339,13 +368,13 @@ func readsBody(zones []*Zone) bool {
 
 // loadStore loads the configured backend (the memory store by default) and
 // hands it the handler's clock, sweep interval and logger.
-func (h *Handler) loadStore(ctx caddy.Context) (backend.Store, error) {
+func (h *plan) loadStore(ctx caddy.Context) (backend.Store, error) {
 	var mod any
 	var err error
 	if len(h.BackendRaw) == 0 {
 		mod, err = ctx.LoadModuleByID(backend.Namespace+".memory", nil)
 	} else {
-		mod, err = ctx.LoadModule(h, "BackendRaw")
+		mod, err = ctx.LoadModule(h.Handler, "BackendRaw")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("backend: %v", err)
@@ -360,13 +389,20 @@ func (h *Handler) loadStore(ctx caddy.Context) (backend.Store, error) {
 	return store, nil
 }
 
-func (h *Handler) setup() backend.Setup {
-	return backend.Setup{Now: h.now, SweepInterval: time.Duration(h.SweepInterval), Logger: h.logger}
+func (h *plan) setup() backend.Setup {
+	return backend.Setup{Now: h.now, SweepInterval: h.sweepInterval, Logger: h.logger}
 }
 
 // Cleanup releases the zones' state; state still used by another config
 // (the one replacing this one in a reload) stays.
 func (h *Handler) Cleanup() error {
+	if h.plan == nil {
+		return nil
+	}
+	return h.plan.cleanup()
+}
+
+func (h *plan) cleanup() error {
 	h.unpublish()
 	h.releaseTierSeries()
 	h.cleanupShed()

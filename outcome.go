@@ -69,7 +69,7 @@ func (o *watcher) settleOutcome(r *http.Request, status int) {
 
 // resetKey clears key in l, then has the other sites of the zone forget
 // any denial of it they remember, as a reset through the admin API does.
-func (h *Handler) resetKey(ctx context.Context, store backend.Store, l *Limit, key string) error {
+func (h *plan) resetKey(ctx context.Context, store backend.Store, l *limit, key string) error {
 	admin, ok := store.(backend.Admin)
 	if !ok {
 		return fmt.Errorf("the %T backend cannot clear keys", store)
@@ -83,7 +83,7 @@ func (h *Handler) resetKey(ctx context.Context, store backend.Store, l *Limit, k
 
 // provisionOutcome notes whether l settles by the response, and checks
 // that the store can clear a key for reset_when.
-func (h *Handler) provisionOutcome(l *Limit) error {
+func (h *plan) provisionOutcome(l *limit) error {
 	if !l.byResponse() {
 		return nil
 	}

@@ -81,7 +81,7 @@ func init() {
 var minusOne any = int64(-1)
 
 // refusalStatus is the HTTP status of a refusal for reason rs by zone z.
-func (z *Zone) refusalStatus(rs reason) int {
+func (z *zone) refusalStatus(rs reason) int {
 	if s := reasonInfo[rs].status; s != 0 {
 		return s
 	}
@@ -121,7 +121,7 @@ func (f *refusal) err() error {
 // provision. Like a denial's, it carries no error ID or trace: Caddy's
 // caddyhttp.Error would cost seven allocations per refusal, under floods
 // of them, for an ID and a trace that name nothing a refusal needs.
-func (z *Zone) refusalError(rs reason) error {
+func (z *zone) refusalError(rs reason) error {
 	if e := z.errs[rs]; e != nil {
 		return e
 	}
@@ -155,22 +155,22 @@ const (
 // operator's log and metrics get.
 type refusal struct {
 	reason reason
-	zone   *Zone
-	limit  *Limit // the limit that refused; nil when the zone did (a deny list)
+	zone   *zone
+	limit  *limit // the limit that refused; nil when the zone did (a deny list)
 	// retryAfter is the Retry-After header's seconds, or -1 when waiting
 	// cannot help and none is sent.
 	retryAfter int64
 	wait       time.Duration // logged: the wait with jitter
 	key        string        // logged with log_key
 	detail     error         // logged: what exactly was wrong
-	violated   []*Limit      // the limits that denied, for problem bodies
+	violated   []*limit      // the limits that denied, for problem bodies
 	// The denying limit's numbers for placeholders: its quota, what
 	// remains and the seconds until it is full again.
 	quota, remaining, reset int64
 	// The decisions whose rate limit fields a denial carries (limits
 	// nil: none are sent). They are the request state's, which is
 	// released only once the refusal is written.
-	limits []*Limit
+	limits []*limit
 	reqs   []backend.Request
 	out    []algorithms.Result
 }
@@ -181,7 +181,7 @@ type refusalCounters [numReasons]prometheus.Counter
 
 // policyName is the limit's name in rate limit fields and problem bodies:
 // the zone, or "zone.scope".
-func (l *Limit) policyName() string {
+func (l *limit) policyName() string {
 	if l.shownScope() == "" {
 		return l.zone.name
 	}
@@ -191,9 +191,9 @@ func (l *Limit) policyName() string {
 // deny makes the refusal of a request that an enforcing limit denied. The
 // limit reported is the one that makes the client wait longest, since the
 // request can pass only once every limit allows it.
-func (h *Handler) deny(r *http.Request, s *requestState) *refusal {
+func (h *plan) deny(r *http.Request, s *requestState) *refusal {
 	worst := -1
-	var violated []*Limit
+	var violated []*limit
 	for i, l := range s.limits {
 		if l.zone.Shadow || s.out[i].Allowed {
 			continue
@@ -236,7 +236,7 @@ func (h *Handler) deny(r *http.Request, s *requestState) *refusal {
 // provisionContract checks and prepares what the handler's answers carry:
 // the rate limit fields each zone sends, the status it denies with, the
 // built-in body, and the refusal counters.
-func (h *Handler) provisionContract() error {
+func (h *plan) provisionContract() error {
 	switch h.Respond {
 	case "", RespondJSON, RespondProblem, RespondText:
 	default:
@@ -270,7 +270,7 @@ func (h *Handler) provisionContract() error {
 			}
 			h.headers = h.headers || send != 0
 		}
-		if !h.DisableMetrics {
+		if h.metrics {
 			for rs := range numReasons {
 				z.refused[rs] = metrics.refused.WithLabelValues(z.name, reasonInfo[rs].name)
 			}
@@ -281,7 +281,7 @@ func (h *Handler) provisionContract() error {
 
 // provisionStatus prepares the answer of a denial by l: its own status (a
 // scope's), else its zone's.
-func (l *Limit) provisionStatus(zoneStatus int) error {
+func (l *limit) provisionStatus(zoneStatus int) error {
 	if err := checkStatus(l.Status); err != nil {
 		return err
 	}

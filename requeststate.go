@@ -21,7 +21,7 @@ import (
 // and headers are set from values, never from its slices.
 type requestState struct {
 	reqs   []backend.Request
-	limits []*Limit
+	limits []*limit
 	out    []algorithms.Result
 	shadow []shadowNote
 	body   *keys.Body
@@ -52,7 +52,7 @@ const maxPooledLimits = 64
 var statePool = sync.Pool{New: func() any {
 	return &requestState{
 		reqs:   make([]backend.Request, 0, stateLimits),
-		limits: make([]*Limit, 0, stateLimits),
+		limits: make([]*limit, 0, stateLimits),
 		out:    make([]algorithms.Result, 0, stateLimits),
 	}
 }}

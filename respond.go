@@ -32,7 +32,7 @@ const (
 // A flood is mostly refusals, so this is written to cost little: header
 // values share one array, names are boxed once at provision, the Caddy
 // errors are made then too, and the body is appended into a pooled buffer.
-func (h *Handler) respond(w http.ResponseWriter, r *http.Request, f *refusal) error {
+func (h *plan) respond(w http.ResponseWriter, r *http.Request, f *refusal) error {
 	info := &reasonInfo[f.reason]
 	z := f.zone
 	if f.limits != nil {
@@ -129,8 +129,8 @@ var contentTypes = map[string]string{
 // lock and a map write each (ten per refusal, a third of a flood's deny
 // path), mostly for placeholders nothing reads.
 type refusalValues struct {
-	zone  *Zone
-	limit *Limit // nil when the zone refused (deny list)
+	zone  *zone
+	limit *limit // nil when the zone refused (deny list)
 	key   string
 	// The decision's numbers (a denial) and the Retry-After seconds (-1:
 	// none is sent).
@@ -202,7 +202,7 @@ func (v refusalValues) provide(repl *caddy.Replacer) {
 	repl.Map(v.lookup)
 }
 
-func (h *Handler) refusalFields(r *http.Request, f *refusal) []zap.Field {
+func (h *plan) refusalFields(r *http.Request, f *refusal) []zap.Field {
 	fields := []zap.Field{
 		zap.String("zone", f.zone.name),
 		zap.String("reason", reasonInfo[f.reason].name),
@@ -241,7 +241,7 @@ const (
 //
 // retry_after is there only when Retry-After is sent, scope only for a
 // scope.
-func (h *Handler) appendBody(b []byte, f *refusal) []byte {
+func (h *plan) appendBody(b []byte, f *refusal) []byte {
 	switch h.Respond {
 	case RespondText:
 		return append(appendMessage(b, f), '\n')
@@ -358,7 +358,7 @@ func appendSeconds(b []byte, n int64) []byte {
 
 // boxedName is the zone's name as the replacer holds it, boxed once at
 // provision so that a refusal does not allocate for it.
-func (z *Zone) boxedName() any {
+func (z *zone) boxedName() any {
 	if z.nameValue != nil {
 		return z.nameValue
 	}

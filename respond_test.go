@@ -26,7 +26,7 @@ import (
 func refuseRecorded(t *testing.T, respond, method string, f refusal) (*httptest.ResponseRecorder, *caddy.Replacer, []observer.LoggedEntry, error) {
 	t.Helper()
 	core, logs := observer.New(zapcore.DebugLevel)
-	h := &Handler{Respond: respond, LogKey: true, denyLog: zap.New(core)}
+	h := &plan{Handler: &Handler{Respond: respond, LogKey: true}, denyLog: zap.New(core)}
 	repl := caddy.NewReplacer()
 	r := httptest.NewRequest(method, "http://example.com/otp", nil)
 	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
@@ -36,14 +36,14 @@ func refuseRecorded(t *testing.T, respond, method string, f refusal) (*httptest.
 }
 
 func TestRefusalPaths(t *testing.T) {
-	z := &Zone{name: "otp_send"}
-	quota := &Zone{name: "otp_send", status: 402}
-	ip := &Limit{zone: z, scope: "ip"}
+	z := &zone{Zone: &Zone{}, name: "otp_send"}
+	quota := &zone{Zone: &Zone{}, name: "otp_send", status: 402}
+	ip := &limit{Limit: &Limit{}, zone: z, scope: "ip"}
 	secret := errors.New("key is missing: {http.request.body.json.phone}: absent")
 	// Scopes with statuses of their own: a monthly quota under a zone of
 	// 429, a 503 under a zone of 402.
-	monthly := &Limit{zone: z, scope: "monthly", Status: 402}
-	shed := &Limit{zone: quota, scope: "shed", Status: 503}
+	monthly := &limit{Limit: &Limit{Status: 402}, zone: z, scope: "monthly"}
+	shed := &limit{Limit: &Limit{Status: 503}, zone: quota, scope: "shed"}
 	if monthly.provisionStatus(429) != nil || shed.provisionStatus(402) != nil {
 		t.Fatal("provisionStatus")
 	}
@@ -144,16 +144,16 @@ func TestRefusalPaths(t *testing.T) {
 }
 
 func TestRefusalHeadHasNoBody(t *testing.T) {
-	rec, _, _, err := refuseRecorded(t, RespondJSON, "HEAD", refusal{reason: reasonRateLimited, zone: &Zone{name: "z"}, retryAfter: 3})
+	rec, _, _, err := refuseRecorded(t, RespondJSON, "HEAD", refusal{reason: reasonRateLimited, zone: &zone{Zone: &Zone{}, name: "z"}, retryAfter: 3})
 	if err != nil || rec.Code != 429 || rec.Body.Len() != 0 || rec.Header().Get("Content-Length") == "0" {
 		t.Fatalf("HEAD: %d %q %v", rec.Code, rec.Body, rec.Header())
 	}
 }
 
 func TestProblemNamesViolatedPolicies(t *testing.T) {
-	z := &Zone{name: "login"}
-	own, ip := &Limit{zone: z}, &Limit{zone: z, scope: "ip"}
-	rec, _, _, _ := refuseRecorded(t, RespondProblem, "GET", refusal{reason: reasonRateLimited, zone: z, retryAfter: 9, violated: []*Limit{own, ip}})
+	z := &zone{Zone: &Zone{}, name: "login"}
+	own, ip := &limit{Limit: &Limit{}, zone: z}, &limit{Limit: &Limit{}, zone: z, scope: "ip"}
+	rec, _, _, _ := refuseRecorded(t, RespondProblem, "GET", refusal{reason: reasonRateLimited, zone: z, retryAfter: 9, violated: []*limit{own, ip}})
 	var doc struct {
 		Type     string
 		Violated []string `json:"violated-policies"`
@@ -166,16 +166,16 @@ func TestProblemNamesViolatedPolicies(t *testing.T) {
 // BenchmarkRefuse is a refusal's own cost, body included: what a flood of
 // denied requests pays on top of deciding them.
 func BenchmarkRefuse(b *testing.B) {
-	z := &Zone{name: "api"}
+	z := &zone{Zone: &Zone{}, name: "api"}
 	z.nameValue = z.name
 	for _, respond := range []string{"", RespondJSON, RespondProblem, RespondText} {
 		b.Run("respond="+respond, func(b *testing.B) {
-			h := &Handler{Respond: respond, denyLog: zap.NewNop()}
+			h := &plan{Handler: &Handler{Respond: respond}, denyLog: zap.NewNop()}
 			repl := caddy.NewReplacer()
 			r := httptest.NewRequest("GET", "http://example.com/", nil)
 			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
 			w := headerWriter{http.Header{}}
-			f := refusal{reason: reasonRateLimited, zone: z, limit: &Limit{zone: z, scope: "ip", scopeName: "ip"}, retryAfter: 42}
+			f := refusal{reason: reasonRateLimited, zone: z, limit: &limit{Limit: &Limit{}, zone: z, scope: "ip", scopeName: "ip"}, retryAfter: 42}
 			fresh := freshReplacer(r)
 			b.ReportAllocs()
 			for b.Loop() {
@@ -213,7 +213,7 @@ func BenchmarkStaticResponse(b *testing.B) {
 // Caddy's header replacements edit header values in place: one refusal's
 // edited headers must not reach the next refusal's.
 func TestRefusalHeadersAreTheResponsesOwn(t *testing.T) {
-	f := refusal{reason: reasonRateLimited, zone: &Zone{name: "z"}, retryAfter: 3}
+	f := refusal{reason: reasonRateLimited, zone: &zone{Zone: &Zone{}, name: "z"}, retryAfter: 3}
 	first, _, _, _ := refuseRecorded(t, RespondJSON, "GET", f)
 	for _, vals := range first.Header() {
 		vals[0] = "edited"
@@ -230,19 +230,19 @@ func TestRefusalHeadersAreTheResponsesOwn(t *testing.T) {
 // after the values an earlier handler set: a denial after an allowed
 // decision in the same request must still report its own numbers.
 func TestRefusalPlaceholdersWinOverEarlierOnes(t *testing.T) {
-	z := &Zone{name: "login"}
+	z := &zone{Zone: &Zone{}, name: "login"}
 	z.nameValue = z.name
-	l := &Limit{zone: z, scope: "ip", zoneName: z.name, scopeName: "ip"}
+	l := &limit{Limit: &Limit{}, zone: z, scope: "ip", zoneName: z.name, scopeName: "ip"}
 	f := refusal{reason: reasonRateLimited, zone: z, limit: l, retryAfter: 9, key: "192.0.2.7", quota: 5, remaining: 0, reset: 5000}
 	want := map[string]string{
 		phReason: "rate_limit_exceeded", phName: "login", phScope: "ip", phRetryAfter: "9", phDenylisted: "",
 		phKey: "192.0.2.7", phZone: "login", phLimit: "5", phRemaining: "0", phReset: "5000",
 	}
 	for _, earlier := range []bool{false, true} {
-		h := &Handler{Respond: RespondJSON, denyLog: zap.NewNop()}
+		h := &plan{Handler: &Handler{Respond: RespondJSON}, denyLog: zap.NewNop()}
 		repl := caddy.NewReplacer()
 		if earlier {
-			setPlaceholders(repl, &Limit{zone: &Zone{name: "api"}, zoneName: "api"}, algorithms.Result{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: int64(time.Second)})
+			setPlaceholders(repl, &limit{Limit: &Limit{}, zone: &zone{Zone: &Zone{}, name: "api"}, zoneName: "api"}, algorithms.Result{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: int64(time.Second)})
 			repl.Set(phKey, "stale")
 		}
 		r := httptest.NewRequest("GET", "http://example.com/", nil)

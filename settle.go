@@ -77,11 +77,9 @@ func parseSettle(expr string) (*settler, error) {
 // the limit's canonical algorithm alg.
 func (l *Limit) checkSettle(alg string) error {
 	if l.Settle == "" {
-		l.settle = nil
 		return nil
 	}
-	s, err := parseSettle(l.Settle)
-	if err != nil {
+	if _, err := parseSettle(l.Settle); err != nil {
 		return optionErr("settle", err)
 	}
 	switch {
@@ -92,12 +90,11 @@ func (l *Limit) checkSettle(alg string) error {
 	case l.MaxDelay > 0:
 		return optionErrorf("settle", "settle cannot be used with max_delay: a queued request's slot is spent once it leaves the queue")
 	}
-	l.settle = s
 	return nil
 }
 
 // provisionSettle checks that the store can settle.
-func (h *Handler) provisionSettle(l *Limit) error {
+func (h *plan) provisionSettle(l *limit) error {
 	if l.settle == nil {
 		return nil
 	}
@@ -160,7 +157,7 @@ func (o *watcher) settleCost(r *http.Request, i, status int) {
 // warnSettle logs that a response gave no usable real cost, at most once
 // per settleWarnGap per limit, with how many responses were kept at their
 // estimate since the last line.
-func (h *Handler) warnSettle(l *Limit, why string) {
+func (h *plan) warnSettle(l *limit, why string) {
 	s := l.settle
 	s.ignored.Add(1)
 	now := h.now()

@@ -84,9 +84,9 @@ func TestCheckSettle(t *testing.T) {
 			}
 		})
 	}
-	l := Limit{Settle: "{http.response.header.x-tokens-used}"}
-	if err := l.checkSettle(algorithms.NameSlidingWindow); err != nil || l.settle.field != "X-Tokens-Used" || l.settle.trailer != "Trailer:X-Tokens-Used" {
-		t.Fatalf("settle %+v, %v", l.settle, err)
+	s, err := parseSettle("{http.response.header.x-tokens-used}")
+	if err != nil || s.field != "X-Tokens-Used" || s.trailer != "Trailer:X-Tokens-Used" {
+		t.Fatalf("settle %+v, %v", s, err)
 	}
 }
 
@@ -112,7 +112,7 @@ func newSettleRig(t testing.TB, zone, limit string) *settleRig {
 	}
 	t.Cleanup(cleanup)
 	core, logs := observer.New(zap.WarnLevel)
-	h.logger = zap.New(core)
+	h.plan.logger = zap.New(core)
 	g.h, g.logs = h, logs
 	return g
 }
@@ -143,8 +143,8 @@ func (g *settleRig) send(maxTokens string) (*httptest.ResponseRecorder, bool) {
 // usage is the key's state now.
 func (g *settleRig) usage() algorithms.Usage {
 	g.t.Helper()
-	l := &g.h.zones[0].Limit
-	u, err := g.h.store.(backend.Admin).Inspect(context.Background(), l.handle, "tenant")
+	l := g.h.plan.zones[0].limits[0]
+	u, err := g.h.plan.store.(backend.Admin).Inspect(context.Background(), l.handle, "tenant")
 	if err != nil {
 		g.t.Fatal(err)
 	}

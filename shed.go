@@ -102,7 +102,7 @@ func (s *Shed) UnmarshalJSON(b []byte) error {
 
 // provisionShed checks h.Shed and joins its group; owner is the config
 // being provisioned.
-func (h *Handler) provisionShed(owner any) error {
+func (h *plan) provisionShed(owner any) error {
 	s := h.Shed
 	if s == nil {
 		return nil
@@ -124,9 +124,9 @@ func (h *Handler) provisionShed(owner any) error {
 		return err
 	}
 	h.shed, h.shedReg = g, reg
-	z := &Zone{name: s.Group, status: http.StatusServiceUnavailable, nameValue: s.Group}
+	z := &zone{Zone: &Zone{}, name: s.Group, status: http.StatusServiceUnavailable, nameValue: s.Group}
 	z.errs[reasonShed] = caddyhttp.HandlerError{StatusCode: http.StatusServiceUnavailable, Err: ErrShed}
-	if !h.DisableMetrics {
+	if h.metrics {
 		z.refused[reasonShed] = metrics.refused.WithLabelValues(s.Group, reasonInfo[reasonShed].name)
 	}
 	// Made once: a shed request is refused in the group's name, from a
@@ -139,7 +139,7 @@ func (h *Handler) provisionShed(owner any) error {
 }
 
 // cleanupShed leaves the group; the last handler to leave drops it.
-func (h *Handler) cleanupShed() {
+func (h *plan) cleanupShed() {
 	if h.shed != nil {
 		h.shed.Leave(h.shedReg)
 		h.shed = nil
@@ -149,14 +149,14 @@ func (h *Handler) cleanupShed() {
 // shedding reports whether r must be shed now, before anything else is
 // decided: a shed request takes no unit from any rate limit. counted
 // tells that a handler r passed through before counts it already.
-func (h *Handler) shedding(counted bool) bool {
+func (h *plan) shedding(counted bool) bool {
 	return h.shed != nil && h.shed.Shedding(h.shedReg, h.Shed.Priority, counted)
 }
 
 // timedGroup is the group whose latency r is timed for by this handler,
 // or nil: only with a latency target, and only by the handler that counts
 // it, so that a request nested in two handlers of its group is timed once.
-func (h *Handler) timedGroup(counted bool) *shed.Group {
+func (h *plan) timedGroup(counted bool) *shed.Group {
 	if h.shed != nil && h.shedReg.Target > 0 && !counted {
 		return h.shed
 	}
@@ -167,7 +167,7 @@ func (h *Handler) timedGroup(counted bool) *shed.Group {
 // counts r already. A request counts once in its group however many of
 // the group's handlers it passes through: counted twice, a site's load
 // would double for its nested routes and shed them at half the capacity.
-func (h *Handler) shedCounted(r *http.Request) (vars map[string]any, counted bool) {
+func (h *plan) shedCounted(r *http.Request) (vars map[string]any, counted bool) {
 	if h.shed == nil {
 		return nil, false
 	}

@@ -30,10 +30,10 @@ func shedConfig(group string, capacity int64, priority int) string {
 func TestShedHandler(t *testing.T) {
 	low := newUnitHandler(t, shedConfig("unit_shed", 10, 3), byZone(nil))
 	high := newUnitHandler(t, shedConfig("unit_shed", 10, 2), byZone(nil))
-	if low.h.shed != high.h.shed {
+	if low.h.plan.shed != high.h.plan.shed {
 		t.Fatal("two handlers of one group do not share it")
 	}
-	g := low.h.shed
+	g := low.h.plan.shed
 	g.InFlight.Store(11) // load 1.1
 	a := low.serve(context.Background(), nil)
 	if a.passed || a.code != http.StatusServiceUnavailable || a.header.Get("Retry-After") != "1" {
@@ -69,7 +69,7 @@ func TestShedHandler(t *testing.T) {
 func TestShedNestedHandlersCountOnce(t *testing.T) {
 	outer := newUnitHandler(t, shedConfig("unit_shed_nested", 10, 0), byZone(nil))
 	inner := newUnitHandler(t, shedConfig("unit_shed_nested", 10, 3), byZone(nil))
-	g := outer.h.shed
+	g := outer.h.plan.shed
 	defer g.InFlight.Store(0)
 	g.InFlight.Store(10) // load 1.0 before the request: priority 3 passes
 	var during int64
@@ -212,11 +212,11 @@ func BenchmarkShed(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(cleanup)
-	h.shed.InFlight.Store(900) // load 0.9: admitted, the arithmetic done
+	h.plan.shed.InFlight.Store(900) // load 0.9: admitted, the arithmetic done
 	b.Run("check", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if h.shedding(false) {
+			if h.plan.shedding(false) {
 				b.Fatal("shed at load 0.9")
 			}
 		}
@@ -225,11 +225,11 @@ func BenchmarkShed(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if h.shedding(false) {
+				if h.plan.shedding(false) {
 					b.Fatal("shed")
 				}
-				h.shed.InFlight.Add(1)
-				h.shed.InFlight.Add(-1)
+				h.plan.shed.InFlight.Add(1)
+				h.plan.shed.InFlight.Add(-1)
 			}
 		})
 	})
@@ -258,8 +258,8 @@ func BenchmarkShed(b *testing.B) {
 		}
 	})
 	b.Run("serve_shed", func(b *testing.B) {
-		h.shed.InFlight.Store(1500)
-		defer h.shed.InFlight.Store(900)
+		h.plan.shed.InFlight.Store(1500)
+		defer h.plan.shed.InFlight.Store(900)
 		w, r := benchRequest(b, "http://example.com/", "192.0.2.7:4242")
 		fresh := freshReplacer(r)
 		b.ReportAllocs()
@@ -295,9 +295,9 @@ func TestShedAllocations(t *testing.T) {
 // A wait takes the request out of every group a handler before counts it
 // in, and puts it back after; groups that do not count it are untouched.
 func TestLeaveAndRejoinGroups(t *testing.T) {
-	a := newUnitHandler(t, shedConfig("unit_shed_leave_a", 10, 0), byZone(nil)).h.shed
-	b := newUnitHandler(t, shedConfig("unit_shed_leave_b", 10, 0), byZone(nil)).h.shed
-	other := newUnitHandler(t, shedConfig("unit_shed_leave_c", 10, 0), byZone(nil)).h.shed
+	a := newUnitHandler(t, shedConfig("unit_shed_leave_a", 10, 0), byZone(nil)).h.plan.shed
+	b := newUnitHandler(t, shedConfig("unit_shed_leave_b", 10, 0), byZone(nil)).h.plan.shed
+	other := newUnitHandler(t, shedConfig("unit_shed_leave_c", 10, 0), byZone(nil)).h.plan.shed
 	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
 	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), httptest.NewRecorder(), &caddyhttp.Server{})
 	vars := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
@@ -337,7 +337,7 @@ func latencyShed(t *testing.T, group string, capacity int64, priority int, clock
 		capField = fmt.Sprintf(`, "capacity": %d`, capacity)
 	}
 	u := newUnitHandler(t, fmt.Sprintf(`{"shed": {"group": %q, "latency_target": "200ms", "priority": %d%s}}`, group, priority, capField), byZone(nil))
-	u.h.shed.Now = func() int64 { return *clock }
+	u.h.plan.shed.Now = func() int64 { return *clock }
 	return u.h
 }
 
@@ -348,14 +348,14 @@ func TestShedLoadIsTheGreaterRatio(t *testing.T) {
 	clock := int64(300 * time.Second)
 	h3 := latencyShed(t, "unit_lat_max", 10, 3, &clock)
 	h2 := latencyShed(t, "unit_lat_max", 10, 2, &clock)
-	g := h3.shed
+	g := h3.plan.shed
 	defer g.InFlight.Store(0)
 	check := func(what string, want3, want2 bool) {
 		t.Helper()
-		if got := h3.shedding(false); got != want3 {
+		if got := h3.plan.shedding(false); got != want3 {
 			t.Errorf("%s: priority 3 shed %v, want %v", what, got, want3)
 		}
-		if got := h2.shedding(false); got != want2 {
+		if got := h2.plan.shedding(false); got != want2 {
 			t.Errorf("%s: priority 2 shed %v, want %v", what, got, want2)
 		}
 	}
@@ -380,15 +380,15 @@ func TestShedLoadIsTheGreaterRatio(t *testing.T) {
 	check("fast, 11 in flight", true, false)
 
 	only := latencyShed(t, "unit_lat_only", 0, 4, &clock)
-	only.shed.InFlight.Store(1 << 20)
-	defer only.shed.InFlight.Store(0)
-	if only.shedding(false) {
+	only.plan.shed.InFlight.Store(1 << 20)
+	defer only.plan.shed.InFlight.Store(0)
+	if only.plan.shedding(false) {
 		t.Fatal("a group without a capacity shed on its requests in flight")
 	}
-	only.shed.Latency.Add(latencyAt(t, 190*ms, 200*ms), clock)
+	only.plan.shed.Latency.Add(latencyAt(t, 190*ms, 200*ms), clock)
 	clock += int64(latency.Refresh)
-	only.shed.Latency.P99At(clock) // as the next request to finish does
-	if !only.shedding(false) {
+	only.plan.shed.Latency.P99At(clock) // as the next request to finish does
+	if !only.plan.shedding(false) {
 		t.Fatal("a group without a capacity did not shed priority 4 at a p99 above 0.9")
 	}
 }
@@ -432,7 +432,7 @@ func TestShedLatencyTiming(t *testing.T) {
 	clock := int64(400 * time.Second)
 	outer := latencyShed(t, "unit_lat_timing", 10, 0, &clock)
 	inner := latencyShed(t, "unit_lat_timing", 10, 4, &clock)
-	g := outer.shed
+	g := outer.plan.shed
 	at := func(what string, n int64, p99 int64) {
 		t.Helper()
 		clock += int64(latency.Refresh)
@@ -510,7 +510,7 @@ func TestShedLatencyTwoGroups(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock += int64(latency.Refresh)
-	pa, pb := a.shed.Latency.P99At(clock), b.shed.Latency.P99At(clock)
+	pa, pb := a.plan.shed.Latency.P99At(clock), b.plan.shed.Latency.P99At(clock)
 	if pa < 50*ms || pa > 54*ms || pb < 40*ms || pb > 43*ms {
 		t.Fatalf("p99 %s and %s, want about 50ms (10 + 40) and 40ms", time.Duration(pa), time.Duration(pb))
 	}
@@ -521,20 +521,20 @@ func TestShedLatencyTwoGroups(t *testing.T) {
 func TestShedLatencySurvivesReload(t *testing.T) {
 	clock := int64(600 * time.Second)
 	old := latencyShed(t, "unit_lat_reload", 10, 3, &clock)
-	old.shed.Latency.Add(latencyAt(t, 200*ms, 220*ms), clock)
+	old.plan.shed.Latency.Add(latencyAt(t, 200*ms, 220*ms), clock)
 	next, cleanup, err := provisionJSON([]byte(`{"shed": {"group": "unit_lat_reload", "capacity": 10, "latency_target": "200ms", "priority": 3}}`), backend.SystemNow)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cleanup()
-	g := old.shed
+	g := old.plan.shed
 	old.Cleanup()
-	if next.shed != g {
+	if next.plan.shed != g {
 		t.Fatal("the new config has a group of its own")
 	}
 	clock += int64(latency.Refresh)
 	g.Latency.P99At(clock) // as the next request to finish does
-	if !next.shedding(false) {
+	if !next.plan.shedding(false) {
 		t.Fatal("the new config does not shed on the old config's latency")
 	}
 }
@@ -595,7 +595,7 @@ func TestShedLatencyAllocations(t *testing.T) {
 	}
 	clock := int64(700 * time.Second)
 	h := latencyShed(t, "alloc_shed_lat", 1000, 3, &clock)
-	h.shed.Now = func() int64 { clock += 10 * ms; return clock } // a refresh every ten requests
+	h.plan.shed.Now = func() int64 { clock += 10 * ms; return clock } // a refresh every ten requests
 	w, r := benchRequest(t, "http://example.com/", "192.0.2.7:4242")
 	if n := testing.AllocsPerRun(200, func() {
 		if err := h.ServeHTTP(w, r, okHandler); err != nil {
@@ -604,7 +604,7 @@ func TestShedLatencyAllocations(t *testing.T) {
 	}); n != 0 {
 		t.Fatalf("%v allocations per admitted, timed request", n)
 	}
-	if n := windowCount(&h.shed.Latency, clock); n == 0 {
+	if n := windowCount(&h.plan.shed.Latency, clock); n == 0 {
 		t.Fatal("no latency recorded: the test measured nothing")
 	}
 }
@@ -622,11 +622,11 @@ func BenchmarkShedLatency(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		h.shed.InFlight.Store(900) // load 0.9 by count: admitted, the arithmetic done
+		h.plan.shed.InFlight.Store(900) // load 0.9 by count: admitted, the arithmetic done
 		b.Run(tc.name+"/check", func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if h.shedding(false) {
+				if h.plan.shedding(false) {
 					b.Fatal("shed")
 				}
 			}
@@ -651,7 +651,7 @@ func BenchmarkShedLatency(b *testing.B) {
 				}
 			})
 		})
-		h.shed.InFlight.Store(0)
+		h.plan.shed.InFlight.Store(0)
 		cleanup()
 	}
 	// Working out the p99 of a full window, done at most every 100 ms.

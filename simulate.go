@@ -79,8 +79,8 @@ func prepareReplay(m caddyhttp.MiddlewareHandler, now func() int64) {
 	if !ok {
 		return
 	}
-	h.now = now
-	h.newTimer = firedTimer
+	h.plan.now = now
+	h.plan.newTimer = firedTimer
 }
 
 // firedTimer is a timer that has already fired.

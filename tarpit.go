@@ -43,7 +43,7 @@ var (
 // denials to go when the server begins to shut down (a reload or a stop:
 // a graceful shutdown waits for every request, held ones included) and
 // when this config is cleaned up.
-func (h *Handler) provisionTarpit(ctx caddy.Context) error {
+func (h *plan) provisionTarpit(ctx caddy.Context) error {
 	switch {
 	case h.Tarpit < 0 || h.Tarpit > MaxTarpit:
 		return fmt.Errorf("tarpit must be from 0 to 1m, got %s", time.Duration(h.Tarpit))
@@ -74,7 +74,7 @@ func (h *Handler) provisionTarpit(ctx caddy.Context) error {
 }
 
 // denies tells whether some limit of h may deny a request for its rate.
-func (h *Handler) denies() bool {
+func (h *plan) denies() bool {
 	for _, z := range h.zones {
 		if z.Shadow {
 			continue
@@ -94,7 +94,7 @@ func (h *Handler) denies() bool {
 // away or the config stops serving. A held request costs what it already
 // had, its connection and this goroutine: the timer starts no goroutine of
 // its own. It is out of the shedding groups meanwhile.
-func (h *Handler) holdInTarpit(r *http.Request) int64 {
+func (h *plan) holdInTarpit(r *http.Request) int64 {
 	t := h.tarpit
 	if t == nil {
 		return 0

@@ -28,7 +28,7 @@ func TestTarpitHolds(t *testing.T) {
 	u := newUnitHandler(t, tarpitConfig, byZone(map[string]algorithms.Result{"tp": denied(30 * time.Second)}))
 	u.timers = make(chan *fakeTimer, 10)
 	var random float64
-	u.h.jitterFn = func() float64 { return random }
+	u.h.plan.jitterFn = func() float64 { return random }
 	send := func(ctx context.Context) chan answer {
 		done := make(chan answer, 1)
 		go func() { done <- u.serve(ctx, nil) }()
@@ -60,7 +60,7 @@ func TestTarpitHolds(t *testing.T) {
 	if got := testutil.ToFloat64(tarpitHeld) - held0; got != 2 {
 		t.Fatalf("held gauge %v, want 2", got)
 	}
-	if n := u.h.shed.InFlight.Load(); n != 0 {
+	if n := u.h.plan.shed.InFlight.Load(); n != 0 {
 		t.Fatalf("%d in flight for load shedding while only denials are held", n)
 	}
 	// Full: the third denial is answered at once.
@@ -82,7 +82,7 @@ func TestTarpitHolds(t *testing.T) {
 	fourth := send(context.Background())
 	nextTimer()
 	// The config stops: everything held goes at once, and nothing more is held.
-	u.h.tarpit.Stop()
+	u.h.plan.tarpit.Stop()
 	for _, ch := range []chan answer{first, fourth} {
 		select {
 		case a := <-ch:
@@ -96,7 +96,7 @@ func TestTarpitHolds(t *testing.T) {
 	if got := testutil.ToFloat64(tarpitHeld) - held0; got != 0 {
 		t.Fatalf("held gauge %v after all were let go", got)
 	}
-	if u.h.tarpit.Held() != 0 {
+	if u.h.plan.tarpit.Held() != 0 {
 		t.Fatal("the handler still counts held requests")
 	}
 }
@@ -109,8 +109,8 @@ func TestTarpitOnlyDenials(t *testing.T) {
 	if a := u.serve(context.Background(), nil); !a.passed {
 		t.Fatalf("admitted request: %d", a.code)
 	}
-	u.h.shed.InFlight.Store(1000)
-	defer u.h.shed.InFlight.Store(0)
+	u.h.plan.shed.InFlight.Store(1000)
+	defer u.h.plan.shed.InFlight.Store(0)
 	u.h.Shed.Priority = 4
 	if a := u.serve(context.Background(), nil); a.code != http.StatusServiceUnavailable {
 		t.Fatalf("shed request: %d", a.code)
@@ -126,7 +126,7 @@ func TestTarpitAnswerCountsFromWhenSent(t *testing.T) {
 		byZone(map[string]algorithms.Result{"tp_sent": denied(30 * time.Second)}))
 	var clock atomic.Int64
 	clock.Store(fuzzStart)
-	u.h.now = clock.Load
+	u.h.plan.now = clock.Load
 	done := make(chan answer, 1)
 	go func() { done <- u.serve(t.Context(), nil) }()
 	var ft *fakeTimer
@@ -170,12 +170,12 @@ func TestTarpitCeiling(t *testing.T) {
 	if a := u.serve(t.Context(), nil); a.code != http.StatusTooManyRequests || testutil.ToFloat64(tarpitSkipped)-skipped != 1 {
 		t.Fatalf("beyond the ceiling: %d, skipped %v; want 429 at once, counted", a.code, testutil.ToFloat64(tarpitSkipped)-skipped)
 	}
-	if u.h.tarpit.Held() != 1 {
-		t.Fatalf("the handler counts %d held, want 1: a denial refused by the ceiling is not held", u.h.tarpit.Held())
+	if u.h.plan.tarpit.Held() != 1 {
+		t.Fatalf("the handler counts %d held, want 1: a denial refused by the ceiling is not held", u.h.plan.tarpit.Held())
 	}
 	ft.fire <- time.Time{}
 	<-first
-	if u.h.tarpit.Held() != 0 {
+	if u.h.plan.tarpit.Held() != 0 {
 		t.Fatal("the handler still counts a held request")
 	}
 }
@@ -187,7 +187,7 @@ func TestTarpitHeldLeavesOuterGroup(t *testing.T) {
 	outer := newUnitHandler(t, shedConfig("unit_tarpit_outer", 10, 0), byZone(nil))
 	inner := newUnitHandler(t, `{"tarpit": "4s", "rate_limits": {"tp_outer": {"key": "static", "max_events": 10, "window": "1m"}}}`,
 		byZone(map[string]algorithms.Result{"tp_outer": denied(30 * time.Second)}))
-	g := outer.h.shed
+	g := outer.h.plan.shed
 	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
 	r.RemoteAddr = "192.0.2.7:4242"
 	w := httptest.NewRecorder()

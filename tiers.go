@@ -54,8 +54,8 @@ type tierSet struct {
 	// value it returns): a request header, or a var an earlier handler set.
 	header    string // canonical header name
 	varName   string
-	byName    map[string]*Limit
-	def       *Limit
+	byName    map[string]*limit
+	def       *limit
 	byHandler []*handlerPlaceholder
 }
 
@@ -63,7 +63,7 @@ type tierSet struct {
 // default tier for any other value (absent, empty, given twice, unknown),
 // so the table alone bounds the state a client can make. empty tells that
 // the value was empty.
-func (t *tierSet) pick(r *http.Request, repl *caddy.Replacer) (l *Limit, empty bool) {
+func (t *tierSet) pick(r *http.Request, repl *caddy.Replacer) (l *limit, empty bool) {
 	v := t.value(r, repl)
 	if len(v) > maxTierName {
 		// No tier has such a name: not worth hashing a value a client
@@ -102,7 +102,7 @@ func (t *tierSet) value(r *http.Request, repl *caddy.Replacer) string {
 // shownScope is the scope clients are told of (in rate limit fields and
 // refusal bodies): a tier's limit goes by its scope as configured, without
 // the tier and its version.
-func (l *Limit) shownScope() string {
+func (l *limit) shownScope() string {
 	if l.tier != "" {
 		return l.base
 	}
@@ -200,7 +200,6 @@ func (l *Limit) tierLimit(t Tier) *Limit {
 	c := *l
 	c.Tier, c.Tiers, c.DefaultTier = "", nil, ""
 	c.MaxEvents, c.Window, c.Burst, c.Concurrency = t.MaxEvents, t.Window, t.Burst, t.Concurrency
-	c.tier = t.Name
 	return &c
 }
 
@@ -235,7 +234,7 @@ func retainTierSeries(zone, scope string) [2]string {
 // releaseTierSeries drops the series of h's tier versions that no running
 // config uses any more; versions the new config kept are still used, and
 // keep theirs.
-func (h *Handler) releaseTierSeries() {
+func (h *plan) releaseTierSeries() {
 	tierSeries.Lock()
 	defer tierSeries.Unlock()
 	series := h.tierSeries
@@ -262,11 +261,12 @@ func tierScope(scope, tier, version string) string {
 
 // addTiers registers one limit per tier of l, and puts l in the zone's
 // keyed limits to pick among them per request.
-func (z *Zone) addTiers(l *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
-	if err := l.checkTiers(); err != nil {
+func (z *zone) addTiers(cfg *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
+	if err := cfg.checkTiers(); err != nil {
 		return err
 	}
-	ts := &tierSet{expr: l.Tier, byName: make(map[string]*Limit, len(l.Tiers))}
+	l := &limit{Limit: cfg}
+	ts := &tierSet{expr: l.Tier, byName: make(map[string]*limit, len(l.Tiers))}
 	tmpl, _ := keys.ParseTemplate(l.Tier)
 	if names := tmpl.Placeholders(); len(names) == 1 && "{"+names[0]+"}" == l.Tier {
 		if h, ok := strings.CutPrefix(names[0], "http.request.header."); ok {
@@ -277,14 +277,13 @@ func (z *Zone) addTiers(l *Limit, scope string, store backend.Store, logger *zap
 	}
 	keyed := len(z.keyed)
 	for _, t := range l.Tiers {
-		c := l.tierLimit(t)
+		c := &limit{Limit: l.tierLimit(t), tier: t.Name, base: scope}
 		alg, _ := algorithms.Check(c.Algorithm, c.policy())
 		p := c.policy()
 		if algorithms.UsesBurst(alg) && p.Burst == 0 {
 			p.Burst = p.Limit // the default, spelled out or not, is one policy
 		}
-		c.base = scope
-		if err := z.addLimit(c, tierScope(scope, t.Name, tierVersion(alg, p)), store, logger, owner); err != nil {
+		if err := z.addRate(c, tierScope(scope, t.Name, tierVersion(alg, p)), store, logger, owner); err != nil {
 			return fmt.Errorf("tiers: tier %q: %w", t.Name, err)
 		}
 		ts.byName[t.Name] = c

@@ -84,7 +84,7 @@ func TestTierPick(t *testing.T) {
 			defer cleanup()
 			r := tierRequest(tt.headers, tt.vars)
 			repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-			base := h.zones[0].keyed[0]
+			base := h.plan.zones[0].keyed[0]
 			got, empty := base.tiers.pick(r, repl)
 			if got.tier != tt.want || empty != tt.empty {
 				t.Fatalf("picked %q (empty %v), want %q (empty %v)", got.tier, empty, tt.want, tt.empty)
@@ -103,7 +103,7 @@ func TestTierPickTemplate(t *testing.T) {
 	}
 	defer cleanup()
 	r := tierRequest(http.Header{"X-Region": {"us"}}, map[string]any{"plan": "pro"})
-	got, _ := h.zones[0].keyed[0].tiers.pick(r, r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer))
+	got, _ := h.plan.zones[0].keyed[0].tiers.pick(r, r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer))
 	if got.tier != "pro-us" {
 		t.Fatalf("picked %q, want pro-us", got.tier)
 	}
@@ -117,7 +117,7 @@ func TestTierLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cleanup()
-	z := h.zones[0]
+	z := h.plan.zones[0]
 	var names []string
 	for _, l := range z.limits {
 		names = append(names, fmt.Sprintf("%s %d/%s burst %d conc %d shown %q status %d", l.scope, l.MaxEvents, time.Duration(l.Window), l.Burst, l.Concurrency, l.policyName(), l.denyStatus))
@@ -175,7 +175,7 @@ func TestTierVersion(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			scopes[i] = h.zones[0].limits[0].scope
+			scopes[i] = h.plan.zones[0].limits[0].scope
 			cleanup()
 		}
 		if scopes[0] != scopes[1] {
@@ -260,12 +260,12 @@ func TestTierFloodStaysInTable(t *testing.T) {
 		_ = h.ServeHTTP(httptest.NewRecorder(), r, okHandler)
 	}
 	keys := map[string]int64{}
-	for _, st := range h.store.(backend.StatsReporter).Stats() {
+	for _, st := range h.plan.store.(backend.StatsReporter).Stats() {
 		if st.Zone == "tier_flood" {
 			keys[st.Scope] += st.Keys
 		}
 	}
-	z := h.zones[0]
+	z := h.plan.zones[0]
 	want := map[string]int64{z.limits[0].scope: 1, z.limits[1].scope: 0, z.limits[2].scope: 1, z.limits[3].scope: 0}
 	if fmt.Sprint(keys) != fmt.Sprint(want) {
 		t.Fatalf("keys by limit after the flood: %v, want %v", keys, want)
@@ -405,7 +405,7 @@ func BenchmarkTierPick(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.Cleanup(cleanup)
-			ts := h.zones[0].keyed[0].tiers
+			ts := h.plan.zones[0].keyed[0].tiers
 			r := tierRequest(http.Header{"X-Plan": {"pro"}}, map[string]any{"plan": "pro"})
 			repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 			b.ReportAllocs()
@@ -467,7 +467,7 @@ func TestTierServeHTTPAllocations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ts := h.zones[0].keyed[0].tiers
+		ts := h.plan.zones[0].keyed[0].tiers
 		r := tierRequest(http.Header{"X-Plan": {"pro"}}, map[string]any{"plan": "pro"})
 		repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 		if got := testing.AllocsPerRun(200, func() { ts.pick(r, repl) }); got != 0 {

@@ -39,7 +39,7 @@ import (
 // request these features let through.
 type watcher struct {
 	caddyhttp.ResponseWriterWrapper
-	h              *Handler // whose request it watches: its logger, clock and timers
+	h              *plan // whose request it watches: its logger, clock and timers
 	outcome, timed bool
 
 	// The outcome's. status is the first final status (a flush sends
@@ -63,11 +63,11 @@ type watcher struct {
 	// keeps such a request's call going once its client left (budget.go).
 	holdUntil int64
 	hold      *budgetHold
-	limits    []*Limit
+	limits    []*limit
 	reqs      []backend.Request
 	out       []algorithms.Result
 	// Room for the usual one or two such limits.
-	limitBuf [2]*Limit
+	limitBuf [2]*limit
 	reqBuf   [2]backend.Request
 	outBuf   [2]algorithms.Result
 	detached detachedContext
@@ -114,7 +114,7 @@ func (c *detachedContext) Value(key any) any        { return c.parent.Value(key)
 // resets, charges or settles by the response (outcome), and neither an
 // adaptive limit nor the shedding group timed (nil unless this handler
 // times the request for its group) measures its latency.
-func (h *Handler) watch(w http.ResponseWriter, s *requestState, timed *shed.Group) *watcher {
+func (h *plan) watch(w http.ResponseWriter, s *requestState, timed *shed.Group) *watcher {
 	if len(s.adapt) == 0 && timed == nil && !h.outcomes {
 		return nil // inlined: the usual request is not watched
 	}
@@ -123,9 +123,9 @@ func (h *Handler) watch(w http.ResponseWriter, s *requestState, timed *shed.Grou
 
 // newWatcher takes a watcher from the pool for the request of h that s
 // decided.
-func newWatcher(h *Handler, w http.ResponseWriter, s *requestState, timed *shed.Group) *watcher {
+func newWatcher(h *plan, w http.ResponseWriter, s *requestState, timed *shed.Group) *watcher {
 	latency := len(s.adapt) > 0 || timed != nil
-	outcome := h.outcomes && slices.ContainsFunc(s.limits, (*Limit).byResponse)
+	outcome := h.outcomes && slices.ContainsFunc(s.limits, (*limit).byResponse)
 	if !latency && !outcome {
 		return nil
 	}
@@ -170,7 +170,7 @@ func newWatcher(h *Handler, w http.ResponseWriter, s *requestState, timed *shed.
 // byResponse tells whether l counts, resets, charges or settles by the
 // response.
 func (l *Limit) byResponse() bool {
-	return l.CountWhen != nil || l.ResetWhen != nil || l.ChargeWhen != nil || l.settle != nil
+	return l.CountWhen != nil || l.ResetWhen != nil || l.ChargeWhen != nil || l.Settle != ""
 }
 
 // serve hands r on through x, settles what the response decides, then
@@ -424,7 +424,7 @@ func (o *watcher) noteSettle(hdr http.Header) {
 // a trailer it did not declare before the body (reverse_proxy copying an
 // upstream's) under the trailer prefix; a declared one is set under its
 // own name after the body, when it was not a header at the status.
-func (o *watcher) settleValues(l *Limit, i int) []string {
+func (o *watcher) settleValues(l *limit, i int) []string {
 	s := l.settle
 	hdr := o.Header()
 	n := o.settle
@@ -449,7 +449,7 @@ func (o *watcher) settleValues(l *Limit, i int) []string {
 
 // actual reads the real cost of the i-th limit's request, or false when
 // the response does not give one that can be trusted.
-func (o *watcher) actual(r *http.Request, l *Limit, i int) (int64, string, bool) {
+func (o *watcher) actual(r *http.Request, l *limit, i int) (int64, string, bool) {
 	var v string
 	if l.settle.field != "" {
 		vals := o.settleValues(l, i)

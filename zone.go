@@ -82,6 +82,11 @@ type Zone struct {
 	// remaining count would guide an attacker), even when other zones of
 	// the request send theirs.
 	Headers string `json:"headers,omitempty"`
+}
+
+// zone is a provisioned Zone: its config, its limits and what it runs with.
+type zone struct {
+	*Zone
 
 	name       string
 	matchers   caddyhttp.MatcherSets
@@ -89,8 +94,8 @@ type Zone struct {
 	denyNets   []netip.Prefix
 	allowMatch caddyhttp.MatcherSets
 	denyMatch  caddyhttp.MatcherSets
-	limits     []*Limit // the zone's own (if it has a rate) and its scopes
-	keyed      []*Limit // limits plus those of concurrency alone: every key built
+	limits     []*limit // the zone's own (if it has a rate) and its scopes
+	keyed      []*limit // limits plus those of concurrency alone: every key built
 	allowC     prometheus.Counter
 	denyC      prometheus.Counter
 	status     int
@@ -109,7 +114,7 @@ const (
 
 // listed tells whether r is on the zone's deny list (which wins) or allow
 // list.
-func (z *Zone) listed(r *http.Request) (listing, error) {
+func (z *zone) listed(r *http.Request) (listing, error) {
 	if len(z.denyNets) > 0 && keys.Contains(z.denyNets, clientIP(r)) {
 		return listDeny, nil
 	}
@@ -411,8 +416,13 @@ type Limit struct {
 	// a rate, not both; a bucket rate's burst moves with its max_events,
 	// in proportion. Default: unset, the limit is fixed.
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
+}
 
-	zone      *Zone
+// limit is a provisioned Limit: its config and what it runs with.
+type limit struct {
+	*Limit
+
+	zone      *zone
 	scope     string // "" for the zone's own limit
 	keyer     *keys.Keyer
 	handle    backend.Limit
@@ -470,7 +480,7 @@ const (
 // from them directly lets one client pose as many.
 var spoofable = []string{"x-forwarded-for", "x-real-ip", "forwarded", "true-client-ip", "cf-connecting-ip", "x-client-ip"}
 
-func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, logger *zap.Logger) error {
+func (z *zone) provision(ctx caddy.Context, name string, store backend.Store, logger *zap.Logger) error {
 	z.name = name
 	if err := checkNearLimit(z.NearLimit); err != nil {
 		return err
@@ -483,7 +493,7 @@ func (z *Zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 		return fmt.Errorf("deny: %v", err)
 	}
 	for field, sets := range map[string]*caddyhttp.MatcherSets{"MatcherSetsRaw": &z.matchers, "AllowMatchRaw": &z.allowMatch, "DenyMatchRaw": &z.denyMatch} {
-		if err := loadMatchers(ctx, z, field, sets); err != nil {
+		if err := loadMatchers(ctx, z.Zone, field, sets); err != nil {
 			return err
 		}
 	}
@@ -604,7 +614,7 @@ func loadMatchers(ctx caddy.Context, z *Zone, field string, sets *caddyhttp.Matc
 }
 
 // scoped prefixes err with the scope it is about (as configured), if any.
-func (l *Limit) scoped(err error) error {
+func (l *limit) scoped(err error) error {
 	if l.shownScope() == "" {
 		return err
 	}
@@ -612,7 +622,7 @@ func (l *Limit) scoped(err error) error {
 }
 
 // displayName names a limit in messages: the zone, or "<zone>/<scope>".
-func (l *Limit) displayName() string {
+func (l *limit) displayName() string {
 	if l.scope == "" {
 		return l.zone.name
 	}
@@ -629,13 +639,19 @@ func configID(ctx caddy.Context) any {
 	return nil
 }
 
-func (z *Zone) addLimit(l *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
-	if l.tiered() && l.Adaptive != nil {
+func (z *zone) addLimit(c *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
+	if c.tiered() && c.Adaptive != nil {
 		return errAdaptiveTiers
 	}
-	if l.tiered() {
-		return z.addTiers(l, scope, store, logger, owner)
+	if c.tiered() {
+		return z.addTiers(c, scope, store, logger, owner)
 	}
+	return z.addRate(&limit{Limit: c}, scope, store, logger, owner)
+}
+
+// addRate provisions l, a limit of its own (not a tiers table), as the
+// zone's limit of scope.
+func (z *zone) addRate(l *limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
 	l.zone, l.scope = z, scope
 	l.zoneName, l.scopeName = z.name, scope
 	if err := l.provision(logger); err != nil {
@@ -777,7 +793,7 @@ const minSecret = 16
 // state, which also keeps a key count within a 32-bit int.
 const MaxKeysLimit = 1 << 30
 
-func (l *Limit) provision(logger *zap.Logger) error {
+func (l *limit) provision(logger *zap.Logger) error {
 	alg, err := l.check()
 	if err != nil {
 		return err
@@ -785,6 +801,14 @@ func (l *Limit) provision(logger *zap.Logger) error {
 	l.Missing = cmp.Or(l.Missing, MissingShared)
 	l.Fail = cmp.Or(l.Fail, l.defaultFail())
 	l.algorithm = alg
+	if l.adaptCfg, err = l.adaptiveConfig(alg); err != nil {
+		return err
+	}
+	if l.Settle != "" {
+		if l.settle, err = parseSettle(l.Settle); err != nil {
+			return err
+		}
+	}
 	if err := l.provisionBudget(); err != nil {
 		return err
 	}

@@ -45,7 +45,8 @@ func newBreaker(logger *zap.Logger, openFor time.Duration) *breaker {
 		MaxRequests: 1,
 		Timeout:     openFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= breakerTrips },
-		IsExcluded:  func(err error) bool { return errors.As(err, new(callerGone)) },
+		// (nil first: the target errors.As gets would allocate on every call.)
+		IsExcluded: func(err error) bool { return err != nil && errors.As(err, new(callerGone)) },
 		// Redis answered: one request's keys it could not decide say
 		// nothing about the others, whose calls must not fail with it.
 		IsSuccessful: func(err error) bool { return err == nil || failedAlone(err) },

@@ -47,9 +47,12 @@ func (s *Store) manyCmd(ctx context.Context, live []*pending, buf []any) (*gored
 	}
 	verb, id := s.callHead()
 	args := append(buf[:0], verb, id, nkeys)
+	// Keys and the requests' strings go as pointers into their items,
+	// which go-redis writes as the strings they point to: boxing a
+	// string would allocate. The items outlive the call.
 	for _, p := range live {
 		for i := range p.items {
-			args = append(args, p.items[i].key)
+			args = append(args, &p.items[i].key)
 		}
 	}
 	args = append(args, s.header(modeMany)...)
@@ -83,14 +86,14 @@ func (s *Store) manyCmd(ctx context.Context, live []*pending, buf []any) (*gored
 			} else {
 				a[manyKeyZone-1] = z
 			}
-			// The cost goes as an int64, which go-redis writes as a
-			// decimal without formatting a string.
-			a[manyKeyCost-1] = it.cost
+			// The cost goes as an *int64, which go-redis writes as a
+			// decimal: an int64 past 255 would allocate when boxed.
+			a[manyKeyCost-1] = &it.cost
 			a[manyKeyX1-1] = countedArg
 			if it.shadow {
 				a[manyKeyX1-1] = shadowArg
 			}
-			a[manyKeyX2-1] = it.resv
+			a[manyKeyX2-1] = &it.resv
 			args = append(args, a[:]...)
 		}
 	}

@@ -143,7 +143,13 @@ func functionsRefused(err error) bool {
 func (s *Store) loadFunction(ctx context.Context, args []any) (refused bool, err error) {
 	node := goredis.UniversalClient(s.client)
 	if c, ok := s.client.(*goredis.ClusterClient); ok && len(args) > 3 {
-		key, _ := args[3].(string)
+		var key string
+		switch k := args[3].(type) {
+		case string:
+			key = k
+		case *string: // a batch call's (manyCmd)
+			key = *k
+		}
 		if node, err = c.MasterForKey(ctx, key); err != nil {
 			return false, err
 		}

@@ -280,7 +280,10 @@ type group struct {
 // is decided once, for the sum of the costs, as the memory store does.
 func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 	items := make([]item, 0, len(reqs))
-	of := make([]int, len(reqs)) // request → item
+	of := oneItem // request → item; read only
+	if len(reqs) > 1 {
+		of = make([]int, len(reqs))
+	}
 	for i, r := range reqs {
 		z, ok := r.Limit.(*zone)
 		if !ok {
@@ -289,23 +292,29 @@ func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 		conf := z.conf()
 		key := z.stateKey(r.Key)
 		cost := min(max(r.Cost, 0), maxCost)
-		of[i] = -1
+		at := -1
 		for j := range items {
 			if items[j].key == key {
 				items[j].cost = min(items[j].cost+cost, maxCost)
-				of[i] = j
+				at = j
 				break
 			}
 		}
-		if of[i] < 0 {
-			of[i] = len(items)
+		if at < 0 {
+			at = len(items)
 			z.st.use(conf)
 			items = append(items, item{key: key, conf: conf, cost: cost, shadow: r.Shadow})
 			s.budgetItem(&items[len(items)-1], r)
 		}
+		if len(reqs) > 1 {
+			of[i] = at
+		}
 	}
 	return items, of, nil
 }
+
+// oneItem is resolve's map of a single request: shared, never written.
+var oneItem = []int{0}
 
 // groups splits items by hash slot on a cluster, where one script may only
 // touch keys of one slot.

@@ -48,11 +48,16 @@ local function libL()
 			s, pos = l.pre, at + 1
 		else
 			local c = floor((i - 1) / CH)
-			s = l.chunks[c]
+			local chunks = l.chunks
+			if not chunks then
+				chunks = {}
+				l.chunks = chunks
+			end
+			s = chunks[c]
 			if not s then
 				local from = HDR + c * CH * l.stride
 				s = redis.call('GETRANGE', l.key, from, from + CH * l.stride - 1)
-				l.chunks[c] = s
+				chunks[c] = s
 			end
 			pos = (i - 1 - c * CH) * l.stride + 1
 		end
@@ -66,10 +71,15 @@ local function libL()
 	-- logFen reads node i of a format-2 log's tree, through the chunks
 	-- already read, or on its own (a descent touches one node per chunk).
 	local function logFen(l, i)
-		local v = l.fens[i]
+		local fens = l.fens
+		if not fens then
+			fens = {}
+			l.fens = fens
+		end
+		local v = fens[i]
 		if v then return v end
 		local c = floor((i - 1) / CH)
-		local s = l.chunks[c]
+		local s = l.chunks and l.chunks[c]
 		local at = HDR + (i - 1) * 20 + 12
 		if at + 8 <= #l.pre then
 			v = struct.unpack('<d', l.pre, at + 1)
@@ -79,7 +89,7 @@ local function libL()
 			local from = HDR + (i - 1) * 20 + 12
 			v = struct.unpack('<d', redis.call('GETRANGE', l.key, from, from + 7))
 		end
-		l.fens[i] = v
+		fens[i] = v
 		return v
 	end
 
@@ -169,7 +179,7 @@ local function libL()
 			for i = 1, m do parts[i] = struct.pack('<d', times[i] - base) end
 		end
 		local nl = {key = l.key, base = base, sum = sum, wide = fmt, h = 0, h0 = 0, n = m,
-			stride = STRIDE[fmt], chunks = {}, fens = {}, pre = ''}
+			stride = STRIDE[fmt], pre = ''}
 		redis.call('SET', l.key, logHeader(nl) .. table.concat(parts))
 		return nl
 	end
@@ -185,8 +195,9 @@ local function libL()
 		local base, sum, wide, tombs, head, n = struct.unpack('<ddBBI4I4', hdr)
 		local d = base - NS
 		if d < -FAR or d > FAR then return nil end
+		-- (Its chunks and tree nodes are read when first needed.)
 		local l = {key = key, base = d * E9, sum = sum, wide = wide,
-			h = head, h0 = head, n = n, stride = STRIDE[wide], chunks = {}, fens = {}, pre = hdr}
+			h = head, h0 = head, n = n, stride = STRIDE[wide], pre = hdr}
 		-- The whole string when it is shorter than what was asked.
 		if #hdr < HDR + PRE then l.whole = hdr end
 		if wide == 1 or (wide == 0 and tombs == 1) then
@@ -226,6 +237,9 @@ local function libL()
 			count = l.sum
 			local t = logNewest(l)
 			if t and t + W > now then reset = t + W - now end
+			-- The take that follows an allowed decision prunes nothing
+			-- more and finds the same newest event.
+			l.pruned, l.newest = W, t
 		end
 		local r, done = counted(limit, count, cost, reset)
 		if done then
@@ -248,8 +262,11 @@ local function libL()
 		if not l.n then
 			l = {key = key, pre = ''}
 		else
-			logPrune(l, W)
-			local newest = logNewest(l)
+			local newest = l.newest
+			if l.pruned ~= W then
+				logPrune(l, W)
+				newest = logNewest(l)
+			end
 			if newest and newest > t then t = newest end
 		end
 		local fmt = l.wide or 0
@@ -361,7 +378,7 @@ local function libL()
 			redis.call('SETRANGE', key, HDR + (i - 1) * 20, struct.pack('<d', -(t - l.base) - 1))
 			logFenSub(l, key, i, cost)
 		end
-		l.chunks, l.pre = {}, ''
+		l.chunks, l.pre = nil, ''
 		if l.n == l.h then
 			redis.call('DEL', key)
 			return
@@ -405,7 +422,7 @@ local function libL()
 			end
 			redis.call('SETRANGE', key, 0, logHeader(l))
 		end
-		l.chunks, l.pre = {}, ''
+		l.chunks, l.pre = nil, ''
 		redis.call('PEXPIRE', key, px(logNewest(l) + W))
 	end
 
@@ -447,7 +464,7 @@ local function libL()
 		logFenSub(l, key, i, est - u)
 		l.sum = l.sum + u - est
 		redis.call('SETRANGE', key, 0, logHeader(l))
-		l.chunks, l.pre = {}, ''
+		l.chunks, l.pre = nil, ''
 		-- Nodes past 2^47 would make prefix sums inexact: a rewrite makes
 		-- them cover the live events alone.
 		local j = i

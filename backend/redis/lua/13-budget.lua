@@ -37,7 +37,8 @@ end
 local function holdReservations(args, results)
 	for i = 1, #args do
 		local a = args[i]
-		local ttl, tok = string.match(a.x2, '^(%d+):(t%d+)$')
+		local ttl, tok
+		if a.x2 ~= '' then ttl, tok = string.match(a.x2, '^(%d+):(t%d+)$') end
 		if ttl and results[i][KEY_REPLY_ALLOWED] == 1 and a.cost > 0 then
 			ttl = tonumber(ttl)
 			local rk = a.key .. RESERVATIONS_SUFFIX

@@ -7,10 +7,11 @@
 local function decideKeys(args, undo, out, o)
 	local n = #args
 	local states = {}
-	local before = {}
+	local before = undo and {}
 	for i = 1, n do
 		local a = args[i]
-		if string.find(a.x2, ':t', 1, true) then expireDue(a) end
+		-- (x2 is empty but for a reservation.)
+		if a.x2 ~= '' and string.find(a.x2, ':t', 1, true) then expireDue(a) end
 		states[i] = loadItem(a)
 		-- (A log is given back by its refund, which is exact: no copy.)
 		if undo and a.kind ~= KIND_LOG then

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/backend"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
 )
 
 // ErrMissingKey is the error behind a 400 answer of a "missing deny" limit

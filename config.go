@@ -2,24 +2,182 @@ package sluice
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
-	"maps"
 	"math"
-	"net/http"
-	"net/netip"
-	"slices"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/algorithms"
-	"github.com/sluicehq/sluice/backend"
-	"github.com/sluicehq/sluice/internal/aimd"
-	"github.com/sluicehq/sluice/internal/conc"
 	"github.com/sluicehq/sluice/internal/keys"
+
+	// The shuffle_shard load-balancing policy ships with the handler.
+	// The stores register themselves as backend modules.
+	_ "github.com/sluicehq/sluice/backend/memory"
+	_ "github.com/sluicehq/sluice/backend/redis"
+	_ "github.com/sluicehq/sluice/shard"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler limits the rate of requests, per zone and per key.
+//
+// A request is checked against every zone whose matchers it satisfies and is
+// decided once, all or nothing: when any zone denies it, no zone consumes
+// anything. A denied request gets HTTP 429 with a Retry-After header, as an
+// error that `handle_errors` routes can shape; the placeholder
+// `{http.rate_limit.exceeded.name}` holds the name of the zone that denied it.
+//
+// The JSON shape is a superset of mholt/caddy-ratelimit's, so its configs work
+// unchanged and behave the same (an exact sliding window per zone).
+type Handler struct {
+	// RateLimits are the zones, keyed by name. Zones of the same name share
+	// their state, across handlers and across config reloads, so give zones
+	// of different handlers different names unless they should share.
+	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
+
+	// Jitter adds a random extra wait of up to this fraction of the wait to
+	// Retry-After (0.2 adds up to 20%), so that denied clients do not all
+	// retry at the same instant. 0 or more; above 1 (more than doubling the
+	// wait) a warning is logged, since `jitter 20` is usually meant as 20%.
+	// Default: 0.
+	Jitter float64 `json:"jitter,omitempty"`
+
+	// SweepInterval is how often keys that are back to idle are dropped from
+	// memory. Default (and 0): 1m. Values under 1s are taken as 1s and values
+	// over 24h as 24h, with a warning: a key back to idle has nothing left to
+	// limit, so only memory and CPU see the difference.
+	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
+
+	// LogKey adds the key to the log line of a denied request. Off by
+	// default because keys can hold personal data.
+	LogKey bool `json:"log_key,omitempty"`
+
+	// DisableMetrics turns off this handler's Prometheus metrics.
+	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
+	// BackendRaw is where the zones' state lives and requests are decided:
+	// a module of the http.rate_limit.backends namespace, chosen by its
+	// "name". "memory" keeps the state in this Caddy process (each instance
+	// of a fleet limits on its own). Default: {"name": "memory"}.
+	BackendRaw json.RawMessage `json:"backend,omitempty" caddy:"namespace=http.rate_limit.backends inline_key=name"`
+
+	// Distributed shares the zones' counts with the other instances that
+	// use the same storage, eventually consistent (see Distributed), as
+	// mholt/caddy-ratelimit does. An empty object enables it with the
+	// defaults. Default: unset, each instance limits on its own.
+	Distributed *Distributed `json:"distributed,omitempty"`
+
+	// StorageRaw is the Caddy storage module distributed syncs through.
+	// Default: the storage of the Caddy config (file_system unless set).
+	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
+
+	// BodyLimit is how many bytes of a request body are read to find a key
+	// or cost field ({http.request.body.json.*}, {http.request.body.form.*},
+	// {http.request.body.field.*}), or the size of a body sent without
+	// Content-Length ({http.request.body.size}). A larger body is
+	// unreadable (its size too, when it declares none): it is never
+	// skipped by missing "skip", and a cost read from it is answered with
+	// 400. The body is always handed on unchanged. Default: 65536 (64 KiB);
+	// at most 16777216 (16 MiB), since each request being read holds this
+	// much.
+	BodyLimit int64 `json:"body_limit,omitempty"`
+
+	// Headers is which rate limit header fields allowed and denied
+	// responses carry, for every zone that does not choose its own: "draft"
+	// (RateLimit-Policy and RateLimit, as structured fields), "legacy"
+	// (X-RateLimit-Limit, -Remaining and -Reset, in seconds), "both" or
+	// "none". Default: "none", as mholt/caddy-ratelimit sends none.
+	Headers string `json:"headers,omitempty"`
+
+	// Respond makes Sluice write the body of every refusal itself (429,
+	// 503 of a zone that fails closed, 400 for a missing key or a bad cost,
+	// 403 for a deny list), without Caddy's error path: "json", "problem"
+	// (application/problem+json) or "text". Default: unset, every refusal
+	// is a Caddy error that handle_errors routes can shape.
+	Respond string `json:"respond,omitempty"`
+
+	// Shed makes this handler's requests part of a load shedding group,
+	// with a priority: when the group has too many requests in flight
+	// for its capacity, the lowest priorities are refused with 503.
+	// Default: unset, never shed and not counted.
+	Shed *Shed `json:"shed,omitempty"`
+
+	// Tarpit holds the answer to a request a rate limit denies for up to
+	// this long (between half and all of it, at random) before it is
+	// written: a scraper's connection is kept busy instead of freed to
+	// try again. At most 1m. Default: 0, denials are answered at once.
+	Tarpit caddy.Duration `json:"tarpit,omitempty"`
+
+	// TarpitMax caps how many denied requests the tarpit holds at once;
+	// beyond it a denial is answered at once. A held request costs its
+	// own connection and handler goroutine, nothing more. From 1 to
+	// 1000000. Default: 1000 (with tarpit).
+	TarpitMax int64 `json:"tarpit_max,omitempty"`
+
+	// plan is what Provision compiled the config into, which requests
+	// run on.
+	plan *plan
+}
+
+// jitterWarnAbove is the jitter above which a warning says that the value
+// is a fraction: mholt/caddy-ratelimit's Caddyfile syntax calls it a
+// percent, so `jitter 20` may mean 20% where it adds up to 20 times the wait.
+const jitterWarnAbove = 1
+
+// minSweepInterval keeps the sweeper from spinning: each sweep walks every
+// key.
+const minSweepInterval = time.Second
+
+// maxSweepInterval is the longest sweep interval: beyond a day, idle keys
+// would leave memory only when max_keys evicts them.
+const maxSweepInterval = 24 * time.Hour
+
+// checkJitter refuses what no wait can be multiplied by. Any other value
+// loads, as it did with mholt/caddy-ratelimit: the wait it gives is bounded
+// where it is added.
+func checkJitter(j float64) error {
+	if math.IsNaN(j) || math.IsInf(j, 0) || j < 0 {
+		return fmt.Errorf("jitter must be a fraction of the wait, 0 or more (0.2 adds up to 20%%), got %v", j)
+	}
+	return nil
+}
+
+// sweepInterval is si brought within the bounds the sweeper runs at, and
+// whether it had to be.
+func sweepInterval(si time.Duration) (time.Duration, bool) {
+	switch {
+	case si < minSweepInterval:
+		return minSweepInterval, true
+	case si > maxSweepInterval:
+		return maxSweepInterval, true
+	}
+	return si, false
+}
+
+// MaxBodyLimit is the largest body_limit, in bytes: every request whose
+// body is read for a key holds up to this much in memory until it is
+// decided, so a flood of large bodies costs at most this much each.
+const MaxBodyLimit = 16 << 20
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
 
 // Zone is one group of requests (match) limited by one rate, per key, and
@@ -82,62 +240,6 @@ type Zone struct {
 	// remaining count would guide an attacker), even when other zones of
 	// the request send theirs.
 	Headers string `json:"headers,omitempty"`
-}
-
-// zone is a provisioned Zone: its config, its limits and what it runs with.
-type zone struct {
-	*Zone
-
-	name       string
-	matchers   caddyhttp.MatcherSets
-	allowNets  []netip.Prefix
-	denyNets   []netip.Prefix
-	allowMatch caddyhttp.MatcherSets
-	denyMatch  caddyhttp.MatcherSets
-	limits     []*limit // the zone's own (if it has a rate) and its scopes
-	keyed      []*limit // limits plus those of concurrency alone: every key built
-	allowC     prometheus.Counter
-	denyC      prometheus.Counter
-	status     int
-	nameValue  any // name, boxed once for the replacer
-	refused    refusalCounters
-	errs       [numReasons]error // the refusals' Caddy errors, made once
-}
-
-type listing int
-
-const (
-	listNone listing = iota
-	listAllow
-	listDeny
-)
-
-// listed tells whether r is on the zone's deny list (which wins) or allow
-// list.
-func (z *zone) listed(r *http.Request) (listing, error) {
-	if len(z.denyNets) > 0 && keys.Contains(z.denyNets, clientIP(r)) {
-		return listDeny, nil
-	}
-	if len(z.denyMatch) > 0 {
-		if ok, err := z.denyMatch.AnyMatchWithError(r); err != nil || ok {
-			return listDeny, err
-		}
-	}
-	allow := len(z.allowNets) > 0 && keys.Contains(z.allowNets, clientIP(r))
-	if !allow && len(z.allowMatch) > 0 {
-		ok, err := z.allowMatch.AnyMatchWithError(r)
-		if err != nil {
-			return listNone, err
-		}
-		allow = ok
-	}
-	if allow {
-		if z.allowC != nil {
-			z.allowC.Inc()
-		}
-		return listAllow, nil
-	}
-	return listNone, nil
 }
 
 // Limit is one rate over one key: the zone's own, or a scope's.
@@ -418,43 +520,6 @@ type Limit struct {
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
 }
 
-// limit is a provisioned Limit: its config and what it runs with.
-type limit struct {
-	*Limit
-
-	zone      *zone
-	scope     string // "" for the zone's own limit
-	keyer     *keys.Keyer
-	handle    backend.Limit
-	algorithm string
-	maxCost   int64
-	metrics   limitMetrics
-	cfg       backend.LimitConfig // as registered with the store
-	local     backend.Limit       // the in-process fallback of a "local" limit
-	failC     prometheus.Counter
-	conc      *conc.Local  // nil without concurrency; with shared slots, the "local" fallback
-	shared    *conc.Shared // slots shared through the backend (Redis)
-	// The answer of a denial by this limit, made at provision.
-	denyStatus int
-	denyErr    error
-	denyReason reason
-	// tiers picks the limit of a request's tier; nil without Tiers. Each
-	// tier's limit has its tier's name in tier.
-	tiers    *tierSet
-	tier     string
-	base     string         // a tier's scope as configured, without the tier
-	budget   limitBudget    // charge_when and align (budget.go)
-	adapt    *adaptiveLimit // nil unless adaptive
-	adaptCfg aimd.Config
-	// The zone and scope names as placeholder values, converted once:
-	// converting a string to an interface value allocates.
-	zoneName, scopeName any
-	hdr                 limitHeaders
-	// Placeholders of the key and cost that an earlier handler must set.
-	keyByHandler, costByHandler []*handlerPlaceholder
-	settle                      *settler // nil without settle
-}
-
 // Normalize is one normalizer of a key: its name and its options.
 type Normalize struct {
 	// Name is trim, lower, email, phone, path or credentials (an
@@ -479,67 +544,6 @@ const (
 // spoofable are request headers a client can set to anything; a key built
 // from them directly lets one client pose as many.
 var spoofable = []string{"x-forwarded-for", "x-real-ip", "forwarded", "true-client-ip", "cf-connecting-ip", "x-client-ip"}
-
-func (z *zone) provision(ctx caddy.Context, name string, store backend.Store, logger *zap.Logger) error {
-	z.name = name
-	if err := checkNearLimit(z.NearLimit); err != nil {
-		return err
-	}
-	var err error
-	if z.allowNets, err = keys.ParseCIDRs(z.Allow); err != nil {
-		return fmt.Errorf("allow: %v", err)
-	}
-	if z.denyNets, err = keys.ParseCIDRs(z.Deny); err != nil {
-		return fmt.Errorf("deny: %v", err)
-	}
-	for field, sets := range map[string]*caddyhttp.MatcherSets{"MatcherSetsRaw": &z.matchers, "AllowMatchRaw": &z.allowMatch, "DenyMatchRaw": &z.denyMatch} {
-		if err := loadMatchers(ctx, z.Zone, field, sets); err != nil {
-			return err
-		}
-	}
-
-	// A scope without a key of its own counts the zone's key, processed the
-	// same way: a cooldown or a daily cap on the same identifier.
-	for _, l := range z.Scopes {
-		if l != nil {
-			l.Fail = cmp.Or(l.Fail, z.Fail)
-		}
-		if l != nil && l.Key == "" {
-			l.Key = z.Key
-			l.IPv4Prefix = cmp.Or(l.IPv4Prefix, z.IPv4Prefix)
-			l.IPv6Prefix = cmp.Or(l.IPv6Prefix, z.IPv6Prefix)
-			l.Hash = cmp.Or(l.Hash, z.Hash)
-			l.Missing = cmp.Or(l.Missing, z.Missing)
-			if l.Normalize == nil {
-				l.Normalize = z.Normalize
-			}
-		}
-	}
-
-	// The zone's own limit exists when it has a rate (or is the only one:
-	// then its errors name the missing fields).
-	own := z.Limit
-	if own.MaxEvents != 0 || own.Window != 0 || own.Concurrency != 0 || own.Tiers != nil || len(z.Scopes) == 0 {
-		if err := z.addLimit(&z.Limit, "", store, logger, configID(ctx)); err != nil {
-			return err
-		}
-	} else if unused := own.ownOnly(); len(unused) > 0 {
-		return ownOnlyError(unused)
-	}
-	for _, scope := range slices.Sorted(maps.Keys(z.Scopes)) {
-		l := z.Scopes[scope]
-		switch {
-		case !validScopeName(scope):
-			return fmt.Errorf("scope %q: a scope name must be non-empty, without / or braces", scope)
-		case l == nil:
-			return fmt.Errorf("scope %q: empty definition", scope)
-		}
-		if err := z.addLimit(l, scope, store, logger, configID(ctx)); err != nil {
-			return fmt.Errorf("scope %q: %w", scope, err)
-		}
-	}
-	return nil
-}
 
 // ownOnly names the options set on l that only a limit of its own reads:
 // on a zone made only of scopes (no rate of its own) they would do nothing,
@@ -596,89 +600,6 @@ func itOrThem(s []string) string {
 		return "it"
 	}
 	return "them"
-}
-
-func loadMatchers(ctx caddy.Context, z *Zone, field string, sets *caddyhttp.MatcherSets) error {
-	raw := map[string]caddyhttp.RawMatcherSets{"MatcherSetsRaw": z.MatcherSetsRaw, "AllowMatchRaw": z.AllowMatchRaw, "DenyMatchRaw": z.DenyMatchRaw}[field]
-	if len(raw) == 0 {
-		return nil
-	}
-	mods, err := ctx.LoadModule(z, field)
-	if err != nil {
-		return fmt.Errorf("loading matchers: %v", err)
-	}
-	if err := sets.FromInterface(mods); err != nil {
-		return fmt.Errorf("loading matchers: %v", err)
-	}
-	return nil
-}
-
-// scoped prefixes err with the scope it is about (as configured), if any.
-func (l *limit) scoped(err error) error {
-	if l.shownScope() == "" {
-		return err
-	}
-	return fmt.Errorf("scope %q: %w", l.shownScope(), err)
-}
-
-// displayName names a limit in messages: the zone, or "<zone>/<scope>".
-func (l *limit) displayName() string {
-	if l.scope == "" {
-		return l.zone.name
-	}
-	return l.zone.name + "/" + l.scope
-}
-
-// configID identifies the config being provisioned. The context's
-// context.Context differs per server (the http app derives one for each),
-// but the metrics registry is made once per config.
-func configID(ctx caddy.Context) any {
-	if reg := ctx.GetMetricsRegistry(); reg != nil {
-		return reg
-	}
-	return nil
-}
-
-func (z *zone) addLimit(c *Limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
-	if c.tiered() && c.Adaptive != nil {
-		return errAdaptiveTiers
-	}
-	if c.tiered() {
-		return z.addTiers(c, scope, store, logger, owner)
-	}
-	return z.addRate(&limit{Limit: c}, scope, store, logger, owner)
-}
-
-// addRate provisions l, a limit of its own (not a tiers table), as the
-// zone's limit of scope.
-func (z *zone) addRate(l *limit, scope string, store backend.Store, logger *zap.Logger, owner any) error {
-	l.zone, l.scope = z, scope
-	l.zoneName, l.scopeName = z.name, scope
-	if err := l.provision(logger); err != nil {
-		return err
-	}
-	if err := l.provisionConc(store, logger); err != nil {
-		return err
-	}
-	z.keyed = append(z.keyed, l)
-	if l.concOnly() {
-		return l.provisionAdaptive(logger)
-	}
-	policy := l.policy()
-	var err error
-	if l.Lease > 0 && z.Shadow {
-		return fmt.Errorf("lease: a shadow zone's requests never deny, and each is decided by the backend: remove lease")
-	}
-	if err := z.checkLockoutShadow(l); err != nil {
-		return err
-	}
-	l.cfg = backend.LimitConfig{Name: z.name, Scope: scope, Algorithm: l.algorithm, Policy: policy, MaxKeys: l.MaxKeys, Cost: l.constantCost(), Lease: l.Lease, Lockout: l.lockoutSteps(), MostEvents: l.adaptCfg.Max, Owner: owner, Calendar: l.budget.cal}
-	l.handle, err = store.Register(l.cfg)
-	if err != nil {
-		return err
-	}
-	z.limits = append(z.limits, l)
-	return l.provisionAdaptive(logger)
 }
 
 // constantCost is the cost of every request, or 0 when a placeholder
@@ -792,62 +713,6 @@ const minSecret = 16
 // MaxKeysLimit is the largest max_keys: 2^30 keys, tens of gigabytes of
 // state, which also keeps a key count within a 32-bit int.
 const MaxKeysLimit = 1 << 30
-
-func (l *limit) provision(logger *zap.Logger) error {
-	alg, err := l.check()
-	if err != nil {
-		return err
-	}
-	l.Missing = cmp.Or(l.Missing, MissingShared)
-	l.Fail = cmp.Or(l.Fail, l.defaultFail())
-	l.algorithm = alg
-	if l.adaptCfg, err = l.adaptiveConfig(alg); err != nil {
-		return err
-	}
-	if l.Settle != "" {
-		if l.settle, err = parseSettle(l.Settle); err != nil {
-			return err
-		}
-	}
-	if err := l.provisionBudget(); err != nil {
-		return err
-	}
-	if alg != "" {
-		l.maxCost = algorithms.MaxCost(alg, l.policy())
-	}
-
-	opts := keys.Options{IPv4Prefix: l.IPv4Prefix, IPv6Prefix: l.IPv6Prefix}
-	for i, n := range l.Normalize {
-		f, err := keys.NewNormalizer(n.Name, n.Region, n.Aliases)
-		if err != nil {
-			return fmt.Errorf("normalize[%d]: %v", i, err)
-		}
-		opts.Normalizers = append(opts.Normalizers, f)
-	}
-	if l.Hash != "" {
-		secret := caddy.NewReplacer().ReplaceAll(l.Hash, "")
-		switch {
-		case secret == "":
-			return fmt.Errorf("hash: the secret %q is empty (is the environment variable set?)", l.Hash)
-		case len(secret) < minSecret:
-			return fmt.Errorf("hash: the secret must be at least %d bytes, got %d", minSecret, len(secret))
-		}
-		opts.Secret = []byte(secret)
-	}
-	if l.keyer, err = keys.NewKeyer(l.Key, opts); err != nil {
-		return fmt.Errorf("key: %v", err)
-	}
-	for _, ph := range l.keyer.Template().Placeholders() {
-		lower := strings.ToLower(ph)
-		for _, h := range spoofable {
-			if lower == "http.request.header."+h {
-				logger.Warn("a rate limit key reads a header any client can set: each client can pose as many. Use {client_ip} ({http.vars.client_ip}) and configure trusted_proxies instead",
-					zap.String("zone", l.zone.name), zap.String("scope", l.scope), zap.String("key", l.Key))
-			}
-		}
-	}
-	return nil
-}
 
 func burstOrMax(alg string, maxDelay caddy.Duration) string {
 	switch {

@@ -420,7 +420,7 @@ func listZones() []zoneInfo {
 			p := l.policy()
 			li := limitInfo{
 				Scope: l.scope, Key: l.Key, Algorithm: l.algorithm, MaxEvents: p.Limit,
-				Window: time.Duration(p.Window).String(), Burst: p.Burst, Fail: l.Fail,
+				Window: time.Duration(p.Window).String(), Burst: p.Burst, Fail: l.fail,
 				Requests: counterValue(l.metrics.requests), Declined: counterValue(l.metrics.declinedC),
 				ShadowDeclined: counterValue(l.metrics.shadowC),
 			}

@@ -110,7 +110,7 @@ func (l *limit) provisionConc(store backend.Store, logger *zap.Logger) error {
 		return fmt.Errorf("concurrency: %w", err)
 	}
 	l.shared = conc.NewShared(slots, time.Duration(l.Queue), l.QueueMax, gauge, logger)
-	if l.Fail == FailLocal {
+	if l.fail == FailLocal {
 		// While Redis is away, each instance caps its own requests.
 		l.conc = conc.NewLocal(l.Concurrency, time.Duration(l.Queue), l.QueueMax, gauge)
 	}
@@ -224,9 +224,9 @@ func (h *plan) takeSlot(r *http.Request, cr concReq, newTimer func(time.Duration
 			l.failC.Inc()
 		}
 		switch {
-		case l.Fail == FailClosed:
+		case l.fail == FailClosed:
 			return heldSlot{}, err
-		case l.Fail != FailLocal || l.conc == nil:
+		case l.fail != FailLocal || l.conc == nil:
 			h.warnFailure("rate limit backend unavailable: a concurrency limit that fails open admits without a slot", r, []*limit{l}, err)
 			return heldSlot{}, nil
 		}

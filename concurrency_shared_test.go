@@ -30,7 +30,7 @@ func TestSharedConcFailPolicies(t *testing.T) {
 			l := u.h.plan.zones[0].limits[0]
 			f := conctest.NewSlots(1)
 			f.Down = true
-			l.Fail = tc.fail
+			l.fail = tc.fail
 			l.shared = testShared(f)
 			if tc.fail != FailLocal {
 				l.conc = nil

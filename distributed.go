@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -43,16 +44,20 @@ type Distributed struct {
 	PurgeAge caddy.Duration `json:"purge_age,omitempty"`
 }
 
+// intervals are the read and write intervals in force: the configured
+// ones, or the default for those unset.
+func (d *Distributed) intervals() (read, write time.Duration) {
+	return cmp.Or(time.Duration(d.ReadInterval), fleet.DefaultInterval), cmp.Or(time.Duration(d.WriteInterval), fleet.DefaultInterval)
+}
+
 func (d *Distributed) check() error {
+	read, write := d.intervals()
 	for _, f := range []struct {
 		name string
-		v    *caddy.Duration
-	}{{"read_interval", &d.ReadInterval}, {"write_interval", &d.WriteInterval}} {
-		if *f.v == 0 {
-			*f.v = caddy.Duration(fleet.DefaultInterval)
-		}
-		if time.Duration(*f.v) < fleet.MinInterval {
-			return fmt.Errorf("distributed: %s must be at least %s, got %s", f.name, fleet.MinInterval, time.Duration(*f.v))
+		v    time.Duration
+	}{{"read_interval", read}, {"write_interval", write}} {
+		if f.v < fleet.MinInterval {
+			return fmt.Errorf("distributed: %s must be at least %s, got %s", f.name, fleet.MinInterval, f.v)
 		}
 	}
 	if d.PurgeAge < 0 {
@@ -120,8 +125,9 @@ func (h *plan) provisionDistributed(ctx caddy.Context) error {
 		return fmt.Errorf("distributed: instance id: %v", err)
 	}
 	d := h.Distributed
+	read, write := d.intervals()
 	h.fleet = &fleetMember{m: fleet.Join(fleet.Config{Storage: storage, Instance: id.String(),
-		ReadInterval: time.Duration(d.ReadInterval), WriteInterval: time.Duration(d.WriteInterval), PurgeAge: time.Duration(d.PurgeAge),
+		ReadInterval: read, WriteInterval: write, PurgeAge: time.Duration(d.PurgeAge),
 		Now: h.now, Logger: h.logger}, limits), logger: h.logger}
 	return nil
 }

@@ -42,18 +42,18 @@ func (h *plan) provisionFailover(ctx caddy.Context) error {
 			// A limit of shared concurrency slots alone fails over in
 			// takeSlot, with the slots of this instance as its local store.
 			if l.concOnly() && l.shared != nil {
-				h.logger.Info("rate limit zone's policy when its backend fails", zap.String("zone", z.name), zap.String("scope", l.scope), zap.String("fail", l.Fail))
+				h.logger.Info("rate limit zone's policy when its backend fails", zap.String("zone", z.name), zap.String("scope", l.scope), zap.String("fail", l.fail))
 				if h.metrics {
-					l.failC = metrics.failures.WithLabelValues(z.name, l.scope, l.Fail)
+					l.failC = metrics.failures.WithLabelValues(z.name, l.scope, l.fail)
 				}
 			}
 		}
 		for _, l := range z.limits {
-			h.logger.Info("rate limit zone's policy when its backend fails", zap.String("zone", z.name), zap.String("scope", l.scope), zap.String("fail", l.Fail))
+			h.logger.Info("rate limit zone's policy when its backend fails", zap.String("zone", z.name), zap.String("scope", l.scope), zap.String("fail", l.fail))
 			if h.metrics {
-				l.failC = metrics.failures.WithLabelValues(z.name, l.scope, l.Fail)
+				l.failC = metrics.failures.WithLabelValues(z.name, l.scope, l.fail)
 			}
-			if l.Fail != FailLocal {
+			if l.fail != FailLocal {
 				continue
 			}
 			if h.local == nil {
@@ -99,20 +99,20 @@ func (h *plan) failover(r *http.Request, s *requestState, err error) (*refusal, 
 		if l.failC != nil {
 			l.failC.Inc()
 		}
-		closed = closed || l.Fail == FailClosed && !l.zone.Shadow
+		closed = closed || l.fail == FailClosed && !l.zone.Shadow
 	}
 	if closed {
 		var wait time.Duration
 		if ue, ok := errors.AsType[*backend.UnavailableError](err); ok {
 			wait = ue.RetryAfter
 		}
-		l := s.limits[slices.IndexFunc(s.limits, func(l *limit) bool { return l.Fail == FailClosed && !l.zone.Shadow })]
+		l := s.limits[slices.IndexFunc(s.limits, func(l *limit) bool { return l.fail == FailClosed && !l.zone.Shadow })]
 		return s.refuse(refusal{reason: reasonUnavailable, zone: l.zone, limit: l, retryAfter: retryAfterSeconds(wait), wait: wait, detail: err}), nil
 	}
 	h.warnFailure("rate limit backend unavailable: applying the zones' fail policy", r, s.limits, err)
 	n := 0
 	for i, l := range s.limits {
-		if l.Fail == FailLocal && l.local != nil {
+		if l.fail == FailLocal && l.local != nil {
 			s.reqs[n], s.limits[n] = s.reqs[i], l
 			s.reqs[n].Limit = l.local
 			n++
@@ -141,7 +141,7 @@ func (h *plan) warnFailure(msg string, r *http.Request, limits []*limit, err err
 	}
 	names := make([]string, len(limits))
 	for i, l := range limits {
-		names[i] = l.displayName() + ":" + l.Fail
+		names[i] = l.displayName() + ":" + l.fail
 	}
 	ce.Write(zap.Strings("limits", names), zap.String("client_ip", clientIP(r)), zap.Error(err))
 }

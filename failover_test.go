@@ -167,8 +167,8 @@ func TestFailScopes(t *testing.T) {
 	}()
 	for _, l := range h.plan.zones[0].limits {
 		want := map[string]string{"inherits": FailLocal, "opens": FailOpen}[l.scope]
-		if l.Fail != want {
-			t.Fatalf("scope %q fails %q, want %q", l.scope, l.Fail, want)
+		if l.fail != want {
+			t.Fatalf("scope %q fails %q, want %q", l.scope, l.fail, want)
 		}
 	}
 	store.fail(errDown)

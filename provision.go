@@ -323,12 +323,15 @@ func (z *zone) listed(r *http.Request) (listing, error) {
 	return listNone, nil
 }
 
-// limit is a provisioned Limit: its config and what it runs with.
+// limit is a provisioned Limit: its config (a scope's as its zone completes
+// it) and what it runs with.
 type limit struct {
 	*Limit
 
 	zone      *zone
 	scope     string // "" for the zone's own limit
+	missing   string // in force: the limit's (a scope on its zone's key: the zone's), else shared
+	fail      string // in force: the limit's (a scope's: else its zone's), else defaultFail
 	keyer     *keys.Keyer
 	handle    backend.Limit
 	algorithm string
@@ -378,24 +381,6 @@ func (z *zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 		}
 	}
 
-	// A scope without a key of its own counts the zone's key, processed the
-	// same way: a cooldown or a daily cap on the same identifier.
-	for _, l := range z.Scopes {
-		if l != nil {
-			l.Fail = cmp.Or(l.Fail, z.Fail)
-		}
-		if l != nil && l.Key == "" {
-			l.Key = z.Key
-			l.IPv4Prefix = cmp.Or(l.IPv4Prefix, z.IPv4Prefix)
-			l.IPv6Prefix = cmp.Or(l.IPv6Prefix, z.IPv6Prefix)
-			l.Hash = cmp.Or(l.Hash, z.Hash)
-			l.Missing = cmp.Or(l.Missing, z.Missing)
-			if l.Normalize == nil {
-				l.Normalize = z.Normalize
-			}
-		}
-	}
-
 	// The zone's own limit exists when it has a rate (or is the only one:
 	// then its errors name the missing fields).
 	own := z.Limit
@@ -414,11 +399,31 @@ func (z *zone) provision(ctx caddy.Context, name string, store backend.Store, lo
 		case l == nil:
 			return fmt.Errorf("scope %q: empty definition", scope)
 		}
-		if err := z.addLimit(l, scope, store, logger, configID(ctx)); err != nil {
+		if err := z.addLimit(z.inherit(l), scope, store, logger, configID(ctx)); err != nil {
 			return fmt.Errorf("scope %q: %w", scope, err)
 		}
 	}
 	return nil
+}
+
+// inherit is scope l completed by its zone, as its limit runs (the config
+// stays as written): a scope without a fail policy takes the zone's, and a
+// scope without a key of its own counts the zone's key, processed the same
+// way: a cooldown or a daily cap on the same identifier.
+func (z *Zone) inherit(l *Limit) *Limit {
+	c := *l
+	c.Fail = cmp.Or(c.Fail, z.Fail)
+	if c.Key == "" {
+		c.Key = z.Key
+		c.IPv4Prefix = cmp.Or(c.IPv4Prefix, z.IPv4Prefix)
+		c.IPv6Prefix = cmp.Or(c.IPv6Prefix, z.IPv6Prefix)
+		c.Hash = cmp.Or(c.Hash, z.Hash)
+		c.Missing = cmp.Or(c.Missing, z.Missing)
+		if c.Normalize == nil {
+			c.Normalize = z.Normalize
+		}
+	}
+	return &c
 }
 
 func loadMatchers(ctx caddy.Context, z *Zone, field string, sets *caddyhttp.MatcherSets) error {
@@ -509,8 +514,8 @@ func (l *limit) provision(logger *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	l.Missing = cmp.Or(l.Missing, MissingShared)
-	l.Fail = cmp.Or(l.Fail, l.defaultFail())
+	l.missing = cmp.Or(l.Missing, MissingShared)
+	l.fail = cmp.Or(l.Fail, l.defaultFail())
 	l.algorithm = alg
 	if l.adaptCfg, err = l.adaptiveConfig(alg); err != nil {
 		return err

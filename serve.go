@@ -248,19 +248,19 @@ func (h *plan) collectLimit(r *http.Request, repl *caddy.Replacer, s *requestSta
 	key, err := l.keyer.Key(r, repl, s.body)
 	l.warnUnset(h.logger, repl, err != nil)
 	if err != nil {
-		l.metrics.missing(l.Missing)
+		l.metrics.missing(l.missing)
 		switch {
-		case l.Missing == MissingSkip && errors.Is(err, keys.ErrAbsent):
+		case l.missing == MissingSkip && errors.Is(err, keys.ErrAbsent):
 			return nil
-		case l.Missing == MissingSkip:
+		case l.missing == MissingSkip:
 			// Only an absent value is skipped. A value given twice,
 			// a body that cannot be read or a value a normalizer
 			// refuses may still name someone to the application:
 			// skipping them would let a client step around the
 			// limit. They share one quota instead.
-		case l.Missing == MissingDeny && z.Shadow:
+		case l.missing == MissingDeny && z.Shadow:
 			s.note(shadowMissingKey, z, l, err)
-		case l.Missing == MissingDeny:
+		case l.missing == MissingDeny:
 			return s.refuse(refusal{reason: reasonMissingKey, zone: z, limit: l, retryAfter: -1, detail: err})
 		}
 	}

@@ -292,7 +292,7 @@ func (z *zone) addTiers(cfg *Limit, scope string, store backend.Store, logger *z
 	// Requests reach the tiers through l alone, which shares their key.
 	z.keyed = slices.Delete(z.keyed, keyed, len(z.keyed))
 	l.zone, l.scope, l.base, l.tiers = z, scope, scope, ts
-	l.keyer, l.Missing = ts.def.keyer, ts.def.Missing
+	l.keyer, l.missing, l.fail = ts.def.keyer, ts.def.missing, ts.def.fail
 	z.keyed = append(z.keyed, l)
 	for _, ph := range tmpl.Placeholders() {
 		if setByHandler(ph) {

@@ -5,14 +5,11 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -427,100 +424,6 @@ var monoStart = time.Now()
 // monotonic is the time since the process started, on the monotonic clock:
 // a step of the wall clock must not make a latency or an interval.
 func monotonic() int64 { return int64(time.Since(monoStart)) }
-
-// parseAdaptive reads an adaptive block:
-//
-//	adaptive {
-//	    min         <n>
-//	    max         <n>
-//	    increase    <n>
-//	    decrease    <fraction>
-//	    interval    <duration>
-//	    latency_p99 <low> <high>
-//	    error_rate  <low>% <high>%
-//	}
-//
-// Error rates are percentages ("1%") or fractions ("0.01").
-func parseAdaptive(d *caddyfile.Dispenser, w string) (*Adaptive, error) {
-	if d.NextArg() {
-		return nil, d.Errf("%sadaptive takes a block, not %q", where(w), d.Val())
-	}
-	a := new(Adaptive)
-	seen := map[string]bool{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if seen[opt] {
-			return nil, d.Errf("%sadaptive: %s already specified", where(w), opt)
-		}
-		seen[opt] = true
-		var err error
-		switch opt {
-		case "min":
-			a.Min, err = positiveArg(d, w, "adaptive min")
-		case "max":
-			a.Max, err = positiveArg(d, w, "adaptive max")
-		case "increase":
-			a.Increase, err = positiveArg(d, w, "adaptive increase")
-		case "decrease":
-			var v string
-			if v, err = oneArg(d); err == nil {
-				if a.Decrease, err = strconv.ParseFloat(v, 64); err != nil || !(a.Decrease > 0 && a.Decrease < 1) {
-					return nil, d.Errf("%sadaptive: decrease must be a fraction strictly between 0 and 1, such as 0.7, got %q", where(w), v)
-				}
-			}
-		case "interval":
-			var dur time.Duration
-			dur, err = durationArg(d, w, "adaptive interval")
-			a.Interval = caddy.Duration(dur)
-		case "latency_p99":
-			var lo, hi time.Duration
-			lo, hi, err = twoArgs(d, w, opt, func(v string) (time.Duration, error) {
-				dur, err := caddy.ParseDuration(v)
-				if err == nil && dur <= 0 {
-					err = fmt.Errorf("must be positive")
-				}
-				return dur, err
-			})
-			a.LatencyP99Low, a.LatencyP99High = caddy.Duration(lo), caddy.Duration(hi)
-		case "error_rate":
-			a.ErrorRateLow, a.ErrorRateHigh, err = twoArgs(d, w, opt, parseRatio)
-		default:
-			return nil, d.Errf("%sadaptive: unrecognized option %q (min, max, increase, decrease, interval, latency_p99, error_rate)", where(w), opt)
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	return a, nil
-}
-
-// twoArgs reads the low and high marks of an adaptive option.
-func twoArgs[T any](d *caddyfile.Dispenser, w, opt string, parse func(string) (T, error)) (lo, hi T, err error) {
-	args := d.RemainingArgs()
-	if len(args) != 2 {
-		return lo, hi, d.Errf("%sadaptive: %s takes a low and a high mark, got %d values", where(w), opt, len(args))
-	}
-	if lo, err = parse(args[0]); err == nil {
-		hi, err = parse(args[1])
-	}
-	if err != nil {
-		return lo, hi, d.Errf("%sadaptive: %s %s %s: %v", where(w), opt, args[0], args[1], err)
-	}
-	return lo, hi, nil
-}
-
-// parseRatio reads "5%" or "0.05" as 0.05.
-func parseRatio(v string) (float64, error) {
-	num, pct := strings.CutSuffix(v, "%")
-	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return 0, fmt.Errorf("not a number or a percentage: %q", v)
-	}
-	if pct {
-		f /= 100
-	}
-	return f, nil
-}
 
 // adaptiveInfo is an adaptive limit in the admin API's zones listing.
 type adaptiveInfo struct {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -913,3 +914,272 @@ func intArg(d *caddyfile.Dispenser, w, opt string, lo, hi int) (int, error) {
 
 // Interface guard.
 var _ caddyfile.Unmarshaler = (*Handler)(nil)
+
+// parseAdaptive reads an adaptive block:
+//
+//	adaptive {
+//	    min         <n>
+//	    max         <n>
+//	    increase    <n>
+//	    decrease    <fraction>
+//	    interval    <duration>
+//	    latency_p99 <low> <high>
+//	    error_rate  <low>% <high>%
+//	}
+//
+// Error rates are percentages ("1%") or fractions ("0.01").
+func parseAdaptive(d *caddyfile.Dispenser, w string) (*Adaptive, error) {
+	if d.NextArg() {
+		return nil, d.Errf("%sadaptive takes a block, not %q", where(w), d.Val())
+	}
+	a := new(Adaptive)
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return nil, d.Errf("%sadaptive: %s already specified", where(w), opt)
+		}
+		seen[opt] = true
+		var err error
+		switch opt {
+		case "min":
+			a.Min, err = positiveArg(d, w, "adaptive min")
+		case "max":
+			a.Max, err = positiveArg(d, w, "adaptive max")
+		case "increase":
+			a.Increase, err = positiveArg(d, w, "adaptive increase")
+		case "decrease":
+			var v string
+			if v, err = oneArg(d); err == nil {
+				if a.Decrease, err = strconv.ParseFloat(v, 64); err != nil || !(a.Decrease > 0 && a.Decrease < 1) {
+					return nil, d.Errf("%sadaptive: decrease must be a fraction strictly between 0 and 1, such as 0.7, got %q", where(w), v)
+				}
+			}
+		case "interval":
+			var dur time.Duration
+			dur, err = durationArg(d, w, "adaptive interval")
+			a.Interval = caddy.Duration(dur)
+		case "latency_p99":
+			var lo, hi time.Duration
+			lo, hi, err = twoArgs(d, w, opt, func(v string) (time.Duration, error) {
+				dur, err := caddy.ParseDuration(v)
+				if err == nil && dur <= 0 {
+					err = fmt.Errorf("must be positive")
+				}
+				return dur, err
+			})
+			a.LatencyP99Low, a.LatencyP99High = caddy.Duration(lo), caddy.Duration(hi)
+		case "error_rate":
+			a.ErrorRateLow, a.ErrorRateHigh, err = twoArgs(d, w, opt, parseRatio)
+		default:
+			return nil, d.Errf("%sadaptive: unrecognized option %q (min, max, increase, decrease, interval, latency_p99, error_rate)", where(w), opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// twoArgs reads the low and high marks of an adaptive option.
+func twoArgs[T any](d *caddyfile.Dispenser, w, opt string, parse func(string) (T, error)) (lo, hi T, err error) {
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return lo, hi, d.Errf("%sadaptive: %s takes a low and a high mark, got %d values", where(w), opt, len(args))
+	}
+	if lo, err = parse(args[0]); err == nil {
+		hi, err = parse(args[1])
+	}
+	if err != nil {
+		return lo, hi, d.Errf("%sadaptive: %s %s %s: %v", where(w), opt, args[0], args[1], err)
+	}
+	return lo, hi, nil
+}
+
+// parseRatio reads "5%" or "0.05" as 0.05.
+func parseRatio(v string) (float64, error) {
+	num, pct := strings.CutSuffix(v, "%")
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0, fmt.Errorf("not a number or a percentage: %q", v)
+	}
+	if pct {
+		f /= 100
+	}
+	return f, nil
+}
+
+// parseLockout reads `lockout <duration>...`; the steps' order and bounds
+// are checked with the rest of the limit (checkLockout).
+func parseLockout(d *caddyfile.Dispenser, w string) ([]caddy.Duration, error) {
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return nil, d.Errf("%slockout needs at least one duration, such as lockout 1m 5m 24h", where(w))
+	}
+	steps := make([]caddy.Duration, len(args))
+	for i, a := range args {
+		dur, err := caddy.ParseDuration(a)
+		if err != nil {
+			return nil, d.Errf("%sinvalid lockout step %d %q: %v", where(w), i+1, a, err)
+		}
+		steps[i] = caddy.Duration(dur)
+	}
+	return steps, nil
+}
+
+// parseResponseMatcher reads `count_when` or `reset_when` in Caddy's
+// response matcher syntax, on one line or as a block:
+//
+//	count_when status 401 403
+//	reset_when {
+//	    status 2xx
+//	    header X-Login ok
+//	}
+func parseResponseMatcher(d *caddyfile.Dispenser, where, opt string) (*caddyhttp.ResponseMatcher, error) {
+	m := map[string]caddyhttp.ResponseMatcher{}
+	if err := caddyhttp.ParseNamedResponseMatcher(d.NewFromNextSegment(), m); err != nil {
+		return nil, fmt.Errorf("%s: %s: %w", where, opt, err)
+	}
+	rm := m[opt]
+	return &rm, nil
+}
+
+// unmarshalContract reads the handler's `headers <mode>` and
+// `respond <format>` Caddyfile options.
+func (h *Handler) unmarshalContract(d *caddyfile.Dispenser, opt string) error {
+	v, err := oneArg(d)
+	if err != nil {
+		return err
+	}
+	if opt == "headers" {
+		if _, err := parseHeaders(v); err != nil {
+			return d.Err(err.Error())
+		}
+		h.Headers = v
+		return nil
+	}
+	h.Respond = v
+	switch v {
+	case RespondJSON, RespondProblem, RespondText:
+		return nil
+	}
+	return d.Errf("respond must be json, problem or text, got %q", v)
+}
+
+// unmarshalContract reads a zone's `headers <mode>` and `status <code>`.
+func (z *Zone) unmarshalContract(d *caddyfile.Dispenser, name, opt string) error {
+	v, err := oneArg(d)
+	if err != nil {
+		return err
+	}
+	if opt == "headers" {
+		if _, err := parseHeaders(v); err != nil {
+			return d.Errf("zone %q: %v", name, err)
+		}
+		z.Headers = v
+		return nil
+	}
+	if z.Status, err = strconv.Atoi(v); err != nil || checkStatus(z.Status) != nil || z.Status == 0 {
+		return d.Errf("zone %q: status must be from 400 to 599, got %q", name, v)
+	}
+	return nil
+}
+
+// unmarshalShed reads
+//
+//	shed <group> [{
+//	    priority       <0-4>
+//	    capacity       <n>
+//	    latency_target <duration>
+//	}]
+//
+// in a handler (all three) or in the global options (capacity and
+// latency_target: the group's, for every handler of the file that names
+// it).
+func unmarshalShed(d *caddyfile.Dispenser, global bool) (*Shed, error) {
+	if !d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	s := &Shed{Group: d.Val()}
+	if d.NextArg() {
+		return nil, d.Errf("shed takes one group name, got another: %q (priority, capacity and latency_target go in its block)", d.Val())
+	}
+	w := fmt.Sprintf("shed %q", s.Group)
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return nil, d.Errf("%s: %s already specified", w, opt)
+		}
+		seen[opt] = true
+		var err error
+		switch {
+		case opt == "capacity":
+			s.Capacity, err = positiveArg(d, w, opt)
+		case opt == "latency_target":
+			var dur time.Duration
+			dur, err = durationArg(d, w, opt)
+			s.LatencyTarget = caddy.Duration(dur)
+		case opt == "priority" && !global:
+			s.Priority, err = intArg(d, w, opt, 0, MaxShedPriority)
+		case opt == "priority":
+			return nil, d.Errf("%s: priority is a route's, not the group's: set it in the rate_limit handler of each route", w)
+		default:
+			return nil, d.Errf("%s: unrecognized option %q (want priority, capacity or latency_target)", w, opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if global && s.Capacity == 0 && s.LatencyTarget == 0 {
+		return nil, d.Errf("%s: capacity or latency_target is required", w)
+	}
+	return s, nil
+}
+
+// applyGlobalShed gives a handler's group the capacity and latency target
+// the global options set for it.
+func applyGlobalShed(d *caddyfile.Dispenser, s *Shed, groups map[string]*Shed) error {
+	if s == nil {
+		return nil
+	}
+	g, ok := groups[s.Group]
+	if !ok {
+		if s.Capacity == 0 && s.LatencyTarget == 0 {
+			return d.Errf("shed %q: no capacity: set it in the global options (rate_limit { shed %s { capacity <n> } }) or in this block (or latency_target alone, to shed on latency)", s.Group, s.Group)
+		}
+		return nil
+	}
+	switch {
+	case s.Capacity != 0 && s.Capacity != g.Capacity:
+		return d.Errf("shed %q: capacity %d here, %d in the global options: a group has one capacity (remove it here)", s.Group, s.Capacity, g.Capacity)
+	case s.LatencyTarget != 0 && s.LatencyTarget != g.LatencyTarget:
+		return d.Errf("shed %q: latency_target %s here, %s in the global options: a group has one target (remove it here)", s.Group, time.Duration(s.LatencyTarget), time.Duration(g.LatencyTarget))
+	}
+	s.Capacity, s.LatencyTarget = g.Capacity, g.LatencyTarget
+	return nil
+}
+
+// unmarshalTarpit reads `tarpit <duration>` and `tarpit_max <n>`.
+func (h *Handler) unmarshalTarpit(d *caddyfile.Dispenser, opt string) error {
+	if opt == "tarpit_max" {
+		n, err := positiveArg(d, "", opt)
+		if err != nil {
+			return err
+		}
+		if n > MaxTarpitMax {
+			return d.Errf("tarpit_max must be from 1 to %d, got %d", MaxTarpitMax, n)
+		}
+		h.TarpitMax = n
+		return nil
+	}
+	dur, err := durationArg(d, "", opt)
+	if err != nil {
+		return err
+	}
+	if caddy.Duration(dur) > MaxTarpit {
+		return d.Errf("tarpit must be at most 1m, got %s", dur)
+	}
+	h.Tarpit = caddy.Duration(dur)
+	return nil
+}

@@ -68,17 +68,8 @@ func (l *limit) watchHandlerPlaceholders(seen map[string]*handlerPlaceholder) {
 	}
 }
 
-// warnUnset logs, once per placeholder, that one of l's placeholders that
-// an earlier handler must set is empty. The key's are looked at only when
-// the key could not be built (keyMissing), so a working config pays
-// nothing for them.
-func (l *limit) warnUnset(logger *zap.Logger, repl *caddy.Replacer, keyMissing bool) {
-	if keyMissing {
-		l.warnEmpty(logger, repl, l.keyByHandler, "key")
-	}
-	l.warnEmpty(logger, repl, l.costByHandler, "cost")
-}
-
+// warnEmpty logs, once per placeholder, that one of ws, l's placeholders
+// in part that an earlier handler must set, is empty.
 func (l *limit) warnEmpty(logger *zap.Logger, repl *caddy.Replacer, ws []*handlerPlaceholder, part string) {
 	for _, w := range ws {
 		if w.warned.Load() {

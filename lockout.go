@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-
 	"github.com/sluicehq/sluice/backend"
 )
 
@@ -48,24 +45,6 @@ func (z *zone) checkLockoutShadow(l *limit) error {
 		return fmt.Errorf("lockout: a shadow zone never denies, so it never locks a key out: remove lockout while the zone is in shadow")
 	}
 	return nil
-}
-
-// parseLockout reads `lockout <duration>...`; the steps' order and bounds
-// are checked with the rest of the limit (checkLockout).
-func parseLockout(d *caddyfile.Dispenser, w string) ([]caddy.Duration, error) {
-	args := d.RemainingArgs()
-	if len(args) == 0 {
-		return nil, d.Errf("%slockout needs at least one duration, such as lockout 1m 5m 24h", where(w))
-	}
-	steps := make([]caddy.Duration, len(args))
-	for i, a := range args {
-		dur, err := caddy.ParseDuration(a)
-		if err != nil {
-			return nil, d.Errf("%sinvalid lockout step %d %q: %v", where(w), i+1, a, err)
-		}
-		steps[i] = caddy.Duration(dur)
-	}
-	return steps, nil
 }
 
 // lockoutState fills in st the key's lock-out in l, when l has lockout.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
@@ -128,21 +127,4 @@ func (l *Limit) checkOutcome() error {
 		return optionErrorf("count_when", "count_when cannot be used with max_delay: a queued request's slot is spent once it leaves the queue, and cannot be given back")
 	}
 	return nil
-}
-
-// parseResponseMatcher reads `count_when` or `reset_when` in Caddy's
-// response matcher syntax, on one line or as a block:
-//
-//	count_when status 401 403
-//	reset_when {
-//	    status 2xx
-//	    header X-Login ok
-//	}
-func parseResponseMatcher(d *caddyfile.Dispenser, where, opt string) (*caddyhttp.ResponseMatcher, error) {
-	m := map[string]caddyhttp.ResponseMatcher{}
-	if err := caddyhttp.ParseNamedResponseMatcher(d.NewFromNextSegment(), m); err != nil {
-		return nil, fmt.Errorf("%s: %s: %w", where, opt, err)
-	}
-	rm := m[opt]
-	return &rm, nil
 }

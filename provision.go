@@ -36,15 +36,22 @@ type plan struct {
 	headers  bool // some zone sends rate limit fields
 	outcomes bool // some limit counts or resets by the response
 	budgets  bool // some limit is a spend budget (charge_when)
-	zones    []*zone
-	store    backend.Store
-	local    backend.Store // decides "local" limits while store is unavailable
-	logger   *zap.Logger
-	denyLog  *zap.Logger
-	events   *caddyevents.App
-	ctx      caddy.Context
-	now      func() int64
-	jitterFn func() float64 // in [0, 1); rand.Float64 unless a test sets it
+	// What compile found configured, so that a request tests nothing
+	// else: some zone is in shadow; some limit gives queue slots
+	// (max_delay) an admitted request waits for; something watches the
+	// response (outcomes, adaptive, a shed latency target); and the steps
+	// an admitted request runs.
+	shadows, queues, watching bool
+	admitted                  []func(w http.ResponseWriter, s *requestState)
+	zones                     []*zone
+	store                     backend.Store
+	local                     backend.Store // decides "local" limits while store is unavailable
+	logger                    *zap.Logger
+	denyLog                   *zap.Logger
+	events                    *caddyevents.App
+	ctx                       caddy.Context
+	now                       func() int64
+	jitterFn                  func() float64 // in [0, 1); rand.Float64 unless a test sets it
 	// newTimer makes the timer a queued request waits on (time.NewTimer's
 	// channel and Stop unless a test sets it).
 	newTimer func(time.Duration) (<-chan time.Time, func() bool)
@@ -198,8 +205,53 @@ func (h *plan) provision(ctx caddy.Context) error {
 	if err := h.provisionDistributed(ctx); err != nil {
 		return err
 	}
+	h.compile()
 	h.publish() // to the admin API
 	return nil
+}
+
+// compile keeps in h, its zones and limits what a request runs: a feature
+// that is not configured is not tested for on the request path.
+func (h *plan) compile() {
+	h.shadows, h.queues, h.watching, h.admitted = false, false, h.outcomes, nil
+	if h.shed != nil && h.shedReg.Target > 0 {
+		h.watching = true
+	}
+	for _, z := range h.zones {
+		z.compile()
+		h.shadows = h.shadows || z.Shadow
+		for _, l := range z.limits {
+			h.queues = h.queues || l.MaxDelay > 0
+		}
+		for _, l := range z.keyed {
+			h.watching = h.watching || l.adapt != nil
+		}
+	}
+	if h.metrics {
+		h.admitted = append(h.admitted, countNear)
+	}
+	if h.headers {
+		h.admitted = append(h.admitted, sendHeaders)
+	}
+}
+
+func (z *zone) compile() {
+	z.screened = len(z.matchers) > 0 || len(z.allowNets) > 0 || len(z.denyNets) > 0 || len(z.allowMatch) > 0 || len(z.denyMatch) > 0
+	for _, l := range z.keyed {
+		l.compile()
+	}
+	for _, l := range z.limits {
+		l.compile()
+	}
+}
+
+// compile tells whether l needs more than its key (extras), and the cost
+// of its requests when it does not.
+func (l *limit) compile() {
+	costed := l.Cost != nil && l.Cost.expr != ""
+	l.extras = l.tiers != nil || l.keyer.NeedsBody() || l.Cost.needsBody() || costed || len(l.costByHandler) > 0 ||
+		l.adapt != nil || l.conc != nil || l.shared != nil || l.budget.reserve > 0
+	l.cost = l.constantCost() // cost_min applies to a cost read from the request only
 }
 
 func readsBody(zones []*zone) bool {
@@ -278,6 +330,7 @@ type zone struct {
 	allowMatch caddyhttp.MatcherSets
 	denyMatch  caddyhttp.MatcherSets
 	limits     []*limit // the zone's own (if it has a rate) and its scopes
+	screened   bool     // the zone has matchers or lists: screen runs
 	keyed      []*limit // limits plus those of concurrency alone: every key built
 	allowC     prometheus.Counter
 	denyC      prometheus.Counter
@@ -361,6 +414,10 @@ type limit struct {
 	// Placeholders of the key and cost that an earlier handler must set.
 	keyByHandler, costByHandler []*handlerPlaceholder
 	settle                      *settler // nil without settle
+	// extras: a request needs more than l's key (collectExtras); else
+	// each costs cost.
+	extras bool
+	cost   int64
 }
 
 func (z *zone) provision(ctx caddy.Context, name string, store backend.Store, logger *zap.Logger) error {

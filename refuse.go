@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zapcore"
@@ -300,47 +298,6 @@ func (l *limit) provisionStatus(zoneStatus int) error {
 func checkStatus(s int) error {
 	if s != 0 && (s < 400 || s > 599) {
 		return fmt.Errorf("status must be from 400 to 599, got %d", s)
-	}
-	return nil
-}
-
-// unmarshalContract reads the handler's `headers <mode>` and
-// `respond <format>` Caddyfile options.
-func (h *Handler) unmarshalContract(d *caddyfile.Dispenser, opt string) error {
-	v, err := oneArg(d)
-	if err != nil {
-		return err
-	}
-	if opt == "headers" {
-		if _, err := parseHeaders(v); err != nil {
-			return d.Err(err.Error())
-		}
-		h.Headers = v
-		return nil
-	}
-	h.Respond = v
-	switch v {
-	case RespondJSON, RespondProblem, RespondText:
-		return nil
-	}
-	return d.Errf("respond must be json, problem or text, got %q", v)
-}
-
-// unmarshalContract reads a zone's `headers <mode>` and `status <code>`.
-func (z *Zone) unmarshalContract(d *caddyfile.Dispenser, name, opt string) error {
-	v, err := oneArg(d)
-	if err != nil {
-		return err
-	}
-	if opt == "headers" {
-		if _, err := parseHeaders(v); err != nil {
-			return d.Errf("zone %q: %v", name, err)
-		}
-		z.Headers = v
-		return nil
-	}
-	if z.Status, err = strconv.Atoi(v); err != nil || checkStatus(z.Status) != nil || z.Status == 0 {
-		return d.Errf("zone %q: status must be from 400 to 599, got %q", name, v)
 	}
 	return nil
 }

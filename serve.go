@@ -60,13 +60,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // serve is ServeHTTP on the compiled config.
 func (h *plan) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	vars, counted := h.shedCounted(r)
-	if f := h.gate(counted); f != nil {
-		return h.respond(w, r, f)
+	var vars map[string]any
+	var counted bool
+	if h.shed != nil {
+		var f *refusal
+		if vars, counted, f = h.gate(r); f != nil {
+			return h.respond(w, r, f)
+		}
 	}
 	s := getRequestState()
 	f, err := h.decide(w, r, s)
-	if f == nil && err == nil && s.decided {
+	// An admitted request is held only by queues.
+	if f == nil && err == nil && s.decided && (!s.allowed || h.queues) {
 		f, err = h.hold(r, s)
 	}
 	if f == nil && err == nil && len(s.conc) > 0 {
@@ -86,8 +91,8 @@ func (h *plan) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.Hand
 	}
 	pass := f == nil && err == nil
 	var x *watcher
-	if pass {
-		x = h.watch(w, s, h.timedGroup(counted))
+	if pass && h.watching {
+		x = newWatcher(h, w, s, h.timedGroup(counted))
 	}
 	// The request state goes back before next runs: a slow upstream must
 	// not hold one per request in flight.
@@ -102,13 +107,15 @@ func (h *plan) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.Hand
 }
 
 // gate returns the refusal of a request shed for load: a shed request
-// takes no unit from any rate limit. counted tells that a handler r passed
-// through before counts it in the group already.
-func (h *plan) gate(counted bool) *refusal {
+// takes no unit from any rate limit. It runs only with shed, and returns
+// r's vars and whether a handler r passed through before counts it in
+// the group already.
+func (h *plan) gate(r *http.Request) (vars map[string]any, counted bool, f *refusal) {
+	vars, counted = h.shedCounted(r)
 	if h.shedding(counted) {
-		return h.shedRefusal
+		return vars, counted, h.shedRefusal
 	}
-	return nil
+	return vars, counted, nil
 }
 
 // decide decides r: a store request per limit of each zone it matches
@@ -122,47 +129,50 @@ func (h *plan) decide(w http.ResponseWriter, r *http.Request, s *requestState) (
 		return f, err
 	}
 	if len(s.reqs) == 0 {
-		h.reportShadow(r, s, false)
-		return nil, nil
-	}
-	f, err := h.decideStore(r, s)
-	switch {
-	case f != nil:
-		return f, nil
-	case err != nil:
-		h.reportShadow(r, s, false)
-		return nil, err
-	}
-	h.reportShadow(r, s, true)
-	if len(s.reqs) == 0 { // the backend failed and no limit decides locally
-		return nil, nil
-	}
-	// Every limit's decision is known here (s.limits[i] got s.out[i]).
-	s.decided = true
-	if !s.allowed {
-		return nil, nil
-	}
-	if h.metrics {
-		for i, l := range s.limits {
-			if s.out[i].Allowed {
-				l.metrics.near(s.out[i])
-			}
+		if h.shadows {
+			h.reportShadow(r, s, false)
 		}
+		return nil, nil
 	}
-	if i := tightest(s.limits, s.out); i >= 0 {
-		setPlaceholders(repl, s.limits[i], s.out[i])
+	admitted, f, err := h.decideStore(r, s)
+	if !admitted {
+		return f, err
 	}
-	if h.headers {
-		writeHeaders(w, s.limits, s.reqs, s.out)
+	if len(s.limits) > 1 || h.shadows {
+		if i := tightest(s.limits, s.out); i >= 0 {
+			setPlaceholders(repl, s.limits[i], s.out[i])
+		}
+	} else { // the one limit, enforcing
+		setPlaceholders(repl, s.limits[0], s.out[0])
+	}
+	for _, step := range h.admitted {
+		step(w, s)
 	}
 	return nil, nil
+}
+
+// countNear counts the limits that admitted s near their limit: a step
+// of an admitted request with metrics.
+func countNear(_ http.ResponseWriter, s *requestState) {
+	for i, l := range s.limits {
+		if s.out[i].Allowed {
+			l.metrics.near(s.out[i])
+		}
+	}
+}
+
+// sendHeaders sets the rate limit fields of an admitted request: a step
+// when some zone sends them.
+func sendHeaders(w http.ResponseWriter, s *requestState) {
+	writeHeaders(w, s.limits, s.reqs, s.out)
 }
 
 // hold holds a decided request (s.decided) as its decision says. A denial
 // waits in the tarpit first, then its refusal is made: the tarpit delays
 // the whole answer, whose waits then count from when it is sent, and a
-// denial is counted when it is given. An admitted request waits for its
-// slot in every leaky_bucket queue that gave it one.
+// denial is counted when it is given. An admitted request, held only when
+// some limit queues (h.queues), waits for its slot in every leaky_bucket
+// queue that gave it one.
 func (h *plan) hold(r *http.Request, s *requestState) (*refusal, error) {
 	if !s.allowed {
 		if held := h.holdInTarpit(r); held > 0 {
@@ -202,25 +212,14 @@ func (h *plan) observe(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 // matcher that fails. A shadow zone's refusals are noted in s instead.
 func (h *plan) collect(r *http.Request, repl *caddy.Replacer, s *requestState) (*refusal, error) {
 	for _, z := range h.zones {
-		if len(z.matchers) > 0 {
-			ok, err := z.matchers.AnyMatchWithError(r)
-			if err != nil {
-				return nil, err
+		if z.screened {
+			skip, f, err := z.screen(r, s)
+			if f != nil || err != nil {
+				return f, err
 			}
-			if !ok {
+			if skip {
 				continue
 			}
-		}
-		switch listed, err := z.listed(r); {
-		case err != nil:
-			return nil, err
-		case listed == listDeny && z.Shadow:
-			// Noted, and limited like any other request.
-			s.note(shadowListed, z, nil, nil)
-		case listed == listDeny:
-			return s.refuse(refusal{reason: reasonDenylisted, zone: z, retryAfter: -1}), nil
-		case listed == listAllow:
-			continue
 		}
 		for _, l := range z.keyed {
 			if f := h.collectLimit(r, repl, s, l); f != nil {
@@ -231,9 +230,77 @@ func (h *plan) collect(r *http.Request, repl *caddy.Replacer, s *requestState) (
 	return nil, nil
 }
 
+// screen tells whether zone z skips r: r matches none of its matchers, or
+// is on its allow list. It returns the refusal of r on the deny list of
+// an enforcing zone (a shadow zone's is noted in s) and the error of a
+// matcher that fails.
+func (z *zone) screen(r *http.Request, s *requestState) (skip bool, f *refusal, err error) {
+	if len(z.matchers) > 0 {
+		ok, err := z.matchers.AnyMatchWithError(r)
+		if err != nil || !ok {
+			return true, nil, err
+		}
+	}
+	switch listed, err := z.listed(r); {
+	case err != nil:
+		return true, nil, err
+	case listed == listDeny && z.Shadow:
+		// Noted, and limited like any other request.
+		s.note(shadowListed, z, nil, nil)
+	case listed == listDeny:
+		return true, s.refuse(refusal{reason: reasonDenylisted, zone: z, retryAfter: -1}), nil
+	case listed == listAllow:
+		return true, nil, nil
+	}
+	return false, nil, nil
+}
+
 // collectLimit appends the store request of limit l, unless l skips r or
-// refuses it.
+// refuses it. A limit without extras (compile) only builds its key.
 func (h *plan) collectLimit(r *http.Request, repl *caddy.Replacer, s *requestState, l *limit) *refusal {
+	if l.extras {
+		return h.collectExtras(r, repl, s, l)
+	}
+	key, err := l.keyer.Key(r, repl, s.body)
+	if err != nil {
+		if skip, f := h.missingKey(repl, s, l, err); skip || f != nil {
+			return f
+		}
+	}
+	s.reqs = append(s.reqs, backend.Request{Limit: l.handle, Key: key, Cost: l.cost, Shadow: l.zone.Shadow})
+	s.limits = append(s.limits, l)
+	return nil
+}
+
+// missingKey handles a key of l that err says cannot be built: it tells
+// whether l skips the request, or returns its refusal. Otherwise the
+// request goes on under the shared key.
+func (h *plan) missingKey(repl *caddy.Replacer, s *requestState, l *limit, err error) (skip bool, f *refusal) {
+	// The key's placeholders are looked at only here, so a working config
+	// pays nothing for them.
+	l.warnEmpty(h.logger, repl, l.keyByHandler, "key")
+	l.warnEmpty(h.logger, repl, l.costByHandler, "cost")
+	l.metrics.missing(l.missing)
+	z := l.zone
+	switch {
+	case l.missing == MissingSkip && errors.Is(err, keys.ErrAbsent):
+		return true, nil
+	case l.missing == MissingSkip:
+		// Only an absent value is skipped. A value given twice, a body
+		// that cannot be read or a value a normalizer refuses may still
+		// name someone to the application: skipping them would let a
+		// client step around the limit. They share one quota instead.
+	case l.missing == MissingDeny && z.Shadow:
+		s.note(shadowMissingKey, z, l, err)
+	case l.missing == MissingDeny:
+		return false, s.refuse(refusal{reason: reasonMissingKey, zone: z, limit: l, retryAfter: -1, detail: err})
+	}
+	return false, nil
+}
+
+// collectExtras is collectLimit for a limit with extras: tiers, a body to
+// read, a cost to evaluate, adaptive, concurrency or a budget.
+func (h *plan) collectExtras(r *http.Request, repl *caddy.Replacer, s *requestState, l *limit) *refusal {
 	if l.tiers != nil {
 		tier, empty := l.tiers.pick(r, repl)
 		if empty {
@@ -246,23 +313,12 @@ func (h *plan) collectLimit(r *http.Request, repl *caddy.Replacer, s *requestSta
 		s.body = keys.ReadBody(r, h.bodyLimit, h.bodyFields)
 	}
 	key, err := l.keyer.Key(r, repl, s.body)
-	l.warnUnset(h.logger, repl, err != nil)
 	if err != nil {
-		l.metrics.missing(l.missing)
-		switch {
-		case l.missing == MissingSkip && errors.Is(err, keys.ErrAbsent):
-			return nil
-		case l.missing == MissingSkip:
-			// Only an absent value is skipped. A value given twice,
-			// a body that cannot be read or a value a normalizer
-			// refuses may still name someone to the application:
-			// skipping them would let a client step around the
-			// limit. They share one quota instead.
-		case l.missing == MissingDeny && z.Shadow:
-			s.note(shadowMissingKey, z, l, err)
-		case l.missing == MissingDeny:
-			return s.refuse(refusal{reason: reasonMissingKey, zone: z, limit: l, retryAfter: -1, detail: err})
+		if skip, f := h.missingKey(repl, s, l, err); skip || f != nil {
+			return f
 		}
+	} else {
+		l.warnEmpty(h.logger, repl, l.costByHandler, "cost")
 	}
 	if l.adapt != nil {
 		s.adapt = append(s.adapt, l.adapt)
@@ -293,9 +349,11 @@ func (h *plan) collectLimit(r *http.Request, repl *caddy.Replacer, s *requestSta
 // decideStore asks the store for one decision on every request in s, filling
 // s.out, s.allowed and s.store (the store that decided); when the backend
 // is unavailable, the limits' fail policies decide instead (and s keeps
-// only the limits the local store decided). It returns the refusal of a
-// limit that fails closed.
-func (h *plan) decideStore(r *http.Request, s *requestState) (*refusal, error) {
+// only the limits the local store decided). Once every limit's decision
+// is in s.out (s.limits[i] got s.out[i]) it sets s.decided, and reports
+// the shadow zones. It tells whether the request is admitted, or returns
+// the refusal of a limit that fails closed.
+func (h *plan) decideStore(r *http.Request, s *requestState) (admitted bool, f *refusal, err error) {
 	s.out = slices.Grow(s.out[:0], len(s.reqs))[:len(s.reqs)]
 	var start int64
 	if h.metrics || h.budgets {
@@ -303,14 +361,25 @@ func (h *plan) decideStore(r *http.Request, s *requestState) (*refusal, error) {
 	}
 	s.at = start
 	allowed, err := h.store.Decide(r.Context(), s.reqs, s.out)
-	if err == nil && allowed && h.fleet != nil {
+	if h.fleet != nil && err == nil && allowed {
 		allowed = h.fleet.check(r.Context(), h.store, s.limits, s.reqs, s.out, h.now())
 	}
 	s.allowed, s.store = allowed, h.store
 	if err != nil {
-		if f, err := h.failover(r, s, fmt.Errorf("rate_limit: %w", err)); f != nil || err != nil {
+		f, err := h.failover(r, s, fmt.Errorf("rate_limit: %w", err))
+		switch {
+		case f != nil:
 			s.store = nil
-			return f, err
+			return false, f, nil
+		case err != nil:
+			s.store = nil
+			h.reportShadow(r, s, false)
+			return false, nil, err
+		case len(s.reqs) == 0: // no limit decides locally
+			if h.shadows {
+				h.reportShadow(r, s, true)
+			}
+			return false, nil, nil
 		}
 	}
 	if h.metrics {
@@ -319,7 +388,11 @@ func (h *plan) decideStore(r *http.Request, s *requestState) (*refusal, error) {
 			l.metrics.observe(elapsed)
 		}
 	}
-	return nil, nil
+	if h.shadows {
+		h.reportShadow(r, s, true)
+	}
+	s.decided = true
+	return s.allowed, nil, nil
 }
 
 // What a shadow zone would have refused a request for.

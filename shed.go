@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sluicehq/sluice/internal/shed"
@@ -236,79 +235,4 @@ func untime(r *http.Request) {
 			t.refused = true
 		}
 	}
-}
-
-// unmarshalShed reads
-//
-//	shed <group> [{
-//	    priority       <0-4>
-//	    capacity       <n>
-//	    latency_target <duration>
-//	}]
-//
-// in a handler (all three) or in the global options (capacity and
-// latency_target: the group's, for every handler of the file that names
-// it).
-func unmarshalShed(d *caddyfile.Dispenser, global bool) (*Shed, error) {
-	if !d.NextArg() {
-		return nil, d.ArgErr()
-	}
-	s := &Shed{Group: d.Val()}
-	if d.NextArg() {
-		return nil, d.Errf("shed takes one group name, got another: %q (priority, capacity and latency_target go in its block)", d.Val())
-	}
-	w := fmt.Sprintf("shed %q", s.Group)
-	seen := map[string]bool{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if seen[opt] {
-			return nil, d.Errf("%s: %s already specified", w, opt)
-		}
-		seen[opt] = true
-		var err error
-		switch {
-		case opt == "capacity":
-			s.Capacity, err = positiveArg(d, w, opt)
-		case opt == "latency_target":
-			var dur time.Duration
-			dur, err = durationArg(d, w, opt)
-			s.LatencyTarget = caddy.Duration(dur)
-		case opt == "priority" && !global:
-			s.Priority, err = intArg(d, w, opt, 0, MaxShedPriority)
-		case opt == "priority":
-			return nil, d.Errf("%s: priority is a route's, not the group's: set it in the rate_limit handler of each route", w)
-		default:
-			return nil, d.Errf("%s: unrecognized option %q (want priority, capacity or latency_target)", w, opt)
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	if global && s.Capacity == 0 && s.LatencyTarget == 0 {
-		return nil, d.Errf("%s: capacity or latency_target is required", w)
-	}
-	return s, nil
-}
-
-// applyGlobalShed gives a handler's group the capacity and latency target
-// the global options set for it.
-func applyGlobalShed(d *caddyfile.Dispenser, s *Shed, groups map[string]*Shed) error {
-	if s == nil {
-		return nil
-	}
-	g, ok := groups[s.Group]
-	if !ok {
-		if s.Capacity == 0 && s.LatencyTarget == 0 {
-			return d.Errf("shed %q: no capacity: set it in the global options (rate_limit { shed %s { capacity <n> } }) or in this block (or latency_target alone, to shed on latency)", s.Group, s.Group)
-		}
-		return nil
-	}
-	switch {
-	case s.Capacity != 0 && s.Capacity != g.Capacity:
-		return d.Errf("shed %q: capacity %d here, %d in the global options: a group has one capacity (remove it here)", s.Group, s.Capacity, g.Capacity)
-	case s.LatencyTarget != 0 && s.LatencyTarget != g.LatencyTarget:
-		return d.Errf("shed %q: latency_target %s here, %s in the global options: a group has one target (remove it here)", s.Group, time.Duration(s.LatencyTarget), time.Duration(g.LatencyTarget))
-	}
-	s.Capacity, s.LatencyTarget = g.Capacity, g.LatencyTarget
-	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -133,28 +132,4 @@ func (h *plan) holdInTarpit(r *http.Request) int64 {
 		held = max(h.now()-start, 0)
 	})
 	return held
-}
-
-// unmarshalTarpit reads `tarpit <duration>` and `tarpit_max <n>`.
-func (h *Handler) unmarshalTarpit(d *caddyfile.Dispenser, opt string) error {
-	if opt == "tarpit_max" {
-		n, err := positiveArg(d, "", opt)
-		if err != nil {
-			return err
-		}
-		if n > MaxTarpitMax {
-			return d.Errf("tarpit_max must be from 1 to %d, got %d", MaxTarpitMax, n)
-		}
-		h.TarpitMax = n
-		return nil
-	}
-	dur, err := durationArg(d, "", opt)
-	if err != nil {
-		return err
-	}
-	if caddy.Duration(dur) > MaxTarpit {
-		return d.Errf("tarpit must be at most 1m, got %s", dur)
-	}
-	h.Tarpit = caddy.Duration(dur)
-	return nil
 }

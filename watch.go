@@ -109,20 +109,12 @@ func (detachedContext) Done() <-chan struct{}       { return nil }
 func (detachedContext) Err() error                  { return nil }
 func (c *detachedContext) Value(key any) any        { return c.parent.Value(key) }
 
-// watch returns the watcher of a request admitted with the decisions in s,
-// or nil when nothing configured needs its response: no limit of s counts,
-// resets, charges or settles by the response (outcome), and neither an
-// adaptive limit nor the shedding group timed (nil unless this handler
-// times the request for its group) measures its latency.
-func (h *plan) watch(w http.ResponseWriter, s *requestState, timed *shed.Group) *watcher {
-	if len(s.adapt) == 0 && timed == nil && !h.outcomes {
-		return nil // inlined: the usual request is not watched
-	}
-	return newWatcher(h, w, s, timed)
-}
-
-// newWatcher takes a watcher from the pool for the request of h that s
-// decided.
+// newWatcher returns the watcher of a request of h admitted with the
+// decisions in s, taken from the pool, or nil when nothing needs its
+// response: no limit of s counts, resets, charges or settles by the
+// response (outcome), and neither an adaptive limit nor the shedding group
+// timed (nil unless this handler times the request for its group)
+// measures its latency. It is called only when h is watching.
 func newWatcher(h *plan, w http.ResponseWriter, s *requestState, timed *shed.Group) *watcher {
 	latency := len(s.adapt) > 0 || timed != nil
 	outcome := h.outcomes && slices.ContainsFunc(s.limits, (*limit).byResponse)

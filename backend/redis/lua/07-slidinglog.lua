@@ -33,6 +33,13 @@ local function libL()
 	local PRE = 1024 -- bytes of events read with the header
 	local STRIDE = {[0] = 8, [1] = 12, [2] = 20}
 	local FENMAX = 140737488355328 -- 2^47
+	-- Numbers reach redis.call as decimal strings written here: Redis
+	-- writes a Lua number with "%.17g", a few thousand instructions each,
+	-- more than a decision's arithmetic.
+	local function dec(x) return string.format('%d', x) end
+	local PRE_END = dec(HDR + PRE - 1)
+	-- pxs is px(idle) written for redis.call.
+	local function pxs(idle) return dec(px(idle)) end
 
 	local function lowbit(i)
 		local b = 1
@@ -56,7 +63,7 @@ local function libL()
 			s = chunks[c]
 			if not s then
 				local from = HDR + c * CH * l.stride
-				s = redis.call('GETRANGE', l.key, from, from + CH * l.stride - 1)
+				s = redis.call('GETRANGE', l.key, dec(from), dec(from + CH * l.stride - 1))
 				chunks[c] = s
 			end
 			pos = (i - 1 - c * CH) * l.stride + 1
@@ -87,7 +94,7 @@ local function libL()
 			v = struct.unpack('<d', s, (i - 1 - c * CH) * 20 + 13)
 		else
 			local from = HDR + (i - 1) * 20 + 12
-			v = struct.unpack('<d', redis.call('GETRANGE', l.key, from, from + 7))
+			v = struct.unpack('<d', redis.call('GETRANGE', l.key, dec(from), dec(from + 7)))
 		end
 		fens[i] = v
 		return v
@@ -98,7 +105,7 @@ local function libL()
 		while i <= l.n do
 			local f = logFen(l, i) - units
 			l.fens[i] = f
-			redis.call('SETRANGE', key, HDR + (i - 1) * 20 + 12, struct.pack('<d', f))
+			redis.call('SETRANGE', key, dec(HDR + (i - 1) * 20 + 12), struct.pack('<d', f))
 			i = i + lowbit(i)
 		end
 	end
@@ -139,8 +146,9 @@ local function libL()
 	-- logRewrite writes the live events of l, and the event (t, u) when t
 	-- is given, as a new string in format fmt whose base is the second of
 	-- its oldest event, and returns it loaded; nil (the key deleted) when
-	-- no event is left.
-	local function logRewrite(l, fmt, t, u)
+	-- no event is left. With ms (pxs), the string is written with that
+	-- expiry.
+	local function logRewrite(l, fmt, t, u, ms)
 		local times, units = {}, {}
 		local sum = 0
 		local base
@@ -180,14 +188,18 @@ local function libL()
 		end
 		local nl = {key = l.key, base = base, sum = sum, wide = fmt, h = 0, h0 = 0, n = m,
 			stride = STRIDE[fmt], pre = ''}
-		redis.call('SET', l.key, logHeader(nl) .. table.concat(parts))
+		if ms then
+			redis.call('SET', l.key, logHeader(nl) .. table.concat(parts), 'PX', ms)
+		else
+			redis.call('SET', l.key, logHeader(nl) .. table.concat(parts))
+		end
 		return nl
 	end
 
 	-- logLoad reads key's header: nil when there is no log (or only one
 	-- so old that every event has left every window).
 	local function logLoad(key)
-		local hdr = redis.call('GETRANGE', key, 0, HDR + PRE - 1)
+		local hdr = redis.call('GETRANGE', key, '0', PRE_END)
 		if #hdr < HDR then
 			if sub(hdr, 1, 1) == 'm' then return nil, redis.call('GET', key) end -- a forwarding mark (09-kinds.lua)
 			return nil
@@ -282,12 +294,12 @@ local function libL()
 			if l.whole then
 				tail = sub(l.whole, HDR + l.h * 8 + 1)
 			else
-				tail = redis.call('GETRANGE', key, HDR + l.h * 8, -1)
+				tail = redis.call('GETRANGE', key, dec(HDR + l.h * 8), '-1')
 			end
 			l.sum = l.sum + cost
 			l.n = live + 1
 			l.h = 0
-			redis.call('SET', key, logHeader(l) .. tail .. struct.pack('<d', t - l.base), 'PX', px(t + W))
+			redis.call('SET', key, logHeader(l) .. tail .. struct.pack('<d', t - l.base), 'PX', pxs(t + W))
 			return t
 		elseif fits and l.h <= live and fmt == 0 then
 			rec = struct.pack('<d', t - l.base)
@@ -308,14 +320,14 @@ local function libL()
 		if rec then
 			-- Written at its place, not appended: a format-2 string may
 			-- hold given-back events past the last one.
-			redis.call('SETRANGE', key, HDR + l.n * l.stride, rec)
+			redis.call('SETRANGE', key, dec(HDR + l.n * l.stride), rec)
 			l.sum = l.sum + cost
 			l.n = l.n + 1
-			redis.call('SETRANGE', key, 0, logHeader(l))
-		elseif not small then
-			logRewrite(l, fmt, t, cost)
+			redis.call('SETRANGE', key, '0', logHeader(l))
+			redis.call('PEXPIRE', key, pxs(t + W))
+		else
+			logRewrite(l, fmt, t, cost, pxs(t + W))
 		end
-		redis.call('PEXPIRE', key, px(t + W))
 		return t
 	end
 
@@ -328,7 +340,7 @@ local function libL()
 			redis.call('DEL', key)
 			return
 		end
-		redis.call('SETRANGE', key, 0, logHeader(l))
+		redis.call('SETRANGE', key, '0', logHeader(l))
 	end
 
 	-- logFind is the newest live event of cost units logged at time at
@@ -375,7 +387,7 @@ local function libL()
 			l.n = i - 1
 			while l.n > l.h and select(2, logEvent(l, l.n)) == 0 do l.n = l.n - 1 end
 		else
-			redis.call('SETRANGE', key, HDR + (i - 1) * 20, struct.pack('<d', -(t - l.base) - 1))
+			redis.call('SETRANGE', key, dec(HDR + (i - 1) * 20), struct.pack('<d', -(t - l.base) - 1))
 			logFenSub(l, key, i, cost)
 		end
 		l.chunks, l.pre = nil, ''
@@ -383,8 +395,8 @@ local function libL()
 			redis.call('DEL', key)
 			return
 		end
-		redis.call('SETRANGE', key, 0, logHeader(l))
-		redis.call('PEXPIRE', key, px(logNewest(l) + W))
+		redis.call('SETRANGE', key, '0', logHeader(l))
+		redis.call('PEXPIRE', key, pxs(logNewest(l) + W))
 	end
 	-- logGrant gives back the newest live units (an operator's grant,
 	-- algorithms.SlidingLog.Grant): events given back whole are cut off
@@ -401,13 +413,13 @@ local function libL()
 			-- Events of one unit: the newest units events go.
 			l.n = l.n - units
 			l.sum = l.sum - units
-			redis.call('SET', key, logHeader(l) .. redis.call('GETRANGE', key, HDR, HDR + l.n * 8 - 1))
+			redis.call('SET', key, logHeader(l) .. redis.call('GETRANGE', key, dec(HDR), dec(HDR + l.n * 8 - 1)))
 		else
 			while units > 0 do
 				local t, u = logEvent(l, l.n)
 				if u > units then
 					local pos = HDR + (l.n - 1) * 20
-					redis.call('SETRANGE', key, pos + 8, struct.pack('<I4', u - units))
+					redis.call('SETRANGE', key, dec(pos + 8), struct.pack('<I4', u - units))
 					logFenSub(l, key, l.n, units)
 					l.sum = l.sum - units
 					units = 0
@@ -420,10 +432,10 @@ local function libL()
 					while l.n > l.h and select(2, logEvent(l, l.n)) == 0 do l.n = l.n - 1 end
 				end
 			end
-			redis.call('SETRANGE', key, 0, logHeader(l))
+			redis.call('SETRANGE', key, '0', logHeader(l))
 		end
 		l.chunks, l.pre = nil, ''
-		redis.call('PEXPIRE', key, px(logNewest(l) + W))
+		redis.call('PEXPIRE', key, pxs(logNewest(l) + W))
 	end
 
 	-- SETTLE (sliding log): algorithms.SlidingLog.Settle, for settle.go.
@@ -460,10 +472,10 @@ local function libL()
 		local u = act
 		if u > est + room then u = est + room end
 		if u == est then return end
-		redis.call('SETRANGE', key, HDR + (i - 1) * 20 + 8, struct.pack('<I4', u))
+		redis.call('SETRANGE', key, dec(HDR + (i - 1) * 20 + 8), struct.pack('<I4', u))
 		logFenSub(l, key, i, est - u)
 		l.sum = l.sum + u - est
-		redis.call('SETRANGE', key, 0, logHeader(l))
+		redis.call('SETRANGE', key, '0', logHeader(l))
 		l.chunks, l.pre = nil, ''
 		-- Nodes past 2^47 would make prefix sums inexact: a rewrite makes
 		-- them cover the live events alone.
@@ -471,7 +483,7 @@ local function libL()
 		while j <= l.n do
 			if l.fens[j] > FENMAX then
 				l = logRewrite(l, 2)
-				redis.call('PEXPIRE', key, px(logNewest(l) + W))
+				redis.call('PEXPIRE', key, pxs(logNewest(l) + W))
 				return
 			end
 			j = j + lowbit(j)

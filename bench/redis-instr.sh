@@ -6,7 +6,12 @@
 # move by 30% from round to round). Each row runs BenchmarkRedisCPU
 # (backend/redis) of the tree OLD and of this tree twice, for 2,048 and
 # 12,288 decisions, and divides the difference of the server's counts by
-# 10,240: the set-up and the warm-up cancel out. Needs valgrind.
+# 10,240: the set-up and the warm-up cancel out. Only the server's work on
+# requests is counted (reading them, running the command, writing the
+# reply: --toggle-collect on readQueryFromClient and writeToClient), not
+# its timer work (serverCron, active expiry), which grows with how long a
+# run takes under valgrind and so with the machine's load: counted, it
+# moved a row by up to 11% between identical runs. Needs valgrind.
 # Usage: bench/redis-instr.sh OLD [rows...]
 # (rows as BenchmarkRedisCPU names them, e.g. token_bucket/per_call=8/rt;
 # by default the rt and pipe rows of 8 and 64 decisions per call)
@@ -28,7 +33,7 @@ tmp=$(mktemp -d)
 (cd "$old" && go test -c -o "$tmp/old.test" ./backend/redis/)
 go test -c -o "$tmp/new.test" ./backend/redis/
 port=$((20000 + RANDOM % 10000))
-valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.out" "$flavour-server" --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >"$tmp/log" 2>&1 &
+valgrind --tool=callgrind --toggle-collect=readQueryFromClient --toggle-collect=writeToClient --callgrind-out-file="$tmp/cg.out" "$flavour-server" --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >"$tmp/log" 2>&1 &
 vg=$!
 trap 'kill $vg 2>/dev/null || true; rm -rf "$tmp"' EXIT
 for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.3; done

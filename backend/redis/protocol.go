@@ -244,10 +244,10 @@ const (
 // modeMany's reply when no request failed: the same values packed into one
 // bulk string, replyPackedBytes bytes each, a little-endian IEEE 754 double
 // (struct.pack's replyPackedOrder, then replyPackedNumber per value). The
-// store reads them in place, where an array costs it a boxed value per
-// number; a reply with an error message stays an array. The values are
-// Lua's numbers, which an array reply truncates to integers: the store
-// truncates them as it reads them.
+// store reads them in place, where go-redis boxes each number of an array
+// (an allocation past 255); a reply with an error message stays an array.
+// The values are Lua's numbers, which an array reply truncates to
+// integers: the store truncates them as it reads them.
 const (
 	replyPackedOrder  = "<"
 	replyPackedNumber = "d"

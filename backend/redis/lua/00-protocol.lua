@@ -200,10 +200,10 @@ local REPLY_CLOCK_VALUES = 2
 -- MODE_MANY's reply when no request failed: the same values packed into one
 -- bulk string, REPLY_PACKED_BYTES bytes each, a little-endian IEEE 754 double
 -- (struct.pack's REPLY_PACKED_ORDER, then REPLY_PACKED_NUMBER per value). The
--- store reads them in place, where an array costs it a boxed value per
--- number; a reply with an error message stays an array. The values are
--- Lua's numbers, which an array reply truncates to integers: the store
--- truncates them as it reads them.
+-- store reads them in place, where go-redis boxes each number of an array
+-- (an allocation past 255); a reply with an error message stays an array.
+-- The values are Lua's numbers, which an array reply truncates to
+-- integers: the store truncates them as it reads them.
 local REPLY_PACKED_ORDER = "<"
 local REPLY_PACKED_NUMBER = "d"
 local REPLY_PACKED_BYTES = 8

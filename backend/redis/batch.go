@@ -262,33 +262,41 @@ func (b *batcher) send(batch []*pending) {
 
 // parseBatch reads a modeMany reply into each request's results.
 func parseBatch(cmd *goredis.Cmd, live []*pending) error {
-	vals, err := cmd.Slice()
-	if err != nil {
+	if err := cmd.Err(); err != nil {
 		return err
 	}
-	num := func(i int) (int64, error) {
-		if i >= len(vals) {
-			return 0, fmt.Errorf("script answered %d values for %d requests", len(vals), len(live))
+	var r batchReply
+	switch v := cmd.Val().(type) {
+	case string:
+		if len(v)%replyPackedBytes != 0 {
+			return fmt.Errorf("script answered %d bytes of packed values", len(v))
 		}
-		v, ok := vals[i].(int64)
-		if !ok {
-			return 0, fmt.Errorf("script answered %T where a number belongs", vals[i])
-		}
-		return v, nil
+		r.packed, r.n = v, len(v)/replyPackedBytes
+	case []any:
+		r.vals, r.n = v, len(v)
+	default:
+		return fmt.Errorf("script answered %T for a batch", v)
+	}
+	tooFew := func() error {
+		return fmt.Errorf("script answered %d values for %d requests", r.n, len(live))
 	}
 	var clock [replyClockValues]int64
+	if r.n < len(clock) {
+		return tooFew()
+	}
 	for i := range clock {
-		if clock[i], err = num(i); err != nil {
+		var err error
+		if clock[i], err = r.num(i); err != nil {
 			return err
 		}
 	}
 	at := replyClock(clock[:])
 	o := replyClockValues
 	for _, p := range live {
-		if o >= len(vals) {
-			return fmt.Errorf("script answered %d values for %d requests", len(vals), len(live))
+		if o >= r.n {
+			return tooFew()
 		}
-		if msg, ok := vals[o].(string); ok {
+		if msg, ok := r.failure(o); ok {
 			// This request failed in Redis (a key of another type, say);
 			// the others were decided.
 			p.err = scriptError(msg)
@@ -297,6 +305,9 @@ func parseBatch(cmd *goredis.Cmd, live []*pending) error {
 		}
 		var small [decisionHeadValues + keyReplyValues*4]int64 // up to four keys without an allocation
 		n := decisionLen(len(p.items))
+		if o+n > r.n {
+			return tooFew()
+		}
 		var v []int64
 		if n <= len(small) {
 			v = small[:n]
@@ -304,7 +315,8 @@ func parseBatch(cmd *goredis.Cmd, live []*pending) error {
 			v = make([]int64, n)
 		}
 		for i := range v {
-			if v[i], err = num(o + i); err != nil {
+			var err error
+			if v[i], err = r.num(o + i); err != nil {
 				return err
 			}
 		}
@@ -314,8 +326,38 @@ func parseBatch(cmd *goredis.Cmd, live []*pending) error {
 			p.results[i], p.items[i].logged = keyResult(v, i, at)
 		}
 	}
-	if o != len(vals) {
-		return fmt.Errorf("script answered %d values for %d requests", len(vals), len(live))
+	if o != r.n {
+		return fmt.Errorf("script answered %d values for %d requests", r.n, len(live))
 	}
 	return nil
+}
+
+// batchReply is a modeMany reply's n values: an array (vals), or the
+// numbers packed in one string (packed) when no request failed.
+type batchReply struct {
+	vals   []any
+	packed string
+	n      int
+}
+
+// num is value i (< n), a number.
+func (r *batchReply) num(i int) (int64, error) {
+	if r.vals == nil {
+		return packedValue(r.packed[i*replyPackedBytes:]), nil
+	}
+	v, ok := r.vals[i].(int64)
+	if !ok {
+		return 0, fmt.Errorf("script answered %T where a number belongs", r.vals[i])
+	}
+	return v, nil
+}
+
+// failure is the error message at value i (< n), if a request failed
+// there.
+func (r *batchReply) failure(i int) (string, bool) {
+	if r.vals == nil {
+		return "", false
+	}
+	msg, ok := r.vals[i].(string)
+	return msg, ok
 }

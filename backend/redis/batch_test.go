@@ -279,3 +279,73 @@ func TestBatchSecondCallWaitsForMinBatch(t *testing.T) {
 	}
 	b.inFlight--
 }
+
+// A batch of which no request failed is answered packed, in as many
+// struct.pack calls as its values need (replyPackedChunk each), and read
+// as the array would be: a full batch of one-key requests, and one
+// request whose keys alone take more than a chunk.
+func TestBatchPackedReply(t *testing.T) {
+	c := standaloneClient(t)
+	s := uncachedStore(t, c, time.Minute)
+	one := mustZone(t, s, "packed_one", algorithms.NameTokenBucket, policy(100, time.Hour))
+	many := mustZone(t, s, "packed_many", algorithms.NameFixedWindow, policy(1000, time.Hour))
+	ctx := context.Background()
+	const wide = 40 // keys of one request: more values than a chunk
+	var live []*pending
+	add := func(reqs []backend.Request) {
+		items, _, err := s.resolve(reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, &pending{ctx: ctx, deadline: time.Now().Add(time.Minute), items: items, results: make([]algorithms.Result, len(items)), done: make(chan struct{}, 1)})
+	}
+	var reqs []backend.Request
+	for k := range wide {
+		reqs = append(reqs, backend.Request{Limit: many, Key: "w" + strconv.Itoa(k), Cost: int64(k + 1)})
+	}
+	add(reqs)
+	for i := range maxBatch - 1 {
+		add([]backend.Request{{Limit: one, Key: "k" + strconv.Itoa(i), Cost: int64(i%7 + 1)}})
+	}
+	values := replyClockValues
+	for _, p := range live {
+		values += decisionLen(len(p.items))
+	}
+	if values <= 2*replyPackedChunk || values%replyPackedChunk == 0 {
+		t.Fatalf("%d values do not make full chunks and a part", values)
+	}
+	cmd, _ := s.manyCmd(ctx, live, nil)
+	gs := []group{{cmd: cmd}}
+	if err := s.run(ctx, gs); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := gs[0].cmd.Val().(string); !ok || len(v) != values*replyPackedBytes {
+		t.Fatalf("reply %T of %d bytes, want %d packed values", gs[0].cmd.Val(), len(v), values)
+	}
+	if err := parseBatch(gs[0].cmd, live); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixNano()
+	for i, p := range live {
+		if p.err != nil || !p.allowed {
+			t.Fatalf("request %d: err %v, allowed %v", i, p.err, p.allowed)
+		}
+		for k, r := range p.results {
+			limit, remaining := int64(1000), int64(1000-k-1)
+			if i > 0 {
+				limit, remaining = 100, int64(100-(i-1)%7-1)
+			}
+			if !r.Allowed || r.Limit != limit || r.Remaining != remaining || r.RetryAfter != 0 || r.ResetAfter <= 0 || r.ResetAfter > int64(time.Hour) {
+				t.Fatalf("request %d key %d: %+v, want limit %d, remaining %d", i, k, r, limit, remaining)
+			}
+			if d := now - r.At; d < 0 || d > int64(time.Minute) {
+				t.Fatalf("request %d key %d: decided at %d, now %d", i, k, r.At, now)
+			}
+		}
+	}
+	// A bucket's reset is its cost's worth of intervals (36 s each, past
+	// 32 bits of ns).
+	if r := live[7].results[0]; r.ResetAfter != 7*int64(36*time.Second) {
+		t.Fatalf("reset %d, want %d", r.ResetAfter, 7*int64(36*time.Second))
+	}
+}

@@ -47,7 +47,10 @@ func benchDecide(b *testing.B, alg string, p algorithms.Policy, keys int) {
 var benchAdapted int64
 
 func benchDecideWith(b *testing.B, alg string, p algorithms.Policy, keys int, opts Options, parallelism int) {
-	c := standaloneClient(b)
+	benchDecideOn(b, standaloneClient(b), alg, p, keys, opts, parallelism)
+}
+
+func benchDecideOn(b *testing.B, c *goredis.Client, alg string, p algorithms.Policy, keys int, opts Options, parallelism int) {
 	opts.KeyPrefix = uniquePrefix(b)
 	opts.Timeout = 10 * time.Second
 	s, err := New(c, opts)
@@ -73,6 +76,7 @@ func benchDecideWith(b *testing.B, alg string, p algorithms.Policy, keys int, op
 		}
 	}
 	calls0, usec0 := commandStats(b, c)
+	cpu0 := cpuNanos()
 	var next atomic.Int64
 	b.SetParallelism(parallelism) // × GOMAXPROCS goroutines, as many requests in flight
 	b.ResetTimer()
@@ -88,7 +92,13 @@ func benchDecideWith(b *testing.B, alg string, p algorithms.Policy, keys int, op
 		}
 	})
 	elapsed := time.Since(start)
+	cpu := cpuNanos() - cpu0
 	b.StopTimer()
+	if cpu > 0 {
+		// The client's side: this process's CPU (the servers are
+		// processes of their own).
+		b.ReportMetric(float64(cpu)/1e3/float64(b.N), "client_cpu_µs/decision")
+	}
 	calls1, usec1 := commandStats(b, c)
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
 	if calls1 > calls0 {
@@ -153,6 +163,23 @@ func BenchmarkBatching(b *testing.B) {
 		for _, m := range modes {
 			b.Run(fmt.Sprintf("batched=%s/parallelism=%d", m.name, par), func(b *testing.B) {
 				benchDecideWith(b, algorithms.NameTokenBucket, p, 10_000, m.opts, par)
+			})
+		}
+	}
+}
+
+// BenchmarkProtocol is BenchmarkBatching's batched calls, at 64 and 2
+// requests in flight, over a client speaking RESP2 and one speaking RESP3
+// (go-redis's default, which peeks for push notifications before each
+// reply).
+func BenchmarkProtocol(b *testing.B) {
+	p := policy(1_000_000, 1_000_000*time.Second)
+	for _, par := range []int{32, 1} {
+		for _, proto := range []int{2, 3} {
+			b.Run(fmt.Sprintf("parallelism=%d/resp=%d", par, proto), func(b *testing.B) {
+				c := goredis.NewClient(&goredis.Options{Addr: standalone(b), ContextTimeoutEnabled: true, PoolSize: 64, Protocol: proto})
+				b.Cleanup(func() { c.Close() })
+				benchDecideOn(b, c, algorithms.NameTokenBucket, p, 10_000, Options{NoCache: true}, par)
 			})
 		}
 	}

@@ -1,6 +1,11 @@
 package redis
 
-import "github.com/sluicehq/sluice/algorithms"
+import (
+	"encoding/binary"
+	"math"
+
+	"github.com/sluicehq/sluice/algorithms"
+)
 
 // The protocol between the store and its script: every mode, kind, argument
 // position and reply position the two exchange is named here, once. The Go
@@ -236,6 +241,22 @@ const (
 	replyClockValues = 2
 )
 
+// modeMany's reply when no request failed: the same values packed into one
+// bulk string, replyPackedBytes bytes each, a little-endian IEEE 754 double
+// (struct.pack's replyPackedOrder, then replyPackedNumber per value). The
+// store reads them in place, where go-redis boxes each number of an array
+// (an allocation past 255); a reply with an error message stays an array.
+// The values are Lua's numbers, which an array reply truncates to
+// integers: the store truncates them as it reads them.
+const (
+	replyPackedOrder  = "<"
+	replyPackedNumber = "d"
+	replyPackedBytes  = 8
+	// replyPackedChunk is the most values one struct.pack packs: unpack
+	// puts them all on Lua's stack, which is bounded.
+	replyPackedChunk = 256
+)
+
 // A decision: decisionAllowed, then keyReplyValues values per key in the
 // order of KEYS; modeDecideUndoable adds undoValues per key after them.
 const (
@@ -286,6 +307,11 @@ func decisionLen(keys int) int { return decisionHeadValues + keyReplyValues*keys
 // replyClock is the clock a reply's values v (from its first) were
 // decided at, in Unix ns.
 func replyClock(v []int64) int64 { return v[replyNowSeconds-1]*1e9 + v[replyNowNanos-1] }
+
+// packedValue reads the packed value (replyPackedBytes) that b starts with.
+func packedValue(b string) int64 {
+	return int64(math.Float64frombits(binary.LittleEndian.Uint64([]byte(b[:replyPackedBytes]))))
+}
 
 // keyResult reads key k's values of decision d (from its first value), a
 // decision made at at, and when a sliding log logged its event.

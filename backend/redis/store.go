@@ -279,7 +279,12 @@ type group struct {
 // resolve turns reqs into distinct keys: the same key twice in one request
 // is decided once, for the sum of the costs, as the memory store does.
 func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
-	items := make([]item, 0, len(reqs))
+	return s.resolveInto(make([]item, 0, len(reqs)), reqs)
+}
+
+// resolveInto is resolve appending the items to items, which has room
+// for len(reqs).
+func (s *Store) resolveInto(items []item, reqs []backend.Request) ([]item, []int, error) {
 	of := oneItem // request → item; read only
 	if len(reqs) > 1 {
 		of = make([]int, len(reqs))
@@ -315,6 +320,14 @@ func (s *Store) resolve(reqs []backend.Request) ([]item, []int, error) {
 
 // oneItem is resolve's map of a single request: shared, never written.
 var oneItem = []int{0}
+
+// single holds the item and the result of a request of one key, which
+// outlive Decide when its batch is still out (batcher.decide): one
+// allocation for both.
+type single struct {
+	items   [1]item
+	results [1]algorithms.Result
+}
 
 // groups splits items by hash slot on a cluster, where one script may only
 // touch keys of one slot.
@@ -417,7 +430,18 @@ func itemArgs(args []any, it *item, x1, x2 any) []any {
 // back. That never admits more than the limits; a request racing with
 // such a give-back may be refused.
 func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algorithms.Result) (bool, error) {
-	items, of, err := s.resolve(reqs)
+	var items []item
+	var of []int
+	var results []algorithms.Result
+	var err error
+	if len(reqs) == 1 {
+		one := new(single)
+		items, of, err = s.resolveInto(one.items[:0], reqs)
+		results = one.results[:]
+	} else {
+		items, of, err = s.resolve(reqs)
+		results = make([]algorithms.Result, len(items))
+	}
 	if err != nil || len(items) == 0 {
 		return err == nil, err
 	}
@@ -440,7 +464,6 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 		}
 		return ctx
 	}
-	results := make([]algorithms.Result, len(items))
 	var sent int64
 	var epoch uint64
 	var probing []*overEntry

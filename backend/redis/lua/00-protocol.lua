@@ -197,6 +197,20 @@ local REPLY_NOW_NANOS = 2
 -- REPLY_CLOCK_VALUES is the reply's values before the first decision.
 local REPLY_CLOCK_VALUES = 2
 
+-- MODE_MANY's reply when no request failed: the same values packed into one
+-- bulk string, REPLY_PACKED_BYTES bytes each, a little-endian IEEE 754 double
+-- (struct.pack's REPLY_PACKED_ORDER, then REPLY_PACKED_NUMBER per value). The
+-- store reads them in place, where go-redis boxes each number of an array
+-- (an allocation past 255); a reply with an error message stays an array.
+-- The values are Lua's numbers, which an array reply truncates to
+-- integers: the store truncates them as it reads them.
+local REPLY_PACKED_ORDER = "<"
+local REPLY_PACKED_NUMBER = "d"
+local REPLY_PACKED_BYTES = 8
+-- REPLY_PACKED_CHUNK is the most values one struct.pack packs: unpack
+-- puts them all on Lua's stack, which is bounded.
+local REPLY_PACKED_CHUNK = 256
+
 -- A decision: DECISION_ALLOWED, then KEY_REPLY_VALUES values per key in the
 -- order of KEYS; MODE_DECIDE_UNDOABLE adds UNDO_VALUES per key after them.
 -- DECISION_ALLOWED is 1 if the request may proceed, else 0.

@@ -45,6 +45,8 @@ func TestCompileRunsOnlyWhatIsConfigured(t *testing.T) {
 		{"concurrency", ``, `"key": "k", "concurrency": 2`, want{extras: true}},
 		{"concurrency with a rate", ``, plain + `, "concurrency": 2`, want{extras: true}},
 		{"budget", ``, plain + `, "charge_when": {"status_code": [2]}`, want{watching: true, extras: true}},
+		{"shed by capacity", `"disable_metrics": true, "shed": {"group": "compile-c", "capacity": 10}`, plain, want{cost: 1}},
+		{"shed by latency", `"disable_metrics": true, "shed": {"group": "compile-l", "latency_target": "200ms"}`, plain, want{watching: true, cost: 1}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			handler := `"disable_metrics": true, `

@@ -214,7 +214,12 @@ local function libL()
 		if #hdr < HDR + PRE then l.whole = hdr end
 		if wide == 1 or (wide == 0 and tombs == 1) then
 			-- An older version's log, whose retry time was found by walking.
-			return logRewrite(l, 2)
+			-- The rewrite keeps its expiry: a denied decision that follows
+			-- writes the header alone.
+			local ttl = redis.call('PTTL', key)
+			local ms
+			if ttl > 0 then ms = dec(ttl) end
+			return logRewrite(l, 2, nil, nil, ms)
 		end
 		return l
 	end

@@ -40,6 +40,17 @@ local function libL()
 	local PRE_END = dec(HDR + PRE - 1)
 	-- pxs is px(idle) written for redis.call.
 	local function pxs(idle) return dec(px(idle)) end
+	-- pxsWindow is pxs(now + W), the expiry of a log whose newest event is
+	-- now: the same for every decision of a zone with the same EXTRA, so it
+	-- is written once (string.format costs more than the rest of a small
+	-- log's write). One entry per window length: bounded by the zones.
+	local pxsOf, pxsExtra = {}, {}
+	local function pxsWindow(W)
+		if pxsExtra[W] ~= EXTRA then
+			pxsOf[W], pxsExtra[W] = pxs(now + W), EXTRA
+		end
+		return pxsOf[W]
+	end
 
 	local function lowbit(i)
 		local b = 1
@@ -214,7 +225,12 @@ local function libL()
 		if #hdr < HDR + PRE then l.whole = hdr end
 		if wide == 1 or (wide == 0 and tombs == 1) then
 			-- An older version's log, whose retry time was found by walking.
-			return logRewrite(l, 2)
+			-- The rewrite keeps its expiry: a denied decision that follows
+			-- writes the header alone.
+			local ttl = redis.call('PTTL', key)
+			local ms
+			if ttl > 0 then ms = dec(ttl) end
+			return logRewrite(l, 2, nil, nil, ms)
 		end
 		return l
 	end
@@ -245,9 +261,31 @@ local function libL()
 		local count = 0
 		local reset = 0
 		if l.n then
-			logPrune(l, W)
+			local t
+			if l.wide == 0 and l.whole then
+				-- A small log of single units in hand: logPrune and
+				-- logNewest without a call per event (as logEvent reads
+				-- them).
+				local str, base, h, n, sum = l.whole, l.base, l.h, l.n, l.sum
+				while h < n do
+					local off = struct.unpack('<d', str, HDR + h * 8 + 1)
+					if off >= 0 and base + off + W > now then break end
+					if off >= 0 then sum = sum - 1 end
+					h = h + 1
+				end
+				for i = n, h + 1, -1 do
+					local off = struct.unpack('<d', str, HDR + (i - 1) * 8 + 1)
+					if off >= 0 then
+						t = base + off
+						break
+					end
+				end
+				l.h, l.sum = h, sum
+			else
+				logPrune(l, W)
+				t = logNewest(l)
+			end
 			count = l.sum
-			local t = logNewest(l)
 			if t and t + W > now then reset = t + W - now end
 			-- The take that follows an allowed decision prunes nothing
 			-- more and finds the same newest event.
@@ -296,10 +334,12 @@ local function libL()
 			else
 				tail = redis.call('GETRANGE', key, dec(HDR + l.h * 8), '-1')
 			end
-			l.sum = l.sum + cost
-			l.n = live + 1
-			l.h = 0
-			redis.call('SET', key, logHeader(l) .. tail .. struct.pack('<d', t - l.base), 'PX', pxs(t + W))
+			local ms
+			if t == now then ms = pxsWindow(W) else ms = pxs(t + W) end
+			-- The header, the events and the new one in one pack (c0: the
+			-- whole string tail), as logHeader writes the header.
+			redis.call('SET', key, struct.pack('<ddBBI4I4c0d', NS + l.base / E9, l.sum + cost, l.wide, 0, 0, live + 1,
+				tail, t - l.base), 'PX', ms)
 			return t
 		elseif fits and l.h <= live and fmt == 0 then
 			rec = struct.pack('<d', t - l.base)

@@ -446,8 +446,8 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 		return err == nil, err
 	}
 	// The deadline covers waiting for another request's answer too. The
-	// batched path checks it itself (the batcher before sending, the
-	// waiter with a pooled timer): a context of its own per request
+	// batched path checks it itself (before sending, and with one timer
+	// for all its waiting requests): a context of its own per request
 	// cost a timer, a channel and a registration with the parent's.
 	deadline := time.Now().Add(s.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {

@@ -104,15 +104,43 @@ type batcher struct {
 	mu       sync.Mutex
 	queue    []*pending
 	inFlight int
-	// The decisions of the calls in flight, and the timer that answers
-	// the waiting decisions whose deadline passed (expire): one for the
-	// batcher, armed by watchAt (zero: not armed) at or before the
-	// earliest deadline of those queued or in flight. A timer of each
-	// waiting request's own cost about a tenth of the client's CPU per
-	// decision.
-	out     [][]*pending
+	// The calls in flight, and the timer that answers the waiting
+	// decisions whose deadline passed and ends the calls whose deadline
+	// passed (expire): one for the batcher, armed by watchAt (zero: not
+	// armed) at or before the earliest deadline of those queued or in
+	// flight. A timer of each waiting request's own cost about a tenth
+	// of the client's CPU per decision, one of each call's (a context
+	// with a deadline) a twentieth.
+	out     []flight
 	timer   *time.Timer
 	watchAt time.Time
+}
+
+// flight is a call in flight: its decisions and its context.
+type flight struct {
+	live []*pending
+	ctx  *callCtx
+}
+
+// callCtx is a batch call's context: go-redis bounds the call's socket
+// reads and writes by its deadline, and its waits (for a pooled
+// connection) by Done, which expire closes at the deadline.
+type callCtx struct {
+	context.Context // Background's values
+	deadline        time.Time
+	done            chan struct{}
+	ended           atomic.Bool
+}
+
+func (c *callCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *callCtx) Done() <-chan struct{} { return c.done }
+
+func (c *callCtx) Err() error {
+	if c.ended.Load() {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // batcherFor returns the batcher of the slot of items (which share one).
@@ -201,9 +229,18 @@ func (b *batcher) expire() {
 	for _, p := range b.queue {
 		check(p)
 	}
-	for _, batch := range b.out {
-		for _, p := range batch {
+	for _, f := range b.out {
+		for _, p := range f.live {
 			check(p)
+		}
+		if f.ctx.ended.Load() {
+			continue
+		}
+		if !now.Before(f.ctx.deadline) {
+			f.ctx.ended.Store(true)
+			close(f.ctx.done)
+		} else if next.IsZero() || f.ctx.deadline.Before(next) {
+			next = f.ctx.deadline
 		}
 	}
 	b.watchAt = next
@@ -305,14 +342,13 @@ func (b *batcher) send(batch []*pending) {
 	if len(live) == 0 {
 		return
 	}
+	ctx := &callCtx{Context: context.Background(), deadline: deadline, done: make(chan struct{})}
 	// Between the queue and here, live was in neither: the timer may
 	// have passed over it.
 	b.mu.Lock()
-	b.out = append(b.out, live)
+	b.out = append(b.out, flight{live, ctx})
 	b.watch(earliest)
 	b.mu.Unlock()
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
 	s := b.s
 	// The call's arguments are built in one slice, taken from a pool
 	// and given back once the reply is read (manyCmd says what they are).
@@ -331,7 +367,7 @@ func (b *batcher) send(batch []*pending) {
 	}
 	b.mu.Lock()
 	for i := range b.out {
-		if &b.out[i][0] == &live[0] {
+		if b.out[i].ctx == ctx {
 			b.out = slices.Delete(b.out, i, i+1)
 			break
 		}

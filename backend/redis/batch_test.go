@@ -454,3 +454,35 @@ func TestBatchExpiresWaiterWhoseCallIsSlow(t *testing.T) {
 		t.Errorf("long deadline: allowed %v, err %v", a.ok, a.err)
 	}
 }
+
+// A call that waits for a pooled connection past its deadline gives up
+// there: its context ends with its last request's deadline.
+func TestBatchCallEndsAtItsDeadlineWaitingForConnection(t *testing.T) {
+	c := goredis.NewClient(&goredis.Options{Addr: standalone(t), ContextTimeoutEnabled: true, PoolSize: 1, PoolTimeout: 10 * time.Second})
+	t.Cleanup(func() { c.Close() })
+	s := uncachedStore(t, c, 200*time.Millisecond)
+	z := mustZone(t, s, "pool", algorithms.NameTokenBucket, policy(5, time.Hour))
+	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "warm", Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan struct{})
+	go func() {
+		defer close(held)
+		// Holds the pool's only connection for 2s.
+		c.BLPop(context.Background(), 2*time.Second, uniquePrefix(t)+"none")
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.PoolStats().IdleConns != 0 || c.PoolStats().TotalConns != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the blocking command did not take the connection")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // BLPOP was written
+	start := time.Now()
+	_, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1))
+	if waited := time.Since(start); err == nil || waited > time.Second {
+		t.Fatalf("err %v after %v, want a failure at the 200ms deadline", err, waited)
+	}
+	<-held
+}

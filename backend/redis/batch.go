@@ -85,16 +85,17 @@ func (p *pending) settle() {
 }
 
 // answer returns p's answer, once its done value was taken, and gives p
-// back to the pool when its call is done with it.
-func (p *pending) answer() (bool, error) {
+// back to the pool when its call is done with it; held reports that its
+// call may still write p's items and results.
+func (p *pending) answer() (allowed bool, err error, held bool) {
 	if p.state.Load() == expired {
-		return false, context.DeadlineExceeded
+		return false, context.DeadlineExceeded, true
 	}
-	allowed, err := p.allowed, p.err
+	allowed, err = p.allowed, p.err
 	p.ctx, p.deadline, p.items, p.results, p.allowed, p.err = nil, time.Time{}, nil, nil, false, nil
 	p.state.Store(waiting)
 	pendings.Put(p)
-	return allowed, err
+	return allowed, err, false
 }
 
 // batcher gathers the decisions of one store (on a cluster: of one hash
@@ -159,8 +160,9 @@ func (s *Store) batcherFor(items []item) *batcher {
 // decide decides items (one request, one slot) in a batch. It waits for
 // the answer until ctx ends or the deadline passes; a request whose batch
 // was already sent may still be decided once by Redis after that, as a
-// call of its own would.
-func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, results []algorithms.Result) (bool, error) {
+// call of its own would. held reports that the batch may still write
+// items and results.
+func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, results []algorithms.Result) (allowed bool, err error, held bool) {
 	p := pendings.Get().(*pending)
 	p.ctx, p.deadline, p.items, p.results = ctx, deadline, items, results
 	b.mu.Lock()
@@ -188,7 +190,7 @@ func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, 
 	case <-p.done: // answered just in time: the answer, not the cancellation
 		return p.answer()
 	default:
-		return false, ctx.Err()
+		return false, ctx.Err(), true
 	}
 }
 

@@ -370,7 +370,7 @@ func TestBatchExpiresEachWaiterAtItsDeadline(t *testing.T) {
 		go func() {
 			// The request's context has no deadline: only the
 			// batcher's timer ends the wait.
-			_, err := b.decide(context.Background(), start.Add(d), items, make([]algorithms.Result, 1))
+			_, err, _ := b.decide(context.Background(), start.Add(d), items, make([]algorithms.Result, 1))
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("request %d: err %v, want the deadline", i, err)
 			}
@@ -441,7 +441,7 @@ func TestBatchExpiresWaiterWhoseCallIsSlow(t *testing.T) {
 			t.Fatal(err)
 		}
 		go func() {
-			ok, err := b.decide(context.Background(), start.Add(d), items, make([]algorithms.Result, 1))
+			ok, err, _ := b.decide(context.Background(), start.Add(d), items, make([]algorithms.Result, 1))
 			answers[i] <- answer{ok, err, time.Since(start)}
 		}()
 		waitQueued(t, queued, i+1)
@@ -485,4 +485,50 @@ func TestBatchCallEndsAtItsDeadlineWaitingForConnection(t *testing.T) {
 		t.Fatalf("err %v after %v, want a failure at the 200ms deadline", err, waited)
 	}
 	<-held
+}
+
+// A request that returned at its deadline while its call was out leaves
+// its item to that call: the call sends its key, not the key of a request
+// that took the memory after it.
+func TestBatchExpiredRequestKeepsItsItem(t *testing.T) {
+	c := goredis.NewClient(&goredis.Options{Addr: standalone(t), ContextTimeoutEnabled: true, PoolSize: 64})
+	t.Cleanup(func() { c.Close() })
+	s := uncachedStore(t, c, 100*time.Millisecond)
+	z := mustZone(t, s, "kept", algorithms.NameTokenBucket, policy(5, time.Hour))
+	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "warm", Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	c.AddHook(slowCalls{400 * time.Millisecond})
+	b, queued, release := holdBatcher(t, s, z)
+	prefix := z.(*zone).prefix
+	errs := make(chan error, 1)
+	go func() {
+		_, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "a", Cost: 1}}, make([]algorithms.Result, 1))
+		// What the next request of this goroutine would take.
+		one := singles.Get().(*single)
+		one.items[0].key = prefix + "other}"
+		errs <- err
+	}()
+	waitQueued(t, queued, 1)
+	// A request of a later deadline keeps the call going past the
+	// first one's.
+	items, _, err := s.resolve([]backend.Request{{Limit: z, Key: "b", Cost: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go b.decide(context.Background(), time.Now().Add(time.Minute), items, make([]algorithms.Result, 1))
+	waitQueued(t, queued, 2)
+	sent := make(chan struct{})
+	go func() { release(); close(sent) }() // sends both, held 400ms
+	if err := <-errs; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err %v, want the deadline", err)
+	}
+	<-sent
+	ctx := context.Background()
+	if n, _ := c.Exists(ctx, prefix+"other}").Result(); n != 0 {
+		t.Fatal("the call sent another request's key")
+	}
+	if n, _ := c.Exists(ctx, prefix+"a}").Result(); n != 1 {
+		t.Fatal("the request that was sent was not decided")
+	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -55,23 +57,45 @@ type pending struct {
 	results  []algorithms.Result
 	allowed  bool
 	err      error
-	// done gets one value when the answer is in; its buffer of one
-	// lets the sender go on whether or not the caller still waits.
-	done chan struct{}
+	// state is waiting until the answer or the deadline comes first;
+	// whichever wins gives done its one value, whose buffer lets the
+	// sender go on whether or not the caller still waits.
+	state atomic.Uint32
+	done  chan struct{}
 }
+
+// The states of a pending.
+const (
+	waiting  uint32 = iota
+	answered        // by its call, or by send when it was not sent
+	expired         // its deadline passed first: its call may still write p
+)
 
 // pendings holds the pending requests whose callers took their answer; a
 // request abandoned at its deadline is left to the collector, since its
 // batch may still answer it.
 var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
 
+// settle gives p its answer (allowed, err and results set) unless its
+// deadline came first.
+func (p *pending) settle() {
+	if p.state.CompareAndSwap(waiting, answered) {
+		p.done <- struct{}{}
+	}
+}
+
 // answer returns p's answer, once its done value was taken, and gives p
-// back to the pool.
-func (p *pending) answer() (bool, error) {
-	allowed, err := p.allowed, p.err
-	*p = pending{done: p.done}
+// back to the pool when its call is done with it; held reports that its
+// call may still write p's items and results.
+func (p *pending) answer() (allowed bool, err error, held bool) {
+	if p.state.Load() == expired {
+		return false, context.DeadlineExceeded, true
+	}
+	allowed, err = p.allowed, p.err
+	p.ctx, p.deadline, p.items, p.results, p.allowed, p.err = nil, time.Time{}, nil, nil, false, nil
+	p.state.Store(waiting)
 	pendings.Put(p)
-	return allowed, err
+	return allowed, err, false
 }
 
 // batcher gathers the decisions of one store (on a cluster: of one hash
@@ -81,6 +105,43 @@ type batcher struct {
 	mu       sync.Mutex
 	queue    []*pending
 	inFlight int
+	// The calls in flight, and the timer that answers the waiting
+	// decisions whose deadline passed and ends the calls whose deadline
+	// passed (expire): one for the batcher, armed by watchAt (zero: not
+	// armed) at or before the earliest deadline of those queued or in
+	// flight. A timer of each waiting request's own cost about a tenth
+	// of the client's CPU per decision, one of each call's (a context
+	// with a deadline) a twentieth.
+	out     []flight
+	timer   *time.Timer
+	watchAt time.Time
+}
+
+// flight is a call in flight: its decisions and its context.
+type flight struct {
+	live []*pending
+	ctx  *callCtx
+}
+
+// callCtx is a batch call's context: go-redis bounds the call's socket
+// reads and writes by its deadline, and its waits (for a pooled
+// connection) by Done, which expire closes at the deadline.
+type callCtx struct {
+	context.Context // Background's values
+	deadline        time.Time
+	done            chan struct{}
+	ended           atomic.Bool
+}
+
+func (c *callCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *callCtx) Done() <-chan struct{} { return c.done }
+
+func (c *callCtx) Err() error {
+	if c.ended.Load() {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // batcherFor returns the batcher of the slot of items (which share one).
@@ -99,12 +160,14 @@ func (s *Store) batcherFor(items []item) *batcher {
 // decide decides items (one request, one slot) in a batch. It waits for
 // the answer until ctx ends or the deadline passes; a request whose batch
 // was already sent may still be decided once by Redis after that, as a
-// call of its own would.
-func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, results []algorithms.Result) (bool, error) {
+// call of its own would. held reports that the batch may still write
+// items and results.
+func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, results []algorithms.Result) (allowed bool, err error, held bool) {
 	p := pendings.Get().(*pending)
 	p.ctx, p.deadline, p.items, p.results = ctx, deadline, items, results
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
+	b.watch(deadline)
 	if ok, alone := b.claim(); ok {
 		// This goroutine sends the queue (with its own request, unless
 		// more than maxBatch wait) rather than wake another.
@@ -114,39 +177,79 @@ func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, 
 		b.mu.Unlock()
 	}
 	select {
-	case <-p.done: // sent by this goroutine: no timer needed
+	case <-p.done: // sent by this goroutine (ctx.Done may allocate)
 		return p.answer()
 	default:
 	}
-	t := timers.Get().(*time.Timer)
-	t.Reset(time.Until(deadline))
-	defer func() {
-		t.Stop() // a stopped timer's channel is empty since Go 1.23
-		timers.Put(t)
-	}()
-	var err error
 	select {
-	case <-p.done:
+	case <-p.done: // the answer, or the deadline (expire)
 		return p.answer()
 	case <-ctx.Done():
-		err = ctx.Err()
-	case <-t.C:
-		err = context.DeadlineExceeded
 	}
 	select {
-	case <-p.done: // answered just in time: the answer, not the deadline
+	case <-p.done: // answered just in time: the answer, not the cancellation
 		return p.answer()
 	default:
-		return false, err
+		return false, ctx.Err(), true
 	}
 }
 
-// timers holds the stopped timers of waiting requests.
-var timers = sync.Pool{New: func() any {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	return t
-}}
+// watch makes the timer fire by deadline; b.mu is held.
+func (b *batcher) watch(deadline time.Time) {
+	if !b.watchAt.IsZero() && !deadline.Before(b.watchAt) {
+		return
+	}
+	b.watchAt = deadline
+	if b.timer == nil {
+		b.timer = time.AfterFunc(time.Until(deadline), b.expire)
+	} else {
+		b.timer.Reset(time.Until(deadline))
+	}
+}
+
+// expire answers the waiting decisions whose deadline passed, queued or
+// in flight, and arms the timer for the earliest of the others.
+func (b *batcher) expire() {
+	now := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var next time.Time
+	check := func(p *pending) {
+		if p.state.Load() != waiting {
+			return
+		}
+		if !now.Before(p.deadline) {
+			if p.state.CompareAndSwap(waiting, expired) {
+				p.done <- struct{}{}
+			}
+			return
+		}
+		if next.IsZero() || p.deadline.Before(next) {
+			next = p.deadline
+		}
+	}
+	for _, p := range b.queue {
+		check(p)
+	}
+	for _, f := range b.out {
+		for _, p := range f.live {
+			check(p)
+		}
+		if f.ctx.ended.Load() {
+			continue
+		}
+		if !now.Before(f.ctx.deadline) {
+			f.ctx.ended.Store(true)
+			close(f.ctx.done)
+		} else if next.IsZero() || f.ctx.deadline.Before(next) {
+			next = f.ctx.deadline
+		}
+	}
+	b.watchAt = next
+	if !next.IsZero() {
+		b.timer.Reset(next.Sub(now))
+	}
+}
 
 // claim reports whether the queue leaves now, and counts its call in
 // flight if so; alone reports that no other call is. b.mu is held.
@@ -211,31 +314,43 @@ func (b *batcher) next() {
 
 // send decides batch in one script call and hands each request its
 // answer. Requests whose deadline passed while they queued are not sent.
-// The call's deadline is the latest of its requests'.
+// The call's deadline is the latest of its requests'; expire answers
+// those whose own deadline passes first.
 func (b *batcher) send(batch []*pending) {
 	live := batch[:0] // send owns batch
-	var deadline time.Time
+	var deadline, earliest time.Time
 	now := time.Now()
 	for _, p := range batch {
+		if p.state.Load() != waiting {
+			continue // expired in the queue
+		}
 		err := p.ctx.Err()
 		if err == nil && !now.Before(p.deadline) {
 			err = context.DeadlineExceeded
 		}
 		if err != nil {
 			p.err = err
-			p.done <- struct{}{}
+			p.settle()
 			continue
 		}
 		if p.deadline.After(deadline) {
 			deadline = p.deadline
+		}
+		if earliest.IsZero() || p.deadline.Before(earliest) {
+			earliest = p.deadline
 		}
 		live = append(live, p)
 	}
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
+	ctx := &callCtx{Context: context.Background(), deadline: deadline, done: make(chan struct{})}
+	// Between the queue and here, live was in neither: the timer may
+	// have passed over it.
+	b.mu.Lock()
+	b.out = append(b.out, flight{live, ctx})
+	b.watch(earliest)
+	b.mu.Unlock()
 	s := b.s
 	// The call's arguments are built in one slice, taken from a pool
 	// and given back once the reply is read (manyCmd says what they are).
@@ -252,11 +367,19 @@ func (b *batcher) send(batch []*pending) {
 	if err == nil {
 		err = parseBatch(gs[0].cmd, live)
 	}
+	b.mu.Lock()
+	for i := range b.out {
+		if b.out[i].ctx == ctx {
+			b.out = slices.Delete(b.out, i, i+1)
+			break
+		}
+	}
+	b.mu.Unlock()
 	for _, p := range live {
 		if err != nil {
 			p.err = err
 		}
-		p.done <- struct{}{}
+		p.settle()
 	}
 }
 

@@ -186,8 +186,7 @@ func TestBatchFailingRequestFailsAlone(t *testing.T) {
 }
 
 // A queued request whose client left returns at once and is never sent;
-// a request queued after it, on the pooled timer the first one used,
-// waits for its answer and is decided.
+// a request queued after it waits for its answer and is decided.
 func TestBatchDropsRequestWhoseClientLeft(t *testing.T) {
 	c := standaloneClient(t)
 	s := uncachedStore(t, c, time.Minute)
@@ -347,5 +346,189 @@ func TestBatchPackedReply(t *testing.T) {
 	// 32 bits of ns).
 	if r := live[7].results[0]; r.ResetAfter != 7*int64(36*time.Second) {
 		t.Fatalf("reset %d, want %d", r.ResetAfter, 7*int64(36*time.Second))
+	}
+}
+
+// Each waiting decision returns at its own deadline, whatever the order
+// the deadlines came in: one that queues after another with a later
+// deadline brings the batcher's timer forward, and the timer, once it
+// fired, is set again for the next deadline. None is sent.
+func TestBatchExpiresEachWaiterAtItsDeadline(t *testing.T) {
+	c := standaloneClient(t)
+	s := uncachedStore(t, c, time.Minute)
+	z := mustZone(t, s, "expire", algorithms.NameTokenBucket, policy(5, time.Hour))
+	b, queued, release := holdBatcher(t, s, z)
+	start := time.Now()
+	after := []time.Duration{600 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond}
+	returned := make([]chan time.Duration, len(after))
+	for i, d := range after {
+		returned[i] = make(chan time.Duration, 1)
+		items, _, err := s.resolve([]backend.Request{{Limit: z, Key: "k" + strconv.Itoa(i), Cost: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			// The request's context has no deadline: only the
+			// batcher's timer ends the wait.
+			_, err, _ := b.decide(context.Background(), start.Add(d), items, make([]algorithms.Result, 1))
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("request %d: err %v, want the deadline", i, err)
+			}
+			returned[i] <- time.Since(start)
+		}()
+		waitQueued(t, queued, i+1)
+	}
+	for i, d := range after {
+		select {
+		case got := <-returned[i]:
+			if got < d || got > d+250*time.Millisecond {
+				t.Errorf("request %d returned after %v, its deadline was %v", i, got, d)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("request %d still waits, its deadline was %v", i, d)
+		}
+	}
+	calls0, _ := commandStats(t, c)
+	release()
+	if calls, _ := commandStats(t, c); calls != calls0 {
+		t.Fatalf("expired requests were sent (%v calls)", calls-calls0)
+	}
+}
+
+// slowCalls holds each script call for a while before it is sent.
+type slowCalls struct{ delay time.Duration }
+
+func (h slowCalls) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h slowCalls) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if n := cmd.Name(); n == "fcall" || n == "evalsha" || n == "eval" {
+			time.Sleep(h.delay)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h slowCalls) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// A decision whose call is in flight past its deadline returns at its
+// deadline, while the call goes on to the latest deadline of its
+// requests and answers the others.
+func TestBatchExpiresWaiterWhoseCallIsSlow(t *testing.T) {
+	c := goredis.NewClient(&goredis.Options{Addr: standalone(t), ContextTimeoutEnabled: true, PoolSize: 64})
+	t.Cleanup(func() { c.Close() })
+	s := uncachedStore(t, c, time.Minute)
+	z := mustZone(t, s, "slow", algorithms.NameTokenBucket, policy(5, time.Hour))
+	// The script is loaded before calls are slowed.
+	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "warm", Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	c.AddHook(slowCalls{600 * time.Millisecond})
+	b, queued, release := holdBatcher(t, s, z)
+	start := time.Now()
+	type answer struct {
+		ok  bool
+		err error
+		at  time.Duration
+	}
+	answers := make([]chan answer, 2)
+	for i, d := range []time.Duration{150 * time.Millisecond, 10 * time.Second} {
+		answers[i] = make(chan answer, 1)
+		items, _, err := s.resolve([]backend.Request{{Limit: z, Key: "k" + strconv.Itoa(i), Cost: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			ok, err, _ := b.decide(context.Background(), start.Add(d), items, make([]algorithms.Result, 1))
+			answers[i] <- answer{ok, err, time.Since(start)}
+		}()
+		waitQueued(t, queued, i+1)
+	}
+	release() // sends both in one call, held 600ms
+	if a := <-answers[0]; !errors.Is(a.err, context.DeadlineExceeded) || a.at > 450*time.Millisecond {
+		t.Errorf("short deadline: err %v after %v, want the deadline after 150ms", a.err, a.at)
+	}
+	if a := <-answers[1]; a.err != nil || !a.ok {
+		t.Errorf("long deadline: allowed %v, err %v", a.ok, a.err)
+	}
+}
+
+// A call that waits for a pooled connection past its deadline gives up
+// there: its context ends with its last request's deadline.
+func TestBatchCallEndsAtItsDeadlineWaitingForConnection(t *testing.T) {
+	c := goredis.NewClient(&goredis.Options{Addr: standalone(t), ContextTimeoutEnabled: true, PoolSize: 1, PoolTimeout: 10 * time.Second})
+	t.Cleanup(func() { c.Close() })
+	s := uncachedStore(t, c, 200*time.Millisecond)
+	z := mustZone(t, s, "pool", algorithms.NameTokenBucket, policy(5, time.Hour))
+	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "warm", Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan struct{})
+	go func() {
+		defer close(held)
+		// Holds the pool's only connection for 2s.
+		c.BLPop(context.Background(), 2*time.Second, uniquePrefix(t)+"none")
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.PoolStats().IdleConns != 0 || c.PoolStats().TotalConns != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the blocking command did not take the connection")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // BLPOP was written
+	start := time.Now()
+	_, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "k", Cost: 1}}, make([]algorithms.Result, 1))
+	if waited := time.Since(start); err == nil || waited > time.Second {
+		t.Fatalf("err %v after %v, want a failure at the 200ms deadline", err, waited)
+	}
+	<-held
+}
+
+// A request that returned at its deadline while its call was out leaves
+// its item to that call: the call sends its key, not the key of a request
+// that took the memory after it.
+func TestBatchExpiredRequestKeepsItsItem(t *testing.T) {
+	c := goredis.NewClient(&goredis.Options{Addr: standalone(t), ContextTimeoutEnabled: true, PoolSize: 64})
+	t.Cleanup(func() { c.Close() })
+	s := uncachedStore(t, c, 100*time.Millisecond)
+	z := mustZone(t, s, "kept", algorithms.NameTokenBucket, policy(5, time.Hour))
+	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "warm", Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	c.AddHook(slowCalls{400 * time.Millisecond})
+	b, queued, release := holdBatcher(t, s, z)
+	prefix := z.(*zone).prefix
+	errs := make(chan error, 1)
+	go func() {
+		_, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "a", Cost: 1}}, make([]algorithms.Result, 1))
+		// What the next request of this goroutine would take.
+		one := singles.Get().(*single)
+		one.items[0].key = prefix + "other}"
+		errs <- err
+	}()
+	waitQueued(t, queued, 1)
+	// A request of a later deadline keeps the call going past the
+	// first one's.
+	items, _, err := s.resolve([]backend.Request{{Limit: z, Key: "b", Cost: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go b.decide(context.Background(), time.Now().Add(time.Minute), items, make([]algorithms.Result, 1))
+	waitQueued(t, queued, 2)
+	sent := make(chan struct{})
+	go func() { release(); close(sent) }() // sends both, held 400ms
+	if err := <-errs; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err %v, want the deadline", err)
+	}
+	<-sent
+	ctx := context.Background()
+	if n, _ := c.Exists(ctx, prefix+"other}").Result(); n != 0 {
+		t.Fatal("the call sent another request's key")
+	}
+	if n, _ := c.Exists(ctx, prefix+"a}").Result(); n != 1 {
+		t.Fatal("the request that was sent was not decided")
 	}
 }

@@ -321,13 +321,15 @@ func (s *Store) resolveInto(items []item, reqs []backend.Request) ([]item, []int
 // oneItem is resolve's map of a single request: shared, never written.
 var oneItem = []int{0}
 
-// single holds the item and the result of a request of one key, which
-// outlive Decide when its batch is still out (batcher.decide): one
-// allocation for both.
+// single holds the item and the result of a request of one key: one
+// allocation for both, given back to singles unless they outlive Decide
+// (its batch still out, or its call abandoned).
 type single struct {
 	items   [1]item
 	results [1]algorithms.Result
 }
+
+var singles = sync.Pool{New: func() any { return new(single) }}
 
 // groups splits items by hash slot on a cluster, where one script may only
 // touch keys of one slot.
@@ -434,8 +436,15 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 	var of []int
 	var results []algorithms.Result
 	var err error
+	held := false // items and results may outlive Decide
 	if len(reqs) == 1 {
-		one := new(single)
+		one := singles.Get().(*single)
+		defer func() {
+			if !held {
+				*one = single{}
+				singles.Put(one)
+			}
+		}()
 		items, of, err = s.resolveInto(one.items[:0], reqs)
 		results = one.results[:]
 	} else {
@@ -446,8 +455,8 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 		return err == nil, err
 	}
 	// The deadline covers waiting for another request's answer too. The
-	// batched path checks it itself (the batcher before sending, the
-	// waiter with a pooled timer): a context of its own per request
+	// batched path checks it itself (before sending, and with one timer
+	// for all its waiting requests): a context of its own per request
 	// cost a timer, a channel and a registration with the parent's.
 	deadline := time.Now().Add(s.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
@@ -495,8 +504,11 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 	allowed := true
 	var failed error
 	if !s.opts.NoBatch && !s.opts.pipeline && s.oneSlot(items) {
-		allowed, failed = s.batcherFor(items).decide(parent, deadline, items, results)
+		allowed, failed, held = s.batcherFor(items).decide(parent, deadline, items, results)
 	} else {
+		// A call abandoned at its deadline may still be queued to be
+		// written (automatic pipelining): left to the collector.
+		held = true
 		gs = s.groups(items)
 		allowed, failed = s.decideGroups(bounded(), gs, items, results)
 	}

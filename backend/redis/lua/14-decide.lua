@@ -108,3 +108,87 @@ local function decideKeys(args, undo, out, o)
 		end
 	end
 end
+
+-- decideBuckets decides, as decideKeys would, a request of MODE_MANY
+-- whose keys are all plain buckets: each of a zone that has meta
+-- (zoneArgs), without a reservation, and absent or written under the
+-- zone's current policy (its value ends with meta, so no policy change
+-- rebases it). It reads the request's n keys, KEYS[k0 + 1] on, and their
+-- arguments, ARGV[o + MANY_COUNT_ARGS + 1] on, and writes the decision
+-- from out[at + 1] on. That is most decisions, and decideKeys's tables
+-- (the arguments, the states, each result and taken state) cost more
+-- than a GET and a SET: this keeps the numbers in locals and scratch
+-- tables (sc, made once per call), with bucketDecide's, bucketTake's and
+-- store's arithmetic written out. It returns false, having written
+-- nothing, for any other request; decideKeys decides it.
+local function decideBuckets(zoneAt, k0, o, n, out, at, sc)
+	local zs, ds, costs, shadows = sc[1], sc[2], sc[3], sc[4]
+	for i = 1, n do
+		local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
+		local z = zoneAt(tonumber(ARGV[b + MANY_KEY_ZONE]))
+		local meta = z.meta
+		if not meta or ARGV[b + MANY_KEY_X2] ~= '' then return false end
+		-- The debt: what load, parse and rel read, and bucketDecide's
+		-- debt.
+		local d = 0
+		local raw = redis.call('GET', KEYS[k0 + i])
+		if raw then
+			local c = string.find(raw, ':', 1, true)
+			if not c or c < 11 or sub(raw, c) ~= meta then return false end
+			local sec, ns = tonumber(sub(raw, 1, c - 10)), tonumber(sub(raw, c - 9, c - 1))
+			if not sec or not ns then return false end
+			sec = sec - NS
+			if sec < -FAR or sec > FAR then return false end
+			local tat = sec * E9 + ns
+			if tat > now then d = tat - now end
+		end
+		zs[i], ds[i] = z, d
+		costs[i] = tonumber(ARGV[b + MANY_KEY_COST])
+		shadows[i] = ARGV[b + MANY_KEY_X1] == DECIDE_SHADOW
+	end
+
+	-- bucketDecide; ds[i] becomes the debt the key's take leaves, or
+	-- false when it does not take.
+	local allowed = true
+	out[at + DECISION_ALLOWED] = 1
+	for i = 1, n do
+		local z, d, cost = zs[i], ds[i], costs[i]
+		local T, burst = z.p1, z.p2
+		local cap = burst * T
+		local ok, left, retry, reset = 0, d, 0, d
+		ds[i] = false
+		if cost > burst then
+			retry = -1
+		else
+			local nd = d + cost * T
+			if nd <= cap or cost == 0 then
+				ok, left, reset = 1, nd, nd
+				if cost > 0 then ds[i] = nd end
+			else
+				retry = nd - cap
+			end
+		end
+		if left >= cap then left = 0 else left = floordiv(cap - left, T) end
+		if ok == 0 and not shadows[i] then allowed = false end
+		local b = at + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES
+		out[b + KEY_REPLY_ALLOWED] = ok
+		out[b + KEY_REPLY_LIMIT] = burst
+		out[b + KEY_REPLY_REMAINING] = left
+		out[b + KEY_REPLY_RETRY] = retry
+		out[b + KEY_REPLY_RESET] = reset
+		out[b + KEY_REPLY_DELAY] = 0
+		out[b + KEY_REPLY_LOGGED] = 0
+	end
+	if not allowed then
+		out[at + DECISION_ALLOWED] = 0
+		return true
+	end
+	for i = 1, n do
+		local d = ds[i]
+		if d then
+			local tat = now + d
+			redis.call('SET', KEYS[k0 + i], abs(tat) .. zs[i].meta, 'PX', px(tat))
+		end
+	end
+	return true
+end

@@ -43,26 +43,35 @@ local function decideMany()
 	local k0 = 0 -- the keys before the request's
 	local o = z0 + tonumber(ARGV[HEADER_ARGS + MANY_ZONES_ARGS]) * ZONE_ARGS -- its arguments
 	local last = #ARGV
+	local mts = {} -- the zones as metatables of their keys' arguments
 	local at -- the reply's values before the request's
+	local function zoneAt(zi)
+		local z = zones[zi]
+		if not z then
+			z = zoneArgs(z0 + (zi - 1) * ZONE_ARGS)
+			zones[zi] = z
+			mts[zi] = {__index = z}
+		end
+		return z
+	end
+	local scratch = {{}, {}, {}, {}} -- decideBuckets's
 	-- One pcall runs every request; after a request fails, a new one
 	-- goes on from the next.
 	local function decideFrom()
 		while o < last do
 			local n = tonumber(ARGV[o + MANY_COUNT_ARGS])
 			at = #out
-			local args = {}
-			for i = 1, n do
-				local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
-				local zi = tonumber(ARGV[b + MANY_KEY_ZONE])
-				local zone = zones[zi]
-				if not zone then
-					zone = zoneArgs(z0 + (zi - 1) * ZONE_ARGS)
-					zones[zi] = zone
+			if not decideBuckets(zoneAt, k0, o, n, out, at, scratch) then
+				local args = {}
+				for i = 1, n do
+					local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
+					local zi = tonumber(ARGV[b + MANY_KEY_ZONE])
+					zoneAt(zi)
+					args[i] = setmetatable({key = KEYS[k0 + i], cost = tonumber(ARGV[b + MANY_KEY_COST]),
+						x1 = ARGV[b + MANY_KEY_X1], x2 = ARGV[b + MANY_KEY_X2]}, mts[zi])
 				end
-				args[i] = setmetatable({key = KEYS[k0 + i], cost = tonumber(ARGV[b + MANY_KEY_COST]),
-					x1 = ARGV[b + MANY_KEY_X1], x2 = ARGV[b + MANY_KEY_X2]}, zone)
+				decideKeys(args, false, out, at)
 			end
-			decideKeys(args, false, out, at)
 			k0 = k0 + n
 			o = o + MANY_COUNT_ARGS + n * MANY_KEY_ARGS
 		end

@@ -139,7 +139,7 @@ func TestDecideBucketsAsDecideKeys(t *testing.T) {
 	plant := func() {
 		key := keyOf(rng.IntN(4), names[rng.IntN(len(names))])
 		at := fmt.Sprint(tw.clock + int64(rng.IntN(1<<40)))
-		switch rng.IntN(6) {
+		switch rng.IntN(10) {
 		case 0: // another policy of this lineage, or of none
 			both([]any{"set", key, at + ":" + fmt.Sprint(1+rng.IntN(1<<30))})
 		case 1: // another process's history

@@ -65,8 +65,8 @@ local function rel(s)
 	return d * E9 + ns
 end
 
--- abs writes t as absolute decimal nanoseconds.
-local function abs(t)
+-- absOf is t as absolute Unix seconds and the nanoseconds within.
+local function absOf(t)
 	local sec = floor(t / E9)
 	local ns = t - sec * E9
 	if ns < 0 then
@@ -74,7 +74,12 @@ local function abs(t)
 	elseif ns >= E9 then
 		sec = sec + 1; ns = ns - E9
 	end
-	sec = NS + sec
+	return NS + sec, ns
+end
+
+-- abs writes t as absolute decimal nanoseconds.
+local function abs(t)
+	local sec, ns = absOf(t)
 	if sec == 0 then return string.format('%d', ns) end
 	return string.format('%d%09d', sec, ns)
 end

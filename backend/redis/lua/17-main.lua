@@ -59,7 +59,8 @@ local function decideMany()
 	-- goes on from the next.
 	local function decideFrom()
 		while o < last do
-			local n = tonumber(ARGV[o + MANY_COUNT_ARGS])
+			local ns = ARGV[o + MANY_COUNT_ARGS]
+			local n = numOf[ns] or num(ns)
 			at = #out
 			if not decideBuckets(zoneAt, k0, o, n, out, at, scratch) then
 				local args = {}

@@ -143,18 +143,20 @@ end
 -- zone's current policy (its value ends with meta, so no policy change
 -- rebases it). It reads the request's n keys, KEYS[k0 + 1] on, and their
 -- arguments, ARGV[o + MANY_COUNT_ARGS + 1] on, and writes the decision
--- from out[at + 1] on. That is most decisions, and decideKeys's tables
+-- from out[at + 1] on; zones holds the zones read so far, zoneAt reads
+-- one. That is most decisions, and decideKeys's tables
 -- (the arguments, the states, each result and taken state) cost more
 -- than a GET and a SET: this keeps the numbers in locals and scratch
 -- tables (sc, made once per call), with bucketDecide's, bucketTake's and
 -- store's arithmetic written out. It returns false, having written
 -- nothing, for any other request; decideKeys decides it.
-local function decideBuckets(zoneAt, k0, o, n, out, at, sc)
+local function decideBuckets(zones, zoneAt, k0, o, n, out, at, sc)
 	local zs, ds, costs, shadows = sc[1], sc[2], sc[3], sc[4]
 	for i = 1, n do
 		local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
 		local za = ARGV[b + MANY_KEY_ZONE]
-		local z = zoneAt(numOf[za] or num(za))
+		za = numOf[za] or num(za)
+		local z = zones[za] or zoneAt(za)
 		local meta = z.meta
 		if not meta or ARGV[b + MANY_KEY_X2] ~= '' then return false end
 		-- The debt: what load, parse and rel read, and bucketDecide's
@@ -162,10 +164,12 @@ local function decideBuckets(zoneAt, k0, o, n, out, at, sc)
 		local d = 0
 		local raw = redis.call('GET', KEYS[k0 + i])
 		if raw then
-			local c = string.find(raw, ':', 1, true)
-			if not c or c < 11 or sub(raw, c) ~= meta then return false end
-			local ss = sub(raw, 1, c - 10)
-			local sec, ns = numOf[ss] or num(ss), tonumber(sub(raw, c - 9, c - 1))
+			-- A time of 19 digits (from 2001 to 2286) then meta; any
+			-- other value is decideKeys's. A ':' among the 19 fails
+			-- tonumber.
+			if sub(raw, 20) ~= meta then return false end
+			local ss = sub(raw, 1, 10)
+			local sec, ns = numOf[ss] or num(ss), tonumber(sub(raw, 11, 19))
 			if not sec or not ns then return false end
 			sec = sec - NS
 			if sec < -FAR or sec > FAR then return false end

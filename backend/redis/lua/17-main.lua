@@ -62,13 +62,14 @@ local function decideMany()
 			local ns = ARGV[o + MANY_COUNT_ARGS]
 			local n = numOf[ns] or num(ns)
 			at = #out
-			if not decideBuckets(zoneAt, k0, o, n, out, at, scratch) then
+			if not decideBuckets(zones, zoneAt, k0, o, n, out, at, scratch) then
 				local args = {}
 				for i = 1, n do
 					local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
-					local zi = tonumber(ARGV[b + MANY_KEY_ZONE])
-					zoneAt(zi)
-					args[i] = setmetatable({key = KEYS[k0 + i], cost = tonumber(ARGV[b + MANY_KEY_COST]),
+					local zi, cost = ARGV[b + MANY_KEY_ZONE], ARGV[b + MANY_KEY_COST]
+					zi, cost = numOf[zi] or num(zi), numOf[cost] or num(cost)
+					if not zones[zi] then zoneAt(zi) end
+					args[i] = setmetatable({key = KEYS[k0 + i], cost = cost,
 						x1 = ARGV[b + MANY_KEY_X1], x2 = ARGV[b + MANY_KEY_X2]}, mts[zi])
 				end
 				decideKeys(args, false, out, at)

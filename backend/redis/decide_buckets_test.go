@@ -19,7 +19,7 @@ import (
 // bucketsCall is the line of decideMany that hands a request to
 // decideBuckets; genericScript is the script with that line sending every
 // request to decideKeys.
-const bucketsCall = "if not decideBuckets(zones, zoneAt, k0, o, n, out, at, scratch) then"
+const bucketsCall = "if not decideBuckets(zones, zoneAt, k0, o, n, out, at) then"
 
 func genericScript(t *testing.T) string {
 	t.Helper()

@@ -46,12 +46,13 @@ end
 -- change of kind or lock-outs gets meta, the suffix of its keys' values:
 -- decideBuckets (14-decide.lua) decides its keys.
 local function zoneArgs(o)
+	local p1, p2, gen = ARGV[o + ZONE_ARG_P1], ARGV[o + ZONE_ARG_P2], ARGV[o + ZONE_ARG_GENERATION]
 	local z = {
 		kind = ARGV[o + ZONE_ARG_KIND],
-		p1 = tonumber(ARGV[o + ZONE_ARG_P1]),
-		p2 = tonumber(ARGV[o + ZONE_ARG_P2]),
+		p1 = numOf[p1] or num(p1),
+		p2 = numOf[p2] or num(p2),
 		lin = ARGV[o + ZONE_ARG_LINEAGE],
-		gen = tonumber(ARGV[o + ZONE_ARG_GENERATION]),
+		gen = numOf[gen] or num(gen),
 		hist = ARGV[o + ZONE_ARG_HISTORY],
 		from = ARGV[o + ZONE_ARG_FROM],
 		lk = ARGV[o + ZONE_ARG_LOCKOUT],

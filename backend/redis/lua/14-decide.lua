@@ -109,34 +109,6 @@ local function decideKeys(args, undo, out, o)
 	end
 end
 
--- The numbers decideBuckets reads and writes as decimal strings are few
--- and come again and again (a zone's place, a cost of 1, a time's second,
--- an expiry in ms), and tonumber (strtod) or string.format costs about
--- 2k instructions, a table's lookup 0.2k: numOf remembers what a string
--- reads as, strOf how a number is written (%d). Neither depends on the
--- call, so a Function keeps them from call to call; they start afresh
--- past MEMO_MOST numbers.
-local MEMO_MOST = 4096
-local numOf, strOf, memoN = {}, {}, 0
-local function memoRoom()
-	memoN = memoN + 1
-	if memoN > MEMO_MOST then numOf, strOf, memoN = {}, {}, 1 end
-end
-local function num(s)
-	local v = tonumber(s)
-	if v then
-		memoRoom()
-		numOf[s] = v
-	end
-	return v
-end
-local function str(n)
-	local v = string.format('%d', n)
-	memoRoom()
-	strOf[n] = v
-	return v
-end
-
 -- decideBuckets decides, as decideKeys would, a request of MODE_MANY
 -- whose keys are all plain buckets: each of a zone that has meta
 -- (zoneArgs), without a reservation, and absent or written under the
@@ -147,11 +119,11 @@ end
 -- one. That is most decisions, and decideKeys's tables
 -- (the arguments, the states, each result and taken state) cost more
 -- than a GET and a SET: this keeps the numbers in locals and scratch
--- tables (sc, made once per call), with bucketDecide's, bucketTake's and
+-- tables (kept from call to call), with bucketDecide's, bucketTake's and
 -- store's arithmetic written out. It returns false, having written
 -- nothing, for any other request; decideKeys decides it.
-local function decideBuckets(zones, zoneAt, k0, o, n, out, at, sc)
-	local zs, ds, costs, shadows = sc[1], sc[2], sc[3], sc[4]
+local zs, ds, costs, shadows = {}, {}, {}, {}
+local function decideBuckets(zones, zoneAt, k0, o, n, out, at)
 	for i = 1, n do
 		local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
 		local za = ARGV[b + MANY_KEY_ZONE]

@@ -54,7 +54,6 @@ local function decideMany()
 		end
 		return z
 	end
-	local scratch = {{}, {}, {}, {}} -- decideBuckets's
 	-- One pcall runs every request; after a request fails, a new one
 	-- goes on from the next.
 	local function decideFrom()
@@ -62,7 +61,7 @@ local function decideMany()
 			local ns = ARGV[o + MANY_COUNT_ARGS]
 			local n = numOf[ns] or num(ns)
 			at = #out
-			if not decideBuckets(zones, zoneAt, k0, o, n, out, at, scratch) then
+			if not decideBuckets(zones, zoneAt, k0, o, n, out, at) then
 				local args = {}
 				for i = 1, n do
 					local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
@@ -98,15 +97,17 @@ local function call(keys, argv)
 	KEYS, ARGV = keys, argv
 	floor, max, sub = math.floor, math.max, string.sub
 	mode = ARGV[ARG_MODE]
-	if ARGV[ARG_NOW_SECONDS] ~= CLOCK_SERVER then
-		NS = tonumber(ARGV[ARG_NOW_SECONDS])
+	local ns, extra = ARGV[ARG_NOW_SECONDS], ARGV[ARG_EXPIRY_EXTRA]
+	if ns ~= CLOCK_SERVER then
+		NS = numOf[ns] or num(ns)
 		NN = tonumber(ARGV[ARG_NOW_NANOS])
 	else
 		local t = redis.call('TIME')
-		NS = tonumber(t[1])
+		ns = t[1]
+		NS = numOf[ns] or num(ns)
 		NN = tonumber(t[2]) * 1000
 	end
-	EXTRA = tonumber(ARGV[ARG_EXPIRY_EXTRA])
+	EXTRA = numOf[extra] or num(extra)
 	now = NN
 	-- What the parts remember within a call: some of it is relative to
 	-- the call's clock, and none may grow from call to call.

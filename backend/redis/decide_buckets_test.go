@@ -21,12 +21,12 @@ import (
 // request to decideKeys.
 const bucketsCall = "if not decideBuckets(zones, zoneAt, k0, o, n, out, at) then"
 
-func genericScript(t *testing.T) string {
+func genericScript(t *testing.T, src string) string {
 	t.Helper()
-	if strings.Count(scriptSource, bucketsCall) != 1 {
+	if strings.Count(src, bucketsCall) != 1 {
 		t.Fatalf("the script does not call decideBuckets once as %q", bucketsCall)
 	}
-	return strings.Replace(scriptSource, bucketsCall, "if true then", 1)
+	return strings.Replace(src, bucketsCall, "if true then", 1)
 }
 
 // The batched call decides a request of plain buckets in decideBuckets and
@@ -37,9 +37,29 @@ func genericScript(t *testing.T) string {
 // (0, past the burst), shadow keys, requests of several keys and zones
 // (queues, windows, lock-outs among them: decideKeys's), and values put
 // there by hand: written under another policy, another lineage, a time
-// out of range, a forwarding mark, and a key of another type.
+// out of range, a forwarding mark, and a key of another type. Run by
+// EVAL, and as Functions, whose tables outlive the call.
 func TestDecideBucketsAsDecideKeys(t *testing.T) {
-	fast, generic := scriptSource, genericScript(t)
+	t.Run("script", func(t *testing.T) {
+		testDecideBuckets(t, [2][2]any{{"eval", scriptSource}, {"eval", genericScript(t, scriptSource)}})
+	})
+	t.Run("function", func(t *testing.T) {
+		name := functionName + "_decidekeys"
+		lib := genericScript(t, strings.ReplaceAll(functionSource, functionName, name))
+		c := standaloneClient(t)
+		for _, src := range []string{functionSource, lib} {
+			if err := c.Do(context.Background(), "function", "load", "replace", src).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Cleanup(func() { c.Do(context.Background(), "function", "delete", name) })
+		testDecideBuckets(t, [2][2]any{{"fcall", functionName}, {"fcall", name}})
+	})
+}
+
+// testDecideBuckets runs the calls with heads[0] (FCALL and the function,
+// or EVAL and the script) on database 0, and with heads[1] on database 1.
+func testDecideBuckets(t *testing.T, heads [2][2]any) {
 	ctx := context.Background()
 	c := goredis.NewClient(&goredis.Options{Addr: standalone(t), ContextTimeoutEnabled: true, PoolSize: 1})
 	t.Cleanup(func() { c.Close() })
@@ -263,9 +283,9 @@ func TestDecideBucketsAsDecideKeys(t *testing.T) {
 		var replies [2]any
 		var errs [2]string
 		var sent [2][2]int64
-		for db, src := range []string{fast, generic} {
+		for db, head := range heads {
 			args := slices.Clone(cmd.Args())
-			args[0], args[1] = "eval", src
+			args[0], args[1] = head[0], head[1]
 			var before, after *goredis.TimeCmd
 			var call *goredis.Cmd
 			if _, err := conn.Pipelined(ctx, func(p goredis.Pipeliner) error {

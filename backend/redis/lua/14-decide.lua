@@ -124,22 +124,26 @@ end
 -- nothing, for any other request; decideKeys decides it.
 local zs, ds, costs, shadows = {}, {}, {}, {}
 local function decideBuckets(zones, zoneAt, k0, o, n, out, at)
+	-- The arguments, all of them before any key is read, as decideMany
+	-- reads them for decideKeys.
 	for i = 1, n do
 		local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
-		local za = ARGV[b + MANY_KEY_ZONE]
+		local za, ca = ARGV[b + MANY_KEY_ZONE], ARGV[b + MANY_KEY_COST]
 		za = numOf[za] or num(za)
 		local z = zones[za] or zoneAt(za)
-		local meta = z.meta
-		if not meta or ARGV[b + MANY_KEY_X2] ~= '' then return false end
-		-- The debt: what load, parse and rel read, and bucketDecide's
-		-- debt.
+		if not z.meta or ARGV[b + MANY_KEY_X2] ~= '' then return false end
+		zs[i], costs[i] = z, numOf[ca] or num(ca)
+		shadows[i] = ARGV[b + MANY_KEY_X1] == DECIDE_SHADOW
+	end
+	-- The debts: what load, parse and rel read, and bucketDecide's debt.
+	for i = 1, n do
 		local d = 0
 		local raw = redis.call('GET', KEYS[k0 + i])
 		if raw then
 			-- A time of 19 digits (from 2001 to 2286) then meta; any
 			-- other value is decideKeys's. A ':' among the 19 fails
 			-- tonumber.
-			if sub(raw, 20) ~= meta then return false end
+			if sub(raw, 20) ~= zs[i].meta then return false end
 			local ss = sub(raw, 1, 10)
 			local sec, ns = numOf[ss] or num(ss), tonumber(sub(raw, 11, 19))
 			if not sec or not ns then return false end
@@ -148,9 +152,7 @@ local function decideBuckets(zones, zoneAt, k0, o, n, out, at)
 			local tat = sec * E9 + ns
 			if tat > now then d = tat - now end
 		end
-		local ca = ARGV[b + MANY_KEY_COST]
-		zs[i], ds[i], costs[i] = z, d, numOf[ca] or num(ca)
-		shadows[i] = ARGV[b + MANY_KEY_X1] == DECIDE_SHADOW
+		ds[i] = d
 	end
 
 	-- bucketDecide; ds[i] becomes the debt the key's take leaves, or

@@ -170,6 +170,14 @@ func testDecideBuckets(t *testing.T, heads [2][2]any) {
 			both([]any{"set", key, "mw:1000000000:5:" + fmt.Sprint(strings.Index(key, "{"))})
 		case 4: // a key of another type
 			both([]any{"del", key}, []any{"hset", key, "f", "v"})
+		case 5: // out of the exact range, of the zone's current policy
+			if err := conn.Do(ctx, "select", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if v, err := conn.Get(ctx, key).Result(); err == nil && len(v) > 20 && v[19] == ':' {
+				far := tw.clock + int64(2*rng.IntN(2)-1)*2e16 // 231 days
+				both([]any{"set", key, fmt.Sprint(far) + v[19:]})
+			}
 		default:
 			both([]any{"del", key})
 		}

@@ -42,9 +42,10 @@ end
 -- zoneArgs reads the zone at ARGV[o + 1] on (MODE_MANY, ZONE_ARGS
 -- arguments), once per call: the table a key's arguments read the rest
 -- from (their metatable's __index) once they hold what is their own (key,
--- cost, x1, x2, and what a decision changes). A zone of buckets without a
--- change of kind or lock-outs gets meta, the suffix of its keys' values:
--- decideBuckets (14-decide.lua) decides its keys.
+-- cost, x1, x2, and what a decision changes). A zone of buckets or of
+-- fixed windows (not calendar ones) without a change of kind or lock-outs
+-- gets meta, the suffix of its keys' values: decidePlain (14-decide.lua)
+-- decides its keys.
 local function zoneArgs(o)
 	local p1, p2, gen = ARGV[o + ZONE_ARG_P1], ARGV[o + ZONE_ARG_P2], ARGV[o + ZONE_ARG_GENERATION]
 	local z = {
@@ -59,6 +60,8 @@ local function zoneArgs(o)
 	}
 	if not z.p1 then p1Arg(z, ARGV[o + ZONE_ARG_P1]) end
 	z.param = z.param or z.p1
-	if z.kind == KIND_BUCKET and z.from == '' and z.lk == '' then z.meta = metaOf(z.param, z.lin, z.gen) end
+	if (z.kind == KIND_BUCKET or z.kind == KIND_WINDOW and not z.cal) and z.from == '' and z.lk == '' then
+		z.meta = metaOf(z.param, z.lin, z.gen)
+	end
 	return z
 end

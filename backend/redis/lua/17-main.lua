@@ -61,7 +61,7 @@ local function decideMany()
 			local ns = ARGV[o + MANY_COUNT_ARGS]
 			local n = numOf[ns] or num(ns)
 			at = #out
-			if not decideBuckets(zones, zoneAt, k0, o, n, out, at) then
+			if not decidePlain(zones, zoneAt, k0, o, n, out, at) then
 				local args = {}
 				for i = 1, n do
 					local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS

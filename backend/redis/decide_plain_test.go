@@ -16,32 +16,32 @@ import (
 	"github.com/sluicehq/sluice/backend"
 )
 
-// bucketsCall is the line of decideMany that hands a request to
-// decideBuckets; genericScript is the script with that line sending every
+// plainCall is the line of decideMany that hands a request to
+// decidePlain; genericScript is the script with that line sending every
 // request to decideKeys.
-const bucketsCall = "if not decideBuckets(zones, zoneAt, k0, o, n, out, at) then"
+const plainCall = "if not decidePlain(zones, zoneAt, k0, o, n, out, at) then"
 
 func genericScript(t *testing.T, src string) string {
 	t.Helper()
-	if strings.Count(src, bucketsCall) != 1 {
-		t.Fatalf("the script does not call decideBuckets once as %q", bucketsCall)
+	if strings.Count(src, plainCall) != 1 {
+		t.Fatalf("the script does not call decidePlain once as %q", plainCall)
 	}
-	return strings.Replace(src, bucketsCall, "if true then", 1)
+	return strings.Replace(src, plainCall, "if true then", 1)
 }
 
-// The batched call decides a request of plain buckets in decideBuckets and
-// any other in decideKeys: the two must reply the same and leave the same
-// values with the same expiries. The same calls run on two databases of
+// The batched call decides a request of plain buckets and fixed windows
+// in decidePlain and any other in decideKeys: the two must reply the same
+// and leave the same values with the same expiries. The same calls run on two databases of
 // one server, the script as it is on one and with decideKeys alone on the
 // other, over random policies, reloads, max_events adjustments, costs
 // (0, past the burst), shadow keys, requests of several keys and zones
-// (queues, windows, lock-outs among them: decideKeys's), and values put
+// (queues, lock-outs among them: decideKeys's), and values put
 // there by hand: written under another policy, another lineage, a time
 // out of range, a forwarding mark, and a key of another type. Run by
 // EVAL, and as Functions, whose tables outlive the call.
-func TestDecideBucketsAsDecideKeys(t *testing.T) {
+func TestDecidePlainAsDecideKeys(t *testing.T) {
 	t.Run("script", func(t *testing.T) {
-		testDecideBuckets(t, [2][2]any{{"eval", scriptSource}, {"eval", genericScript(t, scriptSource)}})
+		testDecidePlain(t, [2][2]any{{"eval", scriptSource}, {"eval", genericScript(t, scriptSource)}})
 	})
 	t.Run("function", func(t *testing.T) {
 		name := functionName + "_decidekeys"
@@ -53,13 +53,13 @@ func TestDecideBucketsAsDecideKeys(t *testing.T) {
 			}
 		}
 		t.Cleanup(func() { c.Do(context.Background(), "function", "delete", name) })
-		testDecideBuckets(t, [2][2]any{{"fcall", functionName}, {"fcall", name}})
+		testDecidePlain(t, [2][2]any{{"fcall", functionName}, {"fcall", name}})
 	})
 }
 
-// testDecideBuckets runs the calls with heads[0] (FCALL and the function,
+// testDecidePlain runs the calls with heads[0] (FCALL and the function,
 // or EVAL and the script) on database 0, and with heads[1] on database 1.
-func testDecideBuckets(t *testing.T, heads [2][2]any) {
+func testDecidePlain(t *testing.T, heads [2][2]any) {
 	ctx := context.Background()
 	c := goredis.NewClient(&goredis.Options{Addr: standalone(t), ContextTimeoutEnabled: true, PoolSize: 1})
 	t.Cleanup(func() { c.Close() })
@@ -70,8 +70,8 @@ func testDecideBuckets(t *testing.T, heads [2][2]any) {
 	tw.clock = 1_764_460_000_000_000_000 + int64(rng.IntN(1<<30))*977
 	prefix := uniquePrefix(t)
 
-	// Bucket zones, some of two keys' scopes, and zones decideBuckets
-	// leaves to decideKeys.
+	// Bucket and fixed window zones, some of two keys' scopes, and
+	// zones decidePlain leaves to decideKeys.
 	type spec struct {
 		name, scope, alg string
 		policy           algorithms.Policy
@@ -82,6 +82,9 @@ func testDecideBuckets(t *testing.T, heads [2][2]any) {
 		alg := tw.bucketAlg()
 		if alg == algorithms.NameLeakyBucket {
 			alg = algorithms.NameTokenBucket // a leaky bucket may draw max_delay: a queue
+		}
+		if i >= 2 && rng.IntN(2) == 0 {
+			alg = algorithms.NameFixedWindow
 		}
 		scope := ""
 		if i%2 == 1 {
@@ -155,11 +158,11 @@ func testDecideBuckets(t *testing.T, heads [2][2]any) {
 		}
 		return items[0].key
 	}
-	// plant puts a value that decideBuckets must leave to decideKeys.
+	// plant puts a value that decidePlain must leave to decideKeys.
 	plant := func() {
 		key := keyOf(rng.IntN(4), names[rng.IntN(len(names))])
 		at := fmt.Sprint(tw.clock + int64(rng.IntN(1<<40)))
-		switch rng.IntN(10) {
+		switch rng.IntN(11) {
 		case 0: // another policy of this lineage, or of none
 			both([]any{"set", key, at + ":" + fmt.Sprint(1+rng.IntN(1<<30))})
 		case 1: // another process's history
@@ -177,6 +180,16 @@ func testDecideBuckets(t *testing.T, heads [2][2]any) {
 			if v, err := conn.Get(ctx, key).Result(); err == nil && len(v) > 20 && v[19] == ':' {
 				far := tw.clock + int64(2*rng.IntN(2)-1)*2e16 // 231 days
 				both([]any{"set", key, fmt.Sprint(far) + v[19:]})
+			}
+		case 6: // the field after the time emptied: a window without its count
+			if err := conn.Do(ctx, "select", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if v, err := conn.Get(ctx, key).Result(); err == nil && len(v) > 20 && v[19] == ':' {
+				rest := v[20:]
+				if j := strings.IndexByte(rest, ':'); j >= 0 {
+					both([]any{"set", key, v[:20] + rest[j:]})
+				}
 			}
 		default:
 			both([]any{"del", key})
@@ -227,14 +240,14 @@ func testDecideBuckets(t *testing.T, heads [2][2]any) {
 		for k, s0 := range last[0] {
 			s1, ok := last[1][k]
 			if !ok || s0.v != s1.v {
-				t.Fatalf("step %d: %s is %q by decideBuckets, %q by decideKeys", step, k, s0.v, s1.v)
+				t.Fatalf("step %d: %s is %q by decidePlain, %q by decideKeys", step, k, s0.v, s1.v)
 			}
 			if (s0.lo < 0) != (s1.lo < 0) || s0.lo > s1.hi || s1.lo > s0.hi {
-				t.Fatalf("step %d: %s expires %d to %d ms after its call by decideBuckets, %d to %d by decideKeys", step, k, s0.lo, s0.hi, s1.lo, s1.hi)
+				t.Fatalf("step %d: %s expires %d to %d ms after its call by decidePlain, %d to %d by decideKeys", step, k, s0.lo, s0.hi, s1.lo, s1.hi)
 			}
 		}
 		if len(last[0]) != len(last[1]) {
-			t.Fatalf("step %d: keys by decideBuckets %v, by decideKeys %v", step, last[0], last[1])
+			t.Fatalf("step %d: keys by decidePlain %v, by decideKeys %v", step, last[0], last[1])
 		}
 	}
 
@@ -312,7 +325,7 @@ func testDecideBuckets(t *testing.T, heads [2][2]any) {
 			sent[db] = [2]int64{before.Val().UnixMilli(), after.Val().UnixMilli()}
 		}
 		if !reflect.DeepEqual(replies[0], replies[1]) || errs[0] != errs[1] {
-			t.Fatalf("step %d: decideBuckets replied %q %v, decideKeys %q %v", step, replies[0], errs[0], replies[1], errs[1])
+			t.Fatalf("step %d: decidePlain replied %q %v, decideKeys %q %v", step, replies[0], errs[0], replies[1], errs[1])
 		}
 		compare(sent, step)
 	}

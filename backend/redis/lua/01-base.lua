@@ -44,6 +44,35 @@ local function floordiv(x, d)
 	return q
 end
 
+-- Most numbers a call reads and writes as decimal strings are few and
+-- come again and again (a zone's place and arguments, a cost of 1, a
+-- time's second, an expiry in ms), and tonumber (strtod) or string.format
+-- costs about 2k instructions, a table's lookup 0.2k: numOf remembers
+-- what a string reads as (numOf[s] or num(s) is tonumber(s)), strOf how a
+-- number is written (strOf[n] or str(n) is %d). Neither depends on the
+-- call, so a Function keeps them from call to call; they start afresh
+-- past MEMO_MOST numbers.
+local MEMO_MOST = 4096
+local numOf, strOf, memoN = {}, {}, 0
+local function memoRoom()
+	memoN = memoN + 1
+	if memoN > MEMO_MOST then numOf, strOf, memoN = {}, {}, 1 end
+end
+local function num(s)
+	local v = tonumber(s)
+	if v then
+		memoRoom()
+		numOf[s] = v
+	end
+	return v
+end
+local function str(n)
+	local v = string.format('%d', n)
+	memoRoom()
+	strOf[n] = v
+	return v
+end
+
 -- px is the expiry, in ms, of a state idle at the time idle.
 local function px(idle)
 	local ms = floordiv(idle - now + E6 - 1, E6) + EXTRA
@@ -65,8 +94,8 @@ local function rel(s)
 	return d * E9 + ns
 end
 
--- abs writes t as absolute decimal nanoseconds.
-local function abs(t)
+-- absOf is t as absolute Unix seconds and the nanoseconds within.
+local function absOf(t)
 	local sec = floor(t / E9)
 	local ns = t - sec * E9
 	if ns < 0 then
@@ -74,7 +103,12 @@ local function abs(t)
 	elseif ns >= E9 then
 		sec = sec + 1; ns = ns - E9
 	end
-	sec = NS + sec
+	return NS + sec, ns
+end
+
+-- abs writes t as absolute decimal nanoseconds.
+local function abs(t)
+	local sec, ns = absOf(t)
 	if sec == 0 then return string.format('%d', ns) end
 	return string.format('%d%09d', sec, ns)
 end

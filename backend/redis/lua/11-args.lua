@@ -40,21 +40,28 @@ local function readArgs(k0, o0, n)
 end
 
 -- zoneArgs reads the zone at ARGV[o + 1] on (MODE_MANY, ZONE_ARGS
--- arguments) as the metatable of its keys' arguments: a key's table holds
--- what is its own (key, cost, x1, x2, and what a decision changes) and
--- reads the rest from the zone's, read once per call.
+-- arguments), once per call: the table a key's arguments read the rest
+-- from (their metatable's __index) once they hold what is their own (key,
+-- cost, x1, x2, and what a decision changes). A zone of buckets or of
+-- fixed windows (not calendar ones) without a change of kind or lock-outs
+-- gets meta, the suffix of its keys' values: decidePlain (14-decide.lua)
+-- decides its keys.
 local function zoneArgs(o)
+	local p1, p2, gen = ARGV[o + ZONE_ARG_P1], ARGV[o + ZONE_ARG_P2], ARGV[o + ZONE_ARG_GENERATION]
 	local z = {
 		kind = ARGV[o + ZONE_ARG_KIND],
-		p1 = tonumber(ARGV[o + ZONE_ARG_P1]),
-		p2 = tonumber(ARGV[o + ZONE_ARG_P2]),
+		p1 = numOf[p1] or num(p1),
+		p2 = numOf[p2] or num(p2),
 		lin = ARGV[o + ZONE_ARG_LINEAGE],
-		gen = tonumber(ARGV[o + ZONE_ARG_GENERATION]),
+		gen = numOf[gen] or num(gen),
 		hist = ARGV[o + ZONE_ARG_HISTORY],
 		from = ARGV[o + ZONE_ARG_FROM],
 		lk = ARGV[o + ZONE_ARG_LOCKOUT],
 	}
 	if not z.p1 then p1Arg(z, ARGV[o + ZONE_ARG_P1]) end
 	z.param = z.param or z.p1
-	return {__index = z}
+	if (z.kind == KIND_BUCKET or z.kind == KIND_WINDOW and not z.cal) and z.from == '' and z.lk == '' then
+		z.meta = metaOf(z.param, z.lin, z.gen)
+	end
+	return z
 end

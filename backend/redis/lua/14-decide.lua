@@ -108,3 +108,149 @@ local function decideKeys(args, undo, out, o)
 		end
 	end
 end
+
+-- absStr is abs(t), from the strings of its numbers.
+local function absStr(t)
+	local sec, ns = absOf(t)
+	if sec == 0 then return abs(t) end
+	return (strOf[sec] or str(sec)) .. string.format('%09d', ns)
+end
+
+-- decidePlain decides, as decideKeys would, a request of MODE_MANY whose
+-- keys are all plain buckets or fixed windows: each of a zone that has
+-- meta (zoneArgs), without a reservation, and absent or written under the
+-- zone's current policy (its value ends with meta, so no policy change
+-- rebases it). It reads the request's n keys, KEYS[k0 + 1] on, and their
+-- arguments, ARGV[o + MANY_COUNT_ARGS + 1] on, and writes the decision
+-- from out[at + 1] on; zones holds the zones read so far, zoneAt reads
+-- one. That is most decisions, and decideKeys's tables (the arguments,
+-- the states, each result and taken state) cost more than a GET and a
+-- SET: this keeps the numbers in locals and scratch tables (kept from
+-- call to call), with the arithmetic of bucketDecide and bucketTake, of
+-- windowDecide and windowTake, and of store written out. It returns
+-- false, having written nothing, for any other request; decideKeys
+-- decides it.
+local zs, ts, counts, costs, shadows, takes = {}, {}, {}, {}, {}, {}
+local function decidePlain(zones, zoneAt, k0, o, n, out, at)
+	-- The arguments, all of them before any key is read, as decideMany
+	-- reads them for decideKeys.
+	for i = 1, n do
+		local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
+		local za, ca = ARGV[b + MANY_KEY_ZONE], ARGV[b + MANY_KEY_COST]
+		za = numOf[za] or num(za)
+		local z = zones[za] or zoneAt(za)
+		if not z.meta or ARGV[b + MANY_KEY_X2] ~= '' then return false end
+		zs[i], costs[i] = z, numOf[ca] or num(ca)
+		shadows[i] = ARGV[b + MANY_KEY_X1] == DECIDE_SHADOW
+	end
+	-- The states, as load, parse and rel read them: ts[i] the time (a
+	-- bucket's tat, a window's start; nil: none), counts[i] a window's
+	-- count.
+	for i = 1, n do
+		local z, t, count = zs[i], nil, 0
+		local raw = redis.call('GET', KEYS[k0 + i])
+		if raw then
+			-- A time of 19 digits (from 2001 to 2286), a window's
+			-- count, then meta; any other value is decideKeys's. A ':'
+			-- among the 19 fails tonumber.
+			local c = 20
+			if z.kind == KIND_WINDOW then
+				c = string.find(raw, ':', 21, true)
+				if not c or string.byte(raw, 20) ~= 58 then return false end -- 58: ':'
+				local cs = sub(raw, 21, c - 1)
+				count = numOf[cs] or num(cs)
+				if not count then return false end
+			end
+			if sub(raw, c) ~= z.meta then return false end
+			local ss = sub(raw, 1, 10)
+			local sec, ns = numOf[ss] or num(ss), tonumber(sub(raw, 11, 19))
+			if not sec or not ns then return false end
+			sec = sec - NS
+			if sec < -FAR or sec > FAR then return false end
+			t = sec * E9 + ns
+		end
+		ts[i], counts[i] = t, count
+	end
+
+	-- The decisions; takes[i] tells whether the key takes, ts[i] and
+	-- counts[i] become the state it would write.
+	local allowed = true
+	out[at + DECISION_ALLOWED] = 1
+	for i = 1, n do
+		local z, t, cost = zs[i], ts[i], costs[i]
+		local ok, limit, left, retry, reset
+		if z.kind == KIND_BUCKET then
+			local T, burst = z.p1, z.p2
+			local cap = burst * T
+			local d = 0
+			if t and t > now then d = t - now end
+			ok, limit, left, retry, reset = 0, burst, d, 0, d
+			if cost > burst then
+				retry = -1
+			else
+				local nd = d + cost * T
+				if nd <= cap or cost == 0 then
+					ok, left, reset = 1, nd, nd
+					ts[i] = now + nd
+				else
+					retry = nd - cap
+				end
+			end
+			if left >= cap then left = 0 else left = floordiv(cap - left, T) end
+		else
+			local W, count = z.p1, 0
+			limit = z.p2
+			local start = z.wstart -- the current window's, the same for the call
+			if not start then
+				start = now - libM().absmod(now, W)
+				z.wstart = start
+			end
+			if t and start <= t then start, count = t, counts[i] end
+			local stop = start + W - now
+			reset = stop
+			if count == 0 and cost == 0 then reset = 0 end
+			ok, left, retry = 0, limit - count, 0
+			if left < 0 then left = 0 end
+			if cost == 0 then
+				ok = 1
+			elseif cost > limit then
+				retry = -1
+			elseif count + cost <= limit then
+				ok, left = 1, limit - count - cost
+			else
+				retry = stop
+			end
+			ts[i], counts[i] = start, count + cost
+		end
+		takes[i] = ok == 1 and cost > 0
+		if ok == 0 and not shadows[i] then allowed = false end
+		local b = at + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES
+		out[b + KEY_REPLY_ALLOWED] = ok
+		out[b + KEY_REPLY_LIMIT] = limit
+		out[b + KEY_REPLY_REMAINING] = left
+		out[b + KEY_REPLY_RETRY] = retry
+		out[b + KEY_REPLY_RESET] = reset
+		out[b + KEY_REPLY_DELAY] = 0
+		out[b + KEY_REPLY_LOGGED] = 0
+	end
+	if not allowed then
+		out[at + DECISION_ALLOWED] = 0
+		return true
+	end
+	-- store's values and expiries.
+	for i = 1, n do
+		if takes[i] then
+			local z, t = zs[i], ts[i]
+			local v, idle
+			if z.kind == KIND_BUCKET then
+				v, idle = absStr(t) .. z.meta, t
+			else
+				local c = counts[i]
+				v, idle = absStr(t) .. ':' .. (strOf[c] or str(c)) .. z.meta, t + z.p1
+			end
+			local ms = px(idle)
+			redis.call('SET', KEYS[k0 + i], v, 'PX', strOf[ms] or str(ms))
+		end
+	end
+	return true
+end

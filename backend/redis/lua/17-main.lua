@@ -43,26 +43,36 @@ local function decideMany()
 	local k0 = 0 -- the keys before the request's
 	local o = z0 + tonumber(ARGV[HEADER_ARGS + MANY_ZONES_ARGS]) * ZONE_ARGS -- its arguments
 	local last = #ARGV
+	local mts = {} -- the zones as metatables of their keys' arguments
 	local at -- the reply's values before the request's
+	local function zoneAt(zi)
+		local z = zones[zi]
+		if not z then
+			z = zoneArgs(z0 + (zi - 1) * ZONE_ARGS)
+			zones[zi] = z
+			mts[zi] = {__index = z}
+		end
+		return z
+	end
 	-- One pcall runs every request; after a request fails, a new one
 	-- goes on from the next.
 	local function decideFrom()
 		while o < last do
-			local n = tonumber(ARGV[o + MANY_COUNT_ARGS])
+			local ns = ARGV[o + MANY_COUNT_ARGS]
+			local n = numOf[ns] or num(ns)
 			at = #out
-			local args = {}
-			for i = 1, n do
-				local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
-				local zi = tonumber(ARGV[b + MANY_KEY_ZONE])
-				local zone = zones[zi]
-				if not zone then
-					zone = zoneArgs(z0 + (zi - 1) * ZONE_ARGS)
-					zones[zi] = zone
+			if not decidePlain(zones, zoneAt, k0, o, n, out, at) then
+				local args = {}
+				for i = 1, n do
+					local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
+					local zi, cost = ARGV[b + MANY_KEY_ZONE], ARGV[b + MANY_KEY_COST]
+					zi, cost = numOf[zi] or num(zi), numOf[cost] or num(cost)
+					if not zones[zi] then zoneAt(zi) end
+					args[i] = setmetatable({key = KEYS[k0 + i], cost = cost,
+						x1 = ARGV[b + MANY_KEY_X1], x2 = ARGV[b + MANY_KEY_X2]}, mts[zi])
 				end
-				args[i] = setmetatable({key = KEYS[k0 + i], cost = tonumber(ARGV[b + MANY_KEY_COST]),
-					x1 = ARGV[b + MANY_KEY_X1], x2 = ARGV[b + MANY_KEY_X2]}, zone)
+				decideKeys(args, false, out, at)
 			end
-			decideKeys(args, false, out, at)
 			k0 = k0 + n
 			o = o + MANY_COUNT_ARGS + n * MANY_KEY_ARGS
 		end
@@ -87,15 +97,17 @@ local function call(keys, argv)
 	KEYS, ARGV = keys, argv
 	floor, max, sub = math.floor, math.max, string.sub
 	mode = ARGV[ARG_MODE]
-	if ARGV[ARG_NOW_SECONDS] ~= CLOCK_SERVER then
-		NS = tonumber(ARGV[ARG_NOW_SECONDS])
+	local ns, extra = ARGV[ARG_NOW_SECONDS], ARGV[ARG_EXPIRY_EXTRA]
+	if ns ~= CLOCK_SERVER then
+		NS = numOf[ns] or num(ns)
 		NN = tonumber(ARGV[ARG_NOW_NANOS])
 	else
 		local t = redis.call('TIME')
-		NS = tonumber(t[1])
+		ns = t[1]
+		NS = numOf[ns] or num(ns)
 		NN = tonumber(t[2]) * 1000
 	end
-	EXTRA = tonumber(ARGV[ARG_EXPIRY_EXTRA])
+	EXTRA = numOf[extra] or num(extra)
 	now = NN
 	-- What the parts remember within a call: some of it is relative to
 	-- the call's clock, and none may grow from call to call.

@@ -1,0 +1,332 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+// plainCall is the line of decideMany that hands a request to
+// decidePlain; genericScript is the script with that line sending every
+// request to decideKeys.
+const plainCall = "if not decidePlain(zones, zoneAt, k0, o, n, out, at) then"
+
+func genericScript(t *testing.T, src string) string {
+	t.Helper()
+	if strings.Count(src, plainCall) != 1 {
+		t.Fatalf("the script does not call decidePlain once as %q", plainCall)
+	}
+	return strings.Replace(src, plainCall, "if true then", 1)
+}
+
+// The batched call decides a request of plain buckets and fixed windows
+// in decidePlain and any other in decideKeys: the two must reply the same
+// and leave the same values with the same expiries. The same calls run on two databases of
+// one server, the script as it is on one and with decideKeys alone on the
+// other, over random policies, reloads, max_events adjustments, costs
+// (0, past the burst), shadow keys, requests of several keys and zones
+// (queues, lock-outs among them: decideKeys's), and values put
+// there by hand: written under another policy, another lineage, a time
+// out of range, a forwarding mark, and a key of another type. Run by
+// EVAL, and as Functions, whose tables outlive the call.
+func TestDecidePlainAsDecideKeys(t *testing.T) {
+	t.Run("script", func(t *testing.T) {
+		testDecidePlain(t, [2][2]any{{"eval", scriptSource}, {"eval", genericScript(t, scriptSource)}})
+	})
+	t.Run("function", func(t *testing.T) {
+		name := functionName + "_decidekeys"
+		lib := genericScript(t, strings.ReplaceAll(functionSource, functionName, name))
+		c := standaloneClient(t)
+		for _, src := range []string{functionSource, lib} {
+			if err := c.Do(context.Background(), "function", "load", "replace", src).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Cleanup(func() { c.Do(context.Background(), "function", "delete", name) })
+		testDecidePlain(t, [2][2]any{{"fcall", functionName}, {"fcall", name}})
+	})
+}
+
+// testDecidePlain runs the calls with heads[0] (FCALL and the function,
+// or EVAL and the script) on database 0, and with heads[1] on database 1.
+func testDecidePlain(t *testing.T, heads [2][2]any) {
+	ctx := context.Background()
+	c := goredis.NewClient(&goredis.Options{Addr: standalone(t), ContextTimeoutEnabled: true, PoolSize: 1})
+	t.Cleanup(func() { c.Close() })
+	conn := c.Conn()
+	t.Cleanup(func() { conn.Close() })
+	rng := rand.New(rand.NewPCG(19, uint64(time.Now().UnixNano())))
+	tw := &twin{t: t, c: prng{rng}}
+	tw.clock = 1_764_460_000_000_000_000 + int64(rng.IntN(1<<30))*977
+	prefix := uniquePrefix(t)
+
+	// Bucket and fixed window zones, some of two keys' scopes, and
+	// zones decidePlain leaves to decideKeys.
+	type spec struct {
+		name, scope, alg string
+		policy           algorithms.Policy
+		lockout          backend.Lockout
+	}
+	var specs []spec
+	for i := range 4 {
+		alg := tw.bucketAlg()
+		if alg == algorithms.NameLeakyBucket {
+			alg = algorithms.NameTokenBucket // a leaky bucket may draw max_delay: a queue
+		}
+		if i >= 2 && rng.IntN(2) == 0 {
+			alg = algorithms.NameFixedWindow
+		}
+		scope := ""
+		if i%2 == 1 {
+			scope = "s"
+		}
+		specs = append(specs, spec{name: fmt.Sprintf("b%d", i), scope: scope, alg: alg})
+	}
+	specs = append(specs,
+		spec{name: "q", alg: algorithms.NameLeakyBucket},
+		spec{name: "w", alg: algorithms.NameFixedWindow},
+		spec{name: "lk", alg: algorithms.NameTokenBucket, lockout: backend.Lockout{int64(time.Second)}})
+	draw := func(s *spec) {
+		s.policy = tw.policy(s.alg)
+		if s.name == "q" {
+			s.policy = algorithms.Policy{Limit: 5, Window: int64(time.Second), MaxDelay: int64(time.Second)}
+		}
+	}
+	for i := range specs {
+		draw(&specs[i])
+	}
+	var s *Store
+	var zones []backend.Limit
+	// load registers specs in a store of their own, as a reload does; it
+	// reports false when a policy is refused (a debt the change could not
+	// rebase exactly), and the store before it stays.
+	load := func() bool {
+		next, err := New(c, Options{KeyPrefix: prefix, Timeout: 10 * time.Second, now: func() int64 { return tw.clock }, ttlExtra: 3_600_000, NoCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner := new(int)
+		var nz []backend.Limit
+		for _, sp := range specs {
+			z, err := next.Register(backend.LimitConfig{Name: sp.name, Scope: sp.scope, Algorithm: sp.alg, Policy: sp.policy, Lockout: sp.lockout, Owner: owner})
+			if err != nil {
+				next.Close()
+				return false
+			}
+			nz = append(nz, z)
+		}
+		if s != nil {
+			s.Close()
+		}
+		s, zones = next, nz
+		return true
+	}
+	if !load() {
+		t.Fatalf("zones refused: %+v", specs)
+	}
+	t.Cleanup(func() { s.Close() })
+
+	names := []string{"a", "b", "c", "10.0.0.1"}
+	// both runs cmds on database 0 then the same on database 1.
+	both := func(cmds ...[]any) {
+		t.Helper()
+		for db := range 2 {
+			if err := conn.Do(ctx, "select", db).Err(); err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range cmds {
+				if err := conn.Do(ctx, a...).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	keyOf := func(zi int, name string) string {
+		items, _, err := s.resolve([]backend.Request{{Limit: zones[zi], Key: name, Cost: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return items[0].key
+	}
+	// plant puts a value that decidePlain must leave to decideKeys.
+	plant := func() {
+		key := keyOf(rng.IntN(4), names[rng.IntN(len(names))])
+		at := fmt.Sprint(tw.clock + int64(rng.IntN(1<<40)))
+		switch rng.IntN(11) {
+		case 0: // another policy of this lineage, or of none
+			both([]any{"set", key, at + ":" + fmt.Sprint(1+rng.IntN(1<<30))})
+		case 1: // another process's history
+			both([]any{"set", key, at + ":1000000:abcdef012345:" + fmt.Sprint(1+rng.IntN(3))})
+		case 2: // out of the exact range
+			both([]any{"set", key, "1:1000000"})
+		case 3: // a forwarding mark of a change of kind
+			both([]any{"set", key, "mw:1000000000:5:" + fmt.Sprint(strings.Index(key, "{"))})
+		case 4: // a key of another type
+			both([]any{"del", key}, []any{"hset", key, "f", "v"})
+		case 5: // out of the exact range, of the zone's current policy
+			if err := conn.Do(ctx, "select", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if v, err := conn.Get(ctx, key).Result(); err == nil && len(v) > 20 && v[19] == ':' {
+				far := tw.clock + int64(2*rng.IntN(2)-1)*2e16 // 231 days
+				both([]any{"set", key, fmt.Sprint(far) + v[19:]})
+			}
+		case 6: // the field after the time emptied: a window without its count
+			if err := conn.Do(ctx, "select", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if v, err := conn.Get(ctx, key).Result(); err == nil && len(v) > 20 && v[19] == ':' {
+				rest := v[20:]
+				if j := strings.IndexByte(rest, ':'); j >= 0 {
+					both([]any{"set", key, v[:20] + rest[j:]})
+				}
+			}
+		default:
+			both([]any{"del", key})
+		}
+	}
+	// compare checks both databases hold the same keys, values and
+	// expiries: each expiry (PX) is known to lie between the Unix ms the
+	// server read just before and just after the call that wrote it
+	// (sent), and those of the two must overlap. A value that did not
+	// change was not written again.
+	type seen struct {
+		v      string
+		lo, hi int64 // the expiry; -1 for none
+	}
+	last := [2]map[string]seen{{}, {}}
+	compare := func(sent [2][2]int64, step int) {
+		t.Helper()
+		for db := range 2 {
+			if err := conn.Do(ctx, "select", db).Err(); err != nil {
+				t.Fatal(err)
+			}
+			keys, err := conn.Keys(ctx, prefix+"*").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := map[string]seen{}
+			for _, k := range keys {
+				v := conn.Type(ctx, k).Val()
+				if v == "string" {
+					v = conn.Get(ctx, k).Val()
+				}
+				exp, err := conn.Do(ctx, "pexpiretime", k).Int64()
+				if err != nil {
+					t.Fatal(err)
+				}
+				was, ok := last[db][k]
+				switch {
+				case ok && was.v == v:
+					now[k] = was
+				case exp > 0:
+					now[k] = seen{v, exp - sent[db][1], exp - sent[db][0]}
+				default:
+					now[k] = seen{v, -1, -1}
+				}
+			}
+			last[db] = now
+		}
+		for k, s0 := range last[0] {
+			s1, ok := last[1][k]
+			if !ok || s0.v != s1.v {
+				t.Fatalf("step %d: %s is %q by decidePlain, %q by decideKeys", step, k, s0.v, s1.v)
+			}
+			if (s0.lo < 0) != (s1.lo < 0) || s0.lo > s1.hi || s1.lo > s0.hi {
+				t.Fatalf("step %d: %s expires %d to %d ms after its call by decidePlain, %d to %d by decideKeys", step, k, s0.lo, s0.hi, s1.lo, s1.hi)
+			}
+		}
+		if len(last[0]) != len(last[1]) {
+			t.Fatalf("step %d: keys by decidePlain %v, by decideKeys %v", step, last[0], last[1])
+		}
+	}
+
+	for step := range 1500 {
+		switch rng.IntN(30) {
+		case 0: // a reload changes some policies
+			was := slices.Clone(specs)
+			for i := range specs {
+				if rng.IntN(2) == 0 {
+					draw(&specs[i])
+				}
+			}
+			if !load() {
+				specs = was
+			}
+			continue
+		case 1:
+			zi := rng.IntN(4)
+			if err := zones[zi].(backend.Adjustable).SetMaxEvents(int64(1 + rng.IntN(20))); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		case 2, 3:
+			plant()
+			continue
+		case 4, 5, 6, 7, 8:
+			switch rng.IntN(5) {
+			case 0:
+				tw.clock++
+			case 1:
+				tw.clock -= int64(rng.IntN(1000))
+			default:
+				tw.clock += int64(rng.IntN(int(specs[rng.IntN(len(specs))].policy.Window)))
+			}
+			continue
+		}
+		live := make([]*pending, 1+rng.IntN(8))
+		for i := range live {
+			reqs := make([]backend.Request, 1+rng.IntN(3))
+			for j := range reqs {
+				zi := rng.IntN(4)
+				if rng.IntN(8) == 0 {
+					zi = rng.IntN(len(zones))
+				}
+				reqs[j] = backend.Request{Limit: zones[zi], Key: names[rng.IntN(len(names))], Cost: tw.costOf(), Shadow: rng.IntN(6) == 0}
+			}
+			items, _, err := s.resolve(reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			live[i] = &pending{ctx: ctx, items: items}
+		}
+		cmd, _ := s.manyCmd(ctx, live, nil)
+		var replies [2]any
+		var errs [2]string
+		var sent [2][2]int64
+		for db, head := range heads {
+			args := slices.Clone(cmd.Args())
+			args[0], args[1] = head[0], head[1]
+			var before, after *goredis.TimeCmd
+			var call *goredis.Cmd
+			if _, err := conn.Pipelined(ctx, func(p goredis.Pipeliner) error {
+				p.Select(ctx, db)
+				before = p.Time(ctx)
+				call = p.Do(ctx, args...)
+				after = p.Time(ctx)
+				return nil
+			}); err != nil && err != call.Err() {
+				t.Fatal(err)
+			}
+			replies[db] = call.Val()
+			if call.Err() != nil {
+				errs[db] = call.Err().Error()
+			}
+			sent[db] = [2]int64{before.Val().UnixMilli(), after.Val().UnixMilli()}
+		}
+		if !reflect.DeepEqual(replies[0], replies[1]) || errs[0] != errs[1] {
+			t.Fatalf("step %d: decidePlain replied %q %v, decideKeys %q %v", step, replies[0], errs[0], replies[1], errs[1])
+		}
+		compare(sent, step)
+	}
+}

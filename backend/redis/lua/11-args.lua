@@ -63,5 +63,6 @@ local function zoneArgs(o)
 	if (z.kind == KIND_BUCKET or z.kind == KIND_WINDOW and not z.cal) and z.from == '' and z.lk == '' then
 		z.meta = metaOf(z.param, z.lin, z.gen)
 	end
+	z.plainLog = z.kind == KIND_LOG and z.from == '' and z.lk == ''
 	return z
 end

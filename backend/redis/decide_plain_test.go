@@ -182,6 +182,10 @@ func testDecidePlain(t *testing.T, heads [2][2]any) {
 		for i := range times {
 			times[i] = from + rng.Int64N(2*w+int64(rng.IntN(3))*w/2+1)
 		}
+		if rng.IntN(2) == 0 {
+			times[rng.IntN(n)] = tw.clock - w // leaving the window just now
+			times[rng.IntN(n)] = tw.clock - w + 1
+		}
 		slices.Sort(times)
 		units := make([]uint32, n)
 		for i := range units {

@@ -117,17 +117,19 @@ local function absStr(t)
 end
 
 -- decidePlain decides, as decideKeys would, a request of MODE_MANY whose
--- keys are all plain buckets or fixed windows: each of a zone that has
--- meta (zoneArgs), without a reservation, and absent or written under the
--- zone's current policy (its value ends with meta, so no policy change
--- rebases it). It reads the request's n keys, KEYS[k0 + 1] on, and their
+-- keys are all plain buckets, fixed windows or sliding logs: each of a
+-- zone that has meta or plainLog (zoneArgs), without a reservation, and
+-- absent or written under the zone's current policy (its value ends with
+-- meta, so no policy change rebases it), or a small log of single units
+-- (logPlainRead). It reads the request's n keys, KEYS[k0 + 1] on, and their
 -- arguments, ARGV[o + MANY_COUNT_ARGS + 1] on, and writes the decision
 -- from out[at + 1] on; zones holds the zones read so far, zoneAt reads
 -- one. That is most decisions, and decideKeys's tables (the arguments,
 -- the states, each result and taken state) cost more than a GET and a
 -- SET: this keeps the numbers in locals and scratch tables (kept from
 -- call to call), with the arithmetic of bucketDecide and bucketTake, of
--- windowDecide and windowTake, and of store written out. It returns
+-- windowDecide and windowTake, of logDecide, and of store written out
+-- (logTake and logKeep, logPlainTake and logPlainKeep). It returns
 -- false, having written nothing, for any other request; decideKeys
 -- decides it.
 local zs, ts, counts, costs, shadows, takes = {}, {}, {}, {}, {}, {}

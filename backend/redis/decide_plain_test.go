@@ -2,7 +2,9 @@ package redis
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -29,16 +31,19 @@ func genericScript(t *testing.T, src string) string {
 	return strings.Replace(src, plainCall, "if true then", 1)
 }
 
-// The batched call decides a request of plain buckets and fixed windows
-// in decidePlain and any other in decideKeys: the two must reply the same
-// and leave the same values with the same expiries. The same calls run on two databases of
-// one server, the script as it is on one and with decideKeys alone on the
-// other, over random policies, reloads, max_events adjustments, costs
-// (0, past the burst), shadow keys, requests of several keys and zones
-// (queues, lock-outs among them: decideKeys's), and values put
-// there by hand: written under another policy, another lineage, a time
-// out of range, a forwarding mark, and a key of another type. Run by
-// EVAL, and as Functions, whose tables outlive the call.
+// The batched call decides a request of plain buckets, fixed windows and
+// sliding logs in decidePlain and any other in decideKeys: the two must
+// reply the same and leave the same values with the same expiries. The
+// same calls run on two databases of one server, the script as it is on
+// one and with decideKeys alone on the other, over random policies,
+// reloads, max_events adjustments, costs (0, past the burst), shadow keys,
+// the clock stepping back, requests of several keys and zones (queues,
+// lock-outs among them: decideKeys's), and values put there by hand:
+// written under another policy, another lineage, a time out of range, a
+// forwarding mark, a key of another type, and logs (logValue) small and
+// large, of each format, with events given back, pruned, in the future,
+// or a base far back. Run by EVAL, and as Functions, whose tables outlive
+// the call.
 func TestDecidePlainAsDecideKeys(t *testing.T) {
 	t.Run("script", func(t *testing.T) {
 		testDecidePlain(t, [2][2]any{{"eval", scriptSource}, {"eval", genericScript(t, scriptSource)}})
@@ -78,6 +83,7 @@ func testDecidePlain(t *testing.T, heads [2][2]any) {
 		lockout          backend.Lockout
 	}
 	var specs []spec
+	const plain = 6 // the zones decidePlain may decide: b0 to b3, l0 and l1
 	for i := range 4 {
 		alg := tw.bucketAlg()
 		if alg == algorithms.NameLeakyBucket {
@@ -93,6 +99,8 @@ func testDecidePlain(t *testing.T, heads [2][2]any) {
 		specs = append(specs, spec{name: fmt.Sprintf("b%d", i), scope: scope, alg: alg})
 	}
 	specs = append(specs,
+		spec{name: "l0", alg: algorithms.NameSlidingWindow},
+		spec{name: "l1", scope: "s", alg: algorithms.NameSlidingWindow},
 		spec{name: "q", alg: algorithms.NameLeakyBucket},
 		spec{name: "w", alg: algorithms.NameFixedWindow},
 		spec{name: "lk", alg: algorithms.NameTokenBucket, lockout: backend.Lockout{int64(time.Second)}})
@@ -158,9 +166,67 @@ func testDecidePlain(t *testing.T, heads [2][2]any) {
 		}
 		return items[0].key
 	}
-	// plant puts a value that decidePlain must leave to decideKeys.
+	// plantLog puts a log by hand: some decidePlain decides, some it
+	// must leave to decideKeys.
+	plantLog := func(key string, w int64) {
+		n := 1 + rng.IntN(100)
+		if rng.IntN(3) == 0 {
+			n = 128 + rng.IntN(500) // read in parts
+		}
+		// Times from two windows back on, some past the clock.
+		from := tw.clock - 2*w
+		if rng.IntN(8) == 0 {
+			from = tw.clock - 60*24*int64(time.Hour) // the base past logTake's exact range
+		}
+		times := make([]int64, n)
+		for i := range times {
+			times[i] = from + rng.Int64N(2*w+int64(rng.IntN(3))*w/2+1)
+		}
+		if rng.IntN(2) == 0 {
+			times[rng.IntN(n)] = tw.clock - w // leaving the window just now
+			times[rng.IntN(n)] = tw.clock - w + 1
+		}
+		slices.Sort(times)
+		units := make([]uint32, n)
+		for i := range units {
+			units[i] = 1
+		}
+		wide, tombs, head := byte(0), byte(0), uint32(rng.IntN(n+1))
+		switch rng.IntN(8) {
+		case 0: // format 2, an event given back
+			wide = 2
+			for i := range units {
+				units[i] = uint32(1 + rng.IntN(3))
+			}
+			units[rng.IntN(n)] = 0
+		case 1: // format 1, an older version's
+			wide = 1
+			for i := range units {
+				units[i] = uint32(1 + rng.IntN(3))
+			}
+		case 2: // an older version's format 0 with events given back
+			tombs = 1
+		}
+		v := logValue(times, units, wide, tombs, head)
+		switch rng.IntN(12) {
+		case 0: // a header whose units do not match its events
+			binary.LittleEndian.PutUint64([]byte(v)[8:], math.Float64bits(float64(n+1)))
+		case 1: // a base out of range
+			binary.LittleEndian.PutUint64([]byte(v)[0:], math.Float64bits(float64(tw.clock/1e9-1e7)))
+		case 2: // shorter than a header
+			v = v[:rng.IntN(26)]
+		}
+		both([]any{"set", key, v})
+	}
+	// plant puts a value that decidePlain must leave to decideKeys, or a
+	// log.
 	plant := func() {
-		key := keyOf(rng.IntN(4), names[rng.IntN(len(names))])
+		zi := rng.IntN(plain)
+		key := keyOf(zi, names[rng.IntN(len(names))])
+		if zi >= 4 && rng.IntN(4) > 0 {
+			plantLog(key, specs[zi].policy.Window)
+			return
+		}
 		at := fmt.Sprint(tw.clock + int64(rng.IntN(1<<40)))
 		switch rng.IntN(11) {
 		case 0: // another policy of this lineage, or of none
@@ -199,10 +265,13 @@ func testDecidePlain(t *testing.T, heads [2][2]any) {
 	// expiries: each expiry (PX) is known to lie between the Unix ms the
 	// server read just before and just after the call that wrote it
 	// (sent), and those of the two must overlap. A value that did not
-	// change was not written again.
+	// change was not written again; one that changed under the same
+	// expiry may keep its expiry (a log's header is written in place)
+	// or have it set again to the same instant: either range.
 	type seen struct {
 		v      string
 		lo, hi int64 // the expiry; -1 for none
+		exp    int64 // PEXPIRETIME
 	}
 	last := [2]map[string]seen{{}, {}}
 	compare := func(sent [2][2]int64, step int) {
@@ -229,10 +298,12 @@ func testDecidePlain(t *testing.T, heads [2][2]any) {
 				switch {
 				case ok && was.v == v:
 					now[k] = was
+				case ok && was.exp == exp && exp > 0:
+					now[k] = seen{v, min(was.lo, exp-sent[db][1]), max(was.hi, exp-sent[db][0]), exp}
 				case exp > 0:
-					now[k] = seen{v, exp - sent[db][1], exp - sent[db][0]}
+					now[k] = seen{v, exp - sent[db][1], exp - sent[db][0], exp}
 				default:
-					now[k] = seen{v, -1, -1}
+					now[k] = seen{v, -1, -1, exp}
 				}
 			}
 			last[db] = now
@@ -265,7 +336,7 @@ func testDecidePlain(t *testing.T, heads [2][2]any) {
 			}
 			continue
 		case 1:
-			zi := rng.IntN(4)
+			zi := rng.IntN(plain)
 			if err := zones[zi].(backend.Adjustable).SetMaxEvents(int64(1 + rng.IntN(20))); err != nil {
 				t.Fatal(err)
 			}
@@ -279,6 +350,9 @@ func testDecidePlain(t *testing.T, heads [2][2]any) {
 				tw.clock++
 			case 1:
 				tw.clock -= int64(rng.IntN(1000))
+				if rng.IntN(3) == 0 {
+					tw.clock -= int64(rng.IntN(int(specs[rng.IntN(len(specs))].policy.Window)))
+				}
 			default:
 				tw.clock += int64(rng.IntN(int(specs[rng.IntN(len(specs))].policy.Window)))
 			}
@@ -288,7 +362,7 @@ func testDecidePlain(t *testing.T, heads [2][2]any) {
 		for i := range live {
 			reqs := make([]backend.Request, 1+rng.IntN(3))
 			for j := range reqs {
-				zi := rng.IntN(4)
+				zi := rng.IntN(plain)
 				if rng.IntN(8) == 0 {
 					zi = rng.IntN(len(zones))
 				}
@@ -329,4 +403,46 @@ func testDecidePlain(t *testing.T, heads [2][2]any) {
 		}
 		compare(sent, step)
 	}
+}
+
+// logValue is a sliding log as lua/07-slidinglog.lua stores it: events
+// at times (ns, not decreasing) of units (0: given back) in format wide,
+// head of them pruned.
+func logValue(times []int64, units []uint32, wide, tombs byte, head uint32) string {
+	base := times[0] / 1e9 * 1e9
+	var sum uint32
+	for _, u := range units[head:] {
+		sum += u
+	}
+	b := binary.LittleEndian.AppendUint64(nil, math.Float64bits(float64(base/1e9)))
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(sum)))
+	b = append(b, wide, tombs)
+	b = binary.LittleEndian.AppendUint32(b, head)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(times)))
+	fen := make([]float64, len(units))
+	for i, u := range units {
+		fen[i] += float64(u)
+		if j := i + (i+1)&-(i+1); j < len(fen) {
+			fen[j] += fen[i]
+		}
+	}
+	for i, t := range times {
+		off := float64(t - base)
+		if units[i] == 0 {
+			off = -off - 1
+		}
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(off))
+		if wide == 0 {
+			continue
+		}
+		u := units[i]
+		if u == 0 {
+			u = 1
+		}
+		b = binary.LittleEndian.AppendUint32(b, u)
+		if wide == 2 {
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(fen[i]))
+		}
+	}
+	return string(b)
 }

@@ -531,8 +531,71 @@ local function libL()
 	end
 	-- END SETTLE (sliding log)
 
+	-- PLAIN LOGS: decidePlain (14-decide.lua) decides the logs of format 0
+	-- small enough to be read whole (those logDecide reads whole), as
+	-- logLoad, logDecide, logTake and logKeep would, without their tables.
+	-- logPlainRead reads key's log pruned at W: false when decideKeys must
+	-- decide it (another format, a log read in parts, a forwarding mark, a
+	-- base out of range, a header that does not match its events); else
+	-- true, then nothing for no log, or the string, its base second (from
+	-- NS), the head it was stored with, the head and the units once pruned,
+	-- the number of events and the newest live event's time (or nil).
+	local function logPlainRead(key, W)
+		local raw = redis.call('GETRANGE', key, '0', PRE_END)
+		local m = #raw
+		if m == 0 then return true end
+		if m < HDR or m >= HDR + PRE then return false end
+		local base, sum, wide, tombs, h0, n = struct.unpack('<ddBBI4I4', raw)
+		local d = base - NS
+		if wide ~= 0 or tombs ~= 0 or d < -FAR or d > FAR or m ~= HDR + n * 8 or h0 > n or sum ~= n - h0 then
+			return false
+		end
+		local b, h = d * E9, h0
+		while h < n do
+			local off = struct.unpack('<d', raw, HDR + h * 8 + 1)
+			if off >= 0 and b + off + W > now then break end
+			if off >= 0 then sum = sum - 1 end
+			h = h + 1
+		end
+		for i = n, h + 1, -1 do
+			local off = struct.unpack('<d', raw, HDR + (i - 1) * 8 + 1)
+			if off >= 0 then return true, raw, d, h0, h, sum, n, b + off end
+		end
+		return true, raw, d, h0, h, sum, n
+	end
+	-- logPlainEvent is event i's time (logEvent).
+	local function logPlainEvent(raw, d, i)
+		local off = struct.unpack('<d', raw, HDR + (i - 1) * 8 + 1)
+		if off < 0 then return d * E9 - off - 1 end
+		return d * E9 + off
+	end
+	-- logPlainTake logs a unit at t, as logTake does in a log it copies
+	-- whole, or as logRewrite starts one (raw nil).
+	local function logPlainTake(key, W, t, raw, d, h, sum, n)
+		local ms
+		if t == now then ms = pxsWindow(W) else ms = pxs(t + W) end
+		if not raw then
+			local b = floor(t / E9)
+			redis.call('SET', key, struct.pack('<ddBBI4I4d', NS + b, 1, 0, 0, 0, 1, t - b * E9), 'PX', ms)
+			return
+		end
+		redis.call('SET', key, struct.pack('<ddBBI4I4c0d', NS + d, sum + 1, 0, 0, 0, n - h + 1,
+			sub(raw, HDR + h * 8 + 1), t - d * E9), 'PX', ms)
+	end
+	-- logPlainKeep is logKeep.
+	local function logPlainKeep(key, d, h0, h, sum, n, newest)
+		if h == h0 then return end
+		if not newest then
+			redis.call('DEL', key)
+			return
+		end
+		redis.call('SETRANGE', key, '0', struct.pack('<ddBBI4I4', NS + d, sum, 0, 0, h, n))
+	end
+	-- END PLAIN LOGS
+
 	Llib = {load = logLoad, decide = logDecide, take = logTake, keep = logKeep, refund = logRefund, grant = logGrant, rewrite = logRewrite}
 	Llib.settle = logSettle -- SETTLE
+	Llib.plainRead, Llib.plainEvent, Llib.plainTake, Llib.plainKeep = logPlainRead, logPlainEvent, logPlainTake, logPlainKeep
 	return Llib
 end
 

@@ -44,8 +44,8 @@ end
 -- from (their metatable's __index) once they hold what is their own (key,
 -- cost, x1, x2, and what a decision changes). A zone of buckets or of
 -- fixed windows (not calendar ones) without a change of kind or lock-outs
--- gets meta, the suffix of its keys' values: decidePlain (14-decide.lua)
--- decides its keys.
+-- gets meta, the suffix of its keys' values, and a zone of sliding logs
+-- without them plainLog: decidePlain (14-decide.lua) decides its keys.
 local function zoneArgs(o)
 	local p1, p2, gen = ARGV[o + ZONE_ARG_P1], ARGV[o + ZONE_ARG_P2], ARGV[o + ZONE_ARG_GENERATION]
 	local z = {
@@ -63,5 +63,6 @@ local function zoneArgs(o)
 	if (z.kind == KIND_BUCKET or z.kind == KIND_WINDOW and not z.cal) and z.from == '' and z.lk == '' then
 		z.meta = metaOf(z.param, z.lin, z.gen)
 	end
+	z.plainLog = z.kind == KIND_LOG and z.from == '' and z.lk == ''
 	return z
 end

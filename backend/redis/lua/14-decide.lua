@@ -117,20 +117,25 @@ local function absStr(t)
 end
 
 -- decidePlain decides, as decideKeys would, a request of MODE_MANY whose
--- keys are all plain buckets or fixed windows: each of a zone that has
--- meta (zoneArgs), without a reservation, and absent or written under the
--- zone's current policy (its value ends with meta, so no policy change
--- rebases it). It reads the request's n keys, KEYS[k0 + 1] on, and their
+-- keys are all plain buckets, fixed windows or sliding logs: each of a
+-- zone that has meta or plainLog (zoneArgs), without a reservation, and
+-- absent or written under the zone's current policy (its value ends with
+-- meta, so no policy change rebases it), or a small log of single units
+-- (logPlainRead). It reads the request's n keys, KEYS[k0 + 1] on, and their
 -- arguments, ARGV[o + MANY_COUNT_ARGS + 1] on, and writes the decision
 -- from out[at + 1] on; zones holds the zones read so far, zoneAt reads
 -- one. That is most decisions, and decideKeys's tables (the arguments,
 -- the states, each result and taken state) cost more than a GET and a
 -- SET: this keeps the numbers in locals and scratch tables (kept from
 -- call to call), with the arithmetic of bucketDecide and bucketTake, of
--- windowDecide and windowTake, and of store written out. It returns
+-- windowDecide and windowTake, of logDecide, and of store written out
+-- (logTake and logKeep, logPlainTake and logPlainKeep). It returns
 -- false, having written nothing, for any other request; decideKeys
 -- decides it.
 local zs, ts, counts, costs, shadows, takes = {}, {}, {}, {}, {}, {}
+-- A log's string, base second, stored head, pruned head and events
+-- (logPlainRead, 07-slidinglog.lua).
+local raws, ds, h0s, hs, ns = {}, {}, {}, {}, {}
 local function decidePlain(zones, zoneAt, k0, o, n, out, at)
 	-- The arguments, all of them before any key is read, as decideMany
 	-- reads them for decideKeys.
@@ -139,7 +144,7 @@ local function decidePlain(zones, zoneAt, k0, o, n, out, at)
 		local za, ca = ARGV[b + MANY_KEY_ZONE], ARGV[b + MANY_KEY_COST]
 		za = numOf[za] or num(za)
 		local z = zones[za] or zoneAt(za)
-		if not z.meta or ARGV[b + MANY_KEY_X2] ~= '' then return false end
+		if not (z.meta or z.plainLog) or ARGV[b + MANY_KEY_X2] ~= '' then return false end
 		zs[i], costs[i] = z, numOf[ca] or num(ca)
 		shadows[i] = ARGV[b + MANY_KEY_X1] == DECIDE_SHADOW
 	end
@@ -148,7 +153,15 @@ local function decidePlain(zones, zoneAt, k0, o, n, out, at)
 	-- count.
 	for i = 1, n do
 		local z, t, count = zs[i], nil, 0
-		local raw = redis.call('GET', KEYS[k0 + i])
+		local raw
+		if z.plainLog then
+			local ok
+			ok, raws[i], ds[i], h0s[i], hs[i], count, ns[i], t = libL().plainRead(KEYS[k0 + i], z.p1)
+			if not ok then return false end
+			count = count or 0
+		else
+			raw = redis.call('GET', KEYS[k0 + i])
+		end
 		if raw then
 			-- A time of 19 digits (from 2001 to 2286), a window's
 			-- count, then meta; any other value is decideKeys's. A ':'
@@ -174,12 +187,34 @@ local function decidePlain(zones, zoneAt, k0, o, n, out, at)
 
 	-- The decisions; takes[i] tells whether the key takes, ts[i] and
 	-- counts[i] become the state it would write.
-	local allowed = true
+	local allowed, fits = true, true
 	out[at + DECISION_ALLOWED] = 1
 	for i = 1, n do
 		local z, t, cost = zs[i], ts[i], costs[i]
 		local ok, limit, left, retry, reset
-		if z.kind == KIND_BUCKET then
+		if z.plainLog then
+			-- logDecide, with counted written out; t the newest event.
+			local W, count = z.p1, counts[i]
+			limit, reset = z.p2, 0
+			if t and t + W > now then reset = t + W - now end
+			ok, left, retry = 0, limit - count, 0
+			if left < 0 then left = 0 end
+			if cost == 0 then
+				ok = 1
+			elseif cost > limit then
+				retry = -1
+			elseif count + cost <= limit then
+				ok, left = 1, limit - count - cost
+				if reset < W then reset = W end
+				-- A cost other than 1 makes a log of format 2, and
+				-- logTake's time past the base's exact range a rewrite:
+				-- decideKeys's.
+				if not t or t < now then t = now end
+				if cost ~= 1 or raws[i] and t - ds[i] * E9 >= P52 then fits = false end
+			else
+				retry = libL().plainEvent(raws[i], ds[i], hs[i] + count + cost - limit) + W - now
+			end
+		elseif z.kind == KIND_BUCKET then
 			local T, burst = z.p1, z.p2
 			local cap = burst * T
 			local d = 0
@@ -233,14 +268,24 @@ local function decidePlain(zones, zoneAt, k0, o, n, out, at)
 		out[b + KEY_REPLY_DELAY] = 0
 		out[b + KEY_REPLY_LOGGED] = 0
 	end
-	if not allowed then
-		out[at + DECISION_ALLOWED] = 0
-		return true
-	end
-	-- store's values and expiries.
+	if allowed and not fits then return false end
+	if not allowed then out[at + DECISION_ALLOWED] = 0 end
+	-- store's values and expiries, and the logs (logTake, logKeep).
 	for i = 1, n do
-		if takes[i] then
-			local z, t = zs[i], ts[i]
+		local z = zs[i]
+		if z.plainLog then
+			local raw = raws[i]
+			if allowed and takes[i] then
+				local t = ts[i] -- logTake's time: the newest event's if the clock stepped back
+				if not t or t < now then t = now end
+				libL().plainTake(KEYS[k0 + i], z.p1, t, raw, ds[i], hs[i], counts[i], ns[i])
+				out[at + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES + KEY_REPLY_LOGGED] = t - now
+			elseif raw then
+				libL().plainKeep(KEYS[k0 + i], ds[i], h0s[i], hs[i], counts[i], ns[i], ts[i])
+			end
+			raws[i] = nil
+		elseif allowed and takes[i] then
+			local t = ts[i]
 			local v, idle
 			if z.kind == KIND_BUCKET then
 				v, idle = absStr(t) .. z.meta, t

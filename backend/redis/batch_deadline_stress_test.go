@@ -162,7 +162,7 @@ func TestBatchDeadlineStress(t *testing.T) {
 	}()
 	<-stalled
 	time.Sleep(10 * time.Millisecond)
-	const workers, each, slack = 24, 30, 250 * time.Millisecond
+	const workers, each, slack = 24, 30, 500 * time.Millisecond
 	var wg sync.WaitGroup
 	var late, n atomic.Int64
 	for w := range workers {

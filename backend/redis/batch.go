@@ -170,9 +170,20 @@ func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, 
 	b.watch(deadline)
 	if ok, alone := b.claim(); ok {
 		// This goroutine sends the queue (with its own request, unless
-		// more than maxBatch wait) rather than wake another.
-		b.send(b.gather(alone))
-		b.next()
+		// more than maxBatch wait) rather than wake another, unless
+		// the call may outlive its own deadline: the call's deadline is
+		// the latest of its requests', and a caller sending it would be
+		// held to that one, so another goroutine sends it.
+		batch := b.gather(alone)
+		if outlives(batch, deadline) {
+			go func() {
+				b.send(batch)
+				b.next()
+			}()
+		} else {
+			b.send(batch)
+			b.next()
+		}
 	} else {
 		b.mu.Unlock()
 	}
@@ -192,6 +203,19 @@ func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, 
 	default:
 		return false, ctx.Err(), true
 	}
+}
+
+// outlives reports whether a request of batch has a deadline after
+// deadline. With one timeout per store, the request that makes a batch
+// leave is its newest and none does; a request whose own context ends
+// sooner (an HTTP request's deadline) does.
+func outlives(batch []*pending, deadline time.Time) bool {
+	for _, p := range batch {
+		if p.deadline.After(deadline) {
+			return true
+		}
+	}
+	return false
 }
 
 // watch makes the timer fire by deadline; b.mu is held.

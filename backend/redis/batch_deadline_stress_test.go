@@ -37,7 +37,6 @@ func slowServer(t *testing.T) (*goredis.Client, *goredis.Client) {
 // deadline queued, a request of a short deadline makes the queue leave,
 // in its own goroutine.
 func TestBatchSenderReturnsByItsDeadline(t *testing.T) {
-	t.Skip("BUG: the caller that sends a batch waits for the batch's call, whose deadline is the latest of its requests', not for its own deadline")
 	c, admin := slowServer(t)
 	s, err := New(c, Options{KeyPrefix: uniquePrefix(t), Timeout: 5 * time.Second, NoCache: true})
 	if err != nil {

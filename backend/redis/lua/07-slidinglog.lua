@@ -257,6 +257,24 @@ local function libL()
 		end
 	end
 
+	-- pruneWhole prunes a log of format 0 read whole (str, its base in ns
+	-- from NS, head h, n events, sum units) at W, reading its events
+	-- without a table per event: the head and the units once pruned, and
+	-- the newest event's time (nil: none), as logPrune and logNewest.
+	local function pruneWhole(str, base, h, n, sum, W)
+		while h < n do
+			local off = struct.unpack('<d', str, HDR + h * 8 + 1)
+			if off >= 0 and base + off + W > now then break end
+			if off >= 0 then sum = sum - 1 end
+			h = h + 1
+		end
+		for i = n, h + 1, -1 do
+			local off = struct.unpack('<d', str, HDR + (i - 1) * 8 + 1)
+			if off >= 0 then return h, sum, base + off end
+		end
+		return h, sum
+	end
+
 	local function logDecide(l, W, limit, cost)
 		local count = 0
 		local reset = 0
@@ -266,21 +284,7 @@ local function libL()
 				-- A small log of single units in hand: logPrune and
 				-- logNewest without a call per event (as logEvent reads
 				-- them).
-				local str, base, h, n, sum = l.whole, l.base, l.h, l.n, l.sum
-				while h < n do
-					local off = struct.unpack('<d', str, HDR + h * 8 + 1)
-					if off >= 0 and base + off + W > now then break end
-					if off >= 0 then sum = sum - 1 end
-					h = h + 1
-				end
-				for i = n, h + 1, -1 do
-					local off = struct.unpack('<d', str, HDR + (i - 1) * 8 + 1)
-					if off >= 0 then
-						t = base + off
-						break
-					end
-				end
-				l.h, l.sum = h, sum
+				l.h, l.sum, t = pruneWhole(l.whole, l.base, l.h, l.n, l.sum, W)
 			else
 				logPrune(l, W)
 				t = logNewest(l)
@@ -550,18 +554,8 @@ local function libL()
 		if wide ~= 0 or tombs ~= 0 or d < -FAR or d > FAR or m ~= HDR + n * 8 or h0 > n or sum ~= n - h0 then
 			return false
 		end
-		local b, h = d * E9, h0
-		while h < n do
-			local off = struct.unpack('<d', raw, HDR + h * 8 + 1)
-			if off >= 0 and b + off + W > now then break end
-			if off >= 0 then sum = sum - 1 end
-			h = h + 1
-		end
-		for i = n, h + 1, -1 do
-			local off = struct.unpack('<d', raw, HDR + (i - 1) * 8 + 1)
-			if off >= 0 then return true, raw, d, h0, h, sum, n, b + off end
-		end
-		return true, raw, d, h0, h, sum, n
+		local h, units, newest = pruneWhole(raw, d * E9, h0, n, sum, W)
+		return true, raw, d, h0, h, units, n, newest
 	end
 	-- logPlainEvent is event i's time (logEvent).
 	local function logPlainEvent(raw, d, i)

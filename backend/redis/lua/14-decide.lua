@@ -116,6 +116,19 @@ local function absStr(t)
 	return (strOf[sec] or str(sec)) .. string.format('%09d', ns)
 end
 
+-- plainCount decides a cost against the count of a window or a log, as
+-- counted does, without its table: allowed (1 or 0), the units left, and
+-- the retry (0 when allowed, -1 when the cost can never pass), or nil
+-- when the caller's state tells when the cost would pass.
+local function plainCount(limit, count, cost)
+	local left = limit - count
+	if left < 0 then left = 0 end
+	if cost == 0 then return 1, left, 0 end
+	if cost > limit then return 0, left, -1 end
+	if count + cost <= limit then return 1, limit - count - cost, 0 end
+	return 0, left, nil
+end
+
 -- decidePlain decides, as decideKeys would, a request of MODE_MANY whose
 -- keys are all plain buckets, fixed windows or sliding logs: each of a
 -- zone that has meta or plainLog (zoneArgs), without a reservation, and
@@ -197,21 +210,15 @@ local function decidePlain(zones, zoneAt, k0, o, n, out, at)
 			local W, count = z.p1, counts[i]
 			limit, reset = z.p2, 0
 			if t and t + W > now then reset = t + W - now end
-			ok, left, retry = 0, limit - count, 0
-			if left < 0 then left = 0 end
-			if cost == 0 then
-				ok = 1
-			elseif cost > limit then
-				retry = -1
-			elseif count + cost <= limit then
-				ok, left = 1, limit - count - cost
+			ok, left, retry = plainCount(limit, count, cost)
+			if ok == 1 and cost > 0 then
 				if reset < W then reset = W end
 				-- A cost other than 1 makes a log of format 2, and
 				-- logTake's time past the base's exact range a rewrite:
 				-- decideKeys's.
 				if not t or t < now then t = now end
 				if cost ~= 1 or raws[i] and t - ds[i] * E9 >= P52 then fits = false end
-			else
+			elseif not retry then
 				retry = libL().plainEvent(raws[i], ds[i], hs[i] + count + cost - limit) + W - now
 			end
 		elseif z.kind == KIND_BUCKET then
@@ -244,17 +251,8 @@ local function decidePlain(zones, zoneAt, k0, o, n, out, at)
 			local stop = start + W - now
 			reset = stop
 			if count == 0 and cost == 0 then reset = 0 end
-			ok, left, retry = 0, limit - count, 0
-			if left < 0 then left = 0 end
-			if cost == 0 then
-				ok = 1
-			elseif cost > limit then
-				retry = -1
-			elseif count + cost <= limit then
-				ok, left = 1, limit - count - cost
-			else
-				retry = stop
-			end
+			ok, left, retry = plainCount(limit, count, cost)
+			if not retry then retry = stop end
 			ts[i], counts[i] = start, count + cost
 		end
 		takes[i] = ok == 1 and cost > 0

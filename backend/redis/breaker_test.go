@@ -74,6 +74,74 @@ func TestBreakerTripsAndProbes(t *testing.T) {
 	}
 }
 
+// Three failures in a row trip the breaker; a success between them resets
+// the count, whether the successes before it skipped gobreaker or not.
+func TestBreakerTripsOnFailuresInARowOnly(t *testing.T) {
+	b := newBreaker(zap.NewNop(), time.Hour)
+	ctx := context.Background()
+	down := errors.New("connection refused")
+	fail := func() (bool, error) { return false, down }
+	succeed := func() (bool, error) { return true, nil }
+	for round := range 20 {
+		for range breakerTrips - 1 {
+			if _, err := b.do(ctx, fail); !errors.Is(err, down) {
+				t.Fatalf("round %d: %v, want the failure itself", round, err)
+			}
+		}
+		for range round % 3 {
+			if _, err := b.do(ctx, succeed); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if ok, err := b.do(ctx, succeed); !ok || err != nil {
+			t.Fatalf("round %d: %v after %d failures and a success, want closed", round, err, breakerTrips-1)
+		}
+	}
+	// One Redis answer about one request alone is a success too.
+	alone := func() (bool, error) {
+		return false, scriptError("WRONGTYPE Operation against a key holding the wrong kind of value")
+	}
+	for range 5 {
+		for range breakerTrips - 1 {
+			_, _ = b.do(ctx, fail)
+		}
+		_, _ = b.do(ctx, alone)
+	}
+	if ok, err := b.do(ctx, succeed); !ok || err != nil {
+		t.Fatalf("after failures broken by answers about one request: %v, want closed", err)
+	}
+	// Closed with no failure since a success: the successes skip gobreaker.
+	counted := b.cb.Counts().Requests
+	for range 10 {
+		_, _ = b.do(ctx, succeed)
+	}
+	if n := b.cb.Counts().Requests - counted; n != 0 {
+		t.Fatalf("%d successes of a clear breaker went through gobreaker, want none", n)
+	}
+	for range breakerTrips {
+		_, _ = b.do(ctx, fail)
+	}
+	calls := 0
+	if _, err := b.do(ctx, func() (bool, error) { calls++; return true, nil }); calls != 0 || !errors.Is(err, backend.ErrUnavailable) {
+		t.Fatalf("after %d failures in a row: %v with %d calls, want open", breakerTrips, err, calls)
+	}
+}
+
+// The cost of a decision's pass through a closed breaker.
+func BenchmarkBreakerClosed(b *testing.B) {
+	br := newBreaker(zap.NewNop(), time.Hour)
+	ctx := context.Background()
+	call := func() (bool, error) { return true, nil }
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if ok, err := br.do(ctx, call); !ok || err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
 // A Redis that does not answer costs the first requests their timeout,
 // then the breaker answers at once.
 func TestModuleBreakerOnDeadRedis(t *testing.T) {

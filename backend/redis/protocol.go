@@ -195,13 +195,28 @@ const (
 
 // Mode modeMany sends each zone's arguments once per call: after the
 // header, the number of zones (manyZonesArgs), then zoneArgs arguments per
-// zone, the table the keys refer to; then, per request, its number of keys
-// (manyCountArgs) and manyKeyArgs arguments per key. KEYS holds the
+// zone, the table the keys refer to; then each request, its head
+// (manyHeadArgs) and what the head says follows. KEYS holds the
 // requests' keys in the same order. A zone is a zoneConf and a p1: a
 // calendar window's p1 is the caller's (keyArgP1).
+//
+// The head is either the request's number of keys, n, followed by
+// manyKeyArgs arguments per key; or, for a request of one key without a
+// reservation, one string standing for all of them, "<zone><x1><cost>":
+// the place of the key's zone, manyHeadCounted or manyHeadShadow, and the
+// cost, in decimal. Redis makes an object of every argument and the
+// script a string of it, about 1k instructions each, more than the rest
+// of a plain decision's arguments cost: most requests are of one key, of
+// a few zones and of one cost, so their heads are few strings, which the
+// store makes once (compactHeads) and the script reads once (headOf).
 const (
 	manyZonesArgs = 1
-	manyCountArgs = 1
+	manyHeadArgs  = 1
+	// manyHeadCounted and manyHeadShadow are a one-key head's x1,
+	// decideCounted and decideShadow: letters, so that the head is not
+	// a number.
+	manyHeadCounted = "c"
+	manyHeadShadow  = "s"
 )
 
 // One zone's arguments in mode modeMany: the zone's arguments of

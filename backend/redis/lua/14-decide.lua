@@ -135,9 +135,9 @@ end
 -- absent or written under the zone's current policy (its value ends with
 -- meta, so no policy change rebases it), or a small log of single units
 -- (logPlainRead). It reads the request's n keys, KEYS[k0 + 1] on, and their
--- arguments, ARGV[o + MANY_COUNT_ARGS + 1] on, and writes the decision
--- from out[at + 1] on; zones holds the zones read so far, zoneAt reads
--- one. That is most decisions, and decideKeys's tables (the arguments,
+-- arguments, which decideMany puts in zs, costs, x1s and x2s (their zones,
+-- costs, x1 and x2; zis the zones' places), and writes the decision from
+-- out[at + 1] on. That is most decisions, and decideKeys's tables (the arguments,
 -- the states, each result and taken state) cost more than a GET and a
 -- SET: this keeps the numbers in locals and scratch tables (kept from
 -- call to call), with the arithmetic of bucketDecide and bucketTake, of
@@ -145,21 +145,15 @@ end
 -- (logTake and logKeep, logPlainTake and logPlainKeep). It returns
 -- false, having written nothing, for any other request; decideKeys
 -- decides it.
-local zs, ts, counts, costs, shadows, takes = {}, {}, {}, {}, {}, {}
+local zis, zs, costs, x1s, x2s = {}, {}, {}, {}, {}
+local ts, counts, takes = {}, {}, {}
 -- A log's string, base second, stored head, pruned head and events
 -- (logPlainRead, 07-slidinglog.lua).
 local raws, ds, h0s, hs, ns = {}, {}, {}, {}, {}
-local function decidePlain(zones, zoneAt, k0, o, n, out, at)
-	-- The arguments, all of them before any key is read, as decideMany
-	-- reads them for decideKeys.
+local function decidePlain(k0, n, out, at)
 	for i = 1, n do
-		local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
-		local za, ca = ARGV[b + MANY_KEY_ZONE], ARGV[b + MANY_KEY_COST]
-		za = numOf[za] or num(za)
-		local z = zones[za] or zoneAt(za)
-		if not (z.meta or z.plainLog) or ARGV[b + MANY_KEY_X2] ~= '' then return false end
-		zs[i], costs[i] = z, numOf[ca] or num(ca)
-		shadows[i] = ARGV[b + MANY_KEY_X1] == DECIDE_SHADOW
+		local z = zs[i]
+		if not (z.meta or z.plainLog) or x2s[i] ~= '' then return false end
 	end
 	-- The states, as load, parse and rel read them: ts[i] the time (a
 	-- bucket's tat, a window's start; nil: none), counts[i] a window's
@@ -256,7 +250,7 @@ local function decidePlain(zones, zoneAt, k0, o, n, out, at)
 			ts[i], counts[i] = start, count + cost
 		end
 		takes[i] = ok == 1 and cost > 0
-		if ok == 0 and not shadows[i] then allowed = false end
+		if ok == 0 and x1s[i] ~= DECIDE_SHADOW then allowed = false end
 		local b = at + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES
 		out[b + KEY_REPLY_ALLOWED] = ok
 		out[b + KEY_REPLY_LIMIT] = limit

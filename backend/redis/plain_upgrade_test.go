@@ -22,13 +22,16 @@ import (
 
 // beforePlain is the last commit whose script decided every batched
 // request in decideKeys, with the same protocol but for the head of a
-// request of modeMany (headNames).
+// request of modeMany and the short decision (manyNames).
 const beforePlain = "4d198b3"
 
-// headNames are the protocol's names that beforePlain's script lacks or
+// manyNames are the protocol's names that beforePlain's script lacks or
 // names otherwise: its head of a request of modeMany was always the
-// number of keys (manyCountArgs), which oldHeads turns every head into.
-var headNames = map[string]bool{"MANY_COUNT_ARGS": true, "MANY_HEAD_ARGS": true, "MANY_HEAD_COUNTED": true, "MANY_HEAD_SHADOW": true}
+// number of keys (manyCountArgs), which oldHeads turns every head into,
+// and it never replies a short decision, where the store reads a full one
+// alike.
+var manyNames = map[string]bool{"MANY_COUNT_ARGS": true, "MANY_HEAD_ARGS": true, "MANY_HEAD_COUNTED": true, "MANY_HEAD_SHADOW": true,
+	"SHORT_REMAINING": true, "SHORT_RESET": true, "SHORT_VALUES": true}
 
 // oldHeads is Lua that turns the arguments of a call (argv) into the
 // protocol of beforePlain: a head that stands for a request of one key
@@ -77,7 +80,7 @@ func scriptAt(t *testing.T, commit string) (src, lib, hash, name string) {
 	}
 	for _, q := range []luasrc.Protocol{p, protocol} {
 		for k := range q {
-			if p[k] != protocol[k] && !headNames[k] {
+			if p[k] != protocol[k] && !manyNames[k] {
 				t.Fatalf("the script of %s speaks another protocol: %s is %q, here %q", commit, k, p[k], protocol[k])
 			}
 		}

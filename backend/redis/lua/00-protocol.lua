@@ -204,7 +204,8 @@ local MANY_KEY_ARGS = 4
 
 -- The reply of a decision (MODE_DECIDE, MODE_DECIDE_UNDOABLE, MODE_PEEK): the
 -- clock, then the decision. MODE_MANY replies the clock, then per request
--- its decision or an error message alone (a string).
+-- its decision, its short decision (SHORT_VALUES) or an error message
+-- alone (a string).
 -- REPLY_NOW_SECONDS and REPLY_NOW_NANOS are the clock the script decided
 -- at, Unix seconds and nanoseconds within the second.
 local REPLY_NOW_SECONDS = 1
@@ -247,6 +248,18 @@ local KEY_REPLY_DELAY = 6 -- ns, KIND_QUEUE
 local KEY_REPLY_LOGGED = 7
 -- KEY_REPLY_VALUES is the number of one key's values.
 local KEY_REPLY_VALUES = 7
+
+-- A short decision: MODE_MANY's decision of a request of one key that the
+-- key allowed with its zone's p2 (KEY_ARG_P2) as the limit and no retry,
+-- delay or logged time, as most are. The reply of each value costs Redis
+-- and the script about 0.8k instructions (packed, more as an array): the
+-- rest follow from these and from the call.
+-- SHORT_REMAINING is -1 minus the units remaining: negative, where a
+-- decision's first value (DECISION_ALLOWED) is 1 or 0.
+local SHORT_REMAINING = 1
+local SHORT_RESET = 2 -- ns
+-- SHORT_VALUES is the number of a short decision's values.
+local SHORT_VALUES = 2
 
 -- What an undo needs of one key: MODE_DECIDE_UNDOABLE replies it after the
 -- keys' values, and MODE_UNDO takes it back as arguments after the keys'

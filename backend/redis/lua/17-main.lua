@@ -34,7 +34,8 @@ end
 -- read by head), then, unless the head stands for the whole request, its
 -- MANY_KEY_ARGS per key; KEYS holds the requests' keys in the same order.
 -- The reply is the clock, then per request its decision as in MODE_DECIDE
--- (without the clock), or an error message alone: a request that fails
+-- (without the clock), short if it is one (shorten), or an error message
+-- alone: a request that fails
 -- (its arguments or its keys, read or decided) does not fail the others.
 -- When none failed, the reply is packed.
 local function decideMany()
@@ -83,6 +84,7 @@ local function decideMany()
 						x1 = x1s[i], x2 = x2s[i]}, mts[zis[i]])
 				end
 				decideKeys(args, false, out, at)
+				if n == 1 then shorten(out, at, zs[1].p2) end
 			end
 			k0 = k0 + n
 			o = o + h[2]

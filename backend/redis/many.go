@@ -20,9 +20,9 @@ var (
 		}
 		return
 	}()
-	// compactHeads holds the one-key heads (manyHeadCounted) of the
-	// first zones of a call's table and the costs below compactCosts,
-	// counted and shadow.
+	// compactHeads holds the heads that stand for a request of one key
+	// (protocol.go) of each of the first zones of a call's table and
+	// each cost below compactCosts, counted and shadow.
 	compactHeads = func() (h [len(zoneIndex)][compactCosts][2]string) {
 		for z := range h {
 			for c := range h[z] {

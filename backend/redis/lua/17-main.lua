@@ -35,9 +35,9 @@ end
 -- MANY_KEY_ARGS per key; KEYS holds the requests' keys in the same order.
 -- The reply is the clock, then per request its decision as in MODE_DECIDE
 -- (without the clock), short if it is one (shorten), or an error message
--- alone: a request that fails
--- (its arguments or its keys, read or decided) does not fail the others.
--- When none failed, the reply is packed.
+-- alone: a request that fails (its arguments or its keys, read or
+-- decided) does not fail the others. When none failed, the reply is
+-- packed.
 local function decideMany()
 	local out = {NS, NN} -- REPLY_NOW_SECONDS, REPLY_NOW_NANOS
 	local z0 = HEADER_ARGS + MANY_ZONES_ARGS -- the arguments before the zones'
@@ -60,7 +60,7 @@ local function decideMany()
 	-- goes on from the next.
 	local function decideFrom()
 		while o < last do
-			local hs = ARGV[o + 1]
+			local hs = ARGV[o + MANY_HEAD_ARGS]
 			local h = headOf[hs] or head(hs)
 			local n, zi = h[1], h[3]
 			at = #out
@@ -99,7 +99,7 @@ local function decideMany()
 		for j = #out, at + 1, -1 do out[j] = nil end
 		if type(err) == 'table' then err = err.err end
 		out[at + 1] = tostring(err)
-		local hs = ARGV[o + 1]
+		local hs = ARGV[o + MANY_HEAD_ARGS]
 		local h = headOf[hs] or head(hs)
 		k0 = k0 + h[1]
 		o = o + h[2]

@@ -450,6 +450,31 @@ func parseBatch(cmd *goredis.Cmd, live []*pending) error {
 			o++
 			continue
 		}
+		first, err := r.num(o)
+		if err != nil {
+			return err
+		}
+		if first < 0 {
+			var v [shortValues]int64
+			if len(p.items) != 1 {
+				return fmt.Errorf("script answered a short decision for %d keys", len(p.items))
+			}
+			if o+len(v) > r.n {
+				return tooFew()
+			}
+			for i := range v {
+				if v[i], err = r.num(o + i); err != nil {
+					return err
+				}
+			}
+			o += len(v)
+			p.allowed = true
+			if p.results[0], err = shortResult(v[:], p.items[0].conf, at); err != nil {
+				return err
+			}
+			p.items[0].logged = at
+			continue
+		}
 		var small [decisionHeadValues + keyReplyValues*4]int64 // up to four keys without an allocation
 		n := decisionLen(len(p.items))
 		if o+n > r.n {

@@ -21,7 +21,7 @@ import (
 // plainCall is the line of decideMany that hands a request to
 // decidePlain; genericScript is the script with that line sending every
 // request to decideKeys.
-const plainCall = "if not decidePlain(zones, zoneAt, k0, o, n, out, at) then"
+const plainCall = "if not decidePlain(k0, n, out, at) then"
 
 func genericScript(t *testing.T, src string) string {
 	t.Helper()

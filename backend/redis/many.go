@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"slices"
+	"strconv"
 
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -19,7 +20,24 @@ var (
 		}
 		return
 	}()
+	// compactHeads holds the heads that stand for a request of one key
+	// (protocol.go) of each of the first zones of a call's table and
+	// each cost below compactCosts, counted and shadow.
+	compactHeads = func() (h [len(zoneIndex)][compactCosts][2]string) {
+		for z := range h {
+			for c := range h[z] {
+				for i, x1 := range [2]string{manyHeadCounted, manyHeadShadow} {
+					h[z][c][i] = strconv.Itoa(z+1) + x1 + strconv.Itoa(c)
+				}
+			}
+		}
+		return
+	}()
 )
+
+// compactCosts bounds the costs of compactHeads: a route's cost is
+// mostly 1, or another small constant.
+const compactCosts = 64
 
 // manyZone is one zone of a modeMany call's table: a conf, with the p1
 // of its keys (a calendar window's is the caller's; nil: the conf's).
@@ -31,8 +49,9 @@ type manyZone struct {
 // manyCmd appends to buf the script call (modeMany) that decides the
 // requests of live, each on its own, and returns it: the keys, the
 // header, the table of the zones the keys belong to (each zone's
-// arguments sent once), then each request's key count and keys, each
-// naming its zone by its place in the table.
+// arguments sent once), then each request: one head that stands for it,
+// or its key count and keys, each naming its zone by its place in the
+// table.
 func (s *Store) manyCmd(ctx context.Context, live []*pending, buf []any) (*goredis.Cmd, []any) {
 	var small [8]manyZone // the zones of a batch are few
 	zones := small[:0]
@@ -75,7 +94,11 @@ func (s *Store) manyCmd(ctx context.Context, live []*pending, buf []any) (*gored
 		args = append(args, a[:]...)
 	}
 	for _, p := range live {
-		args = slices.Grow(args, manyCountArgs+len(p.items)*manyKeyArgs)
+		if h := compactHead(zones, p.items); h != nil {
+			args = append(args, h)
+			continue
+		}
+		args = slices.Grow(args, manyHeadArgs+len(p.items)*manyKeyArgs)
 		args = append(args, len(p.items))
 		for i := range p.items {
 			it := &p.items[i]
@@ -98,6 +121,25 @@ func (s *Store) manyCmd(ctx context.Context, live []*pending, buf []any) (*gored
 		}
 	}
 	return goredis.NewCmd(ctx, args...), args
+}
+
+// compactHead is the head that stands for the whole request of items, a
+// *string (go-redis writes it without boxing it); nil when there is
+// none and the request goes as its keys' arguments.
+func compactHead(zones []manyZone, items []item) *string {
+	if len(items) != 1 {
+		return nil
+	}
+	it := &items[0]
+	z := zoneOf(zones, it)
+	if z > len(compactHeads) || it.cost < 0 || it.cost >= compactCosts || it.resv != "" {
+		return nil
+	}
+	x1 := 0
+	if it.shadow {
+		x1 = 1
+	}
+	return &compactHeads[z-1][it.cost][x1]
 }
 
 // zoneOf is the place of it's zone in zones, from 1; 0 when it is not

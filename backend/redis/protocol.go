@@ -2,7 +2,9 @@ package redis
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
+	"strconv"
 
 	"github.com/sluicehq/sluice/algorithms"
 )
@@ -195,13 +197,28 @@ const (
 
 // Mode modeMany sends each zone's arguments once per call: after the
 // header, the number of zones (manyZonesArgs), then zoneArgs arguments per
-// zone, the table the keys refer to; then, per request, its number of keys
-// (manyCountArgs) and manyKeyArgs arguments per key. KEYS holds the
+// zone, the table the keys refer to; then each request, its head
+// (manyHeadArgs) and what the head says follows. KEYS holds the
 // requests' keys in the same order. A zone is a zoneConf and a p1: a
 // calendar window's p1 is the caller's (keyArgP1).
+//
+// The head is either the request's number of keys, n, followed by
+// manyKeyArgs arguments per key; or, for a request of one key without a
+// reservation, one string standing for all of them, "<zone><x1><cost>":
+// the place of the key's zone, manyHeadCounted or manyHeadShadow, and the
+// cost, in decimal. Redis makes an object of every argument and the
+// script a string of it, about 1k instructions each, more than the rest
+// of a plain decision's arguments cost: most requests are of one key, of
+// a few zones and of one cost, so their heads are few strings, which the
+// store makes once (compactHeads) and the script reads once (headOf).
 const (
 	manyZonesArgs = 1
-	manyCountArgs = 1
+	manyHeadArgs  = 1
+	// manyHeadCounted and manyHeadShadow are a one-key head's x1,
+	// decideCounted and decideShadow: letters, so that the head is not
+	// a number.
+	manyHeadCounted = "c"
+	manyHeadShadow  = "s"
 )
 
 // One zone's arguments in mode modeMany: the zone's arguments of
@@ -231,7 +248,8 @@ const (
 
 // The reply of a decision (modeDecide, modeDecideUndoable, modePeek): the
 // clock, then the decision. modeMany replies the clock, then per request
-// its decision or an error message alone (a string).
+// its decision, its short decision (shortValues) or an error message
+// alone (a string).
 const (
 	// replyNowSeconds and replyNowNanos are the clock the script decided
 	// at, Unix seconds and nanoseconds within the second.
@@ -283,6 +301,20 @@ const (
 	keyReplyValues = 7
 )
 
+// A short decision: modeMany's decision of a request of one key that the
+// key allowed with its zone's p2 (keyArgP2) as the limit and no retry,
+// delay or logged time, as most are. The reply of each value costs Redis
+// and the script about 0.8k instructions (packed, more as an array): the
+// rest follow from these and from the call.
+const (
+	// shortRemaining is -1 minus the units remaining: negative, where a
+	// decision's first value (decisionAllowed) is 1 or 0.
+	shortRemaining = 1
+	shortReset     = 2 // ns
+	// shortValues is the number of a short decision's values.
+	shortValues = 2
+)
+
 // What an undo needs of one key: modeDecideUndoable replies it after the
 // keys' values, and modeUndo takes it back as arguments after the keys'
 // arguments, undoValues per key.
@@ -311,6 +343,22 @@ func replyClock(v []int64) int64 { return v[replyNowSeconds-1]*1e9 + v[replyNowN
 // packedValue reads the packed value (replyPackedBytes) that b starts with.
 func packedValue(b string) int64 {
 	return int64(math.Float64frombits(binary.LittleEndian.Uint64([]byte(b[:replyPackedBytes]))))
+}
+
+// shortResult reads a short decision (from its first value, v) of a key
+// of the zone conf, made at at.
+func shortResult(v []int64, conf *zoneConf, at int64) (algorithms.Result, error) {
+	limit, err := strconv.ParseInt(conf.p2, 10, 64)
+	if err != nil {
+		return algorithms.Result{}, fmt.Errorf("short decision of a limit %q", conf.p2)
+	}
+	return algorithms.Result{
+		Allowed:    true,
+		Limit:      limit,
+		Remaining:  -1 - v[shortRemaining-1],
+		ResetAfter: v[shortReset-1],
+		At:         at,
+	}, nil
 }
 
 // keyResult reads key k's values of decision d (from its first value), a

@@ -159,12 +159,27 @@ local DECIDE_COUNTED = "0"
 
 -- Mode MODE_MANY sends each zone's arguments once per call: after the
 -- header, the number of zones (MANY_ZONES_ARGS), then ZONE_ARGS arguments per
--- zone, the table the keys refer to; then, per request, its number of keys
--- (MANY_COUNT_ARGS) and MANY_KEY_ARGS arguments per key. KEYS holds the
+-- zone, the table the keys refer to; then each request, its head
+-- (MANY_HEAD_ARGS) and what the head says follows. KEYS holds the
 -- requests' keys in the same order. A zone is a zoneConf and a p1: a
 -- calendar window's p1 is the caller's (KEY_ARG_P1).
+--
+-- The head is either the request's number of keys, n, followed by
+-- MANY_KEY_ARGS arguments per key; or, for a request of one key without a
+-- reservation, one string standing for all of them, "<zone><x1><cost>":
+-- the place of the key's zone, MANY_HEAD_COUNTED or MANY_HEAD_SHADOW, and the
+-- cost, in decimal. Redis makes an object of every argument and the
+-- script a string of it, about 1k instructions each, more than the rest
+-- of a plain decision's arguments cost: most requests are of one key, of
+-- a few zones and of one cost, so their heads are few strings, which the
+-- store makes once (compactHeads) and the script reads once (headOf).
 local MANY_ZONES_ARGS = 1
-local MANY_COUNT_ARGS = 1
+local MANY_HEAD_ARGS = 1
+-- MANY_HEAD_COUNTED and MANY_HEAD_SHADOW are a one-key head's x1,
+-- DECIDE_COUNTED and DECIDE_SHADOW: letters, so that the head is not
+-- a number.
+local MANY_HEAD_COUNTED = "c"
+local MANY_HEAD_SHADOW = "s"
 
 -- One zone's arguments in mode MODE_MANY: the zone's arguments of
 -- KEY_ARG_KIND to KEY_ARG_LOCKOUT, the request's left out.
@@ -189,7 +204,8 @@ local MANY_KEY_ARGS = 4
 
 -- The reply of a decision (MODE_DECIDE, MODE_DECIDE_UNDOABLE, MODE_PEEK): the
 -- clock, then the decision. MODE_MANY replies the clock, then per request
--- its decision or an error message alone (a string).
+-- its decision, its short decision (SHORT_VALUES) or an error message
+-- alone (a string).
 -- REPLY_NOW_SECONDS and REPLY_NOW_NANOS are the clock the script decided
 -- at, Unix seconds and nanoseconds within the second.
 local REPLY_NOW_SECONDS = 1
@@ -232,6 +248,18 @@ local KEY_REPLY_DELAY = 6 -- ns, KIND_QUEUE
 local KEY_REPLY_LOGGED = 7
 -- KEY_REPLY_VALUES is the number of one key's values.
 local KEY_REPLY_VALUES = 7
+
+-- A short decision: MODE_MANY's decision of a request of one key that the
+-- key allowed with its zone's p2 (KEY_ARG_P2) as the limit and no retry,
+-- delay or logged time, as most are. The reply of each value costs Redis
+-- and the script about 0.8k instructions (packed, more as an array): the
+-- rest follow from these and from the call.
+-- SHORT_REMAINING is -1 minus the units remaining: negative, where a
+-- decision's first value (DECISION_ALLOWED) is 1 or 0.
+local SHORT_REMAINING = 1
+local SHORT_RESET = 2 -- ns
+-- SHORT_VALUES is the number of a short decision's values.
+local SHORT_VALUES = 2
 
 -- What an undo needs of one key: MODE_DECIDE_UNDOABLE replies it after the
 -- keys' values, and MODE_UNDO takes it back as arguments after the keys'

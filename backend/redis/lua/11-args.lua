@@ -66,3 +66,30 @@ local function zoneArgs(o)
 	z.plainLog = z.kind == KIND_LOG and z.from == '' and z.lk == ''
 	return z
 end
+
+-- head reads the head of a request of MODE_MANY (MANY_HEAD_ARGS): its
+-- number of keys n and of arguments, head included; for a head that
+-- stands for a request of one key, also the place of its zone, its cost
+-- and its x1. headOf[s] or head(s) is head(s): the table is the same
+-- for every request with that head, and read-only.
+local function head(s)
+	local h
+	local zi, x1, cost = string.match(s, '^(%d+)(%a)(%d+)$')
+	if zi then
+		if x1 == MANY_HEAD_COUNTED then
+			x1 = DECIDE_COUNTED
+		elseif x1 == MANY_HEAD_SHADOW then
+			x1 = DECIDE_SHADOW
+		else
+			error('bad request head ' .. s)
+		end
+		h = {1, MANY_HEAD_ARGS, tonumber(zi), tonumber(cost), x1}
+	else
+		local n = tonumber(s)
+		if not n then error('bad request head ' .. s) end
+		h = {n, MANY_HEAD_ARGS + n * MANY_KEY_ARGS}
+	end
+	memoRoom()
+	headOf[s] = h
+	return h
+end

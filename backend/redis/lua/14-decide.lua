@@ -109,6 +109,30 @@ local function decideKeys(args, undo, out, o)
 	end
 end
 
+-- shorten rewrites the decision of one key at out[at + 1] on as a short
+-- decision (SHORT_VALUES) when it is one: allowed by the key, with the
+-- zone's p2 as the limit, no retry, delay or logged time.
+local function shorten(out, at, p2)
+	local b = at + DECISION_HEAD_VALUES
+	if out[at + DECISION_ALLOWED] == 1 and out[b + KEY_REPLY_ALLOWED] == 1 and out[b + KEY_REPLY_LIMIT] == p2
+		and out[b + KEY_REPLY_RETRY] == 0 and out[b + KEY_REPLY_DELAY] == 0 and out[b + KEY_REPLY_LOGGED] == 0 then
+		local left, reset = out[b + KEY_REPLY_REMAINING], out[b + KEY_REPLY_RESET]
+		for j = b + KEY_REPLY_VALUES, at + 1, -1 do out[j] = nil end
+		out[at + SHORT_REMAINING], out[at + SHORT_RESET] = -1 - left, reset
+	end
+end
+
+-- keyOut writes a key's values of a decision from out[b + 1] on.
+local function keyOut(out, b, ok, limit, left, retry, reset, logged)
+	out[b + KEY_REPLY_ALLOWED] = ok
+	out[b + KEY_REPLY_LIMIT] = limit
+	out[b + KEY_REPLY_REMAINING] = left
+	out[b + KEY_REPLY_RETRY] = retry
+	out[b + KEY_REPLY_RESET] = reset
+	out[b + KEY_REPLY_DELAY] = 0
+	out[b + KEY_REPLY_LOGGED] = logged
+end
+
 -- absStr is abs(t), from the strings of its numbers.
 local function absStr(t)
 	local sec, ns = absOf(t)
@@ -135,31 +159,26 @@ end
 -- absent or written under the zone's current policy (its value ends with
 -- meta, so no policy change rebases it), or a small log of single units
 -- (logPlainRead). It reads the request's n keys, KEYS[k0 + 1] on, and their
--- arguments, ARGV[o + MANY_COUNT_ARGS + 1] on, and writes the decision
--- from out[at + 1] on; zones holds the zones read so far, zoneAt reads
--- one. That is most decisions, and decideKeys's tables (the arguments,
+-- arguments, which decideMany puts in zs, costs, x1s and x2s (their zones,
+-- costs, x1 and x2; zis the zones' places), and writes the decision from
+-- out[at + 1] on. That is most decisions, and decideKeys's tables (the arguments,
 -- the states, each result and taken state) cost more than a GET and a
 -- SET: this keeps the numbers in locals and scratch tables (kept from
 -- call to call), with the arithmetic of bucketDecide and bucketTake, of
 -- windowDecide and windowTake, of logDecide, and of store written out
 -- (logTake and logKeep, logPlainTake and logPlainKeep). It returns
 -- false, having written nothing, for any other request; decideKeys
--- decides it.
-local zs, ts, counts, costs, shadows, takes = {}, {}, {}, {}, {}, {}
+-- decides it. The decision of one key is written short when it is one
+-- (shorten), as decideMany writes decideKeys's.
+local zis, zs, costs, x1s, x2s = {}, {}, {}, {}, {}
+local ts, counts, takes = {}, {}, {}
 -- A log's string, base second, stored head, pruned head and events
 -- (logPlainRead, 07-slidinglog.lua).
 local raws, ds, h0s, hs, ns = {}, {}, {}, {}, {}
-local function decidePlain(zones, zoneAt, k0, o, n, out, at)
-	-- The arguments, all of them before any key is read, as decideMany
-	-- reads them for decideKeys.
+local function decidePlain(k0, n, out, at)
 	for i = 1, n do
-		local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
-		local za, ca = ARGV[b + MANY_KEY_ZONE], ARGV[b + MANY_KEY_COST]
-		za = numOf[za] or num(za)
-		local z = zones[za] or zoneAt(za)
-		if not (z.meta or z.plainLog) or ARGV[b + MANY_KEY_X2] ~= '' then return false end
-		zs[i], costs[i] = z, numOf[ca] or num(ca)
-		shadows[i] = ARGV[b + MANY_KEY_X1] == DECIDE_SHADOW
+		local z = zs[i]
+		if not (z.meta or z.plainLog) or x2s[i] ~= '' then return false end
 	end
 	-- The states, as load, parse and rel read them: ts[i] the time (a
 	-- bucket's tat, a window's start; nil: none), counts[i] a window's
@@ -201,6 +220,9 @@ local function decidePlain(zones, zoneAt, k0, o, n, out, at)
 	-- The decisions; takes[i] tells whether the key takes, ts[i] and
 	-- counts[i] become the state it would write.
 	local allowed, fits = true, true
+	-- A request of one key writes its decision once its logged time is
+	-- known, from these.
+	local ok1, limit1, left1, retry1, reset1, logged1
 	out[at + DECISION_ALLOWED] = 1
 	for i = 1, n do
 		local z, t, cost = zs[i], ts[i], costs[i]
@@ -256,15 +278,12 @@ local function decidePlain(zones, zoneAt, k0, o, n, out, at)
 			ts[i], counts[i] = start, count + cost
 		end
 		takes[i] = ok == 1 and cost > 0
-		if ok == 0 and not shadows[i] then allowed = false end
-		local b = at + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES
-		out[b + KEY_REPLY_ALLOWED] = ok
-		out[b + KEY_REPLY_LIMIT] = limit
-		out[b + KEY_REPLY_REMAINING] = left
-		out[b + KEY_REPLY_RETRY] = retry
-		out[b + KEY_REPLY_RESET] = reset
-		out[b + KEY_REPLY_DELAY] = 0
-		out[b + KEY_REPLY_LOGGED] = 0
+		if ok == 0 and x1s[i] ~= DECIDE_SHADOW then allowed = false end
+		if n == 1 then
+			ok1, limit1, left1, retry1, reset1, logged1 = ok, limit, left, retry, reset, 0
+		else
+			keyOut(out, at + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES, ok, limit, left, retry, reset, 0)
+		end
 	end
 	if allowed and not fits then return false end
 	if not allowed then out[at + DECISION_ALLOWED] = 0 end
@@ -277,7 +296,11 @@ local function decidePlain(zones, zoneAt, k0, o, n, out, at)
 				local t = ts[i] -- logTake's time: the newest event's if the clock stepped back
 				if not t or t < now then t = now end
 				libL().plainTake(KEYS[k0 + i], z.p1, t, raw, ds[i], hs[i], counts[i], ns[i])
-				out[at + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES + KEY_REPLY_LOGGED] = t - now
+				if n == 1 then
+					logged1 = t - now
+				else
+					out[at + DECISION_HEAD_VALUES + (i - 1) * KEY_REPLY_VALUES + KEY_REPLY_LOGGED] = t - now
+				end
 			elseif raw then
 				libL().plainKeep(KEYS[k0 + i], ds[i], h0s[i], hs[i], counts[i], ns[i], ts[i])
 			end
@@ -293,6 +316,14 @@ local function decidePlain(zones, zoneAt, k0, o, n, out, at)
 			end
 			local ms = px(idle)
 			redis.call('SET', KEYS[k0 + i], v, 'PX', strOf[ms] or str(ms))
+		end
+	end
+	if n == 1 then
+		-- (Allowed, the key's retry is 0 and its limit the zone's p2.)
+		if allowed and ok1 == 1 and logged1 == 0 then
+			out[at + SHORT_REMAINING], out[at + SHORT_RESET] = -1 - left1, reset1
+		else
+			keyOut(out, at + DECISION_HEAD_VALUES, ok1, limit1, left1, retry1, reset1, logged1)
 		end
 	end
 	return true

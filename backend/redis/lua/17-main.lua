@@ -30,12 +30,14 @@ end
 -- decideMany (MODE_MANY) decides each request on its own, all or nothing
 -- over its own keys, in the order given, as if each were a call of its own
 -- at the same instant. After the header come the zones (MANY_ZONES_ARGS,
--- then ZONE_ARGS per zone), then each request: the number of its keys
--- (MANY_COUNT_ARGS) then MANY_KEY_ARGS per key; KEYS holds the requests'
--- keys in the same order. The reply is the clock, then per request its
--- decision as in MODE_DECIDE (without the clock), or an error message
--- alone: a request that fails (its arguments or its keys, read or decided)
--- does not fail the others. When none failed, the reply is packed.
+-- then ZONE_ARGS per zone), then each request: its head (MANY_HEAD_ARGS,
+-- read by head), then, unless the head stands for the whole request, its
+-- MANY_KEY_ARGS per key; KEYS holds the requests' keys in the same order.
+-- The reply is the clock, then per request its decision as in MODE_DECIDE
+-- (without the clock), short if it is one (shorten), or an error message
+-- alone: a request that fails (its arguments or its keys, read or
+-- decided) does not fail the others. When none failed, the reply is
+-- packed.
 local function decideMany()
 	local out = {NS, NN} -- REPLY_NOW_SECONDS, REPLY_NOW_NANOS
 	local z0 = HEADER_ARGS + MANY_ZONES_ARGS -- the arguments before the zones'
@@ -58,23 +60,34 @@ local function decideMany()
 	-- goes on from the next.
 	local function decideFrom()
 		while o < last do
-			local ns = ARGV[o + MANY_COUNT_ARGS]
-			local n = numOf[ns] or num(ns)
+			local hs = ARGV[o + MANY_HEAD_ARGS]
+			local h = headOf[hs] or head(hs)
+			local n, zi = h[1], h[3]
 			at = #out
-			if not decidePlain(zones, zoneAt, k0, o, n, out, at) then
+			-- The arguments, all of them before any key is read, in
+			-- decidePlain's tables.
+			if zi then
+				zis[1], zs[1], costs[1], x1s[1], x2s[1] = zi, zones[zi] or zoneAt(zi), h[4], h[5], ''
+			else
+				for i = 1, n do
+					local b = o + MANY_HEAD_ARGS + (i - 1) * MANY_KEY_ARGS
+					local za, ca = ARGV[b + MANY_KEY_ZONE], ARGV[b + MANY_KEY_COST]
+					za = numOf[za] or num(za)
+					zis[i], zs[i], costs[i] = za, zones[za] or zoneAt(za), numOf[ca] or num(ca)
+					x1s[i], x2s[i] = ARGV[b + MANY_KEY_X1], ARGV[b + MANY_KEY_X2]
+				end
+			end
+			if not decidePlain(k0, n, out, at) then
 				local args = {}
 				for i = 1, n do
-					local b = o + MANY_COUNT_ARGS + (i - 1) * MANY_KEY_ARGS
-					local zi, cost = ARGV[b + MANY_KEY_ZONE], ARGV[b + MANY_KEY_COST]
-					zi, cost = numOf[zi] or num(zi), numOf[cost] or num(cost)
-					if not zones[zi] then zoneAt(zi) end
-					args[i] = setmetatable({key = KEYS[k0 + i], cost = cost,
-						x1 = ARGV[b + MANY_KEY_X1], x2 = ARGV[b + MANY_KEY_X2]}, mts[zi])
+					args[i] = setmetatable({key = KEYS[k0 + i], cost = costs[i],
+						x1 = x1s[i], x2 = x2s[i]}, mts[zis[i]])
 				end
 				decideKeys(args, false, out, at)
+				if n == 1 then shorten(out, at, zs[1].p2) end
 			end
 			k0 = k0 + n
-			o = o + MANY_COUNT_ARGS + n * MANY_KEY_ARGS
+			o = o + h[2]
 		end
 	end
 	local failed = false
@@ -86,9 +99,10 @@ local function decideMany()
 		for j = #out, at + 1, -1 do out[j] = nil end
 		if type(err) == 'table' then err = err.err end
 		out[at + 1] = tostring(err)
-		local n = tonumber(ARGV[o + MANY_COUNT_ARGS])
-		k0 = k0 + n
-		o = o + MANY_COUNT_ARGS + n * MANY_KEY_ARGS
+		local hs = ARGV[o + MANY_HEAD_ARGS]
+		local h = headOf[hs] or head(hs)
+		k0 = k0 + h[1]
+		o = o + h[2]
 	end
 end
 

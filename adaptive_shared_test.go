@@ -16,10 +16,11 @@ import (
 // follows it.
 func TestAdaptiveSharedSlotsFollowTheController(t *testing.T) {
 	redis := redistest.Standalone(t, "")
-	// slot_ttl 1s: the store's renewing goroutine, started by the slots
+	// A 5s timeout: on a busy machine a call may take longer than the
+	// default 100ms. slot_ttl 1s: the store's renewing goroutine, started by the slots
 	// taken below, ends a third of it after they are freed, long before
 	// the tests that count goroutines.
-	nw, ctl := reloadBackedOff(t, `{"backend": {"name": "redis", "addresses": ["`+redis.Addr+`"]}, "rate_limits": {"adapt_shared": {"key": "k", "concurrency": 100, "slot_ttl": "1s", "fail": "local", "adaptive": {"min": 10, "interval": "1s"}}}}`)
+	nw, ctl := reloadBackedOff(t, `{"backend": {"name": "redis", "addresses": ["`+redis.Addr+`"], "timeout": "5s"}, "rate_limits": {"adapt_shared": {"key": "k", "concurrency": 100, "slot_ttl": "1s", "fail": "local", "adaptive": {"min": 10, "interval": "1s"}}}}`)
 	l := nw.plan.zones[0].keyed[0]
 	if l.shared == nil || l.adapt == nil || l.adapt.ctl != ctl {
 		t.Fatal("the limit is not an adaptive limit on shared slots")

@@ -184,7 +184,8 @@ end
 -- and ABSENT_HIGH, and the zone writes first while it is not negative
 -- (more than two in three absent). The choice changes what a request costs
 -- Redis, never its decision, value or expiry.
-local ABSENT_LOW, ABSENT_HIGH = -4, 3
+local ABSENT_LOW = -4
+local ABSENT_HIGH = 3
 local function scoreAbsent(meta, absent)
 	local s = absentScore[meta]
 	if not s then
@@ -253,12 +254,13 @@ local function decidePlain(k0, n, out, at)
 		local z = zs[i]
 		if not (z.meta or z.plainLog) or x2s[i] ~= '' then return false end
 	end
-	-- learn: the zone whose score the key's GET tells (decideAbsent).
-	local learn
+	-- learn: the zone whose score (score) the key's GET tells
+	-- (decideAbsent).
+	local learn, score
 	if n == 1 then
 		local z, cost = zs[1], costs[1]
 		if z.meta and cost > 0 and cost <= z.p2 then
-			local score = absentScore[z.meta]
+			score = absentScore[z.meta]
 			if score and score < 0 then
 				learn = z.meta
 			else
@@ -281,7 +283,8 @@ local function decidePlain(k0, n, out, at)
 			count = count or 0
 		else
 			raw = redis.call('GET', KEYS[k0 + i])
-			if learn then scoreAbsent(learn, not raw) end
+			-- (A present key leaves the lowest score as it is.)
+			if learn and (not raw or score > ABSENT_LOW) then scoreAbsent(learn, not raw) end
 		end
 		if raw then
 			-- A time of 19 digits (from 2001 to 2286), a window's

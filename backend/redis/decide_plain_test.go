@@ -42,24 +42,33 @@ func genericScript(t *testing.T, src string) string {
 // written under another policy, another lineage, a time out of range, a
 // forwarding mark, a key of another type, and logs (logValue) small and
 // large, of each format, with events given back, pruned, in the future,
-// or a base far back. Run by EVAL, and as Functions, whose tables outlive
-// the call.
+// or a base far back; in every other stretch of steps most keys are
+// deleted before their requests, so decidePlain writes first (decideAbsent)
+// then reads first again. Run by EVAL, and as Functions, whose tables
+// outlive the call.
 func TestDecidePlainAsDecideKeys(t *testing.T) {
 	t.Run("script", func(t *testing.T) {
 		testDecidePlain(t, [2][2]any{{"eval", scriptSource}, {"eval", genericScript(t, scriptSource)}})
 	})
 	t.Run("function", func(t *testing.T) {
-		name := functionName + "_decidekeys"
-		lib := genericScript(t, strings.ReplaceAll(functionSource, functionName, name))
-		c := standaloneClient(t)
-		for _, src := range []string{functionSource, lib} {
-			if err := c.Do(context.Background(), "function", "load", "replace", src).Err(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		t.Cleanup(func() { c.Do(context.Background(), "function", "delete", name) })
-		testDecidePlain(t, [2][2]any{{"fcall", functionName}, {"fcall", name}})
+		testDecidePlain(t, [2][2]any{{"fcall", functionName}, {"fcall", loadGeneric(t)}})
 	})
+}
+
+// loadGeneric loads the script as a Function, and as another one (whose
+// name it returns) with decideKeys alone.
+func loadGeneric(t *testing.T) string {
+	t.Helper()
+	name := functionName + "_decidekeys"
+	lib := genericScript(t, strings.ReplaceAll(functionSource, functionName, name))
+	c := standaloneClient(t)
+	for _, src := range []string{functionSource, lib} {
+		if err := c.Do(context.Background(), "function", "load", "replace", src).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { c.Do(context.Background(), "function", "delete", name) })
+	return name
 }
 
 // testDecidePlain runs the calls with heads[0] (FCALL and the function,
@@ -358,15 +367,27 @@ func testDecidePlain(t *testing.T, heads [2][2]any) {
 			}
 			continue
 		}
+		// In every other stretch of steps most keys are absent when a
+		// request of one key reads them, as they are on a server whose
+		// clients come and go: decidePlain writes first (decideAbsent)
+		// while they are, and reads first after a stretch of keys
+		// present, the key of another type among them.
+		cold := step/150%2 == 0
 		live := make([]*pending, 1+rng.IntN(8))
 		for i := range live {
 			reqs := make([]backend.Request, 1+rng.IntN(3))
+			if rng.IntN(2) == 0 {
+				reqs = reqs[:1]
+			}
 			for j := range reqs {
 				zi := rng.IntN(plain)
 				if rng.IntN(8) == 0 {
 					zi = rng.IntN(len(zones))
 				}
 				reqs[j] = backend.Request{Limit: zones[zi], Key: names[rng.IntN(len(names))], Cost: tw.costOf(), Shadow: rng.IntN(6) == 0}
+				if cold && rng.IntN(4) > 0 {
+					both([]any{"del", keyOf(zi, reqs[j].Key)})
+				}
 			}
 			items, _, err := s.resolve(reqs)
 			if err != nil {

@@ -52,12 +52,13 @@ end
 -- number is written (strOf[n] or str(n) is %d). Neither depends on the
 -- call, so a Function keeps them from call to call; they start afresh
 -- past MEMO_MOST numbers. headOf remembers the same way what the head of
--- a request of MODE_MANY reads as (head, 11-args.lua).
+-- a request of MODE_MANY reads as (head, 11-args.lua), and absentScore
+-- how often a zone's keys were absent lately (decidePlain, 14-decide.lua).
 local MEMO_MOST = 4096
-local numOf, strOf, headOf, memoN = {}, {}, {}, 0
+local numOf, strOf, headOf, absentScore, memoN = {}, {}, {}, {}, 0
 local function memoRoom()
 	memoN = memoN + 1
-	if memoN > MEMO_MOST then numOf, strOf, headOf, memoN = {}, {}, {}, 1 end
+	if memoN > MEMO_MOST then numOf, strOf, headOf, absentScore, memoN = {}, {}, {}, {}, 1 end
 end
 local function num(s)
 	local v = tonumber(s)

@@ -153,6 +153,80 @@ local function plainCount(limit, count, cost)
 	return 0, left, nil
 end
 
+-- windowStart is the start of the current window of a zone of fixed
+-- windows, the same for the whole call.
+local function windowStart(z)
+	local start = now - libM().absmod(now, z.p1)
+	z.wstart = start
+	return start
+end
+
+-- plainValue is store's value of a plain bucket's time t, or of a fixed
+-- window's start t and count c, and its expiry in ms.
+local function plainValue(z, t, c)
+	local v, idle
+	if z.kind == KIND_BUCKET then
+		v, idle = absStr(t) .. z.meta, t
+	else
+		v, idle = absStr(t) .. ':' .. (strOf[c] or str(c)) .. z.meta, t + z.p1
+	end
+	local ms = px(idle)
+	return v, strOf[ms] or str(ms)
+end
+
+-- Most keys of most zones are absent when a request reads them (a client's
+-- bucket expires soon after its request): for a request of one such key,
+-- writing the value its absence would write, with SET NX, decides it in
+-- one command instead of a GET and a SET. A key that is there makes the
+-- SET NX a command in vain, so a zone writes first only while most of its
+-- keys were absent lately: absentScore[meta] (01-base.lua) rises by 1 for
+-- each absent key and falls by 2 for each present one, between ABSENT_LOW
+-- and ABSENT_HIGH, and the zone writes first while it is not negative
+-- (more than two in three absent). The choice changes what a request costs
+-- Redis, never its decision, value or expiry.
+local ABSENT_LOW = -4
+local ABSENT_HIGH = 3
+local function scoreAbsent(meta, absent)
+	local s = absentScore[meta]
+	if not s then
+		memoRoom()
+		s = 0
+	end
+	if absent then
+		s = s + 1
+		if s > ABSENT_HIGH then s = ABSENT_HIGH end
+	else
+		s = s - 2
+		if s < ABSENT_LOW then s = ABSENT_LOW end
+	end
+	absentScore[meta] = s
+end
+
+-- decideAbsent decides a request of the one key key, of a plain bucket or
+-- fixed window zone z and a cost 0 < cost <= z.p2, as decidePlain would
+-- were the key absent, and writes that decision from out[at + 1] on if
+-- the key is absent (its value written by SET NX); it returns false,
+-- having written nothing, if the key is there, whatever its type.
+local function decideAbsent(key, z, cost, out, at)
+	local t, c, left, reset
+	if z.kind == KIND_BUCKET then
+		-- bucketDecide and bucketTake of no debt.
+		local T = z.p1
+		local cap, nd = z.p2 * T, cost * T
+		t, reset = now + nd, nd
+		if nd >= cap then left = 0 else left = floordiv(cap - nd, T) end
+	else
+		-- windowDecide and windowTake of the current window, empty.
+		t = z.wstart or windowStart(z)
+		c, left, reset = cost, z.p2 - cost, t + z.p1 - now
+	end
+	local v, ms = plainValue(z, t, c)
+	if not redis.call('SET', key, v, 'PX', ms, 'NX') then return false end
+	out[at + DECISION_ALLOWED] = 1
+	out[at + SHORT_REMAINING], out[at + SHORT_RESET] = -1 - left, reset
+	return true
+end
+
 -- decidePlain decides, as decideKeys would, a request of MODE_MANY whose
 -- keys are all plain buckets, fixed windows or sliding logs: each of a
 -- zone that has meta or plainLog (zoneArgs), without a reservation, and
@@ -180,6 +254,22 @@ local function decidePlain(k0, n, out, at)
 		local z = zs[i]
 		if not (z.meta or z.plainLog) or x2s[i] ~= '' then return false end
 	end
+	-- learn: the zone whose score (score) the key's GET tells
+	-- (decideAbsent).
+	local learn, score
+	if n == 1 then
+		local z, cost = zs[1], costs[1]
+		if z.meta and cost > 0 and cost <= z.p2 then
+			score = absentScore[z.meta]
+			if score and score < 0 then
+				learn = z.meta
+			else
+				local absent = decideAbsent(KEYS[k0 + 1], z, cost, out, at)
+				scoreAbsent(z.meta, absent)
+				if absent then return true end
+			end
+		end
+	end
 	-- The states, as load, parse and rel read them: ts[i] the time (a
 	-- bucket's tat, a window's start; nil: none), counts[i] a window's
 	-- count.
@@ -193,6 +283,8 @@ local function decidePlain(k0, n, out, at)
 			count = count or 0
 		else
 			raw = redis.call('GET', KEYS[k0 + i])
+			-- (A present key leaves the lowest score as it is.)
+			if learn and (not raw or score > ABSENT_LOW) then scoreAbsent(learn, not raw) end
 		end
 		if raw then
 			-- A time of 19 digits (from 2001 to 2286), a window's
@@ -264,11 +356,7 @@ local function decidePlain(k0, n, out, at)
 		else
 			local W, count = z.p1, 0
 			limit = z.p2
-			local start = z.wstart -- the current window's, the same for the call
-			if not start then
-				start = now - libM().absmod(now, W)
-				z.wstart = start
-			end
+			local start = z.wstart or windowStart(z)
 			if t and start <= t then start, count = t, counts[i] end
 			local stop = start + W - now
 			reset = stop
@@ -306,16 +394,8 @@ local function decidePlain(k0, n, out, at)
 			end
 			raws[i] = nil
 		elseif allowed and takes[i] then
-			local t = ts[i]
-			local v, idle
-			if z.kind == KIND_BUCKET then
-				v, idle = absStr(t) .. z.meta, t
-			else
-				local c = counts[i]
-				v, idle = absStr(t) .. ':' .. (strOf[c] or str(c)) .. z.meta, t + z.p1
-			end
-			local ms = px(idle)
-			redis.call('SET', KEYS[k0 + i], v, 'PX', strOf[ms] or str(ms))
+			local v, ms = plainValue(z, ts[i], counts[i])
+			redis.call('SET', KEYS[k0 + i], v, 'PX', ms)
 		end
 	end
 	if n == 1 then

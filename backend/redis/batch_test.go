@@ -536,3 +536,109 @@ func TestBatchExpiredRequestKeepsItsItem(t *testing.T) {
 		t.Fatal("the request that was sent was not decided")
 	}
 }
+
+// After a call of holdMin or more decisions returns with none other in
+// flight, the next call waits for its round: the decisions that arrive
+// queue until holdShare/8 of the returned call's count wait, and then
+// leave together in one call; with fewer, holdFor releases them. A call of
+// fewer than holdMin decisions holds nothing.
+func TestBatchHoldsForTheRound(t *testing.T) {
+	c := standaloneClient(t)
+	s := uncachedStore(t, c, 10*time.Second)
+	z := mustZone(t, s, "round", algorithms.NameTokenBucket, policy(100, time.Hour))
+	ctx := context.Background()
+	if _, err := s.Decide(ctx, []backend.Request{{Limit: z, Key: "warm", Cost: 1}}, make([]algorithms.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	items, _, err := s.resolve([]backend.Request{{Limit: z, Key: "any"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := s.batcherFor(items)
+	queued := func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue)
+	}
+	errs := make(chan error, maxBatch)
+	decide := func(key string) {
+		go func() {
+			ok, err := s.Decide(ctx, []backend.Request{{Limit: z, Key: key, Cost: 1}}, make([]algorithms.Result, 1))
+			if err == nil && !ok {
+				err = errors.New("denied")
+			}
+			errs <- err
+		}()
+	}
+	wait := func(n int) {
+		t.Helper()
+		for range n {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// round makes a call of n decisions return as the batcher's own
+	// would: n queued behind a call in flight, sent, then next. The hold
+	// that the call before left is lifted first.
+	round := func(n int) {
+		t.Helper()
+		b.mu.Lock()
+		b.held = false
+		b.inFlight++
+		b.mu.Unlock()
+		for i := range n {
+			decide("round" + strconv.Itoa(i))
+		}
+		waitQueued(t, queued, n)
+		b.mu.Lock()
+		batch := b.take()
+		b.mu.Unlock()
+		b.next(b.send(batch))
+		wait(n)
+	}
+	calls := func() float64 {
+		n, _ := commandStats(t, c)
+		return n
+	}
+
+	s.holdFor = time.Hour // only the round's count releases the call
+	round(16)
+	target := 16 * holdShare / 8
+	calls0 := calls()
+	for i := range target - 1 {
+		decide("next" + strconv.Itoa(i))
+	}
+	waitQueued(t, queued, target-1)
+	for range 1000 {
+		runtime.Gosched()
+	}
+	if n := queued(); n != target-1 || calls() != calls0 {
+		t.Fatalf("%d queued, %v calls made while held; want %d, none", n, calls()-calls0, target-1)
+	}
+	decide("last")
+	wait(target)
+	if n := calls() - calls0; n != 1 {
+		t.Fatalf("%v calls for the round's %d decisions, want 1", n, target)
+	}
+
+	s.holdFor = time.Millisecond // a round that does not come back
+	round(holdMin)
+	calls0 = calls()
+	decide("alone")
+	wait(1)
+	if n := calls() - calls0; n != 1 {
+		t.Fatalf("%v calls for the held decision, want 1", n)
+	}
+
+	s.holdFor = time.Hour
+	round(holdMin - 1) // too small a call to hold
+	b.mu.Lock()
+	held := b.held
+	b.mu.Unlock()
+	if held {
+		t.Fatalf("held after a call of %d decisions", holdMin-1)
+	}
+	decide("unheld")
+	wait(1)
+}

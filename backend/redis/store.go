@@ -77,6 +77,9 @@ type Store struct {
 	// batchers gathers concurrent decisions into script calls: one per
 	// hash slot on a cluster, else one (slot 0). Empty with NoBatch.
 	batchers sync.Map // uint16 → *batcher
+	// holdFor bounds a held call's wait for its round (batcher.hold):
+	// holdFor, at most a tenth of the timeout.
+	holdFor time.Duration
 
 	mu   sync.Mutex
 	held []held
@@ -122,6 +125,7 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
+	s.holdFor = min(holdFor, s.timeout/10)
 	_, s.cluster = client.(*goredis.ClusterClient)
 	if !opts.NoBatch && opts.pipeline {
 		var err error

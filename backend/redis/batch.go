@@ -95,7 +95,15 @@ const (
 	waiting  uint32 = iota
 	answered        // by its call, or by send when it was not sent
 	expired         // its deadline passed first: its call may still write p
+	left            // its context ended first (expire saw it): likewise
 )
+
+// leftPoll is how often the batcher's timer looks for waiting decisions
+// whose caller's context ended (the client left), while decisions wait.
+// A caller waits on its answer alone: waiting on its context as well made
+// the request context's Done channel and a two-way select, about 0.3 µs
+// of a request's Caddy CPU; a call returns well within this anyway.
+const leftPoll = 10 * time.Millisecond
 
 // pendings holds the pending requests whose callers took their answer; a
 // request abandoned at its deadline is left to the collector, since its
@@ -114,8 +122,11 @@ func (p *pending) settle() {
 // back to the pool when its call is done with it; held reports that its
 // call may still write p's items and results.
 func (p *pending) answer() (allowed bool, err error, held bool) {
-	if p.state.Load() == expired {
+	switch p.state.Load() {
+	case expired:
 		return false, context.DeadlineExceeded, true
+	case left:
+		return false, p.ctx.Err(), true
 	}
 	allowed, err = p.allowed, p.err
 	p.ctx, p.deadline, p.items, p.results, p.allowed, p.err = nil, time.Time{}, nil, nil, false, nil
@@ -217,22 +228,8 @@ func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, 
 	} else {
 		b.mu.Unlock()
 	}
-	select {
-	case <-p.done: // sent by this goroutine (ctx.Done may allocate)
-		return p.answer()
-	default:
-	}
-	select {
-	case <-p.done: // the answer, or the deadline (expire)
-		return p.answer()
-	case <-ctx.Done():
-	}
-	select {
-	case <-p.done: // answered just in time: the answer, not the cancellation
-		return p.answer()
-	default:
-		return false, ctx.Err(), true
-	}
+	<-p.done // the answer, the deadline or the caller's leaving (expire)
+	return p.answer()
 }
 
 // outlives reports whether a request of batch has a deadline after
@@ -248,8 +245,15 @@ func outlives(batch []*pending, deadline time.Time) bool {
 	return false
 }
 
-// watch makes the timer fire by deadline; b.mu is held.
+// watch makes the timer fire by deadline, and within leftPoll; b.mu is
+// held.
 func (b *batcher) watch(deadline time.Time) {
+	if !b.watchAt.IsZero() && !deadline.Before(b.watchAt) {
+		return
+	}
+	if poll := time.Now().Add(leftPoll); poll.Before(deadline) {
+		deadline = poll
+	}
 	if !b.watchAt.IsZero() && !deadline.Before(b.watchAt) {
 		return
 	}
@@ -261,13 +265,15 @@ func (b *batcher) watch(deadline time.Time) {
 	}
 }
 
-// expire answers the waiting decisions whose deadline passed, queued or
-// in flight, and arms the timer for the earliest of the others.
+// expire answers the waiting decisions whose deadline passed or whose
+// caller left, queued or in flight, and arms the timer for the earliest
+// deadline of the others, or leftPoll from now if sooner.
 func (b *batcher) expire() {
 	now := time.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var next time.Time
+	poll := now.Add(leftPoll)
 	check := func(p *pending) {
 		if p.state.Load() != waiting {
 			return
@@ -278,8 +284,18 @@ func (b *batcher) expire() {
 			}
 			return
 		}
-		if next.IsZero() || p.deadline.Before(next) {
-			next = p.deadline
+		if p.ctx.Err() != nil {
+			if p.state.CompareAndSwap(waiting, left) {
+				p.done <- struct{}{}
+			}
+			return
+		}
+		d := p.deadline
+		if poll.Before(d) {
+			d = poll
+		}
+		if next.IsZero() || d.Before(next) {
+			next = d
 		}
 	}
 	for _, p := range b.queue {

@@ -185,8 +185,9 @@ func TestBatchFailingRequestFailsAlone(t *testing.T) {
 	}
 }
 
-// A queued request whose client left returns at once and is never sent;
-// a request queued after it waits for its answer and is decided.
+// A queued request whose client left returns (within leftPoll, when the
+// batcher's timer looks) and is never sent; a request queued after it
+// waits for its answer and is decided.
 func TestBatchDropsRequestWhoseClientLeft(t *testing.T) {
 	c := standaloneClient(t)
 	s := uncachedStore(t, c, time.Minute)

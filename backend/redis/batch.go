@@ -397,17 +397,17 @@ func (b *batcher) sendOn(alone bool) {
 }
 
 // hold makes the next call wait for its round when a call of sent
-// decisions returned with none other in flight and fewer than
-// holdShare/8 of sent queued: claim lets it leave once that many queue,
-// release after holdFor. b.mu is held.
+// decisions returned with none other in flight and at most an eighth of
+// sent queued (the stragglers of the round): claim lets it leave once
+// holdShare eighths of sent queue, release after holdFor. With more
+// queued, the requests were already split in two groups that overlap one
+// call's Redis time with the other's Caddy time, which helps when Redis
+// has a core of its own. b.mu is held.
 func (b *batcher) hold(sent int) {
-	if b.held || b.inFlight > 0 || sent < holdMin {
+	if b.held || b.inFlight > 0 || sent < holdMin || len(b.queue)*8 > sent {
 		return
 	}
 	target := sent * holdShare / 8
-	if len(b.queue) >= target {
-		return
-	}
 	b.held, b.target, b.heldUntil = true, target, time.Now().Add(b.s.holdFor)
 	if b.holdTimer == nil {
 		b.holdTimer = time.AfterFunc(b.s.holdFor, b.release)

@@ -642,4 +642,27 @@ func TestBatchHoldsForTheRound(t *testing.T) {
 	}
 	decide("unheld")
 	wait(1)
+
+	// A call that returns with more than an eighth of its count queued
+	// (two groups of requests taking turns) holds nothing either.
+	b.mu.Lock()
+	b.inFlight++ // the first group's call
+	b.mu.Unlock()
+	for i := range 16 {
+		decide("first" + strconv.Itoa(i))
+	}
+	waitQueued(t, queued, 16)
+	b.mu.Lock()
+	first := b.take()
+	b.mu.Unlock()
+	for i := range 3 {
+		decide("second" + strconv.Itoa(i))
+	}
+	waitQueued(t, queued, 3)
+	calls0 = calls()
+	b.next(b.send(first)) // 3 > 16/8 wait: they leave at once
+	wait(16 + 3)
+	if n := calls() - calls0; n != 2 {
+		t.Fatalf("%v calls for two groups of 16 and 3, want 2", n)
+	}
 }

@@ -88,6 +88,10 @@ type pending struct {
 	// sender go on whether or not the caller still waits.
 	state atomic.Uint32
 	done  chan struct{}
+	// sending is set while the caller sends its own call: it is not
+	// waiting, and takes the call's answer when the call returns, so
+	// expire does not answer it for its context.
+	sending atomic.Bool
 }
 
 // The states of a pending.
@@ -223,7 +227,9 @@ func (b *batcher) decide(ctx context.Context, deadline time.Time, items []item, 
 				b.next(b.send(batch))
 			}()
 		} else {
+			p.sending.Store(true)
 			b.next(b.send(batch))
+			p.sending.Store(false)
 		}
 	} else {
 		b.mu.Unlock()
@@ -284,7 +290,7 @@ func (b *batcher) expire() {
 			}
 			return
 		}
-		if p.ctx.Err() != nil {
+		if !p.sending.Load() && p.ctx.Err() != nil {
 			if p.state.CompareAndSwap(waiting, left) {
 				p.done <- struct{}{}
 			}

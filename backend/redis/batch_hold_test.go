@@ -324,6 +324,22 @@ func decideAsync(ctx context.Context, s *Store, z backend.Limit, key string) <-c
 	return errs
 }
 
+// callOut waits until b has a call in flight.
+func callOut(t *testing.T, b *batcher) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
+		b.mu.Lock()
+		out := len(b.out)
+		b.mu.Unlock()
+		if out == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the call never left")
+		}
+	}
+}
+
 // within returns what errs gives within 2s.
 func within(t *testing.T, errs <-chan error, what string) error {
 	t.Helper()
@@ -406,18 +422,7 @@ func TestBatchClientLeavesWhileCallIsOut(t *testing.T) {
 	waitQueued(t, queued, 1)
 	sent := make(chan struct{})
 	go func() { release(); close(sent) }()
-	b := batcherOf(t, s, z)
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
-		b.mu.Lock()
-		out := len(b.out)
-		b.mu.Unlock()
-		if out == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the call never left")
-		}
-	}
+	callOut(t, batcherOf(t, s, z))
 	cancel()
 	if err := within(t, errs, "the departed client's decision"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("err %v, want the cancellation", err)
@@ -432,5 +437,26 @@ func TestBatchClientLeavesWhileCallIsOut(t *testing.T) {
 	v, err := c.Get(context.Background(), z.(*zone).prefix+"gone}").Result()
 	if f := strings.Split(v, ":"); err != nil || len(f) != 3 || f[1] != "1" {
 		t.Fatalf("the departed client's key holds %q (%v), want a count of 1", v, err)
+	}
+}
+
+// A caller that sends its own call (an idle store) takes that call's
+// answer when it returns, even if its client left meanwhile: the call
+// was decided, and the caller is told what Redis did.
+func TestBatchSenderKeepsItsAnswer(t *testing.T) {
+	c := standaloneClient(t)
+	s := uncachedStore(t, c, time.Minute)
+	z := mustZone(t, s, "sender", algorithms.NameFixedWindow, policy(5, time.Hour))
+	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "warm", Cost: 0}}, make([]algorithms.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	c.AddHook(slowCalls{time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errs := decideAsync(ctx, s, z, "sent")
+	callOut(t, batcherOf(t, s, z))
+	cancel() // while its own call is out, for longer than leftPoll
+	if err := within(t, errs, "the sender's decision"); err != nil {
+		t.Fatalf("err %v, want the call's answer (allowed)", err)
 	}
 }

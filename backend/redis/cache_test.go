@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"sync"
@@ -18,27 +19,46 @@ import (
 )
 
 // callCounter counts the script calls a client sends, pipelined or not.
-type callCounter struct{ n atomic.Int64 }
+// callCounter counts script calls; while fail is set it fails them, as
+// a connection reset would, without reaching Redis.
+type callCounter struct {
+	n    atomic.Int64
+	fail atomic.Bool
+}
 
-func (c *callCounter) count(cmd goredis.Cmder) {
+var errInjected = errors.New("injected: connection reset by peer")
+
+// count counts cmd and reports whether it fails.
+func (c *callCounter) count(cmd goredis.Cmder) bool {
 	if n := cmd.Name(); n == "fcall" || n == "evalsha" || n == "eval" {
 		c.n.Add(1)
+		if c.fail.Load() {
+			cmd.SetErr(errInjected)
+			return true
+		}
 	}
+	return false
 }
 
 func (c *callCounter) DialHook(next goredis.DialHook) goredis.DialHook { return next }
 
 func (c *callCounter) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 	return func(ctx context.Context, cmd goredis.Cmder) error {
-		c.count(cmd)
+		if c.count(cmd) {
+			return errInjected
+		}
 		return next(ctx, cmd)
 	}
 }
 
 func (c *callCounter) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		failed := false
 		for _, cmd := range cmds {
-			c.count(cmd)
+			failed = c.count(cmd) || failed
+		}
+		if failed {
+			return errInjected
 		}
 		return next(ctx, cmds)
 	}
@@ -402,11 +422,21 @@ func TestCacheClearedByFailedCall(t *testing.T) {
 	if r.s.cache.len() != 1 {
 		t.Fatal("the denial was not remembered")
 	}
+	other := backend.Request{Limit: z, Key: "other", Cost: 1}
+	// A caller whose client left fails too, but that says nothing about
+	// Redis: the cache stays, or a client that keeps leaving would empty
+	// it for everyone.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	other := backend.Request{Limit: z, Key: "other", Cost: 1}
-	if _, err := r.s.Decide(ctx, []backend.Request{other}, make([]algorithms.Result, 1)); err == nil {
-		t.Fatal("a call under a cancelled context succeeded")
+	if _, err := r.s.Decide(ctx, []backend.Request{other}, make([]algorithms.Result, 1)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a call under a cancelled context: err %v, want the cancellation", err)
+	}
+	if n := r.s.cache.len(); n != 1 {
+		t.Fatalf("%d keys remembered after a caller left, want 1", n)
+	}
+	r.calls.fail.Store(true)
+	if _, err := r.s.Decide(context.Background(), []backend.Request{other}, make([]algorithms.Result, 1)); !errors.Is(err, errInjected) {
+		t.Fatalf("a failed call: err %v, want the connection's error", err)
 	}
 	if n := r.s.cache.len(); n != 0 {
 		t.Fatalf("%d keys remembered after a failed call, want none", n)

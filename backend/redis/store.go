@@ -521,9 +521,12 @@ func (s *Store) Decide(ctx context.Context, reqs []backend.Request, out []algori
 			s.giveBack(ctx, items, results, gs)
 		}
 		if failed != nil {
-			if s.cache != nil && !failedAlone(failed) {
+			if s.cache != nil && !failedAlone(failed) && ctx.Err() == nil {
 				// Redis may have restarted empty, or failed over to a
 				// replica that missed writes: what it denied may be gone.
+				// A caller whose own context ended (its client left) says
+				// nothing about Redis, and a client that keeps leaving
+				// must not empty the cache for everyone.
 				s.cache.clear()
 			}
 			return false, fmt.Errorf("redis backend: %w", failed)

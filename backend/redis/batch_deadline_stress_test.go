@@ -215,6 +215,13 @@ func TestBatchDeadlineStress(t *testing.T) {
 		}
 	}
 	s.Close()
+	noGoroutinesLeft(t, before)
+}
+
+// noGoroutinesLeft fails t if more goroutines than before still run 3 s
+// from now: a decision or a call left behind.
+func noGoroutinesLeft(t *testing.T, before int) {
+	t.Helper()
 	deadline := time.Now().Add(3 * time.Second)
 	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)

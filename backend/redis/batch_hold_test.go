@@ -262,14 +262,7 @@ func holdStress(t *testing.T, timeout time.Duration) {
 	t.Logf("%d requests (by behaviour %v): %d allowed, %d failed; held at %d of the samples",
 		len(all), counts, allowed, failed, held.Load())
 
-	deadline := time.Now().Add(3 * time.Second)
-	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if g := runtime.NumGoroutine(); g > before {
-		buf := make([]byte, 1<<16)
-		t.Fatalf("%d goroutines before, %d after:\n%s", before, g, buf[:runtime.Stack(buf, true)])
-	}
+	noGoroutinesLeft(t, before)
 }
 
 // roundOf makes a call of n decisions return with none other in flight,

@@ -21,12 +21,13 @@ import (
 // not busy (see hold): a decision that finds no call in flight is sent at
 // once, by its own goroutine, so an idle store adds no latency.
 // Decisions that arrive while a call is in flight wait for it to return
-// and then go together in the next call; when minBatch of them wait and fewer than maxInFlight calls are in
-// flight, they leave at once in a call of their own, written while Redis
-// runs the previous one. So under load a decision waits for at most the
-// calls in flight before its own (more while over maxInFlight × maxBatch
-// decisions wait), never past its deadline, and a call carries one
-// decision only when it has Redis to itself.
+// and then go together in the next call; when minBatch of them wait and
+// fewer than maxInFlight calls are in flight, they leave at once in a call
+// of their own, written while Redis runs the previous one. So under load a
+// decision waits for at most the calls in flight before its own (more
+// while over maxInFlight × maxBatch decisions wait), never past its
+// deadline, and a call carries one decision only when it has Redis to
+// itself.
 //
 // One more rule keeps a busy store's calls full: when a call of many
 // decisions returns, their callers answer their clients and most come
@@ -35,8 +36,8 @@ import (
 // would wait for that small call: under load, calls alternated between
 // nearly all the requests in flight and a handful. So after a call of at
 // least holdMin decisions, with no other in flight, the next call waits
-// until nearly as many decisions queue (holdShare eighths of them) or holdFor
-// passes (see hold). A store that is not that busy never holds.
+// until nearly as many decisions queue (holdShare eighths of them) or
+// holdFor passes (see hold). A store that is not that busy never holds.
 
 // maxBatch bounds the requests of one script call, so that one call does
 // not hold Redis (which runs one script at a time) for long: 64 token

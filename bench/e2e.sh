@@ -11,6 +11,7 @@
 #   shared  wrk on core 1; Caddy and redis-server on core 0
 #   own     Redis on a core of its own (core 1); Caddy and wrk share core 0
 #           (a 2-core machine has no third core)
+# and the same zone with sliding_window ("redis_sliding", shared core only).
 # It prints per configuration: requests/s and the ratio to plain Caddy in
 # the same layout, Caddy CPU µs per request (/proc utime+stime), Redis CPU
 # µs per decision (INFO cpu) and decisions per Redis call (INFO
@@ -145,12 +146,12 @@ for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; slee
 rcli() { redis-cli -p "$rport" "$@"; }
 # Each connection walks its own stride of 10,000 keys, one per request.
 keys=bench/keys.lua
-zone() { # name, rate
+zone() { # name, rate[, algorithm]
 	echo "	rate_limit {
 		zone $1 {
 			by header X-Key
 			rate $2
-			algorithm token_bucket
+			algorithm ${3:-token_bucket}
 		}
 	}"
 }
@@ -169,6 +170,10 @@ backend() { # local_cache
 site plain ""
 site memory "$(zone e2e_memory 1000/1m)"
 site redis "$(zone e2e_redis 1000/1m)" "$(backend on)"
+# The sliding log beside it: Redis's CPU per decision of the two, as the
+# log keeps its events for the window where a bucket that refills is
+# forgotten.
+site redis_sliding "$(zone e2e_sliding 1000/1m sliding_window)" "$(backend on)"
 site keys_1d "$(zone e2e_keys 10000/1d)" "$(backend on)"
 site flood_cache "$(zone e2e_flood 100/1s)" "$(backend on)"
 site flood_nocache "$(zone e2e_flood 100/1s)" "$(backend off)"
@@ -220,7 +225,7 @@ run() {
 median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 col() { awk -v c="$2" '{print $c}' "$tmp/out.$1" | median; } # name.layout, column
 
-runs=("plain shared" "memory shared" "redis shared" "plain own" "memory own" "redis own")
+runs=("plain shared" "memory shared" "redis shared" "redis_sliding shared" "plain own" "memory own" "redis own")
 if [ -n "$before" ]; then runs+=("redis_before shared" "redis_before own"); fi
 # E2E_RUNS picks some of the runs ("name layout" pairs, comma-separated),
 # for more rounds of the ones being compared in the same time.
@@ -236,7 +241,7 @@ for round in $(seq "$rounds"); do
 	done
 done
 
-echo "Medians of $rounds interleaved rounds of ${secs}s, wrk -t1 -c32, 10,000 keys, token_bucket 1000/1m, all allowed."
+echo "Medians of $rounds interleaved rounds of ${secs}s, wrk -t1 -c32, 10,000 keys, token_bucket 1000/1m (redis_sliding: sliding_window), all allowed."
 echo "shared: Caddy and redis-server on core 0, wrk on core 1. own: redis-server on core 1, Caddy and wrk on core 0."
 echo "Throughput ratios are noisy on a machine others use; the CPU figures are per request and steadier."
 echo

@@ -35,7 +35,7 @@ func BenchmarkRedisCPU(b *testing.B) {
 					shape = "pipe"
 				}
 				b.Run(fmt.Sprintf("%s/per_call=%d/%s", alg, per, shape), func(b *testing.B) {
-					benchRedisCPU(b, alg, per, pipe, 10_000)
+					benchRedisCPU(b, alg, per, pipe, 10_000, 1)
 				})
 				// Ten keys that expire an hour late, as a few busy
 				// clients' keys: their values are there when read
@@ -43,7 +43,15 @@ func BenchmarkRedisCPU(b *testing.B) {
 				// decideAbsent).
 				if alg == algorithms.NameTokenBucket {
 					b.Run(fmt.Sprintf("%s/hot/per_call=%d/%s", alg, per, shape), func(b *testing.B) {
-						benchRedisCPU(b, alg, per, pipe, 10)
+						benchRedisCPU(b, alg, per, pipe, 10, 1)
+					})
+				}
+				// Logs of 150 events and more, as a log holds after a
+				// minute of a few requests a second (the end-to-end
+				// bench's, at 1000/1m): each event logged copies them.
+				if alg == algorithms.NameSlidingWindow {
+					b.Run(fmt.Sprintf("%s/full/per_call=%d/%s", alg, per, shape), func(b *testing.B) {
+						benchRedisCPU(b, alg, per, pipe, 64, 150)
 					})
 				}
 			}
@@ -51,7 +59,10 @@ func BenchmarkRedisCPU(b *testing.B) {
 	}
 }
 
-func benchRedisCPU(b *testing.B, alg string, per, pipe, keys int) {
+// benchRedisCPU decides per requests a call, pipe calls at once, over
+// keys keys in turn, each of which has taken fill requests before the
+// count.
+func benchRedisCPU(b *testing.B, alg string, per, pipe, keys, fill int) {
 	addr := os.Getenv("SLUICE_BENCH_REDIS")
 	if addr == "" {
 		addr = standalone(b)
@@ -104,7 +115,7 @@ func benchRedisCPU(b *testing.B, alg string, per, pipe, keys int) {
 		}
 	}
 	// Warm up: the function (or script) is loaded, and every key exists.
-	for range (keys + per*pipe - 1) / (per * pipe) {
+	for range (keys*fill + per*pipe - 1) / (per * pipe) {
 		for k := range calls {
 			calls[k] = batch()
 		}

@@ -18,26 +18,35 @@
 --   then a large one) make every denied call read the whole log.
 --   Format 1 (units per event, found by walking) is only read, from logs
 --   older versions wrote: they are rewritten in format 2 when loaded.
--- A decision reads the header with the first PRE bytes of events, all of
--- a small log, and the few other events it needs (GETRANGE); it logs an
--- event in a log of up to 4 KB by writing it whole (SET ... PX), and in a
--- larger one by writing past the last event and rewriting the header in
--- place (SETRANGE): the whole string is rewritten only when its pruned part
--- outgrows the live part (amortized O(1) per event logged).
+-- A decision of the batched call reads the header with the first PLAIN
+-- bytes of events, all of a log of up to 4 KB, and logs an event in such
+-- a log by writing it whole (SET ... PX). Any other decision reads the
+-- header with the first PRE bytes, and the few other events it needs
+-- (GETRANGE); it logs an event in a larger log by writing past the last
+-- event and rewriting the header in place (SETRANGE): the whole string is
+-- rewritten only when its pruned part outgrows the live part (amortized
+-- O(1) per event logged).
 
 local Llib
+-- What the batched call read of a log it left to decideKeys (logPreKey's
+-- first PLAIN bytes, logPreRaw), for logLoad to use: nothing was written
+-- between. Every Lua string is hashed whole, so each KB read costs.
+local logPreKey, logPreRaw
 local function libL()
 	if Llib then return Llib end
 	local HDR = 26
 	local CH = 32 -- events per read
 	local PRE = 1024 -- bytes of events read with the header
+	-- Bytes of events the batched call reads with the header: a log of up
+	-- to PLAIN is written whole (logTake's small).
+	local PLAIN = 4096
 	local STRIDE = {[0] = 8, [1] = 12, [2] = 20}
 	local FENMAX = 140737488355328 -- 2^47
 	-- Numbers reach redis.call as decimal strings written here: Redis
 	-- writes a Lua number with "%.17g", a few thousand instructions each,
 	-- more than a decision's arithmetic.
 	local function dec(x) return string.format('%d', x) end
-	local PRE_END = dec(HDR + PRE - 1)
+	local PRE_END, PLAIN_END = dec(HDR + PRE - 1), dec(HDR + PLAIN - 1)
 	-- pxs is px(idle) written for redis.call.
 	local function pxs(idle) return dec(px(idle)) end
 	-- pxsWindow is pxs(now + W), the expiry of a log whose newest event is
@@ -210,7 +219,13 @@ local function libL()
 	-- logLoad reads key's header: nil when there is no log (or only one
 	-- so old that every event has left every window).
 	local function logLoad(key)
-		local hdr = redis.call('GETRANGE', key, '0', PRE_END)
+		local hdr, asked
+		if key == logPreKey then
+			hdr, asked = logPreRaw, PLAIN
+			logPreKey, logPreRaw = nil, nil
+		else
+			hdr, asked = redis.call('GETRANGE', key, '0', PRE_END), PRE
+		end
 		if #hdr < HDR then
 			if sub(hdr, 1, 1) == 'm' then return nil, redis.call('GET', key) end -- a forwarding mark (09-kinds.lua)
 			return nil
@@ -222,7 +237,7 @@ local function libL()
 		local l = {key = key, base = d * E9, sum = sum, wide = wide,
 			h = head, h0 = head, n = n, stride = STRIDE[wide], pre = hdr}
 		-- The whole string when it is shorter than what was asked.
-		if #hdr < HDR + PRE then l.whole = hdr end
+		if #hdr < HDR + asked then l.whole = hdr end
 		if wide == 1 or (wide == 0 and tombs == 1) then
 			-- An older version's log, whose retry time was found by walking.
 			-- The rewrite keeps its expiry: a denied decision that follows
@@ -327,7 +342,7 @@ local function libL()
 		if cost ~= 1 then fmt = 2 end
 		local live = (l.n or 0) - (l.h or 0)
 		local fits = l.n and fmt == l.wide and t - l.base < P52
-		local small = fits and fmt == 0 and live * 8 <= 4096
+		local small = fits and fmt == 0 and live * 8 <= PLAIN
 		local rec
 		if small then
 			-- A log of up to 4 KB is copied whole, without its pruned events: a
@@ -536,22 +551,35 @@ local function libL()
 	-- END SETTLE (sliding log)
 
 	-- PLAIN LOGS: decidePlain (14-decide.lua) decides the logs of format 0
-	-- small enough to be read whole (those logDecide reads whole), as
-	-- logLoad, logDecide, logTake and logKeep would, without their tables.
+	-- of up to PLAIN bytes of events, read whole, as logLoad, logDecide,
+	-- logTake and logKeep would, without their tables; a log it leaves to
+	-- them is not read twice (logPreKey).
 	-- logPlainRead reads key's log pruned at W: false when decideKeys must
 	-- decide it (another format, a log read in parts, a forwarding mark, a
 	-- base out of range, a header that does not match its events); else
 	-- true, then nothing for no log, or the string, its base second (from
 	-- NS), the head it was stored with, the head and the units once pruned,
 	-- the number of events and the newest live event's time (or nil).
-	local function logPlainRead(key, W)
-		local raw = redis.call('GETRANGE', key, '0', PRE_END)
-		local m = #raw
-		if m == 0 then return true end
-		if m < HDR or m >= HDR + PRE then return false end
+	-- plainHeader reads the header of raw, a log's first PLAIN bytes of
+	-- events and m long: its base second (from NS), stored head, events and
+	-- units for a whole log of format 0 whose header matches its events,
+	-- else nil.
+	local function plainHeader(raw, m)
+		if m < HDR or m >= HDR + PLAIN then return nil end
 		local base, sum, wide, tombs, h0, n = struct.unpack('<ddBBI4I4', raw)
 		local d = base - NS
 		if wide ~= 0 or tombs ~= 0 or d < -FAR or d > FAR or m ~= HDR + n * 8 or h0 > n or sum ~= n - h0 then
+			return nil
+		end
+		return d, h0, n, sum
+	end
+	local function logPlainRead(key, W)
+		local raw = redis.call('GETRANGE', key, '0', PLAIN_END)
+		local m = #raw
+		if m == 0 then return true end
+		local d, h0, n, sum = plainHeader(raw, m)
+		if not d then
+			logPreKey, logPreRaw = key, raw
 			return false
 		end
 		local h, units, newest = pruneWhole(raw, d * E9, h0, n, sum, W)
@@ -573,8 +601,16 @@ local function libL()
 			redis.call('SET', key, struct.pack('<ddBBI4I4d', NS + b, 1, 0, 0, 0, 1, t - b * E9), 'PX', ms)
 			return
 		end
-		redis.call('SET', key, struct.pack('<ddBBI4I4c0d', NS + d, sum + 1, 0, 0, 0, n - h + 1,
-			sub(raw, HDR + h * 8 + 1), t - d * E9), 'PX', ms)
+		local tail = sub(raw, HDR + h * 8 + 1)
+		if #tail < 128 then
+			redis.call('SET', key, struct.pack('<ddBBI4I4c0d', NS + d, sum + 1, 0, 0, 0, n - h + 1,
+				tail, t - d * E9), 'PX', ms)
+			return
+		end
+		-- struct.pack's c0 copies a byte at a time; concatenation copies
+		-- the events whole.
+		redis.call('SET', key, struct.pack('<ddBBI4I4', NS + d, sum + 1, 0, 0, 0, n - h + 1)
+			.. tail .. struct.pack('<d', t - d * E9), 'PX', ms)
 	end
 	-- logPlainKeep is logKeep.
 	local function logPlainKeep(key, d, h0, h, sum, n, newest)
@@ -585,11 +621,55 @@ local function libL()
 		end
 		redis.call('SETRANGE', key, '0', struct.pack('<ddBBI4I4', NS + d, sum, 0, 0, h, n))
 	end
+	-- logPlainOne decides a request of the one key key, a log of window W
+	-- and limit, and a cost of 1 (most requests of most log zones), as
+	-- logPlainRead, decidePlain's arithmetic and logPlainTake or
+	-- logPlainKeep do, without decidePlain's tables and loops: false,
+	-- having written nothing, when decidePlain must decide it; else
+	-- whether allowed (1 or 0), the units left, the retry, the reset and
+	-- the logged time (from now).
+	local function logPlainOne(key, W, limit)
+		if limit < 1 then return false end
+		-- logPlainRead written out: the call and its eight values cost
+		-- 2% of the decision.
+		local raw = redis.call('GETRANGE', key, '0', PLAIN_END)
+		local m = #raw
+		if m == 0 then
+			logPlainTake(key, W, now)
+			return 1, limit - 1, 0, W, 0
+		end
+		local d, h0, n, sum = plainHeader(raw, m)
+		if not d then
+			logPreKey, logPreRaw = key, raw
+			return false
+		end
+		local h, units, newest = pruneWhole(raw, d * E9, h0, n, sum, W)
+		local reset = 0
+		if newest and newest + W > now then reset = newest + W - now end
+		if units + 1 > limit then
+			local left = limit - units
+			if left < 0 then left = 0 end
+			local retry = logPlainEvent(raw, d, h + units + 1 - limit) + W - now
+			logPlainKeep(key, d, h0, h, units, n, newest)
+			return 0, left, retry, reset, 0
+		end
+		if reset < W then reset = W end
+		local t = now
+		if newest and newest > t then t = newest end
+		-- Past the base's exact range logTake rewrites the log.
+		if t - d * E9 >= P52 then
+			logPreKey, logPreRaw = key, raw
+			return false
+		end
+		logPlainTake(key, W, t, raw, d, h, units, n)
+		return 1, limit - units - 1, 0, reset, t - now
+	end
 	-- END PLAIN LOGS
 
 	Llib = {load = logLoad, decide = logDecide, take = logTake, keep = logKeep, refund = logRefund, grant = logGrant, rewrite = logRewrite}
 	Llib.settle = logSettle -- SETTLE
 	Llib.plainRead, Llib.plainEvent, Llib.plainTake, Llib.plainKeep = logPlainRead, logPlainEvent, logPlainTake, logPlainKeep
+	Llib.plainOne = logPlainOne
 	return Llib
 end
 

@@ -126,6 +126,7 @@ local function call(keys, argv)
 	-- What the parts remember within a call: some of it is relative to
 	-- the call's clock, and none may grow from call to call.
 	basemod, hists, metas, froms, lockoutSpecs = {}, {}, {}, {}, {}
+	logPreKey, logPreRaw = nil, nil
 
 	if mode == MODE_MANY then return decideMany() end
 

@@ -49,9 +49,14 @@ func BenchmarkRedisCPU(b *testing.B) {
 				// Logs of 150 events and more, as a log holds after a
 				// minute of a few requests a second (the end-to-end
 				// bench's, at 1000/1m): each event logged copies them.
+				// Past 4 KB (700 events and more), a log is written past
+				// its end, not whole.
 				if alg == algorithms.NameSlidingWindow {
 					b.Run(fmt.Sprintf("%s/full/per_call=%d/%s", alg, per, shape), func(b *testing.B) {
 						benchRedisCPU(b, alg, per, pipe, 64, 150)
+					})
+					b.Run(fmt.Sprintf("%s/long/per_call=%d/%s", alg, per, shape), func(b *testing.B) {
+						benchRedisCPU(b, alg, per, pipe, 16, 700)
 					})
 				}
 			}

@@ -181,6 +181,9 @@ func testDecidePlain(t *testing.T, heads [2][2]any) {
 		n := 1 + rng.IntN(100)
 		if rng.IntN(3) == 0 {
 			n = 128 + rng.IntN(500) // read in parts
+			if rng.IntN(3) == 0 {
+				n = []int{128, 129, 511, 512}[rng.IntN(4)] // at the edges of the first read and of a whole write
+			}
 		}
 		// Times from two windows back on, some past the clock.
 		from := tw.clock - 2*w
@@ -224,6 +227,8 @@ func testDecidePlain(t *testing.T, heads [2][2]any) {
 			binary.LittleEndian.PutUint64([]byte(v)[0:], math.Float64bits(float64(tw.clock/1e9-1e7)))
 		case 2: // shorter than a header
 			v = v[:rng.IntN(26)]
+		case 3: // longer than its header says
+			v += v[len(v)-1-rng.IntN(8):]
 		}
 		both([]any{"set", key, v})
 	}
@@ -466,4 +471,68 @@ func logValue(times []int64, units []uint32, wide, tombs byte, head uint32) stri
 		}
 	}
 	return string(b)
+}
+
+// A log of single units read in two parts by a request of one key
+// (logPlainOne: the first KB of events, then the rest up to 4 KB), at the
+// edges of the first read, and with bytes past the events its header
+// counts, which leave it to decideKeys: the reply, value and expiry are
+// decideKeys's alone.
+func TestPlainOneLogInParts(t *testing.T) {
+	ctx := context.Background()
+	c := standaloneClient(t)
+	generic := loadGeneric(t)
+	const W = int64(time.Minute)
+	clock := int64(1_764_460_000_000_000_000)
+	s, err := New(c, Options{KeyPrefix: uniquePrefix(t), Timeout: 10 * time.Second, now: func() int64 { return clock }, NoCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	z := mustZone(t, s, "l", algorithms.NameSlidingWindow, algorithms.Policy{Limit: 600, Window: W})
+	conn := c.Conn()
+	t.Cleanup(func() { conn.Close() })
+	for _, n := range []int{127, 128, 129, 300, 511, 512} {
+		for _, extra := range []int{0, 1, 8} {
+			for _, head := range []int{0, n / 2} {
+				name := fmt.Sprintf("n%d-x%d-h%d", n, extra, head)
+				items, _, err := s.resolve([]backend.Request{{Limit: z, Key: name, Cost: 1}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				times := make([]int64, n)
+				units := make([]uint32, n)
+				for i := range times {
+					// The first eighth has left the window.
+					times[i] = clock - W - W/8 + int64(i)*W/int64(n)
+					units[i] = 1
+				}
+				v := logValue(times, units, 0, 0, uint32(head))
+				v += strings.Repeat("\x07", extra)
+				cmd, _ := s.manyCmd(ctx, []*pending{{ctx: ctx, items: items}}, nil)
+				var got [2]string
+				var expiry [2]time.Duration
+				for db, fn := range []string{functionName, generic} {
+					if err := conn.Do(ctx, "select", db).Err(); err != nil {
+						t.Fatal(err)
+					}
+					if err := conn.Do(ctx, "set", items[0].key, v, "px", 600_000).Err(); err != nil {
+						t.Fatal(err)
+					}
+					args := slices.Clone(cmd.Args())
+					args[0], args[1] = "fcall", fn
+					reply, err := conn.Do(ctx, args...).Result()
+					if err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					stored := conn.Get(ctx, items[0].key).Val()
+					got[db] = fmt.Sprintf("reply %x value %x", reply, stored)
+					expiry[db] = conn.PTTL(ctx, items[0].key).Val()
+				}
+				if got[0] != got[1] || (expiry[0]-expiry[1]).Abs() > 100*time.Millisecond {
+					t.Errorf("%s: logPlainOne %s expiry %v, decideKeys %s expiry %v", name, got[0], expiry[0], got[1], expiry[1])
+				}
+			}
+		}
+	}
 }

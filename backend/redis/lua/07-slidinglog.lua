@@ -18,35 +18,33 @@
 --   then a large one) make every denied call read the whole log.
 --   Format 1 (units per event, found by walking) is only read, from logs
 --   older versions wrote: they are rewritten in format 2 when loaded.
--- A decision of the batched call reads the header with the first PLAIN
--- bytes of events, all of a log of up to 4 KB, and logs an event in such
--- a log by writing it whole (SET ... PX). Any other decision reads the
--- header with the first PRE bytes, and the few other events it needs
--- (GETRANGE); it logs an event in a larger log by writing past the last
--- event and rewriting the header in place (SETRANGE): the whole string is
--- rewritten only when its pruned part outgrows the live part (amortized
--- O(1) per event logged).
+-- A decision reads the header with the first PRE bytes of events, all of
+-- a small log, and the few other events it needs (GETRANGE); it logs an
+-- event in a log of up to PLAIN bytes (4 KB) by writing it whole (SET ...
+-- PX), and in a larger one by writing past the last event and rewriting
+-- the header in place (SETRANGE): the whole string is rewritten only when
+-- its pruned part outgrows the live part (amortized O(1) per event
+-- logged).
 
 local Llib
 -- What the batched call read of a log it left to decideKeys (logPreKey's
--- first PLAIN bytes, logPreRaw), for logLoad to use: nothing was written
--- between. Every Lua string is hashed whole, so each KB read costs.
+-- first PRE bytes of events, logPreRaw), for logLoad to use: nothing was
+-- written between. Redis's Lua hashes every string whole, so each KB read
+-- costs about 12k instructions.
 local logPreKey, logPreRaw
 local function libL()
 	if Llib then return Llib end
 	local HDR = 26
 	local CH = 32 -- events per read
 	local PRE = 1024 -- bytes of events read with the header
-	-- Bytes of events the batched call reads with the header: a log of up
-	-- to PLAIN is written whole (logTake's small).
-	local PLAIN = 4096
+	local PLAIN = 4096 -- bytes of events of a log written whole
 	local STRIDE = {[0] = 8, [1] = 12, [2] = 20}
 	local FENMAX = 140737488355328 -- 2^47
 	-- Numbers reach redis.call as decimal strings written here: Redis
 	-- writes a Lua number with "%.17g", a few thousand instructions each,
 	-- more than a decision's arithmetic.
 	local function dec(x) return string.format('%d', x) end
-	local PRE_END, PLAIN_END = dec(HDR + PRE - 1), dec(HDR + PLAIN - 1)
+	local PRE_END, PAST_PRE = dec(HDR + PRE - 1), dec(HDR + PRE)
 	-- pxs is px(idle) written for redis.call.
 	local function pxs(idle) return dec(px(idle)) end
 	-- pxsWindow is pxs(now + W), the expiry of a log whose newest event is
@@ -219,12 +217,12 @@ local function libL()
 	-- logLoad reads key's header: nil when there is no log (or only one
 	-- so old that every event has left every window).
 	local function logLoad(key)
-		local hdr, asked
+		local hdr
 		if key == logPreKey then
-			hdr, asked = logPreRaw, PLAIN
+			hdr = logPreRaw
 			logPreKey, logPreRaw = nil, nil
 		else
-			hdr, asked = redis.call('GETRANGE', key, '0', PRE_END), PRE
+			hdr = redis.call('GETRANGE', key, '0', PRE_END)
 		end
 		if #hdr < HDR then
 			if sub(hdr, 1, 1) == 'm' then return nil, redis.call('GET', key) end -- a forwarding mark (09-kinds.lua)
@@ -237,7 +235,7 @@ local function libL()
 		local l = {key = key, base = d * E9, sum = sum, wide = wide,
 			h = head, h0 = head, n = n, stride = STRIDE[wide], pre = hdr}
 		-- The whole string when it is shorter than what was asked.
-		if #hdr < HDR + asked then l.whole = hdr end
+		if #hdr < HDR + PRE then l.whole = hdr end
 		if wide == 1 or (wide == 0 and tombs == 1) then
 			-- An older version's log, whose retry time was found by walking.
 			-- The rewrite keeps its expiry: a denied decision that follows
@@ -273,18 +271,24 @@ local function libL()
 	end
 
 	-- pruneWhole prunes a log of format 0 read whole (str, its base in ns
-	-- from NS, head h, n events, sum units) at W, reading its events
-	-- without a table per event: the head and the units once pruned, and
-	-- the newest event's time (nil: none), as logPrune and logNewest.
-	local function pruneWhole(str, base, h, n, sum, W)
+	-- from NS, head h, n events, sum units; or str its first bytes and rest
+	-- the others) at W, reading its events without a table per event: the
+	-- head and the units once pruned, and the newest event's time (nil:
+	-- none), as logPrune and logNewest.
+	local function pruneWhole(str, base, h, n, sum, W, rest)
+		local m = #str
 		while h < n do
-			local off = struct.unpack('<d', str, HDR + h * 8 + 1)
+			local off
+			local at = HDR + h * 8
+			if at < m then off = struct.unpack('<d', str, at + 1) else off = struct.unpack('<d', rest, at - m + 1) end
 			if off >= 0 and base + off + W > now then break end
 			if off >= 0 then sum = sum - 1 end
 			h = h + 1
 		end
 		for i = n, h + 1, -1 do
-			local off = struct.unpack('<d', str, HDR + (i - 1) * 8 + 1)
+			local off
+			local at = HDR + (i - 1) * 8
+			if at < m then off = struct.unpack('<d', str, at + 1) else off = struct.unpack('<d', rest, at - m + 1) end
 			if off >= 0 then return h, sum, base + off end
 		end
 		return h, sum
@@ -551,19 +555,13 @@ local function libL()
 	-- END SETTLE (sliding log)
 
 	-- PLAIN LOGS: decidePlain (14-decide.lua) decides the logs of format 0
-	-- of up to PLAIN bytes of events, read whole, as logLoad, logDecide,
-	-- logTake and logKeep would, without their tables; a log it leaves to
-	-- them is not read twice (logPreKey).
-	-- logPlainRead reads key's log pruned at W: false when decideKeys must
-	-- decide it (another format, a log read in parts, a forwarding mark, a
-	-- base out of range, a header that does not match its events); else
-	-- true, then nothing for no log, or the string, its base second (from
-	-- NS), the head it was stored with, the head and the units once pruned,
-	-- the number of events and the newest live event's time (or nil).
-	-- plainHeader reads the header of raw, a log's first PLAIN bytes of
-	-- events and m long: its base second (from NS), stored head, events and
-	-- units for a whole log of format 0 whose header matches its events,
-	-- else nil.
+	-- small enough to be read whole (those logDecide reads whole), as
+	-- logLoad, logDecide, logTake and logKeep would, without their tables;
+	-- a log it leaves to them is not read twice (logPreKey).
+	-- plainHeader reads the header of raw, a log read whole (m bytes; the
+	-- first PRE bytes of its events in raw): its base second (from NS),
+	-- stored head, events and units for a log of format 0 of up to PLAIN
+	-- bytes of events whose header matches them, else nil.
 	local function plainHeader(raw, m)
 		if m < HDR or m >= HDR + PLAIN then return nil end
 		local base, sum, wide, tombs, h0, n = struct.unpack('<ddBBI4I4', raw)
@@ -573,11 +571,18 @@ local function libL()
 		end
 		return d, h0, n, sum
 	end
+	-- logPlainRead reads key's log pruned at W: false when decideKeys must
+	-- decide it (another format, a log read in parts, a forwarding mark, a
+	-- base out of range, a header that does not match its events); else
+	-- true, then nothing for no log, or the string, its base second (from
+	-- NS), the head it was stored with, the head and the units once pruned,
+	-- the number of events and the newest live event's time (or nil).
 	local function logPlainRead(key, W)
-		local raw = redis.call('GETRANGE', key, '0', PLAIN_END)
+		local raw = redis.call('GETRANGE', key, '0', PRE_END)
 		local m = #raw
 		if m == 0 then return true end
-		local d, h0, n, sum = plainHeader(raw, m)
+		local d, h0, n, sum
+		if m < HDR + PRE then d, h0, n, sum = plainHeader(raw, m) end
 		if not d then
 			logPreKey, logPreRaw = key, raw
 			return false
@@ -585,15 +590,18 @@ local function libL()
 		local h, units, newest = pruneWhole(raw, d * E9, h0, n, sum, W)
 		return true, raw, d, h0, h, units, n, newest
 	end
-	-- logPlainEvent is event i's time (logEvent).
-	local function logPlainEvent(raw, d, i)
-		local off = struct.unpack('<d', raw, HDR + (i - 1) * 8 + 1)
+	-- logPlainEvent is event i's time (logEvent), of raw, or past raw in
+	-- rest.
+	local function logPlainEvent(raw, d, i, rest)
+		local off
+		local at = HDR + (i - 1) * 8
+		if at < #raw then off = struct.unpack('<d', raw, at + 1) else off = struct.unpack('<d', rest, at - #raw + 1) end
 		if off < 0 then return d * E9 - off - 1 end
 		return d * E9 + off
 	end
 	-- logPlainTake logs a unit at t, as logTake does in a log it copies
-	-- whole, or as logRewrite starts one (raw nil).
-	local function logPlainTake(key, W, t, raw, d, h, sum, n)
+	-- whole (raw, and rest after it), or as logRewrite starts one (raw nil).
+	local function logPlainTake(key, W, t, raw, d, h, sum, n, rest)
 		local ms
 		if t == now then ms = pxsWindow(W) else ms = pxs(t + W) end
 		if not raw then
@@ -601,16 +609,16 @@ local function libL()
 			redis.call('SET', key, struct.pack('<ddBBI4I4d', NS + b, 1, 0, 0, 0, 1, t - b * E9), 'PX', ms)
 			return
 		end
-		local tail = sub(raw, HDR + h * 8 + 1)
-		if #tail < 128 then
-			redis.call('SET', key, struct.pack('<ddBBI4I4c0d', NS + d, sum + 1, 0, 0, 0, n - h + 1,
-				tail, t - d * E9), 'PX', ms)
-			return
+		local hdr, ev = struct.pack('<ddBBI4I4', NS + d, sum + 1, 0, 0, 0, n - h + 1), struct.pack('<d', t - d * E9)
+		local at = HDR + h * 8
+		if rest and at >= #raw then
+			redis.call('SET', key, hdr .. sub(rest, at - #raw + 1) .. ev, 'PX', ms)
+		elseif rest then
+			redis.call('SET', key, hdr .. sub(raw, at + 1) .. rest .. ev, 'PX', ms)
+		else
+			-- (One concatenation: struct.pack's c0 copies a byte at a time.)
+			redis.call('SET', key, hdr .. sub(raw, at + 1) .. ev, 'PX', ms)
 		end
-		-- struct.pack's c0 copies a byte at a time; concatenation copies
-		-- the events whole.
-		redis.call('SET', key, struct.pack('<ddBBI4I4', NS + d, sum + 1, 0, 0, 0, n - h + 1)
-			.. tail .. struct.pack('<d', t - d * E9), 'PX', ms)
 	end
 	-- logPlainKeep is logKeep.
 	local function logPlainKeep(key, d, h0, h, sum, n, newest)
@@ -624,32 +632,44 @@ local function libL()
 	-- logPlainOne decides a request of the one key key, a log of window W
 	-- and limit, and a cost of 1 (most requests of most log zones), as
 	-- logPlainRead, decidePlain's arithmetic and logPlainTake or
-	-- logPlainKeep do, without decidePlain's tables and loops: false,
-	-- having written nothing, when decidePlain must decide it; else
-	-- whether allowed (1 or 0), the units left, the retry, the reset and
-	-- the logged time (from now).
+	-- logPlainKeep do, without decidePlain's tables and loops, and for a
+	-- log of up to PLAIN bytes of events, read in two parts (PRE bytes,
+	-- then the rest): false, having written nothing, when decideKeys must
+	-- decide it; else whether allowed (1 or 0), the units left, the retry,
+	-- the reset and the logged time (from now).
 	local function logPlainOne(key, W, limit)
 		if limit < 1 then return false end
 		-- logPlainRead written out: the call and its eight values cost
 		-- 2% of the decision.
-		local raw = redis.call('GETRANGE', key, '0', PLAIN_END)
+		local raw = redis.call('GETRANGE', key, '0', PRE_END)
 		local m = #raw
 		if m == 0 then
 			logPlainTake(key, W, now)
 			return 1, limit - 1, 0, W, 0
+		end
+		local rest
+		if m == HDR + PRE then
+			local _, _, wide, _, _, n = struct.unpack('<ddBBI4I4', raw)
+			if wide == 0 and n * 8 >= PRE and n * 8 < PLAIN then
+				-- To the end of event n, and a byte past it, which a
+				-- string longer than its header says would have.
+				local last = HDR + n * 8
+				rest = redis.call('GETRANGE', key, PAST_PRE, strOf[last] or str(last))
+				m = m + #rest
+			end
 		end
 		local d, h0, n, sum = plainHeader(raw, m)
 		if not d then
 			logPreKey, logPreRaw = key, raw
 			return false
 		end
-		local h, units, newest = pruneWhole(raw, d * E9, h0, n, sum, W)
+		local h, units, newest = pruneWhole(raw, d * E9, h0, n, sum, W, rest)
 		local reset = 0
 		if newest and newest + W > now then reset = newest + W - now end
 		if units + 1 > limit then
 			local left = limit - units
 			if left < 0 then left = 0 end
-			local retry = logPlainEvent(raw, d, h + units + 1 - limit) + W - now
+			local retry = logPlainEvent(raw, d, h + units + 1 - limit, rest) + W - now
 			logPlainKeep(key, d, h0, h, units, n, newest)
 			return 0, left, retry, reset, 0
 		end
@@ -661,7 +681,7 @@ local function libL()
 			logPreKey, logPreRaw = key, raw
 			return false
 		end
-		logPlainTake(key, W, t, raw, d, h, units, n)
+		logPlainTake(key, W, t, raw, d, h, units, n, rest)
 		return 1, limit - units - 1, 0, reset, t - now
 	end
 	-- END PLAIN LOGS

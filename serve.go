@@ -190,14 +190,9 @@ func (h *plan) observe(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	if g := h.shed; g != nil && !counted {
 		// Counted only once admitted: a request refused or held in a
 		// tarpit loads nothing behind this handler.
-		// The request's var marks it counted: the watcher when it times
-		// the request for the group, else the group.
-		if x != nil && x.group != nil {
-			g.Enter(vars, x)
-		} else {
-			g.Enter(vars, g)
-		}
-		defer g.Exit(vars)
+		// The request's var marks it counted (groupMark).
+		m := enterGroup(g, vars, x)
+		defer m.exit()
 	}
 	if x != nil {
 		return x.serve(r, next)

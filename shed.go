@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -171,19 +174,63 @@ func (h *plan) shedCounted(r *http.Request) (vars map[string]any, counted bool) 
 		return nil, false
 	}
 	vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	return vars, inGroup(vars[h.shed.VarKey]) == h.shed
+	m := markOf(varsID(vars), vars[h.shed.VarKey])
+	return vars, m != nil && m.group == h.shed
 }
 
-// inGroup is the group a request var of a group's names: the group, or
-// the watcher that times the request for it.
-func inGroup(v any) *shed.Group {
-	switch v := v.(type) {
-	case *shed.Group:
-		return v
-	case *watcher:
-		return v.group
+// groupMark is what a request's var of a shedding group holds while a
+// handler counts the request in the group: the group, and the watcher
+// that times the request for it (nil when none does). The var keeps its
+// mark once the handler returns, as no handler may write the vars map
+// then (shed.Group.Exit): owner, the identity of the vars map of the
+// request the mark counts, is what makes it count. exit clears it, and a
+// mark taken from the pool again names another request's map, so a spent
+// mark counts for nobody (an error route served after the handler is a
+// request of its own for the group).
+type groupMark struct {
+	group *shed.Group
+	x     *watcher
+	owner atomic.Uintptr
+}
+
+var groupMarks = sync.Pool{New: func() any { return new(groupMark) }}
+
+// varsID is the identity of a request's vars map: no other live map has it.
+func varsID(vars map[string]any) uintptr {
+	if vars == nil {
+		return 0
 	}
-	return nil
+	return uintptr(reflect.ValueOf(vars).UnsafePointer())
+}
+
+// enterGroup counts a request of vars in g, timed by x when x times it for
+// a group, until the mark's exit.
+func enterGroup(g *shed.Group, vars map[string]any, x *watcher) *groupMark {
+	m := groupMarks.Get().(*groupMark)
+	m.group = g
+	if x != nil && x.group != nil {
+		m.x = x
+	}
+	m.owner.Store(varsID(vars))
+	g.Enter(vars, m)
+	return m
+}
+
+func (m *groupMark) exit() {
+	m.owner.Store(0)
+	m.group.Exit()
+	m.group, m.x = nil, nil
+	groupMarks.Put(m)
+}
+
+// markOf is v, a var of the vars map whose identity is id, if it is a mark
+// that counts that map's request; else nil.
+func markOf(id uintptr, v any) *groupMark {
+	m, ok := v.(*groupMark)
+	if !ok || id == 0 || m.owner.Load() != id {
+		return nil
+	}
+	return m
 }
 
 // outsideGroups runs wait, a wait that loads no upstream (a tarpit, a
@@ -202,24 +249,26 @@ func outsideGroups(r *http.Request, wait func()) {
 // returns puts r back.
 func leaveGroups(r *http.Request) map[string]any {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	id := varsID(vars)
 	for _, v := range vars {
-		if g := inGroup(v); g != nil {
-			g.InFlight.Add(-1)
-		}
-		if t, ok := v.(*watcher); ok {
-			t.pausedAt = t.now()
+		if m := markOf(id, v); m != nil {
+			m.group.InFlight.Add(-1)
+			if m.x != nil {
+				m.x.pausedAt = m.x.now()
+			}
 		}
 	}
 	return vars
 }
 
 func rejoinGroups(vars map[string]any) {
+	id := varsID(vars)
 	for _, v := range vars {
-		if g := inGroup(v); g != nil {
-			g.InFlight.Add(1)
-		}
-		if t, ok := v.(*watcher); ok {
-			t.paused += t.now() - t.pausedAt
+		if m := markOf(id, v); m != nil {
+			m.group.InFlight.Add(1)
+			if m.x != nil {
+				m.x.paused += m.x.now() - m.x.pausedAt
+			}
 		}
 	}
 }
@@ -230,9 +279,10 @@ func rejoinGroups(vars map[string]any) {
 // that the slow upstream still needs.
 func untime(r *http.Request) {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	id := varsID(vars)
 	for _, v := range vars {
-		if t, ok := v.(*watcher); ok {
-			t.refused = true
+		if m := markOf(id, v); m != nil && m.x != nil {
+			m.x.refused = true
 		}
 	}
 }

@@ -89,8 +89,7 @@ func TestShedNestedHandlersCountOnce(t *testing.T) {
 	if during != 11 || g.InFlight.Load() != 10 {
 		t.Fatalf("in flight %d while served (want 11: counted once), %d after (want 10)", during, g.InFlight.Load())
 	}
-	vars := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	if _, ok := vars[g.VarKey]; ok {
+	if _, counted := inner.h.plan.shedCounted(r); counted {
 		t.Fatal("the request is still marked as counted once its handlers returned")
 	}
 	g.InFlight.Store(11) // load 1.1 without the request: priority 3 is shed
@@ -301,8 +300,8 @@ func TestLeaveAndRejoinGroups(t *testing.T) {
 	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
 	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), httptest.NewRecorder(), &caddyhttp.Server{})
 	vars := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	a.Enter(vars, a)
-	b.Enter(vars, b)
+	ma := enterGroup(a, vars, nil)
+	mb := enterGroup(b, vars, nil)
 	other.InFlight.Add(3)
 	defer other.InFlight.Add(-3)
 	paused := leaveGroups(r)
@@ -313,8 +312,8 @@ func TestLeaveAndRejoinGroups(t *testing.T) {
 	if a.InFlight.Load() != 1 || b.InFlight.Load() != 1 {
 		t.Fatalf("after the wait: %d, %d; want 1, 1", a.InFlight.Load(), b.InFlight.Load())
 	}
-	a.Exit(vars)
-	b.Exit(vars)
+	ma.exit()
+	mb.exit()
 	if len(leaveGroups(r)) != len(vars) || a.InFlight.Load() != 0 {
 		t.Fatal("a request no group counts any more left a group")
 	}
@@ -456,9 +455,13 @@ func TestShedLatencyTiming(t *testing.T) {
 		t.Fatal(err)
 	}
 	at("a request through two handlers of the group", 2, 160*ms)
-	vars := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	if _, ok := vars[g.VarKey]; ok {
+	if _, counted := inner.plan.shedCounted(r); counted {
 		t.Fatal("the request is still marked as counted (and timed) once it was answered")
+	}
+	if paused := leaveGroups(r); g.InFlight.Load() != 0 {
+		t.Fatal("a request answered was taken out of its group again")
+	} else {
+		rejoinGroups(paused)
 	}
 
 	// A wait out of the group: 5 s in a tarpit, 20 ms upstream.
@@ -669,4 +672,33 @@ func BenchmarkShedLatency(b *testing.B) {
 			}
 		}
 	})
+}
+
+// The vars map is read by goroutines that outlive a request's handlers
+// (the reverse proxy's dial reads it after a request that gave up on
+// it): the group's handler writes it only before handing the request on,
+// and a mark left behind counts for nobody.
+func TestShedWritesNoVarOnceHandedOn(t *testing.T) {
+	if !raceEnabled {
+		t.Skip("the race detector tells")
+	}
+	u := newUnitHandler(t, shedConfig("unit_shed_vars", 10, 0), byZone(nil))
+	g := u.h.plan.shed
+	r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
+	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), httptest.NewRecorder(), &caddyhttp.Server{})
+	read := make(chan struct{})
+	if err := u.h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) error {
+		ctx := r.Context()
+		go func() {
+			defer close(read)
+			_ = caddyhttp.GetVar(ctx, "reverse_proxy.proxy")
+		}()
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	<-read
+	if _, counted := u.h.plan.shedCounted(r); counted || g.InFlight.Load() != 0 {
+		t.Fatalf("once answered: counted %v, in flight %d", counted, g.InFlight.Load())
+	}
 }

@@ -149,10 +149,9 @@ func (g *Group) Shedding(reg *Reg, priority int, counted bool) bool {
 }
 
 // Enter counts an admitted request in the group until Exit; mark is what
-// the request's var then holds: the group, or the watcher that times the
-// request for it (one map write either way). The caller holds on to g: a
-// reload cleans the handler up while its last requests are still being
-// served.
+// the request's var then holds (one map write, before the request is
+// handed on). The caller holds on to g: a reload cleans the handler up
+// while its last requests are still being served.
 func (g *Group) Enter(vars map[string]any, mark any) {
 	g.InFlight.Add(1)
 	if vars != nil {
@@ -160,14 +159,13 @@ func (g *Group) Enter(vars map[string]any, mark any) {
 	}
 }
 
-// Exit counts a request entered out.
-func (g *Group) Exit(vars map[string]any) {
+// Exit counts a request entered out. It leaves the request's var as it is:
+// the vars map is read by goroutines that outlive the handlers (the
+// reverse proxy's dial reads it after a request that gave up on it), so
+// no handler may write it once the request was handed on; the caller's
+// mark says it is spent instead.
+func (g *Group) Exit() {
 	g.InFlight.Add(-1)
-	if vars != nil {
-		// An error route served after this handler returns is a request
-		// of its own for the group.
-		delete(vars, g.VarKey)
-	}
 }
 
 // Observe adds the latency (ns) of a request that finished at end, and

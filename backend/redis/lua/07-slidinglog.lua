@@ -44,7 +44,8 @@ local function libL()
 	-- writes a Lua number with "%.17g", a few thousand instructions each,
 	-- more than a decision's arithmetic.
 	local function dec(x) return string.format('%d', x) end
-	local PRE_END, PAST_PRE = dec(HDR + PRE - 1), dec(HDR + PRE)
+	local PRE_END = dec(HDR + PRE - 1)
+	local PAST_PRE = dec(HDR + PRE)
 	-- pxs is px(idle) written for redis.call.
 	local function pxs(idle) return dec(px(idle)) end
 	-- pxsWindow is pxs(now + W), the expiry of a log whose newest event is

@@ -174,7 +174,7 @@ func (h *plan) shedCounted(r *http.Request) (vars map[string]any, counted bool) 
 		return nil, false
 	}
 	vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	m := markOf(varsID(vars), vars[h.shed.VarKey])
+	m := markOf(varsID(vars), h.shed.VarKey, vars[h.shed.VarKey])
 	return vars, m != nil && m.group == h.shed
 }
 
@@ -223,11 +223,14 @@ func (m *groupMark) exit() {
 	groupMarks.Put(m)
 }
 
-// markOf is v, a var of the vars map whose identity is id, if it is a mark
-// that counts that map's request; else nil.
-func markOf(id uintptr, v any) *groupMark {
+// markOf is v, the var named key of the vars map whose identity is id, if
+// it is a mark that counts that map's request in the group of that var;
+// else nil. A spent mark left in one group's var may be taken from the
+// pool again for the same request by another group's handler (an error
+// route's): under the first var it counts for nobody.
+func markOf(id uintptr, key string, v any) *groupMark {
 	m, ok := v.(*groupMark)
-	if !ok || id == 0 || m.owner.Load() != id {
+	if !ok || id == 0 || m.owner.Load() != id || m.group.VarKey != key {
 		return nil
 	}
 	return m
@@ -250,8 +253,8 @@ func outsideGroups(r *http.Request, wait func()) {
 func leaveGroups(r *http.Request) map[string]any {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	id := varsID(vars)
-	for _, v := range vars {
-		if m := markOf(id, v); m != nil {
+	for k, v := range vars {
+		if m := markOf(id, k, v); m != nil {
 			m.group.InFlight.Add(-1)
 			if m.x != nil {
 				m.x.pausedAt = m.x.now()
@@ -263,8 +266,8 @@ func leaveGroups(r *http.Request) map[string]any {
 
 func rejoinGroups(vars map[string]any) {
 	id := varsID(vars)
-	for _, v := range vars {
-		if m := markOf(id, v); m != nil {
+	for k, v := range vars {
+		if m := markOf(id, k, v); m != nil {
 			m.group.InFlight.Add(1)
 			if m.x != nil {
 				m.x.paused += m.x.now() - m.x.pausedAt
@@ -280,8 +283,8 @@ func rejoinGroups(vars map[string]any) {
 func untime(r *http.Request) {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	id := varsID(vars)
-	for _, v := range vars {
-		if m := markOf(id, v); m != nil && m.x != nil {
+	for k, v := range vars {
+		if m := markOf(id, k, v); m != nil && m.x != nil {
 			m.x.refused = true
 		}
 	}

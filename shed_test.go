@@ -702,3 +702,39 @@ func TestShedWritesNoVarOnceHandedOn(t *testing.T) {
 		t.Fatalf("once answered: counted %v, in flight %d", counted, g.InFlight.Load())
 	}
 }
+
+// A request that left a handler of one group and is then served by a
+// handler of another (an error route's) counts once in the second, also
+// while a wait inside takes it out of its groups: the first group's var
+// still holds its spent mark, which the pool may hand to the second
+// handler for the same request.
+func TestShedSpentMarkOfAnotherGroup(t *testing.T) {
+	a := newUnitHandler(t, shedConfig("unit_shed_spent_a", 10, 0), byZone(nil)).h
+	b := newUnitHandler(t, shedConfig("unit_shed_spent_b", 10, 0), byZone(nil)).h
+	gb := b.plan.shed
+	gb.InFlight.Store(5)
+	defer gb.InFlight.Store(0)
+	for i := range 50 {
+		r := httptest.NewRequest(http.MethodGet, "http://example.com/", nil)
+		r.RemoteAddr = "192.0.2.7:4242"
+		w := httptest.NewRecorder()
+		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+		next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+		if err := a.ServeHTTP(w, r, next); err != nil {
+			t.Fatal(err)
+		}
+		var during, waiting int64
+		if err := b.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) error {
+			during = gb.InFlight.Load()
+			vars := leaveGroups(r)
+			waiting = gb.InFlight.Load()
+			rejoinGroups(vars)
+			return nil
+		})); err != nil {
+			t.Fatal(err)
+		}
+		if during != 6 || waiting != 5 || gb.InFlight.Load() != 5 {
+			t.Fatalf("request %d: in flight %d while served (want 6), %d while it waits (want 5), %d after (want 5)", i, during, waiting, gb.InFlight.Load())
+		}
+	}
+}

@@ -282,15 +282,19 @@ local function libL()
 			local off
 			local at = HDR + h * 8
 			if at < m then off = struct.unpack('<d', str, at + 1) else off = struct.unpack('<d', rest, at - m + 1) end
-			if off >= 0 and base + off + W > now then break end
-			if off >= 0 then sum = sum - 1 end
+			-- (not off < 0: an offset that is not a number is a live
+			-- event to logEvent, pruned, and the newest if last.)
+			if not (off < 0) then
+				if base + off + W > now then break end
+				sum = sum - 1
+			end
 			h = h + 1
 		end
 		for i = n, h + 1, -1 do
 			local off
 			local at = HDR + (i - 1) * 8
 			if at < m then off = struct.unpack('<d', str, at + 1) else off = struct.unpack('<d', rest, at - m + 1) end
-			if off >= 0 then return h, sum, base + off end
+			if not (off < 0) then return h, sum, base + off end
 		end
 		return h, sum
 	end

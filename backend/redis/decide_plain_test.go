@@ -473,66 +473,112 @@ func logValue(times []int64, units []uint32, wide, tombs byte, head uint32) stri
 	return string(b)
 }
 
+// plainOneRig decides a request of one log key by the script as it is
+// and by decideKeys alone (loadGeneric), on databases 0 and 1 of one
+// server, from the same value put there by hand.
+type plainOneRig struct {
+	t       *testing.T
+	ctx     context.Context
+	s       *Store
+	conn    *goredis.Conn
+	generic string
+	clock   int64
+}
+
+func newPlainOneRig(t *testing.T) *plainOneRig {
+	c := standaloneClient(t)
+	r := &plainOneRig{t: t, ctx: context.Background(), generic: loadGeneric(t), clock: 1_764_460_000_000_000_000}
+	s, err := New(c, Options{KeyPrefix: uniquePrefix(t), Timeout: 10 * time.Second, now: func() int64 { return r.clock }, NoCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	r.s, r.conn = s, c.Conn()
+	t.Cleanup(func() { r.conn.Close() })
+	return r
+}
+
+// check puts value at the key name of zone z, decides a request of cost 1
+// on it both ways, and reports any difference of the replies, the values
+// left or their expiries.
+func (r *plainOneRig) check(z backend.Limit, name string, value []byte) {
+	t := r.t
+	items, _, err := r.s.resolve([]backend.Request{{Limit: z, Key: name, Cost: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, _ := r.s.manyCmd(r.ctx, []*pending{{ctx: r.ctx, items: items}}, nil)
+	var got [2]string
+	var expiry [2]time.Duration
+	for db, fn := range []string{functionName, r.generic} {
+		if err := r.conn.Do(r.ctx, "select", db).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.conn.Do(r.ctx, "set", items[0].key, value, "px", 600_000).Err(); err != nil {
+			t.Fatal(err)
+		}
+		args := slices.Clone(cmd.Args())
+		args[0], args[1] = "fcall", fn
+		reply, err := r.conn.Do(r.ctx, args...).Result()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		got[db] = fmt.Sprintf("reply %x value %x", reply, r.conn.Get(r.ctx, items[0].key).Val())
+		expiry[db] = r.conn.PTTL(r.ctx, items[0].key).Val()
+	}
+	if got[0] != got[1] || (expiry[0]-expiry[1]).Abs() > 100*time.Millisecond {
+		t.Errorf("%s: logPlainOne %.300s expiry %v, decideKeys %.300s expiry %v", name, got[0], expiry[0], got[1], expiry[1])
+	}
+}
+
 // A log of single units read in two parts by a request of one key
 // (logPlainOne: the first KB of events, then the rest up to 4 KB), at the
 // edges of the first read, and with bytes past the events its header
 // counts, which leave it to decideKeys: the reply, value and expiry are
 // decideKeys's alone.
 func TestPlainOneLogInParts(t *testing.T) {
-	ctx := context.Background()
-	c := standaloneClient(t)
-	generic := loadGeneric(t)
+	r := newPlainOneRig(t)
 	const W = int64(time.Minute)
-	clock := int64(1_764_460_000_000_000_000)
-	s, err := New(c, Options{KeyPrefix: uniquePrefix(t), Timeout: 10 * time.Second, now: func() int64 { return clock }, NoCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	z := mustZone(t, s, "l", algorithms.NameSlidingWindow, algorithms.Policy{Limit: 600, Window: W})
-	conn := c.Conn()
-	t.Cleanup(func() { conn.Close() })
+	z := mustZone(t, r.s, "l", algorithms.NameSlidingWindow, algorithms.Policy{Limit: 600, Window: W})
 	for _, n := range []int{127, 128, 129, 300, 511, 512} {
 		for _, extra := range []int{0, 1, 8} {
 			for _, head := range []int{0, n / 2} {
-				name := fmt.Sprintf("n%d-x%d-h%d", n, extra, head)
-				items, _, err := s.resolve([]backend.Request{{Limit: z, Key: name, Cost: 1}})
-				if err != nil {
-					t.Fatal(err)
-				}
 				times := make([]int64, n)
 				units := make([]uint32, n)
 				for i := range times {
 					// The first eighth has left the window.
-					times[i] = clock - W - W/8 + int64(i)*W/int64(n)
+					times[i] = r.clock - W - W/8 + int64(i)*W/int64(n)
 					units[i] = 1
 				}
-				v := logValue(times, units, 0, 0, uint32(head))
-				v += strings.Repeat("\x07", extra)
-				cmd, _ := s.manyCmd(ctx, []*pending{{ctx: ctx, items: items}}, nil)
-				var got [2]string
-				var expiry [2]time.Duration
-				for db, fn := range []string{functionName, generic} {
-					if err := conn.Do(ctx, "select", db).Err(); err != nil {
-						t.Fatal(err)
-					}
-					if err := conn.Do(ctx, "set", items[0].key, v, "px", 600_000).Err(); err != nil {
-						t.Fatal(err)
-					}
-					args := slices.Clone(cmd.Args())
-					args[0], args[1] = "fcall", fn
-					reply, err := conn.Do(ctx, args...).Result()
-					if err != nil {
-						t.Fatalf("%s: %v", name, err)
-					}
-					stored := conn.Get(ctx, items[0].key).Val()
-					got[db] = fmt.Sprintf("reply %x value %x", reply, stored)
-					expiry[db] = conn.PTTL(ctx, items[0].key).Val()
-				}
-				if got[0] != got[1] || (expiry[0]-expiry[1]).Abs() > 100*time.Millisecond {
-					t.Errorf("%s: logPlainOne %s expiry %v, decideKeys %s expiry %v", name, got[0], expiry[0], got[1], expiry[1])
-				}
+				v := logValue(times, units, 0, 0, uint32(head)) + strings.Repeat("\x07", extra)
+				r.check(z, fmt.Sprintf("n%d-x%d-h%d", n, extra, head), []byte(v))
 			}
+		}
+	}
+}
+
+// A log of single units whose header matches its events but one of whose
+// events is not a number (a value no version writes, put there by hand):
+// logPlainOne must decide it as decideKeys does, which reads its events
+// one by one (logEvent) once the log is past the first read, and counts
+// such an event as live and then pruned. The reply, the value and the
+// expiry are decideKeys's alone, first read or in parts, the event oldest
+// or newest.
+func TestPlainOneLogNaNEvent(t *testing.T) {
+	r := newPlainOneRig(t)
+	const W = int64(time.Minute)
+	z := mustZone(t, r.s, "l", algorithms.NameSlidingWindow, algorithms.Policy{Limit: 128, Window: W})
+	for _, n := range []int{100, 200} {
+		for _, at := range []int{0, 5, n - 1} {
+			times := make([]int64, n)
+			units := make([]uint32, n)
+			for i := range times {
+				times[i] = r.clock - W/2 + int64(i)
+				units[i] = 1
+			}
+			b := []byte(logValue(times, units, 0, 0, 0))
+			binary.LittleEndian.PutUint64(b[26+8*at:], math.Float64bits(math.NaN()))
+			r.check(z, fmt.Sprintf("n%d-nan%d", n, at), b)
 		}
 	}
 }

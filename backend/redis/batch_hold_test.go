@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/backend"
 )
@@ -349,12 +351,7 @@ func within(t *testing.T, errs <-chan error, what string) error {
 // hold) does not end a later one before its time; the later hold's own
 // timer ends it.
 func TestBatchStaleHoldTimerKeepsTheLaterHold(t *testing.T) {
-	c := standaloneClient(t)
-	s := uncachedStore(t, c, 10*time.Second)
-	z := mustZone(t, s, "stale", algorithms.NameTokenBucket, policy(100, time.Hour))
-	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "warm", Cost: 0}}, make([]algorithms.Result, 1)); err != nil {
-		t.Fatal(err)
-	}
+	c, s, z := warmStore(t, 10*time.Second, "stale", algorithms.NameTokenBucket, 100)
 	b := batcherOf(t, s, z)
 	s.holdFor = time.Hour
 	roundOf(t, s, z, b, 16)
@@ -381,12 +378,7 @@ func TestBatchStaleHoldTimerKeepsTheLaterHold(t *testing.T) {
 // a decision that comes later leaves at once, rather than wait for a
 // round or its deadline.
 func TestBatchHoldEndsWithNothingQueued(t *testing.T) {
-	c := standaloneClient(t)
-	s := uncachedStore(t, c, 10*time.Second)
-	z := mustZone(t, s, "empty", algorithms.NameTokenBucket, policy(100, time.Hour))
-	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "warm", Cost: 0}}, make([]algorithms.Result, 1)); err != nil {
-		t.Fatal(err)
-	}
+	_, s, z := warmStore(t, 10*time.Second, "empty", algorithms.NameTokenBucket, 100)
 	b := batcherOf(t, s, z)
 	s.holdFor = 10 * time.Millisecond
 	roundOf(t, s, z, b, 16)
@@ -401,12 +393,7 @@ func TestBatchHoldEndsWithNothingQueued(t *testing.T) {
 // within leftPoll with the cancellation, not when its (slow) call does;
 // the call still decides it, once.
 func TestBatchClientLeavesWhileCallIsOut(t *testing.T) {
-	c := standaloneClient(t)
-	s := uncachedStore(t, c, time.Minute)
-	z := mustZone(t, s, "out", algorithms.NameFixedWindow, policy(5, time.Hour))
-	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "warm", Cost: 0}}, make([]algorithms.Result, 1)); err != nil {
-		t.Fatal(err)
-	}
+	c, s, z := warmStore(t, time.Minute, "out", algorithms.NameFixedWindow, 5)
 	c.AddHook(slowCalls{3 * time.Second})
 	_, queued, release := holdBatcher(t, s, z)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -437,12 +424,7 @@ func TestBatchClientLeavesWhileCallIsOut(t *testing.T) {
 // answer when it returns, even if its client left meanwhile: the call
 // was decided, and the caller is told what Redis did.
 func TestBatchSenderKeepsItsAnswer(t *testing.T) {
-	c := standaloneClient(t)
-	s := uncachedStore(t, c, time.Minute)
-	z := mustZone(t, s, "sender", algorithms.NameFixedWindow, policy(5, time.Hour))
-	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "warm", Cost: 0}}, make([]algorithms.Result, 1)); err != nil {
-		t.Fatal(err)
-	}
+	c, s, z := warmStore(t, time.Minute, "sender", algorithms.NameFixedWindow, 5)
 	c.AddHook(slowCalls{time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -452,4 +434,18 @@ func TestBatchSenderKeepsItsAnswer(t *testing.T) {
 	if err := within(t, errs, "the sender's decision"); err != nil {
 		t.Fatalf("err %v, want the call's answer (allowed)", err)
 	}
+}
+
+// warmStore is a store without the over-limit cache (timeout its calls'),
+// its client and a zone of alg at limit an hour whose script is loaded
+// and whose batcher exists: a first decision has been made.
+func warmStore(t *testing.T, timeout time.Duration, name, alg string, limit int64) (*goredis.Client, *Store, backend.Limit) {
+	t.Helper()
+	c := standaloneClient(t)
+	s := uncachedStore(t, c, timeout)
+	z := mustZone(t, s, name, alg, policy(limit, time.Hour))
+	if _, err := s.Decide(context.Background(), []backend.Request{{Limit: z, Key: "warm", Cost: 0}}, make([]algorithms.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	return c, s, z
 }

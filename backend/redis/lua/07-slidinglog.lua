@@ -39,6 +39,8 @@ local function libL()
 	local PRE = 1024 -- bytes of events read with the header
 	local PLAIN = 4096 -- bytes of events of a log written whole
 	local STRIDE = {[0] = 8, [1] = 12, [2] = 20}
+	local MAGIC = 1380994131 -- a room log's first meta slot
+	local META = 3
 	local FENMAX = 140737488355328 -- 2^47
 	-- Numbers reach redis.call as decimal strings written here: Redis
 	-- writes a Lua number with "%.17g", a few thousand instructions each,
@@ -64,6 +66,60 @@ local function libL()
 		local b = 1
 		while i % (b + b) == 0 do b = b + b end
 		return b
+	end
+
+	local ROOM_FROM = 32 -- live events from which a log is written with room
+	local WIN = 32 -- slots a single-key decision reads with the header
+	local WIN_END = dec(HDR + WIN * 8 - 1)
+	local zerosOf = {}
+	local function zeros(k)
+		local z = zerosOf[k]
+		if not z then
+			z = string.rep('\0', k * 8)
+			zerosOf[k] = z
+		end
+		return z
+	end
+	local function offs(x)
+		return strOf[x] or str(x)
+	end
+	-- roomWrite writes the log of base second d whose live events are evs
+	-- (live of them) and the event t, with room; or exact when few.
+	local function roomWrite(key, W, d, evs, live, t)
+		local b = d * E9
+		if live + 1 < ROOM_FROM / 2 then
+			local ms
+			if t == now then ms = pxsWindow(W) else ms = pxs(t + W) end
+			redis.call('SET', key, struct.pack('<ddBBI4I4', NS + d, live + 1, 0, 0, 0, live + 1) .. evs .. struct.pack('<d', t - b), 'PX', ms)
+			return
+		end
+		local R = floor(live / 4)
+		if R < 16 then R = 16 end
+		local n = META + live + 1
+		local exp = t + W + floor(W / 16)
+		redis.call('SET', key, struct.pack('<ddBBI4I4I4I4dd', NS + d, live + 1, 0, 1, META, n, MAGIC, n + R, t - b, exp - b) ..
+			evs .. struct.pack('<d', t - b) .. zeros(R), 'PX', pxs(exp))
+	end
+	-- roomAppend logs the event t in a room log (base b, its second d)
+	-- that has room for it, in place: the event past the last one, then
+	-- the header and meta; its expiry is set again only when t + W passes
+	-- the one it has, to W/16 later.
+	local function roomAppend(key, W, b, d, h, n, cap, expOff, units, t)
+		redis.call('SETRANGE', key, offs(HDR + n * 8), struct.pack('<d', t - b))
+		local e = b + expOff
+		if t + W > e then
+			e = t + W + floor(W / 16)
+			redis.call('PEXPIRE', key, pxs(e))
+		end
+		redis.call('SETRANGE', key, '0', struct.pack('<ddBBI4I4I4I4dd', NS + d, units + 1, 0, 1, h, n + 1, MAGIC, cap, t - b, e - b))
+	end
+	-- roomFull tells a room log is rewritten to log an event: no room
+	-- left, or its first live event (pruned head h) past the slots read
+	-- with the header.
+	local function roomFull(h, n, cap)
+		local k = h + 1
+		if k > n then k = n end
+		return n + 1 > cap or (cap > WIN and k > WIN)
 	end
 
 	-- logEvent returns event i's time and units (0: given back).
@@ -159,7 +215,9 @@ local function libL()
 	end
 
 	local function logHeader(l)
-		return struct.pack('<ddBBI4I4', NS + l.base / E9, l.sum, l.wide, 0, l.h, l.n)
+		local tombs = 0
+		if l.room then tombs = 1 end
+		return struct.pack('<ddBBI4I4', NS + l.base / E9, l.sum, l.wide, tombs, l.h, l.n)
 	end
 
 	-- logRewrite writes the live events of l, and the event (t, u) when t
@@ -237,6 +295,13 @@ local function libL()
 			h = head, h0 = head, n = n, stride = STRIDE[wide], pre = hdr}
 		-- The whole string when it is shorter than what was asked.
 		if #hdr < HDR + PRE then l.whole = hdr end
+		if wide == 0 and tombs == 1 and #hdr >= HDR + 24 and struct.unpack('<I4', hdr, HDR + 1) == MAGIC then
+			local cap, _, expOff = struct.unpack('<I4dd', hdr, HDR + 5)
+			if head >= META and n >= head and cap >= n then
+				l.sum, l.room = n - head, {cap = cap, exp = expOff}
+				return l
+			end
+		end
 		if wide == 1 or (wide == 0 and tombs == 1) then
 			-- An older version's log, whose retry time was found by walking.
 			-- The rewrite keeps its expiry: a denied decision that follows
@@ -353,7 +418,21 @@ local function libL()
 		local fits = l.n and fmt == l.wide and t - l.base < P52
 		local small = fits and fmt == 0 and live * 8 <= PLAIN
 		local rec
-		if small then
+		if fits and fmt == 0 and (l.room or live + 1 >= ROOM_FROM) then
+			local d = l.base / E9
+			if l.room and not roomFull(l.h, l.n, l.room.cap) then
+				roomAppend(key, W, l.base, d, l.h, l.n, l.room.cap, l.room.exp, live, t)
+				return t
+			end
+			local evs = ''
+			if live > 0 and l.whole then
+				evs = sub(l.whole, HDR + l.h * 8 + 1, HDR + l.n * 8)
+			elseif live > 0 then
+				evs = redis.call('GETRANGE', key, dec(HDR + l.h * 8), dec(HDR + l.n * 8 - 1))
+			end
+			roomWrite(key, W, d, evs, live, t)
+			return t
+		elseif small then
 			-- A log of up to 4 KB is copied whole, without its pruned events: a
 			-- string appended to grows its allocation ahead of use.
 			local tail
@@ -477,6 +556,7 @@ local function libL()
 			redis.call('DEL', key)
 			return
 		end
+		if l.room then l = logRewrite(l, 0) end
 		if l.wide == 0 then
 			-- Events of one unit: the newest units events go.
 			l.n = l.n - units
@@ -614,8 +694,20 @@ local function libL()
 			redis.call('SET', key, struct.pack('<ddBBI4I4d', NS + b, 1, 0, 0, 0, 1, t - b * E9), 'PX', ms)
 			return
 		end
-		local hdr, ev = struct.pack('<ddBBI4I4', NS + d, sum + 1, 0, 0, 0, n - h + 1), struct.pack('<d', t - d * E9)
 		local at = HDR + h * 8
+		if sum + 1 >= ROOM_FROM then
+			local evs
+			if rest and at >= #raw then
+				evs = sub(rest, at - #raw + 1)
+			elseif rest then
+				evs = sub(raw, at + 1) .. rest
+			else
+				evs = sub(raw, at + 1)
+			end
+			roomWrite(key, W, d, evs, sum, t)
+			return
+		end
+		local hdr, ev = struct.pack('<ddBBI4I4', NS + d, sum + 1, 0, 0, 0, n - h + 1), struct.pack('<d', t - d * E9)
 		if rest and at >= #raw then
 			redis.call('SET', key, hdr .. sub(rest, at - #raw + 1) .. ev, 'PX', ms)
 		elseif rest then
@@ -634,40 +726,119 @@ local function libL()
 		end
 		redis.call('SETRANGE', key, '0', struct.pack('<ddBBI4I4', NS + d, sum, 0, 0, h, n))
 	end
+	-- ROOM LOGS (prototype): a log of ROOM_FROM live events or more is
+	-- written with room for more events past its last one, so that a
+	-- decision writes its event and the header in place (SETRANGE)
+	-- without reading the log whole. The header's tombs byte is 1: an
+	-- older version loads such a log as one of its own older logs and
+	-- rewrites it (format 2) from its events h+1..n, which skip the meta
+	-- slots (1..META, counted as pruned) and the room.
+	-- roomOne is logPlainOne for a room log (raw, m bytes read).
+	local function roomOne(key, W, limit, raw, m)
+		local base, _, _, _, h0, n, _, cap, newOff, expOff = struct.unpack('<ddBBI4I4I4I4dd', raw)
+		local d = base - NS
+		if d < -FAR or d > FAR or h0 < META or n < h0 or cap < n or m ~= HDR + WIN * 8 and m ~= HDR + cap * 8 then return false end
+		local b = d * E9
+		local h = h0
+		local all, allFrom
+		while h < n do
+			local at = HDR + h * 8
+			local off
+			if at + 8 <= m then
+				off = struct.unpack('<d', raw, at + 1)
+			else
+				if not all then
+					allFrom = h
+					all = redis.call('GETRANGE', key, offs(at), offs(HDR + n * 8 - 1))
+				end
+				off = struct.unpack('<d', all, (h - allFrom) * 8 + 1)
+			end
+			if not (b + off + W > now) then h = h + 1 else break end
+		end
+		local units = n - h
+		local newest
+		if units > 0 then newest = b + newOff end
+		local reset = 0
+		if newest and newest + W > now then reset = newest + W - now end
+		if units + 1 > limit then
+			local left = limit - units
+			if left < 0 then left = 0 end
+			local i = h + units + 1 - limit
+			local at = HDR + (i - 1) * 8
+			local off
+			if at + 8 <= m then
+				off = struct.unpack('<d', raw, at + 1)
+			elseif all and i > allFrom then
+				off = struct.unpack('<d', all, (i - 1 - allFrom) * 8 + 1)
+			else
+				off = struct.unpack('<d', redis.call('GETRANGE', key, offs(at), offs(at + 7)))
+			end
+			local retry = b + off + W - now
+			if h ~= h0 then
+				if units == 0 then
+					redis.call('DEL', key)
+				else
+					redis.call('SETRANGE', key, '0', struct.pack('<ddBBI4I4', NS + d, units, 0, 1, h, n))
+				end
+			end
+			return 0, left, retry, reset, 0
+		end
+		if reset < W then reset = W end
+		local t = now
+		if newest and newest > t then t = newest end
+		if t - b >= P52 then return false end
+		if roomFull(h, n, cap) then
+			local evs
+			if units == 0 then
+				evs = ''
+			elseif all and h >= allFrom then
+				evs = sub(all, (h - allFrom) * 8 + 1)
+			elseif HDR + n * 8 <= m then
+				evs = sub(raw, HDR + h * 8 + 1, HDR + n * 8)
+			else
+				evs = redis.call('GETRANGE', key, offs(HDR + h * 8), offs(HDR + n * 8 - 1))
+			end
+			roomWrite(key, W, d, evs, units, t)
+		else
+			roomAppend(key, W, b, d, h, n, cap, expOff, units, t)
+		end
+		return 1, limit - units - 1, 0, reset, t - now
+	end
+	-- isRoom tells a room log's header in raw (m bytes).
+	local function isRoom(raw, m)
+		if m < HDR + 16 then return false end
+		local _, _, wide, tombs, _, _, magic = struct.unpack('<ddBBI4I4I4', raw)
+		return wide == 0 and tombs == 1 and magic == MAGIC
+	end
+
 	-- logPlainOne decides a request of the one key key, a log of window W
 	-- and limit, and a cost of 1 (most requests of most log zones), as
 	-- logPlainRead, decidePlain's arithmetic and logPlainTake or
 	-- logPlainKeep do, without decidePlain's tables and loops, and for a
-	-- log of up to PLAIN bytes of events, read in two parts (PRE bytes,
-	-- then the rest): false, having written nothing, when decideKeys must
-	-- decide it; else whether allowed (1 or 0), the units left, the retry,
-	-- the reset and the logged time (from now).
+	-- log of up to PLAIN bytes of events, read in two parts: false, having
+	-- written nothing, when decideKeys must decide it; else whether
+	-- allowed (1 or 0), the units left, the retry, the reset and the
+	-- logged time (from now).
 	local function logPlainOne(key, W, limit)
 		if limit < 1 then return false end
-		-- logPlainRead written out: the call and its eight values cost
-		-- 2% of the decision.
-		local raw = redis.call('GETRANGE', key, '0', PRE_END)
+		local raw = redis.call('GETRANGE', key, '0', WIN_END)
 		local m = #raw
 		if m == 0 then
 			logPlainTake(key, W, now)
 			return 1, limit - 1, 0, W, 0
 		end
+		if isRoom(raw, m) then return roomOne(key, W, limit, raw, m) end
 		local rest
-		if m == HDR + PRE then
+		if m == HDR + WIN * 8 then
 			local _, _, wide, _, _, n = struct.unpack('<ddBBI4I4', raw)
-			if wide == 0 and n * 8 >= PRE and n * 8 < PLAIN then
-				-- To the end of event n, and a byte past it, which a
-				-- string longer than its header says would have.
+			if wide == 0 and n * 8 < PLAIN then
 				local last = HDR + n * 8
-				rest = redis.call('GETRANGE', key, PAST_PRE, strOf[last] or str(last))
+				rest = redis.call('GETRANGE', key, offs(HDR + WIN * 8), offs(last))
 				m = m + #rest
 			end
 		end
 		local d, h0, n, sum = plainHeader(raw, m)
-		if not d then
-			logPreKey, logPreRaw = key, raw
-			return false
-		end
+		if not d then return false end
 		local h, units, newest = pruneWhole(raw, d * E9, h0, n, sum, W, rest)
 		local reset = 0
 		if newest and newest + W > now then reset = newest + W - now end
@@ -681,11 +852,7 @@ local function libL()
 		if reset < W then reset = W end
 		local t = now
 		if newest and newest > t then t = newest end
-		-- Past the base's exact range logTake rewrites the log.
-		if t - d * E9 >= P52 then
-			logPreKey, logPreRaw = key, raw
-			return false
-		end
+		if t - d * E9 >= P52 then return false end
 		logPlainTake(key, W, t, raw, d, h, units, n, rest)
 		return 1, limit - units - 1, 0, reset, t - now
 	end

@@ -71,12 +71,19 @@ local function libL()
 	local ROOM_FROM = 32 -- live events from which a log is written with room
 	local WIN = 32 -- slots a single-key decision reads with the header
 	local WIN_END = dec(HDR + WIN * 8 - 1)
+	-- Up to SCAN_MOST live events, a log whose first live event is past
+	-- the slots read with the header is rewritten (a few KB); a longer
+	-- one has its next slots read, CH at a time, and is rewritten when
+	-- its pruned events outnumber its live ones (amortized O(1) per event).
+	local SCAN_MOST = 128
 	local zerosOf = {}
 	local function zeros(k)
 		local z = zerosOf[k]
 		if not z then
 			z = string.rep('\0', k * 8)
-			zerosOf[k] = z
+			-- (A Function's tables outlive the call: only the sizes of
+			-- short logs' room are kept.)
+			if k <= 64 then zerosOf[k] = z end
 		end
 		return z
 	end
@@ -93,12 +100,21 @@ local function libL()
 			redis.call('SET', key, struct.pack('<ddBBI4I4', NS + d, live + 1, 0, 0, 0, live + 1) .. evs .. struct.pack('<d', t - b), 'PX', ms)
 			return
 		end
-		local R = floor(live / 4)
-		if R < 16 then R = 16 end
 		local n = META + live + 1
+		-- Room for live/8 events (at least 8), and as many more as the
+		-- string's allocation holds anyway: Redis allocates a string's
+		-- bytes (with a header of 3 or 5 bytes and a NUL) from
+		-- jemalloc's size classes, four per doubling past 128 bytes.
+		local r = floor(live / 8)
+		if r < 8 then r = 8 end
+		local size = HDR + (n + r) * 8 + 6
+		local p = 128
+		while p * 2 < size do p = p * 2 end
+		local q = p / 4
+		local cap = floor((p + floor((size - p + q - 1) / q) * q - 6 - HDR) / 8)
 		local exp = t + W + floor(W / 16)
-		redis.call('SET', key, struct.pack('<ddBBI4I4I4I4dd', NS + d, live + 1, 0, 1, META, n, MAGIC, n + R, t - b, exp - b) ..
-			evs .. struct.pack('<d', t - b) .. zeros(R), 'PX', pxs(exp))
+		redis.call('SET', key, struct.pack('<ddBBI4I4I4I4dd', NS + d, live + 1, 0, 1, META, n, MAGIC, cap, t - b, exp - b) ..
+			evs .. struct.pack('<d', t - b) .. zeros(cap - n), 'PX', pxs(exp))
 	end
 	-- roomAppend logs the event t in a room log (base b, its second d)
 	-- that has room for it, in place: the event past the last one, then
@@ -117,9 +133,13 @@ local function libL()
 	-- left, or its first live event (pruned head h) past the slots read
 	-- with the header.
 	local function roomFull(h, n, cap)
-		local k = h + 1
-		if k > n then k = n end
-		return n + 1 > cap or (cap > WIN and k > WIN)
+		if n + 1 > cap then return true end
+		if n - h <= SCAN_MOST then
+			local k = h + 1
+			if k > n then k = n end
+			return cap > WIN and k > WIN
+		end
+		return h - META > n - h
 	end
 
 	-- logEvent returns event i's time and units (0: given back).
@@ -296,9 +316,9 @@ local function libL()
 		-- The whole string when it is shorter than what was asked.
 		if #hdr < HDR + PRE then l.whole = hdr end
 		if wide == 0 and tombs == 1 and #hdr >= HDR + 24 and struct.unpack('<I4', hdr, HDR + 1) == MAGIC then
-			local cap, _, expOff = struct.unpack('<I4dd', hdr, HDR + 5)
+			local cap, newOff, expOff = struct.unpack('<I4dd', hdr, HDR + 5)
 			if head >= META and n >= head and cap >= n then
-				l.sum, l.room = n - head, {cap = cap, exp = expOff}
+				l.sum, l.room = n - head, {cap = cap, newest = newOff, exp = expOff}
 				return l
 			end
 		end
@@ -317,6 +337,11 @@ local function libL()
 	-- logNewest is the time of the newest event not given back, or nil
 	-- (a format-2 log keeps its last event live: O(1)).
 	local function logNewest(l)
+		-- (A room log keeps its newest event's time in its meta.)
+		if l.room then
+			if l.n > l.h then return l.base + l.room.newest end
+			return nil
+		end
 		for i = l.n, l.h + 1, -1 do
 			local t, u = logEvent(l, i)
 			if u > 0 then return t end
@@ -374,6 +399,7 @@ local function libL()
 				-- logNewest without a call per event (as logEvent reads
 				-- them).
 				l.h, l.sum, t = pruneWhole(l.whole, l.base, l.h, l.n, l.sum, W)
+				if l.room then t = logNewest(l) end
 			else
 				logPrune(l, W)
 				t = logNewest(l)
@@ -740,20 +766,27 @@ local function libL()
 		if d < -FAR or d > FAR or h0 < META or n < h0 or cap < n or m ~= HDR + WIN * 8 and m ~= HDR + cap * 8 then return false end
 		local b = d * E9
 		local h = h0
-		local all, allFrom
+		-- part: slots from + 1 on, read past raw, CH at a time.
+		local part, from
 		while h < n do
 			local at = HDR + h * 8
 			local off
 			if at + 8 <= m then
 				off = struct.unpack('<d', raw, at + 1)
 			else
-				if not all then
-					allFrom = h
-					all = redis.call('GETRANGE', key, offs(at), offs(HDR + n * 8 - 1))
+				if not part or h >= from + CH then
+					from = h
+					local last = h + CH
+					if last > n then last = n end
+					part = redis.call('GETRANGE', key, offs(at), offs(HDR + last * 8 - 1))
 				end
-				off = struct.unpack('<d', all, (h - allFrom) * 8 + 1)
+				off = struct.unpack('<d', part, (h - from) * 8 + 1)
 			end
-			if not (b + off + W > now) then h = h + 1 else break end
+			-- (No version writes an event given back or not a number in
+			-- a room log: such a log is decideKeys's.)
+			if not (off >= 0) then return false end
+			if b + off + W > now then break end
+			h = h + 1
 		end
 		local units = n - h
 		local newest
@@ -768,11 +801,12 @@ local function libL()
 			local off
 			if at + 8 <= m then
 				off = struct.unpack('<d', raw, at + 1)
-			elseif all and i > allFrom then
-				off = struct.unpack('<d', all, (i - 1 - allFrom) * 8 + 1)
+			elseif part and i > from and i <= from + #part / 8 then
+				off = struct.unpack('<d', part, (i - 1 - from) * 8 + 1)
 			else
 				off = struct.unpack('<d', redis.call('GETRANGE', key, offs(at), offs(at + 7)))
 			end
+			if not (off >= 0) then return false end
 			local retry = b + off + W - now
 			if h ~= h0 then
 				if units == 0 then
@@ -788,14 +822,10 @@ local function libL()
 		if newest and newest > t then t = newest end
 		if t - b >= P52 then return false end
 		if roomFull(h, n, cap) then
-			local evs
-			if units == 0 then
-				evs = ''
-			elseif all and h >= allFrom then
-				evs = sub(all, (h - allFrom) * 8 + 1)
-			elseif HDR + n * 8 <= m then
+			local evs = ''
+			if units > 0 and HDR + n * 8 <= m then
 				evs = sub(raw, HDR + h * 8 + 1, HDR + n * 8)
-			else
+			elseif units > 0 then
 				evs = redis.call('GETRANGE', key, offs(HDR + h * 8), offs(HDR + n * 8 - 1))
 			end
 			roomWrite(key, W, d, evs, units, t)
@@ -806,7 +836,7 @@ local function libL()
 	end
 	-- isRoom tells a room log's header in raw (m bytes).
 	local function isRoom(raw, m)
-		if m < HDR + 16 then return false end
+		if m < HDR + 24 then return false end
 		local _, _, wide, tombs, _, _, magic = struct.unpack('<ddBBI4I4I4', raw)
 		return wide == 0 and tombs == 1 and magic == MAGIC
 	end

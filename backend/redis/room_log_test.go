@@ -1,0 +1,245 @@
+package redis
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/backend"
+)
+
+// olderLib loads, as a Function of its own (whose name it returns), the
+// script as a build before logs with room reads them: it takes one for
+// one of its own older logs (tombs 1) and rewrites it in format 2.
+func olderLib(t *testing.T) string {
+	t.Helper()
+	name := functionName + "_older"
+	src := strings.ReplaceAll(functionSource, functionName, name)
+	for _, line := range []string{
+		"if wide == 0 and tombs == 1 and #hdr >= HDR + 24 and struct.unpack('<I4', hdr, HDR + 1) == MAGIC then",
+		"if isRoom(raw, m) then return roomOne(key, W, limit, raw, m) end",
+	} {
+		if strings.Count(src, line) != 1 {
+			t.Fatalf("the script has not one %q", line)
+		}
+	}
+	src = strings.Replace(src, "if wide == 0 and tombs == 1 and #hdr >= HDR + 24 and struct.unpack('<I4', hdr, HDR + 1) == MAGIC then", "if false then", 1)
+	src = strings.Replace(src, "if isRoom(raw, m) then return roomOne(key, W, limit, raw, m) end", "", 1)
+	c := standaloneClient(t)
+	if err := c.Do(context.Background(), "function", "load", "replace", src).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Do(context.Background(), "function", "delete", name) })
+	return name
+}
+
+// liveEvents reads a sliding log of any format: its live events' times
+// (ns), oldest first, and whether it has room.
+func liveEvents(t *testing.T, v string) ([]int64, bool) {
+	t.Helper()
+	if len(v) < 26 {
+		t.Fatalf("not a log: %x", v)
+	}
+	b := []byte(v)
+	base := int64(math.Float64frombits(binary.LittleEndian.Uint64(b))) * 1e9
+	wide, tombs := b[16], b[17]
+	head := binary.LittleEndian.Uint32(b[18:])
+	n := binary.LittleEndian.Uint32(b[22:])
+	stride := map[byte]int{0: 8, 1: 12, 2: 20}[wide]
+	room := wide == 0 && tombs == 1 && len(b) >= 34 && binary.LittleEndian.Uint32(b[26:]) == 1380994131
+	var times []int64
+	for i := int(head); i < int(n); i++ {
+		at := 26 + i*stride
+		if at+stride > len(b) {
+			t.Fatalf("event %d past the string (%d bytes)", i+1, len(b))
+		}
+		off := math.Float64frombits(binary.LittleEndian.Uint64(b[at:]))
+		if off < 0 || (wide != 0 && binary.LittleEndian.Uint32(b[at+8:]) == 0) {
+			continue
+		}
+		times = append(times, base+int64(off))
+	}
+	return times, room
+}
+
+// A log with room, read by a build before such logs: it decides it as
+// this build does (the same reply), and leaves the same live events in
+// a log of format 2 without room; this build then decides that log as it
+// decides the log with room. Logs of 32 to 400 live events, some pruned,
+// allowed and denied, the room used up or not.
+func TestRoomLogOlderBuild(t *testing.T) {
+	r := newPlainOneRig(t)
+	older := olderLib(t)
+	const W = int64(time.Minute)
+	for _, live := range []int{31, 32, 100, 400} {
+		for _, limit := range []int{live + 1, live + 2, live + 50} {
+			for _, steps := range []int{1, 5, 40} {
+				name := fmt.Sprintf("live%d-limit%d-steps%d", live, limit, steps)
+				z := mustZone(t, r.s, "room"+name, algorithms.NameSlidingWindow, algorithms.Policy{Limit: int64(limit), Window: W})
+				items, _, err := r.s.resolve([]backend.Request{{Limit: z, Key: "k", Cost: 1}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				key := items[0].key
+				// live events in the last half window, after a quarter as
+				// many that have left it.
+				pruned := live / 4
+				times := make([]int64, pruned+live)
+				units := make([]uint32, len(times))
+				for i := range times {
+					times[i] = r.clock - 2*W + int64(i)
+					if i >= pruned {
+						times[i] = r.clock - W/2 + int64(i-pruned)*W/int64(4*live)
+					}
+					units[i] = 1
+				}
+				r.do(0, "set", key, logValue(times, units, 0, 0, 0), "px", 600_000)
+				// This build's steps, a second apart: the log gains room.
+				for range steps {
+					r.clock += int64(time.Second)
+					r.call(0, functionName, items)
+				}
+				v := r.do(0, "get", key).(string)
+				if _, room := liveEvents(t, v); !room && live >= 31 {
+					t.Fatalf("%s: no room after %d steps: %x", name, steps, v[:60])
+				}
+				r.clock += int64(time.Second)
+				r.do(1, "set", key, v, "px", 600_000)
+				for _, fn := range [][2]string{{functionName, older}, {functionName, functionName}} {
+					got := [2]string{r.call(0, fn[0], items), r.call(1, fn[1], items)}
+					if got[0] != got[1] {
+						t.Fatalf("%s (%s): this build %s, the other %s", name, fn[1], got[0], got[1])
+					}
+					ev := [2][]int64{}
+					for db := range 2 {
+						ev[db], _ = liveEvents(t, r.do(db, "get", key).(string))
+					}
+					if !slices.Equal(ev[0], ev[1]) {
+						t.Fatalf("%s (%s): events differ: %v and %v", name, fn[1], ev[0], ev[1])
+					}
+					r.clock += int64(time.Second) / 3
+				}
+			}
+		}
+	}
+}
+
+// do runs a command on database db.
+func (r *plainOneRig) do(db int, args ...any) any {
+	r.t.Helper()
+	if err := r.conn.Do(r.ctx, "select", db).Err(); err != nil {
+		r.t.Fatal(err)
+	}
+	v, err := r.conn.Do(r.ctx, args...).Result()
+	if err != nil {
+		r.t.Fatalf("%v: %v", args, err)
+	}
+	return v
+}
+
+// call decides the request of items on database db by the function fn,
+// at r.clock, and returns its reply.
+func (r *plainOneRig) call(db int, fn string, items []item) string {
+	r.t.Helper()
+	cmd, _ := r.s.manyCmd(r.ctx, []*pending{{ctx: r.ctx, items: items}}, nil)
+	args := slices.Clone(cmd.Args())
+	args[0], args[1] = "fcall", fn
+	return fmt.Sprintf("%x", r.do(db, args...))
+}
+
+// Logs that gain room and keep it, against the memory store: a key of
+// many requests a window, the clock moving by random steps (now and then
+// back), requests denied at the limit, refunds, a limit lowered and
+// raised by reloads, and requests of two keys at once (decideKeys). Every
+// reply must be the memory store's, and a key must never expire before
+// its newest event has left the window.
+func TestDifferentialRoomLog(t *testing.T) {
+	client := standaloneClient(t)
+	const W = int64(time.Second)
+	spec := func(limit int64) zoneSpec {
+		return zoneSpec{name: "room", alg: algorithms.NameSlidingWindow, policy: algorithms.Policy{Limit: limit, Window: W}}
+	}
+	tw := newTwinWith(t, client, false, t0, spec(300))
+	rooms := 0
+	expAt, expires := map[string]int64{}, map[string]int64{}
+	var lastMs int64
+	for step := range 6000 {
+		switch c := tw.c.intn(1000); {
+		case c < 4:
+			tw.clock -= int64(tw.c.intn(50)) * int64(time.Millisecond)
+		case c < 8:
+			tw.reloadTo(false, spec(int64(40+tw.c.intn(400))))
+		case c < 20 && step > 5400 && len(tw.granted) > 0:
+			// (Last: a refund rewrites the log in format 2, which
+			// keeps it until it idles.)
+			tw.giveBack(tw.c.intn(len(tw.granted)))
+		default:
+			tw.clock += int64(tw.c.intn(8)) * int64(time.Millisecond)
+		}
+		// One step a millisecond of the server's clock at least: two
+		// writes of one expiry in one of its milliseconds could not be
+		// told from none.
+		for {
+			srv, err := client.Time(context.Background()).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if srv.UnixMilli() != lastMs {
+				lastMs = srv.UnixMilli()
+				break
+			}
+		}
+		key := fmt.Sprintf("k%d", tw.c.intn(2))
+		if tw.c.intn(20) == 0 {
+			tw.do(ask{0, "k0", 1, false}, ask{0, "k1", 1, false})
+		} else {
+			tw.do(ask{0, key, 1, false})
+		}
+		if len(tw.granted) > 64 {
+			tw.granted = tw.granted[len(tw.granted)-64:]
+		}
+		for _, k := range []string{"k0", "k1"} {
+			items, _, err := tw.cur.red.resolve([]backend.Request{{Limit: tw.cur.redZ[0], Key: k, Cost: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, err := client.Get(context.Background(), items[0].key).Result()
+			if err != nil {
+				continue // none
+			}
+			times, room := liveEvents(t, v)
+			if room {
+				rooms++
+			}
+			if len(times) == 0 {
+				continue
+			}
+			// The server's clock runs the expiry, the test's the events:
+			// an expiry that moved was written by this step, at the
+			// test's clock, and holds till then plus what was left of it
+			// when the step ended, less the twin's hour (ttlExtra).
+			abs := client.Do(context.Background(), "pexpiretime", items[0].key).Val().(int64)
+			if abs != expAt[k] {
+				srv, err := client.Time(context.Background()).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				// (The twin's store writes every expiry an hour late,
+				// ttlExtra.)
+				expAt[k], expires[k] = abs, tw.clock+(abs-srv.UnixMilli()-3_600_000)*int64(time.Millisecond)
+			}
+			if newest := times[len(times)-1]; expires[k] < newest+W-int64(20*time.Millisecond) {
+				t.Fatalf("step %d: %s expires at %d, its newest event leaves the window at %d", step, k, expires[k], newest+W)
+			}
+		}
+	}
+	if rooms < 1000 {
+		t.Fatalf("only %d checks saw a log with room", rooms)
+	}
+}

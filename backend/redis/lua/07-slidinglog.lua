@@ -18,13 +18,26 @@
 --   then a large one) make every denied call read the whole log.
 --   Format 1 (units per event, found by walking) is only read, from logs
 --   older versions wrote: they are rewritten in format 2 when loaded.
+--   A log of format 0 may have room (tombs byte 1, which older versions
+--   read as one of their logs with events given back, and rewrite in
+--   format 2 from events h+1..n): its first META slots (counted as
+--   pruned) hold MAGIC and the slots the string holds (cap, '<I4I4'),
+--   the newest event's offset and the offset its key's expiry covers
+--   (doubles); then the events; then zeroed slots up to cap.
 -- A decision reads the header with the first PRE bytes of events, all of
--- a small log, and the few other events it needs (GETRANGE); it logs an
--- event in a log of up to PLAIN bytes (4 KB) by writing it whole (SET ...
--- PX), and in a larger one by writing past the last event and rewriting
--- the header in place (SETRANGE): the whole string is rewritten only when
--- its pruned part outgrows the live part (amortized O(1) per event
--- logged).
+-- a small log, and the few other events it needs (GETRANGE); a request of
+-- one key and a cost of 1 reads the header with WIN slots (logPlainOne).
+-- It logs an event in a log of under ROOM_FROM live events by writing it
+-- whole (SET ... PX). From ROOM_FROM live events on, a log is written
+-- with room, and an event is logged in place: the event past the last one
+-- and the header with its meta (SETRANGE), the expiry only when it no
+-- longer covers the event's window. Redis's Lua hashes every string it
+-- makes, byte by byte (about 12 instructions a byte): a log written whole
+-- costs three strings its size a decision, a log with room none. The
+-- string is rewritten (roomWrite) when its room is used up, or its first
+-- live event is past the slots read with the header (a log of up to
+-- SCAN_MOST live events), or its pruned events outnumber its live ones:
+-- amortized O(1) per event logged.
 
 local Llib
 -- What the batched call read of a log it left to decideKeys (logPreKey's
@@ -37,10 +50,10 @@ local function libL()
 	local HDR = 26
 	local CH = 32 -- events per read
 	local PRE = 1024 -- bytes of events read with the header
-	local PLAIN = 4096 -- bytes of events of a log written whole
+	local PLAIN = 4096 -- bytes of events of a log decidePlain reads whole, at most
 	local STRIDE = {[0] = 8, [1] = 12, [2] = 20}
-	local MAGIC = 1380994131 -- a room log's first meta slot
-	local META = 3
+	local MAGIC = 1380994131 -- a log with room: its first meta slot
+	local META = 3 -- meta slots
 	local FENMAX = 140737488355328 -- 2^47
 	-- Numbers reach redis.call as decimal strings written here: Redis
 	-- writes a Lua number with "%.17g", a few thousand instructions each,
@@ -91,7 +104,10 @@ local function libL()
 		return strOf[x] or str(x)
 	end
 	-- roomWrite writes the log of base second d whose live events are evs
-	-- (live of them) and the event t, with room; or exact when few.
+	-- (live of them, oldest first) and the event t: with room, or whole
+	-- without once under half of ROOM_FROM (between the two a log keeps
+	-- the form it has, so that one at the edge is not rewritten at every
+	-- event).
 	local function roomWrite(key, W, d, evs, live, t)
 		local b = d * E9
 		if live + 1 < ROOM_FROM / 2 then
@@ -442,7 +458,6 @@ local function libL()
 		if cost ~= 1 then fmt = 2 end
 		local live = (l.n or 0) - (l.h or 0)
 		local fits = l.n and fmt == l.wide and t - l.base < P52
-		local small = fits and fmt == 0 and live * 8 <= PLAIN
 		local rec
 		if fits and fmt == 0 and (l.room or live + 1 >= ROOM_FROM) then
 			local d = l.base / E9
@@ -458,8 +473,8 @@ local function libL()
 			end
 			roomWrite(key, W, d, evs, live, t)
 			return t
-		elseif small then
-			-- A log of up to 4 KB is copied whole, without its pruned events: a
+		elseif fits and fmt == 0 then
+			-- A short log is copied whole, without its pruned events: a
 			-- string appended to grows its allocation ahead of use.
 			local tail
 			if l.whole then
@@ -474,9 +489,7 @@ local function libL()
 			redis.call('SET', key, struct.pack('<ddBBI4I4c0d', NS + l.base / E9, l.sum + cost, l.wide, 0, 0, live + 1,
 				tail, t - l.base), 'PX', ms)
 			return t
-		elseif fits and l.h <= live and fmt == 0 then
-			rec = struct.pack('<d', t - l.base)
-		elseif fits and l.h <= live then
+		elseif fits and l.h <= live and fmt == 2 then
 			-- Node i holds event i and the nodes below it that it covers.
 			local i = l.n + 1
 			local f = cost
@@ -752,14 +765,9 @@ local function libL()
 		end
 		redis.call('SETRANGE', key, '0', struct.pack('<ddBBI4I4', NS + d, sum, 0, 0, h, n))
 	end
-	-- ROOM LOGS (prototype): a log of ROOM_FROM live events or more is
-	-- written with room for more events past its last one, so that a
-	-- decision writes its event and the header in place (SETRANGE)
-	-- without reading the log whole. The header's tombs byte is 1: an
-	-- older version loads such a log as one of its own older logs and
-	-- rewrites it (format 2) from its events h+1..n, which skip the meta
-	-- slots (1..META, counted as pruned) and the room.
-	-- roomOne is logPlainOne for a room log (raw, m bytes read).
+	-- roomOne is logPlainOne for a log with room (raw, its first m bytes,
+	-- the header and up to WIN slots), as logLoad, logDecide, logTake and
+	-- logKeep decide it: false, having written nothing, for decideKeys.
 	local function roomOne(key, W, limit, raw, m)
 		local base, _, _, _, h0, n, _, cap, newOff, expOff = struct.unpack('<ddBBI4I4I4I4dd', raw)
 		local d = base - NS
@@ -834,7 +842,7 @@ local function libL()
 		end
 		return 1, limit - units - 1, 0, reset, t - now
 	end
-	-- isRoom tells a room log's header in raw (m bytes).
+	-- isRoom tells raw (m bytes) starts a log with room.
 	local function isRoom(raw, m)
 		if m < HDR + 24 then return false end
 		local _, _, wide, tombs, _, _, magic = struct.unpack('<ddBBI4I4I4', raw)

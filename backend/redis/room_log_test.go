@@ -155,8 +155,8 @@ func (r *plainOneRig) call(db int, fn string, items []item) string {
 
 // Logs that gain room and keep it, against the memory store: a key of
 // many requests a window, the clock moving by random steps (now and then
-// back), requests denied at the limit, refunds, a limit lowered and
-// raised by reloads, and requests of two keys at once (decideKeys). Every
+// back), requests denied at the limit, refunds, grants, a limit lowered
+// and raised by reloads, and requests of two keys at once (decideKeys). Every
 // reply must be the memory store's, and a key must never expire before
 // its newest event has left the window.
 func TestDifferentialRoomLog(t *testing.T) {
@@ -175,6 +175,23 @@ func TestDifferentialRoomLog(t *testing.T) {
 			tw.clock -= int64(tw.c.intn(50)) * int64(time.Millisecond)
 		case c < 8:
 			tw.reloadTo(false, spec(int64(40+tw.c.intn(400))))
+		case c < 12:
+			// An operator's grant gives back the newest units; both
+			// stores must then inspect alike.
+			key := fmt.Sprintf("k%d", tw.c.intn(2))
+			units := int64(1 + tw.c.intn(40))
+			mem, red := backend.Admin(tw.cur.mem), backend.Admin(tw.cur.red)
+			mu, merr := mem.Grant(context.Background(), tw.cur.memZ[0], key, units)
+			ru, rerr := red.Grant(context.Background(), tw.cur.redZ[0], key, units)
+			if merr != nil || rerr != nil || mu != ru {
+				t.Fatalf("step %d: grant %d %s: memory %+v %v, redis %+v %v", step, units, key, mu, merr, ru, rerr)
+			}
+			mi, merr := mem.Inspect(context.Background(), tw.cur.memZ[0], key)
+			ri, rerr := red.Inspect(context.Background(), tw.cur.redZ[0], key)
+			if merr != nil || rerr != nil || mi != ri {
+				t.Fatalf("step %d: inspect after a grant: memory %+v %v, redis %+v %v", step, mi, merr, ri, rerr)
+			}
+			tw.granted = nil // what a refund would give back may be granted already
 		case c < 20 && step > 5400 && len(tw.granted) > 0:
 			// (Last: a refund rewrites the log in format 2, which
 			// keeps it until it idles.)

@@ -117,12 +117,13 @@ local function libL()
 			return
 		end
 		local n = META + live + 1
-		-- Room for live/8 events (at least 8), and as many more as the
-		-- string's allocation holds anyway: Redis allocates a string's
-		-- bytes (with a header of 3 or 5 bytes and a NUL) from
-		-- jemalloc's size classes, four per doubling past 128 bytes.
+		-- Room for live/8 events (at least 16: a rewrite costs about 35
+		-- instructions a byte), and as many more as the string's
+		-- allocation holds anyway: Redis allocates a string's bytes (with
+		-- a header of 3 or 5 bytes and a NUL) from jemalloc's size
+		-- classes, four per doubling past 128 bytes.
 		local r = floor(live / 8)
-		if r < 8 then r = 8 end
+		if r < 16 then r = 16 end
 		local size = HDR + (n + r) * 8 + 6
 		local p = 128
 		while p * 2 < size do p = p * 2 end

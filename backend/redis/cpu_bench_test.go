@@ -35,7 +35,7 @@ func BenchmarkRedisCPU(b *testing.B) {
 					shape = "pipe"
 				}
 				b.Run(fmt.Sprintf("%s/per_call=%d/%s", alg, per, shape), func(b *testing.B) {
-					benchRedisCPU(b, alg, per, pipe, 10_000, 1)
+					benchRedisCPU(b, alg, per, pipe, 10_000, 1, 0)
 				})
 				// Ten keys that expire an hour late, as a few busy
 				// clients' keys: their values are there when read
@@ -43,7 +43,7 @@ func BenchmarkRedisCPU(b *testing.B) {
 				// decideAbsent).
 				if alg == algorithms.NameTokenBucket {
 					b.Run(fmt.Sprintf("%s/hot/per_call=%d/%s", alg, per, shape), func(b *testing.B) {
-						benchRedisCPU(b, alg, per, pipe, 10, 1)
+						benchRedisCPU(b, alg, per, pipe, 10, 1, 0)
 					})
 				}
 				// Logs of 150 events and more, as a log holds after a
@@ -53,10 +53,17 @@ func BenchmarkRedisCPU(b *testing.B) {
 				// its end, not whole.
 				if alg == algorithms.NameSlidingWindow {
 					b.Run(fmt.Sprintf("%s/full/per_call=%d/%s", alg, per, shape), func(b *testing.B) {
-						benchRedisCPU(b, alg, per, pipe, 64, 150)
+						benchRedisCPU(b, alg, per, pipe, 64, 150, 0)
 					})
 					b.Run(fmt.Sprintf("%s/long/per_call=%d/%s", alg, per, shape), func(b *testing.B) {
-						benchRedisCPU(b, alg, per, pipe, 16, 700)
+						benchRedisCPU(b, alg, per, pipe, 16, 700, 0)
+					})
+					// Logs as the end-to-end bench's keep them: a
+					// window of a second over which each of 64 keys
+					// takes 100 requests, so that each request's event
+					// replaces one that left (the clock is the test's).
+					b.Run(fmt.Sprintf("%s/steady/per_call=%d/%s", alg, per, shape), func(b *testing.B) {
+						benchRedisCPU(b, alg, per, pipe, 64, 150, int64(time.Second)/(64*100))
 					})
 				}
 			}
@@ -66,8 +73,9 @@ func BenchmarkRedisCPU(b *testing.B) {
 
 // benchRedisCPU decides per requests a call, pipe calls at once, over
 // keys keys in turn, each of which has taken fill requests before the
-// count.
-func benchRedisCPU(b *testing.B, alg string, per, pipe, keys, fill int) {
+// count. With tick, the store's clock is the test's, a window is a
+// second, and each request moves the clock by tick ns.
+func benchRedisCPU(b *testing.B, alg string, per, pipe, keys, fill int, tick int64) {
 	addr := os.Getenv("SLUICE_BENCH_REDIS")
 	if addr == "" {
 		addr = standalone(b)
@@ -78,13 +86,19 @@ func benchRedisCPU(b *testing.B, alg string, per, pipe, keys, fill int) {
 	if keys < 10_000 {
 		opts.ttlExtra = 3_600_000
 	}
+	window := time.Hour
+	clock := time.Now().UnixNano()
+	if tick > 0 {
+		opts.now = func() int64 { return clock }
+		window = time.Second
+	}
 	s, err := New(c, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { s.Close() })
 	// A limit no run reaches, over a window that keeps every key alive.
-	z := mustZone(b, s, "cpu", alg, policy(1<<30, time.Hour))
+	z := mustZone(b, s, "cpu", alg, policy(1<<30, window))
 	ctx := context.Background()
 	calls := make([][]*pending, pipe)
 	n := 0
@@ -105,6 +119,7 @@ func benchRedisCPU(b *testing.B, alg string, per, pipe, keys, fill int) {
 	run := func() {
 		gs := make([]group, pipe)
 		for k := range gs {
+			clock += tick * int64(len(calls[k]))
 			gs[k].cmd, _ = s.manyCmd(ctx, calls[k], nil)
 		}
 		s.run(ctx, gs)

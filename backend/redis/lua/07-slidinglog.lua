@@ -82,7 +82,7 @@ local function libL()
 	end
 
 	local ROOM_FROM = 32 -- live events from which a log is written with room
-	local WIN = 32 -- slots a single-key decision reads with the header
+	local WIN = 24 -- slots a single-key decision reads with the header
 	local WIN_END = dec(HDR + WIN * 8 - 1)
 	-- Up to SCAN_MOST live events, a log whose first live event is past
 	-- the slots read with the header is rewritten (a few KB); a longer
@@ -770,9 +770,12 @@ local function libL()
 	-- the header and up to WIN slots), as logLoad, logDecide, logTake and
 	-- logKeep decide it: false, having written nothing, for decideKeys.
 	local function roomOne(key, W, limit, raw, m)
-		local base, _, _, _, h0, n, _, cap, newOff, expOff = struct.unpack('<ddBBI4I4I4I4dd', raw)
+		local base, _, wide, tombs, h0, n, _, cap, newOff, expOff = struct.unpack('<ddBBI4I4I4I4dd', raw)
 		local d = base - NS
-		if d < -FAR or d > FAR or h0 < META or n < h0 or cap < n or m ~= HDR + WIN * 8 and m ~= HDR + cap * 8 then return false end
+		if wide ~= 0 or tombs ~= 1 or d < -FAR or d > FAR or h0 < META or n < h0 or cap < n or
+			m ~= HDR + WIN * 8 and m ~= HDR + cap * 8 then
+			return false
+		end
 		local b = d * E9
 		local h = h0
 		-- part: slots from + 1 on, read past raw, CH at a time.
@@ -843,13 +846,6 @@ local function libL()
 		end
 		return 1, limit - units - 1, 0, reset, t - now
 	end
-	-- isRoom tells raw (m bytes) starts a log with room.
-	local function isRoom(raw, m)
-		if m < HDR + 24 then return false end
-		local _, _, wide, tombs, _, _, magic = struct.unpack('<ddBBI4I4I4', raw)
-		return wide == 0 and tombs == 1 and magic == MAGIC
-	end
-
 	-- logPlainOne decides a request of the one key key, a log of window W
 	-- and limit, and a cost of 1 (most requests of most log zones), as
 	-- logPlainRead, decidePlain's arithmetic and logPlainTake or
@@ -866,7 +862,8 @@ local function libL()
 			logPlainTake(key, W, now)
 			return 1, limit - 1, 0, W, 0
 		end
-		if isRoom(raw, m) then return roomOne(key, W, limit, raw, m) end
+		-- (A log with room whose header does not match is decideKeys's.)
+		if m >= HDR + 24 and struct.unpack('<I4', raw, HDR + 1) == MAGIC then return roomOne(key, W, limit, raw, m) end
 		local rest
 		if m == HDR + WIN * 8 then
 			local _, _, wide, _, _, n = struct.unpack('<ddBBI4I4', raw)

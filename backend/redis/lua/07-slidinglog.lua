@@ -310,6 +310,17 @@ local function libL()
 		return nl
 	end
 
+	-- logReform is logRewrite(l, fmt) keeping the key's expiry, which a
+	-- SET without one would drop: a refund, a settle or a grant that
+	-- rewrites a log and then writes only its header in place must not
+	-- leave a key that never expires.
+	local function logReform(l, fmt)
+		local ttl = redis.call('PTTL', l.key)
+		local ms
+		if ttl > 0 then ms = dec(ttl) end
+		return logRewrite(l, fmt, nil, nil, ms)
+	end
+
 	-- logLoad reads key's header: nil when there is no log (or only one
 	-- so old that every event has left every window).
 	local function logLoad(key)
@@ -343,10 +354,7 @@ local function libL()
 			-- An older version's log, whose retry time was found by walking.
 			-- The rewrite keeps its expiry: a denied decision that follows
 			-- writes the header alone.
-			local ttl = redis.call('PTTL', key)
-			local ms
-			if ttl > 0 then ms = dec(ttl) end
-			return logRewrite(l, 2, nil, nil, ms)
+			return logReform(l, 2)
 		end
 		return l
 	end
@@ -411,13 +419,15 @@ local function libL()
 		local reset = 0
 		if l.n then
 			local t
-			if l.wide == 0 and l.whole then
+			if l.wide == 0 and l.whole and not l.room then
 				-- A small log of single units in hand: logPrune and
 				-- logNewest without a call per event (as logEvent reads
 				-- them).
 				l.h, l.sum, t = pruneWhole(l.whole, l.base, l.h, l.n, l.sum, W)
-				if l.room then t = logNewest(l) end
 			else
+				-- (A log with room is pruned from its head, as roomOne
+				-- prunes it, and keeps its newest event's time in its
+				-- meta.)
 				logPrune(l, W)
 				t = logNewest(l)
 			end
@@ -558,7 +568,7 @@ local function libL()
 		-- stay gone (logKeep) even when the event is not found.
 		logPrune(l, W)
 		if l.wide ~= 2 then
-			l = logRewrite(l, 2)
+			l = logReform(l, 2)
 			if not l then return end
 		end
 		local i = logFind(l, cost, at)
@@ -596,7 +606,7 @@ local function libL()
 			redis.call('DEL', key)
 			return
 		end
-		if l.room then l = logRewrite(l, 0) end
+		if l.room then l = logReform(l, 0) end
 		if l.wide == 0 then
 			-- Events of one unit: the newest units events go.
 			l.n = l.n - units
@@ -648,7 +658,7 @@ local function libL()
 		end
 		local i
 		if l.n and est > 0 then
-			if l.wide ~= 2 then l = logRewrite(l, 2) or {} end
+			if l.wide ~= 2 then l = logReform(l, 2) or {} end
 			if l.n then i = logFind(l, est, at) end
 		end
 		if not i then

@@ -485,10 +485,14 @@ type plainOneRig struct {
 	clock   int64
 }
 
-func newPlainOneRig(t *testing.T) *plainOneRig {
+func newPlainOneRig(t *testing.T) *plainOneRig { return newRig(t, 1_764_460_000_000_000_000, 0) }
+
+// newRig is a rig whose store runs on clock and writes every expiry
+// extra ms late.
+func newRig(t *testing.T, clock, extra int64) *plainOneRig {
 	c := standaloneClient(t)
-	r := &plainOneRig{t: t, ctx: context.Background(), generic: loadGeneric(t), clock: 1_764_460_000_000_000_000}
-	s, err := New(c, Options{KeyPrefix: uniquePrefix(t), Timeout: 10 * time.Second, now: func() int64 { return r.clock }, NoCache: true})
+	r := &plainOneRig{t: t, ctx: context.Background(), generic: loadGeneric(t), clock: clock}
+	s, err := New(c, Options{KeyPrefix: uniquePrefix(t), Timeout: 10 * time.Second, now: func() int64 { return r.clock }, ttlExtra: extra, NoCache: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -496,6 +500,15 @@ func newPlainOneRig(t *testing.T) *plainOneRig {
 	r.s, r.conn = s, c.Conn()
 	t.Cleanup(func() { r.conn.Close() })
 	return r
+}
+
+// do runs a command on database db.
+func (r *plainOneRig) do(db int, args ...any) *goredis.Cmd {
+	r.t.Helper()
+	if err := r.conn.Do(r.ctx, "select", db).Err(); err != nil {
+		r.t.Fatal(err)
+	}
+	return r.conn.Do(r.ctx, args...)
 }
 
 // check puts value at the key name of zone z, decides a request of cost 1

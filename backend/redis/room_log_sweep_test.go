@@ -62,26 +62,14 @@ func loadOlder(t *testing.T) string {
 // (database 2), with ttlExtra (ms) added to every expiry so that no key
 // expires on the server while the fake clock runs.
 type roomRig struct {
-	t     *testing.T
-	ctx   context.Context
-	s     *Store
-	conn  *goredis.Conn
+	*plainOneRig
 	fns   [3]string
-	clock int64
 	extra int64
 }
 
 func newRoomRig(t *testing.T) *roomRig {
-	c := standaloneClient(t)
-	r := &roomRig{t: t, ctx: context.Background(), clock: 1_764_460_000_000_000_000 + 123_456_789, extra: 3_600_000}
-	r.fns = [3]string{functionName, loadGeneric(t), loadOlder(t)}
-	s, err := New(c, Options{KeyPrefix: uniquePrefix(t), Timeout: 10 * time.Second, now: func() int64 { return r.clock }, ttlExtra: r.extra, NoCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	r.s, r.conn = s, c.Conn()
-	t.Cleanup(func() { r.conn.Close() })
+	r := &roomRig{plainOneRig: newRig(t, 1_764_460_000_000_000_000+123_456_789, 3_600_000), extra: 3_600_000}
+	r.fns = [3]string{functionName, r.generic, loadOlder(t)}
 	return r
 }
 
@@ -91,14 +79,6 @@ func (r *roomRig) key(z backend.Limit, name string) string {
 		r.t.Fatal(err)
 	}
 	return items[0].key
-}
-
-func (r *roomRig) do(db int, args ...any) *goredis.Cmd {
-	r.t.Helper()
-	if err := r.conn.Do(r.ctx, "select", db).Err(); err != nil {
-		r.t.Fatal(err)
-	}
-	return r.conn.Do(r.ctx, args...)
 }
 
 // roomCall is one decision's outcome on one database.

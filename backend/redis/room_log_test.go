@@ -45,18 +45,18 @@ func TestRoomLogOlderBuild(t *testing.T) {
 					}
 					units[i] = 1
 				}
-				r.do(0, "set", key, logValue(times, units, 0, 0, 0), "px", 600_000)
+				r.val(0, "set", key, logValue(times, units, 0, 0, 0), "px", 600_000)
 				// This build's steps, a second apart: the log gains room.
 				for range steps {
 					r.clock += int64(time.Second)
 					r.call(0, functionName, items)
 				}
-				v := r.do(0, "get", key).(string)
+				v := r.val(0, "get", key).(string)
 				if d, err := readLog(v); err != nil || d.magic != 1380994131 && live >= 31 {
 					t.Fatalf("%s: no room after %d steps: %x", name, steps, v[:60])
 				}
 				r.clock += int64(time.Second)
-				r.do(1, "set", key, v, "px", 600_000)
+				r.val(1, "set", key, v, "px", 600_000)
 				for _, fn := range [][2]string{{functionName, older}, {functionName, functionName}} {
 					got := [2]string{r.call(0, fn[0], items), r.call(1, fn[1], items)}
 					if got[0] != got[1] {
@@ -64,7 +64,7 @@ func TestRoomLogOlderBuild(t *testing.T) {
 					}
 					ev := [2][]int64{}
 					for db := range 2 {
-						d, err := readLog(r.do(db, "get", key).(string))
+						d, err := readLog(r.val(db, "get", key).(string))
 						if err != nil {
 							t.Fatalf("%s (%s): %v", name, fn[1], err)
 						}
@@ -80,13 +80,10 @@ func TestRoomLogOlderBuild(t *testing.T) {
 	}
 }
 
-// do runs a command on database db.
-func (r *plainOneRig) do(db int, args ...any) any {
+// val runs a command on database db and returns its value.
+func (r *plainOneRig) val(db int, args ...any) any {
 	r.t.Helper()
-	if err := r.conn.Do(r.ctx, "select", db).Err(); err != nil {
-		r.t.Fatal(err)
-	}
-	v, err := r.conn.Do(r.ctx, args...).Result()
+	v, err := r.do(db, args...).Result()
 	if err != nil {
 		r.t.Fatalf("%v: %v", args, err)
 	}
@@ -100,7 +97,7 @@ func (r *plainOneRig) call(db int, fn string, items []item) string {
 	cmd, _ := r.s.manyCmd(r.ctx, []*pending{{ctx: r.ctx, items: items}}, nil)
 	args := slices.Clone(cmd.Args())
 	args[0], args[1] = "fcall", fn
-	return fmt.Sprintf("%x", r.do(db, args...))
+	return fmt.Sprintf("%x", r.val(db, args...))
 }
 
 // Logs that gain room and keep it, against the memory store: a key of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -216,5 +217,63 @@ func TestSettleThroughLease(t *testing.T) {
 				t.Fatalf("after settling 5 at 9: Redis has %d left, want 989", got)
 			}
 		})
+	}
+}
+
+// A log keeps an expiry through a refund or a settle: one that rewrites
+// it (format 0, small or with room, to format 2) writes it again with the
+// expiry its newest event needs. A refund of an event that has left the
+// window, and a settle of a live event, left the key with none: never
+// expiring, though its client is gone.
+func TestLogRefundSettleKeepExpiry(t *testing.T) {
+	c := standaloneClient(t)
+	const W = int64(time.Minute)
+	for _, op := range []string{"refund-gone", "refund-live", "settle-gone", "settle-live"} {
+		for _, n := range []int{1, 40} {
+			clock := int64(1_764_460_000_000_000_000)
+			s, err := New(c, Options{KeyPrefix: uniquePrefix(t), Timeout: 10 * time.Second, now: func() int64 { return clock }, NoCache: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			z := mustZone(t, s, "l", algorithms.NameSlidingWindow, algorithms.Policy{Limit: 100, Window: W})
+			req := []backend.Request{{Limit: z, Key: "k", Cost: 1}}
+			out := make([]algorithms.Result, 1)
+			decide := func() algorithms.Result {
+				if _, err := s.Decide(context.Background(), req, out); err != nil {
+					t.Fatal(err)
+				}
+				return out[0]
+			}
+			target := decide()
+			clock += W / 2
+			prev, newest := int64(0), target.At
+			for range n {
+				clock += 1000
+				last := decide()
+				prev, newest = newest, last.At
+				if strings.HasSuffix(op, "-live") {
+					target = last
+				}
+			}
+			if strings.HasSuffix(op, "-gone") {
+				clock += W/2 + 1 // the first event has left the window
+			}
+			if op == "refund-live" {
+				newest = prev // the newest event goes
+			}
+			if strings.HasPrefix(op, "refund") {
+				err = s.Refund(context.Background(), req, []algorithms.Result{target})
+			} else {
+				err = s.Settle(context.Background(), req, []algorithms.Result{target}, []int64{2})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			pttl := c.PTTL(context.Background(), z.(*zone).stateKey("k")).Val()
+			if need := time.Duration(newest + W - clock); pttl < 0 || pttl < need-time.Second {
+				t.Errorf("%s of a log of %d events: the key expires in %v, its newest event leaves the window in %v", op, n+1, pttl, need)
+			}
+		}
 	}
 }
